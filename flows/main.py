@@ -1,0 +1,86 @@
+"""corpus_to_tokens: the main flow, DESIGN.md's DAG.
+
+    partition ─► (sample[shard] ─► train_tokenizer | pretrained_tokenizer)
+              ─► tokenize[shard] ─► pack[shard] ─► validate ─► publish
+"""
+
+from __future__ import annotations
+
+import time
+
+from prefect import flow, get_run_logger, unmapped
+from prefect.futures import PrefectFuture
+
+from flows.runtime import task_runner_for
+from tasks.pack import pack_shard
+from tasks.partition import partition
+from tasks.publish import publish
+from tasks.sample import sample_shard
+from tasks.tokenize import tokenize_shard
+from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
+from tasks.validate import validate
+from tokenmill.config import DaskConfig, TokenmillConfig
+from tokenmill.sampling import sample_fraction
+
+
+class ShardsFailed(RuntimeError):
+    """Some shards did not complete; their committed siblings are reused when the run is retried."""
+
+
+def results_of(stage: str, futures: list[PrefectFuture], shard_ids: list[int]) -> list[dict]:
+    """Wait for every shard of a stage; raise naming each shard that failed (a flow must not end
+    Completed with failed shards, which Prefect allows when their states are not returned)."""
+    for future in futures:
+        future.wait()
+    failed = {sid: f.state for sid, f in zip(shard_ids, futures, strict=True) if not f.state.is_completed()}
+    if failed:
+        lines = [f"  shard {sid:05d}: {state.name}: {state.message}" for sid, state in sorted(failed.items())]
+        raise ShardsFailed(f"{stage}: {len(failed)} of {len(futures)} shards failed\n" + "\n".join(lines))
+    return [f.result() for f in futures]
+
+
+@flow(name="corpus-to-tokens", task_runner=task_runner_for(DaskConfig()), validate_parameters=True)
+def corpus_to_tokens(config: TokenmillConfig) -> dict:
+    """Tokenize, pack, validate and publish a corpus as one dataset (see the README for the config)."""
+    logger = get_run_logger()
+    started = time.perf_counter()
+    plan = partition(config)
+    shards = plan["shards"]
+    shard_ids = [s["shard_id"] for s in shards]
+    logger.info("planned %d shards over %d input files", len(shards), len(plan["files"]))
+
+    if config.tokenizer.train is not None:
+        fraction = sample_fraction(config, plan)
+        samples = results_of(
+            "sample", sample_shard.map(unmapped(config), shards, unmapped(fraction)), shard_ids
+        )
+        tokenizer = train_tokenizer(config, [s["path"] for s in samples])
+    else:
+        tokenizer = pretrained_tokenizer(config)
+    logger.info("tokenizer: vocab %d, EOD id %d", tokenizer.vocab_size, tokenizer.eod_id)
+
+    tokenize_started = time.perf_counter()
+    tokenize_futures = tokenize_shard.map(unmapped(config), shards, unmapped(tokenizer))
+    pack_futures = pack_shard.map(unmapped(config), tokenize_futures, unmapped(tokenizer))
+    tokenized = results_of("tokenize", tokenize_futures, shard_ids)
+    tokenize_seconds = time.perf_counter() - tokenize_started
+    packed = results_of("pack", pack_futures, shard_ids)
+    reused = sum(r["reused"] for r in tokenized)
+    if reused:
+        logger.info("reused %d of %d committed tokenize shards", reused, len(tokenized))
+
+    stats = validate(config, plan, tokenizer, tokenized, packed)
+    manifest = publish(config, tokenizer, stats)
+    bytes_in = sum(r["bytes_in"] for r in tokenized)
+    summary = {
+        "output": config.output.path,
+        "shards": len(shards),
+        "shards_reused": reused,
+        **manifest["counts"],
+        "splits": manifest["splits"],
+        "bytes_in": bytes_in,
+        "tokenize_mb_per_s": round(bytes_in / 1e6 / tokenize_seconds, 2),
+        "flow_seconds": round(time.perf_counter() - started, 2),
+    }
+    logger.info("published %s: %s", config.output.path, summary)
+    return summary

@@ -1,0 +1,97 @@
+"""A local `prefect server` on 127.0.0.1 for runs that name no PREFECT_API_URL.
+
+Prefect's implicit ephemeral mode starts a temporary server per process, so each Dask worker would
+start its own on the same SQLite file. tokenmill instead starts one real server (or reuses the one it
+started before), records it in `$PREFECT_HOME/tokenmill-server.json` and exports its URL, which the
+Dask workers inherit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+START_TIMEOUT_S = 90
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser()
+
+
+def _state_file() -> Path:
+    return prefect_home() / "tokenmill-server.json"
+
+
+def healthy(api_url: str) -> bool:
+    try:
+        return httpx.get(f"{api_url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def running_server() -> dict | None:
+    """The server tokenmill started earlier, if it still answers."""
+    try:
+        state = json.loads(_state_file().read_text())
+    except (OSError, ValueError):
+        return None
+    return state if healthy(state["api_url"]) else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int | None = None) -> dict:
+    """Start `prefect server start` on 127.0.0.1 in the background and wait until it is healthy."""
+    home = prefect_home()
+    home.mkdir(parents=True, exist_ok=True)
+    port = port or _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    log_path = home / "tokenmill-server.log"
+    prefect = Path(sys.executable).with_name("prefect")
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not healthy(api_url):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"prefect server did not start on {api_url}; see {log_path}")
+        time.sleep(0.5)
+    state = {"api_url": api_url, "pid": process.pid, "log": str(log_path)}
+    _state_file().write_text(json.dumps(state))
+    return state
+
+
+def stop_server() -> bool:
+    """Stop the server tokenmill started; False if none was running."""
+    state = running_server()
+    _state_file().unlink(missing_ok=True)
+    if state is None:
+        return False
+    os.killpg(state["pid"], signal.SIGTERM)
+    return True
+
+
+def ensure_api() -> str:
+    """PREFECT_API_URL if set; else the URL of a local server (reused or started), exported for workers."""
+    if url := os.environ.get("PREFECT_API_URL"):
+        return url
+    state = running_server() or start_server()
+    os.environ["PREFECT_API_URL"] = state["api_url"]
+    return state["api_url"]

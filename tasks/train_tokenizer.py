@@ -1,0 +1,17 @@
+"""train_tokenizer: train on the sample (cached by sample hash + config), or install the pretrained one."""
+
+from prefect import task
+
+from tokenmill import tokenizer
+from tokenmill.config import TokenmillConfig
+from tokenmill.tokenizer import TokenizerInfo
+
+
+@task(name="train_tokenizer")
+def train_tokenizer(config: TokenmillConfig, sample_files: list[str]) -> TokenizerInfo:
+    return tokenizer.train_on_sample(config, sample_files)
+
+
+@task(name="pretrained_tokenizer")
+def pretrained_tokenizer(config: TokenmillConfig) -> TokenizerInfo:
+    return tokenizer.install_pretrained(config)

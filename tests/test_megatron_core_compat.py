@@ -1,0 +1,50 @@
+"""Megatron .bin/.idx files written by tokenmill load with megatron-core's own IndexedDataset.
+
+Needs the optional extra: pip install torch==2.13.0 megatron-core (CPU-only is enough).
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+with warnings.catch_warnings():  # megatron.core's __init__ warns about missing apex/TE and deprecations
+    warnings.simplefilter("ignore")
+    mcore = pytest.importorskip(
+        "megatron.core.datasets.indexed_dataset", reason="megatron-core (and torch) not installed"
+    )
+
+from tokenmill.formats.megatron import write_indexed_dataset  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_indexed_dataset_reads_tokenmill_output(tmp_path, dtype):
+    hi = np.iinfo(dtype).max
+    docs = [
+        np.array([1, 2, 3, hi], dtype=dtype),
+        np.array([7], dtype=dtype),
+        np.array([], dtype=dtype),  # an empty document still gets its own sequence
+        np.arange(300, dtype=np.int64).astype(dtype) * (1 if dtype is np.uint16 else 70_001),
+    ]
+    prefix = tmp_path / "corpus"
+    write_indexed_dataset(prefix, docs, np.dtype(dtype))
+
+    ds = mcore.IndexedDataset(str(prefix))  # megatron-core needs a str prefix, not a Path
+    # copy everything out: the arrays are views into mmaps that IndexedDataset.__del__ closes
+    got = [np.array(ds[i]) for i in range(len(ds))]
+    assert len(ds) == len(docs)
+    assert ds.index.dtype is dtype
+    assert np.array_equal(ds.sequence_lengths, [len(d) for d in docs])
+    assert np.array_equal(ds.document_indices, np.arange(len(docs) + 1))  # [0, 1, ..., n]
+    for g, d in zip(got, docs):
+        assert g.dtype == dtype and np.array_equal(g, d)
+    del ds
+
+    # and byte-identical to what megatron-core's own builder writes for one sequence per document
+    ref = str(tmp_path / "ref")
+    builder = mcore.IndexedDatasetBuilder(ref + ".bin", dtype=dtype)  # wants the numpy type, not np.dtype
+    for d in docs:
+        builder.add_document(d, [len(d)])
+    builder.finalize(ref + ".idx")
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"corpus{ext}").read_bytes() == (tmp_path / f"ref{ext}").read_bytes(), ext

@@ -1,0 +1,123 @@
+"""Megatron-LM indexed datasets (`.bin` + `.idx`), both directions, as megatron-core writes and reads them.
+
+`.idx` layout (little-endian): magic `MMIDIDX\\x00\\x00`, u64 version 1, u8 dtype code, u64 sequence
+count, u64 document count, then int32 sequence lengths, int64 byte pointers into `.bin`, int64 document
+indices (`[0, 1, ..., n]` when every document is one sequence). `.bin` is the tokens back to back.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+DTYPE_CODES = {
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float64): 6,
+    np.dtype(np.float32): 7,
+    np.dtype(np.uint16): 8,
+}
+CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """megatron-core's choice: uint16 when the vocabulary fits (its threshold is 65500), else int32."""
+    return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
+
+
+class BinWriter:
+    """Appends documents' tokens to an open `.bin` file and remembers their lengths for the `.idx`."""
+
+    def __init__(self, file: BinaryIO, dtype: np.dtype):
+        self.file, self.dtype = file, np.dtype(dtype)
+        self.lengths: list[np.ndarray] = []
+
+    def add(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self.file.write(flat.astype(self.dtype, copy=False).tobytes())
+        self.lengths.append(np.asarray(lengths, dtype=np.int32))
+
+    def all_lengths(self) -> np.ndarray:
+        return np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int32)
+
+
+def write_index(path: str | Path, lengths: np.ndarray, dtype: np.dtype) -> None:
+    lengths = np.asarray(lengths, dtype=np.int32)
+    n = len(lengths)
+    pointers = np.zeros(n, dtype=np.int64)
+    np.cumsum(lengths[:-1], out=pointers[1:])
+    pointers *= np.dtype(dtype).itemsize
+    with open(path, "wb") as f:
+        f.write(MAGIC)
+        f.write(struct.pack("<Q", VERSION))
+        f.write(struct.pack("<B", DTYPE_CODES[np.dtype(dtype)]))
+        f.write(struct.pack("<Q", n))
+        f.write(struct.pack("<Q", n + 1))
+        f.write(lengths.tobytes())
+        f.write(pointers.tobytes())
+        f.write(np.arange(n + 1, dtype=np.int64).tobytes())
+
+
+def write_indexed_dataset(prefix: str | Path, documents: list[np.ndarray], dtype: np.dtype) -> None:
+    """Write `prefix.bin` and `prefix.idx` holding one sequence per document."""
+    with open(f"{prefix}.bin", "wb") as f:
+        writer = BinWriter(f, dtype)
+        for doc in documents:
+            writer.add(np.asarray(doc), np.array([len(doc)]))
+    write_index(f"{prefix}.idx", writer.all_lengths(), dtype)
+
+
+class CorruptIndex(ValueError):
+    """A `.idx` file that is not a valid Megatron index (message names the file)."""
+
+
+class MegatronIndex:
+    """The parsed `.idx`: dtype, sequence lengths, pointers and document indices (memory-mapped)."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        buf = np.memmap(path, dtype=np.uint8, mode="r")
+        header = bytes(buf[:34])
+        if len(header) < 34 or header[:9] != MAGIC:
+            raise CorruptIndex(f"{path}: not a Megatron index (bad magic)")
+        version, code, n, n_docs = struct.unpack("<QBQQ", header[9:34])
+        if version != VERSION or code not in CODE_DTYPES:
+            raise CorruptIndex(f"{path}: unsupported version {version} or dtype code {code}")
+        expected = 34 + n * 4 + n * 8 + n_docs * 8
+        if len(buf) < expected:
+            raise CorruptIndex(f"{path}: {len(buf)} bytes, the header promises {expected}")
+        self.dtype = CODE_DTYPES[code]
+        self.lengths = np.frombuffer(buf, np.int32, n, 34)
+        self.pointers = np.frombuffer(buf, np.int64, n, 34 + n * 4)
+        self.document_indices = np.frombuffer(buf, np.int64, n_docs, 34 + n * 12)
+        self.nbytes = len(buf)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+class MegatronReader:
+    """Random access to the documents of `prefix.bin/.idx`, memory-mapped."""
+
+    def __init__(self, prefix: str | Path, *, bin_path: str | Path | None = None, idx_path: str | Path | None = None):
+        self.index = MegatronIndex(idx_path or f"{prefix}.idx")
+        bin_path = Path(bin_path or f"{prefix}.bin")
+        self.tokens = (
+            np.memmap(bin_path, dtype=self.index.dtype, mode="r")
+            if bin_path.stat().st_size
+            else np.zeros(0, self.index.dtype)
+        )
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        start = self.index.pointers[i] // self.index.dtype.itemsize
+        return np.asarray(self.tokens[start : start + self.index.lengths[i]])

@@ -1,0 +1,37 @@
+"""Packed sequences on disk: `<prefix>.tokens.npy` `[n_rows, seq_len]`, `<prefix>.cu_seqlens.npy` (flat
+int32) and `<prefix>.row_offsets.npy` (int64, n_rows + 1). All memory-mappable with `np.load(mmap_mode="r")`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.packing import Packed
+
+SUFFIXES = {"rows": ".tokens.npy", "cu_seqlens": ".cu_seqlens.npy", "row_offsets": ".row_offsets.npy"}
+
+
+def write_packed(paths: dict[str, Path], packed: Packed) -> None:
+    """Write each array of `packed` to its path (keys as in SUFFIXES)."""
+    for key, path in paths.items():
+        with open(path, "wb") as f:
+            np.save(f, getattr(packed, key), allow_pickle=False)
+
+
+class PackedReader:
+    """Rows of a packed shard with the document boundaries inside each row."""
+
+    def __init__(self, prefix: str | Path, *, paths: list[Path] | None = None):
+        """Open `prefix` + SUFFIXES, or the given paths (in SUFFIXES order) when they are elsewhere."""
+        rows, cu_seqlens, row_offsets = paths or [Path(f"{prefix}{s}") for s in SUFFIXES.values()]
+        self.rows = np.load(rows, mmap_mode="r")
+        self.cu_seqlens = np.load(cu_seqlens, mmap_mode="r")
+        self.row_offsets = np.load(row_offsets, mmap_mode="r")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens of row i, its cu_seqlens: piece boundaries, the last one the row's real length)."""
+        return np.asarray(self.rows[i]), np.asarray(self.cu_seqlens[self.row_offsets[i] : self.row_offsets[i + 1]])

@@ -1,0 +1,73 @@
+"""The publish stage: `manifest.json`, written last, lists every file of the dataset with its size and
+sha256, and the counts. Its presence is the proof that the dataset is complete."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tokenmill import __version__, layout
+from tokenmill.config import TokenmillConfig
+from tokenmill.formats.megatron import token_dtype
+from tokenmill.formats.packed import SUFFIXES
+from tokenmill.storage import Store
+from tokenmill.tokenizer import TokenizerInfo
+
+
+def dataset_files(table: pd.DataFrame) -> list[str]:
+    """Every file the validated stats say the dataset has, in a stable order."""
+    files = [layout.PLAN, layout.TOKENIZER, layout.STATS]
+    for row in table.itertuples():
+        if row.documents:
+            files += [layout.megatron_prefix(row.split, row.shard_id) + ext for ext in (".bin", ".idx")]
+        if row.packed_rows > 0:
+            files += [layout.packed_prefix(row.split, row.shard_id) + s for s in SUFFIXES.values()]
+    files += sorted({layout.rejects_file(r.shard_id) for r in table.itertuples() if r.rejected})
+    return sorted(files)
+
+
+def split_summary(table: pd.DataFrame) -> dict:
+    by_split = table.groupby("split").sum(numeric_only=True)
+    summary = {}
+    for split, r in by_split.iterrows():
+        slots = r.packed_real_tokens + r.packed_pad_tokens
+        summary[split] = {
+            "documents": int(r.documents),
+            "tokens": int(r.tokens),
+            "packed_rows": int(r.packed_rows),
+            "packing_utilization": round(r.packed_real_tokens / slots, 6) if slots else None,
+        }
+    return summary
+
+
+def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict:
+    """Write `manifest.json` for the validated dataset and return it."""
+    store = Store(config.output.path)
+    shard_rows = table.drop_duplicates("shard_id")
+    manifest = {
+        "name": config.name,
+        "tokenmill_version": __version__,
+        "dataset_hash": config.dataset_hash(),
+        "config": config.dataset_config(),
+        "tokenizer": {
+            "path": layout.TOKENIZER,
+            "sha256": tokenizer.sha256,
+            "vocab_size": tokenizer.vocab_size,
+            "eod_id": tokenizer.eod_id,
+            "trained": tokenizer.trained,
+        },
+        "dtype": token_dtype(tokenizer.vocab_size).name,
+        "shards": int(len(shard_rows)),
+        "counts": {
+            "documents_in": int(shard_rows.documents_in.sum()),
+            "documents_out": int(table.documents.sum()),
+            "documents_rejected": int(shard_rows.rejected.sum()),
+            "tokens": int(table.tokens.sum()),
+        },
+        "splits": split_summary(table),
+        "files": [
+            {"path": rel, **layout.describe(rel), "bytes": store.size(rel), "sha256": store.sha256(rel)}
+            for rel in dataset_files(table)
+        ],
+    }
+    store.write_json(layout.MANIFEST, manifest)
+    return manifest
