@@ -36,7 +36,7 @@ def test_indexed_dataset_reads_tokenmill_output(tmp_path, dtype):
     assert ds.index.dtype is dtype
     assert np.array_equal(ds.sequence_lengths, [len(d) for d in docs])
     assert np.array_equal(ds.document_indices, np.arange(len(docs) + 1))  # [0, 1, ..., n]
-    for g, d in zip(got, docs):
+    for g, d in zip(got, docs, strict=True):
         assert g.dtype == dtype and np.array_equal(g, d)
     del ds
 

@@ -1,0 +1,69 @@
+"""Shared fixtures. Integration tests run the real thing: a `prefect server` started here on 127.0.0.1
+(stopped at the end), the `tokenmill` CLI in a subprocess, and a real Dask LocalCluster."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+TOKENIZERS = SHARED / "tokenizers"
+CORPORA = SHARED / "corpora"
+EXAMPLES = REPO / "examples"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory) -> str:
+    """A real Prefect server on 127.0.0.1 with its own PREFECT_HOME, for the whole session."""
+    from flows import server
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_API_URL")}
+    os.environ["PREFECT_HOME"] = str(home)
+    os.environ.pop("PREFECT_API_URL", None)
+    state = server.start_server()
+    yield state["api_url"]
+    server.stop_server()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def run_cli(prefect_api):
+    """Run `tokenmill ...` as a user would, against the session's Prefect server."""
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+        result = subprocess.run(
+            [sys.executable, "-m", "tokenmill", *args],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"tokenmill {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    return run
+
+
+def dataset_files(root: Path) -> dict[str, bytes]:
+    """The published files of a dataset (those its manifest lists, and the manifest)."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    files = {f["path"]: (root / f["path"]).read_bytes() for f in manifest["files"]}
+    files["manifest.json"] = (root / "manifest.json").read_bytes()
+    return files

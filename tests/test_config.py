@@ -1,0 +1,51 @@
+import pytest
+from pydantic import ValidationError
+
+from tokenmill.config import load_config
+
+from .conftest import EXAMPLES
+
+
+def test_demo_config_loads_with_sizes_parsed():
+    config = load_config(EXAMPLES / "demo.yaml")
+    assert config.partition.shard_size == 1_000_000
+    assert config.tokenizer.train.sample_size == 2_000_000
+    assert config.output.path.startswith("/")  # made absolute for workers
+
+
+def test_set_overrides_parse_yaml_values():
+    config = load_config(EXAMPLES / "demo.yaml", ["pack.seq_len=4096", "dask.n_workers=1", "input.id_field=null"])
+    assert (config.pack.seq_len, config.dask.n_workers, config.input.id_field) == (4096, 1, None)
+
+
+def test_dataset_hash_ignores_where_output_goes_and_how_many_workers():
+    base = load_config(EXAMPLES / "demo.yaml")
+    moved = load_config(EXAMPLES / "demo.yaml", ["output.path=/elsewhere", "dask.n_workers=7"])
+    changed = load_config(EXAMPLES / "demo.yaml", ["pack.seq_len=4096"])
+    assert base.dataset_hash() == moved.dataset_hash() != changed.dataset_hash()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("split={train: 0.5, val: 0.2}", "sum to 1"),
+        ("tokenizer.path=x.json", "exactly one"),
+        ("pack.mode=zigzag", "pack.mode"),
+        ("partition.shard_size=lots", "shard_size"),
+        ("input.colour=blue", "colour"),
+    ],
+)
+def test_invalid_configs_are_rejected_with_the_key_named(override, message):
+    with pytest.raises(ValidationError, match=message):
+        load_config(EXAMPLES / "demo.yaml", [override])
+
+
+def test_cli_reports_config_errors_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((EXAMPLES / "demo.yaml").read_text().replace("seq_len: 1024", "seq_len: -5"))
+    result = subprocess.run([sys.executable, "-m", "tokenmill", "check", str(bad)], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "pack.seq_len" in result.stdout and "Traceback" not in result.stdout + result.stderr

@@ -1,0 +1,124 @@
+"""End to end: the CLI runs the real flow on a real Prefect server and a real Dask LocalCluster."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from tokenmill.formats.megatron import MegatronReader
+from tokenmill.formats.packed import PackedReader
+from tokenmill.hashing import assign_splits
+
+from .conftest import EXAMPLES, TOKENIZERS, dataset_files, read_jsonl
+
+DEMO_FILES = sorted(p for p in (EXAMPLES / "data").iterdir() if ".jsonl" in p.name)
+
+
+@pytest.fixture(scope="module")
+def demo_runs(run_cli, tmp_path_factory):
+    """The demo config run twice from scratch: on 2 workers and on 1."""
+    base = tmp_path_factory.mktemp("demo")
+    outputs = {}
+    for workers in (2, 1):
+        out = base / f"workers-{workers}"
+        run_cli("run", "examples/demo.yaml", "--set", f"output.path={out}", "--set", f"dask.n_workers={workers}")
+        outputs[workers] = out
+    return outputs
+
+
+def test_demo_manifest_counts_match_the_input(demo_runs):
+    out = demo_runs[2]
+    manifest = json.loads((out / "manifest.json").read_text())
+    documents = sum(len(read_jsonl(p)) for p in DEMO_FILES)
+    assert manifest["counts"] == {
+        "documents_in": documents,
+        "documents_out": documents,
+        "documents_rejected": 0,
+        "tokens": manifest["counts"]["tokens"],
+    }
+    splits = manifest["splits"]
+    assert sum(s["documents"] for s in splits.values()) == documents
+    assert sum(s["tokens"] for s in splits.values()) == manifest["counts"]["tokens"]
+    assert manifest["tokenizer"]["trained"] and manifest["tokenizer"]["vocab_size"] == 8000
+    for entry in manifest["files"]:
+        data = (out / entry["path"]).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["bytes"], entry["sha256"]), entry["path"]
+    megatron_tokens = sum(
+        len(MegatronReader(out / e["path"][: -len(".bin")]).tokens) for e in manifest["files"] if e["kind"] == "megatron-bin"
+    )
+    assert megatron_tokens == manifest["counts"]["tokens"]
+
+
+def test_one_and_two_workers_give_byte_identical_datasets(demo_runs):
+    assert dataset_files(demo_runs[1]) == dataset_files(demo_runs[2])
+
+
+def test_rerun_reuses_every_committed_shard(demo_runs, run_cli, tmp_path):
+    out = tmp_path / "again"
+    shutil.copytree(demo_runs[2], out)
+    before = dataset_files(out)
+    result = run_cli("run", "examples/demo.yaml", "--set", f"output.path={out}")
+    assert "4 shards (4 reused)" in result.stdout
+    assert dataset_files(out) == before
+
+
+def test_recomputing_from_scratch_in_place_gives_the_same_bytes(demo_runs, run_cli, tmp_path):
+    out = tmp_path / "scratch"
+    shutil.copytree(demo_runs[2], out)
+    before = dataset_files(out)
+    for private in ("_commits", "_work", "megatron", "packed", "tokenizer"):
+        shutil.rmtree(out / private)
+    result = run_cli("run", "examples/demo.yaml", "--set", f"output.path={out}")
+    assert "(0 reused)" in result.stdout
+    assert dataset_files(out) == before
+
+
+def test_gpt2_token_ids_equal_the_reference_for_every_document(run_cli, tmp_path):
+    out = tmp_path / "gpt2"
+    run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB",
+            "--set", "split={train: 0.9, val: 0.1}")  # fmt: skip
+    reference = Tokenizer.from_file(str(TOKENIZERS / "gpt2" / "tokenizer.json"))
+    eod = reference.token_to_id("<|endoftext|>")
+    docs = [d for path in DEMO_FILES for d in read_jsonl(path)]
+    split_of = assign_splits([d["id"] for d in docs], {"train": 0.9, "val": 0.1})
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dtype"] == "uint16" and manifest["tokenizer"]["eod_id"] == eod == 50256
+
+    for index, split in enumerate(("train", "val")):
+        expected = [reference.encode(d["text"], add_special_tokens=False).ids + [eod]
+                    for d, s in zip(docs, split_of, strict=True) if s == index]  # fmt: skip
+        prefixes = sorted(out / e["path"][: -len(".bin")] for e in manifest["files"]
+                          if e["kind"] == "megatron-bin" and e["split"] == split)  # fmt: skip
+        got = [reader[i].tolist() for p in prefixes for reader in [MegatronReader(p)] for i in range(len(reader))]
+        assert len(got) == len(expected) and got == expected, split
+
+        # the packed rows hold the same stream, cut at seq_len, boundaries at document ends
+        for prefix in prefixes:
+            stream = np.concatenate([MegatronReader(prefix)[i] for i in range(len(MegatronReader(prefix)))])
+            packed = PackedReader(str(prefix).replace("/megatron/", "/packed/"))
+            rows = [packed[i] for i in range(len(packed))]
+            assert np.array_equal(np.concatenate([tokens[: cu[-1]] for tokens, cu in rows]), stream)
+            ends = {int(e) for e in np.cumsum([len(MegatronReader(prefix)[i]) for i in range(len(MegatronReader(prefix)))])}
+            for i, (_, cu) in enumerate(rows):
+                assert {i * 2048 + int(c) for c in cu[1:-1]} <= ends
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            from megatron.core.datasets.indexed_dataset import IndexedDataset
+        except ImportError:
+            return
+    for entry in manifest["files"]:
+        if entry["kind"] == "megatron-bin":
+            prefix = str(out / entry["path"][: -len(".bin")])
+            ours = MegatronReader(prefix)
+            theirs = IndexedDataset(prefix)
+            assert len(theirs) == len(ours)
+            assert all(np.array_equal(np.array(theirs[i]), ours[i]) for i in range(len(ours)))
+            del theirs
