@@ -1,7 +1,7 @@
 """corpus_to_tokens: the main flow, DESIGN.md's DAG.
 
-    partition ─► (sample[shard] ─► train_tokenizer | pretrained_tokenizer)
-              ─► tokenize[shard] ─► pack[shard] ─► validate ─► publish
+partition ─► (sample[shard] ─► train_tokenizer | pretrained_tokenizer)
+          ─► tokenize[shard] ─► pack[shard] ─► validate ─► publish
 """
 
 from __future__ import annotations
@@ -51,9 +51,7 @@ def corpus_to_tokens(config: TokenmillConfig) -> dict:
 
     if config.tokenizer.train is not None:
         fraction = sample_fraction(config, plan)
-        samples = results_of(
-            "sample", sample_shard.map(unmapped(config), shards, unmapped(fraction)), shard_ids
-        )
+        samples = results_of("sample", sample_shard.map(unmapped(config), shards, unmapped(fraction)), shard_ids)
         tokenizer = train_tokenizer(config, [s["path"] for s in samples])
     else:
         tokenizer = pretrained_tokenizer(config)

@@ -55,7 +55,9 @@ def run_cli(prefect_api):
             cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         if check and result.returncode != 0:
-            raise AssertionError(f"tokenmill {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+            raise AssertionError(
+                f"tokenmill {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+            )
         return result
 
     return run

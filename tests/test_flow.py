@@ -50,7 +50,9 @@ def test_demo_manifest_counts_match_the_input(demo_runs):
         data = (out / entry["path"]).read_bytes()
         assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["bytes"], entry["sha256"]), entry["path"]
     megatron_tokens = sum(
-        len(MegatronReader(out / e["path"][: -len(".bin")]).tokens) for e in manifest["files"] if e["kind"] == "megatron-bin"
+        len(MegatronReader(out / e["path"][: -len(".bin")]).tokens)
+        for e in manifest["files"]
+        if e["kind"] == "megatron-bin"
     )
     assert megatron_tokens == manifest["counts"]["tokens"]
 
@@ -104,7 +106,9 @@ def test_gpt2_token_ids_equal_the_reference_for_every_document(run_cli, tmp_path
             packed = PackedReader(str(prefix).replace("/megatron/", "/packed/"))
             rows = [packed[i] for i in range(len(packed))]
             assert np.array_equal(np.concatenate([tokens[: cu[-1]] for tokens, cu in rows]), stream)
-            ends = {int(e) for e in np.cumsum([len(MegatronReader(prefix)[i]) for i in range(len(MegatronReader(prefix)))])}
+            ends = {
+                int(e) for e in np.cumsum([len(MegatronReader(prefix)[i]) for i in range(len(MegatronReader(prefix)))])
+            }
             for i, (_, cu) in enumerate(rows):
                 assert {i * 2048 + int(c) for c in cu[1:-1]} <= ends
 

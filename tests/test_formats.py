@@ -50,7 +50,9 @@ def test_truncated_index_is_reported_with_its_file(tmp_path):
 def test_concat_packing_hand_checked():
     packed = pack_concat(np.arange(10), np.array([3, 4, 3]), seq_len=4, pad_id=-1)
     assert packed.rows.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, -1, -1]]
-    rows = [packed.cu_seqlens[a:b].tolist() for a, b in zip(packed.row_offsets[:-1], packed.row_offsets[1:])]
+    rows = [
+        packed.cu_seqlens[a:b].tolist() for a, b in zip(packed.row_offsets[:-1], packed.row_offsets[1:], strict=True)
+    ]
     assert rows == [[0, 3, 4], [0, 3, 4], [0, 2]]
     assert (packed.real_tokens, packed.pad_tokens) == (10, 2)
 

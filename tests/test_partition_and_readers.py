@@ -58,7 +58,10 @@ def test_line_numbers_at_cuts_are_exact(tmp_path):
 def test_small_and_compressed_files_are_grouped_whole_in_order(tmp_path):
     for name in ("a", "b", "c"):
         write_jsonl(tmp_path / f"{name}.jsonl", 50)
-        with open(tmp_path / f"{name}.jsonl", "rb") as src, gzip.open(tmp_path / f"{name}.jsonl.gz", "wb") as dst:
+        with (
+            open(tmp_path / f"{name}.jsonl", "rb") as src,
+            gzip.open(tmp_path / f"{name}.jsonl.gz", "wb") as dst,
+        ):
             dst.write(src.read())
         (tmp_path / f"{name}.jsonl").unlink()
     plan = plan_shards(make_config([str(tmp_path / "*.jsonl.gz")], 30_000, tmp_path))
@@ -88,7 +91,11 @@ def test_bad_records_are_rejected_with_file_line_and_reason(tmp_path):
     ids = [i for b, _ in batches for i in b.ids]
     rejects = [r.to_dict() for _, rs in batches for r in rs]
     assert ids == ["ok1", "ok2"]
-    assert [(r["file"], r["line"]) for r in rejects] == [("mixed.jsonl", 2), ("mixed.jsonl", 3), ("mixed.jsonl", 5)]
+    assert [(r["file"], r["line"]) for r in rejects] == [
+        ("mixed.jsonl", 2),
+        ("mixed.jsonl", 3),
+        ("mixed.jsonl", 5),
+    ]
     assert "malformed JSON" in rejects[0]["reason"]
     assert "'text' missing" in rejects[1]["reason"]
     assert "not a string (int)" in rejects[2]["reason"]
@@ -97,7 +104,7 @@ def test_bad_records_are_rejected_with_file_line_and_reason(tmp_path):
 def test_nested_text_field(tmp_path):
     path = tmp_path / "nested.jsonl"
     path.write_text('{"meta": {"content": "deep"}}\n')
-    (batch, _), = read_documents([Piece(str(path))], "meta.content", None)
+    ((batch, _),) = read_documents([Piece(str(path))], "meta.content", None)
     assert batch.texts == ["deep"] and batch.ids == ["nested.jsonl:1"]
 
 

@@ -48,6 +48,10 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
         with ExitStack() as stack:
             paths = {k: stack.enter_context(store.writing(target + suffix)) for k, suffix in SUFFIXES.items()}
             write_packed(paths, packed)
-        splits[split] = {"rows": len(packed.rows), "real_tokens": packed.real_tokens, "pad_tokens": packed.pad_tokens}
+        splits[split] = {
+            "rows": len(packed.rows),
+            "real_tokens": packed.real_tokens,
+            "pad_tokens": packed.pad_tokens,
+        }
     result = {"shard_id": shard_id, "splits": splits, "seconds": round(time.perf_counter() - started, 3)}
     return commit(store, STAGE, shard_id, key, result) | {"reused": False}

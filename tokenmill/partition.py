@@ -90,9 +90,7 @@ def plan_shards(config: TokenmillConfig) -> dict:
             {
                 "shard_id": i,
                 "pieces": [asdict(p) for p in pieces],
-                "bytes": sum(
-                    (p.end if p.end is not None else sizes[p.path]) - p.start for p in pieces
-                ),
+                "bytes": sum((p.end if p.end is not None else sizes[p.path]) - p.start for p in pieces),
             }
             for i, pieces in enumerate(shards)
         ],

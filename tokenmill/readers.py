@@ -90,9 +90,7 @@ def _field(record: dict, dotted: str):
     return value
 
 
-def read_documents(
-    pieces: list[Piece], text_field: str, id_field: str | None
-) -> Iterator[tuple[Batch, list[Reject]]]:
+def read_documents(pieces: list[Piece], text_field: str, id_field: str | None) -> Iterator[tuple[Batch, list[Reject]]]:
     """Yield (batch of documents, rejects seen since the previous batch), batches of about BATCH_BYTES."""
     batch, rejects = Batch(), []
     for piece in pieces:

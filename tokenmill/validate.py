@@ -34,8 +34,18 @@ def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
         for split, c in t["splits"].items():
             p = packing.get((t["shard_id"], split), {"rows": -1, "real_tokens": -1, "pad_tokens": -1})
             rows.append(
-                [t["shard_id"], split, t["documents_in"], t["rejected"], c["documents"], c["tokens"],
-                 c["max_token_id"], p["rows"], p["real_tokens"], p["pad_tokens"]]  # fmt: skip
+                [
+                    t["shard_id"],
+                    split,
+                    t["documents_in"],
+                    t["rejected"],
+                    c["documents"],
+                    c["tokens"],
+                    c["max_token_id"],
+                    p["rows"],
+                    p["real_tokens"],
+                    p["pad_tokens"],
+                ]  # fmt: skip
             )
     return pd.DataFrame(rows, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
 
@@ -43,7 +53,9 @@ def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
 def stats_schema(n_shards: int, splits: list[str], vocab_size: int, packing: bool) -> pa.DataFrameSchema:
     def per_shard_reconciles(df: pd.DataFrame) -> pd.Series:
         g = df.groupby("shard_id")
-        balance = g["documents_in"].transform("first") - g["documents"].transform("sum") - g["rejected"].transform("first")
+        balance = (
+            g["documents_in"].transform("first") - g["documents"].transform("sum") - g["rejected"].transform("first")
+        )
         return balance == 0
 
     def every_shard_and_split_once(df: pd.DataFrame) -> bool:
@@ -136,7 +148,9 @@ def _check_packed(store: Store, row, seq_len: int, pad_id: int) -> list[str]:
     return []
 
 
-def validate(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
+def validate(
+    config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, tokenized: list[dict], packed: list[dict]
+) -> pd.DataFrame:
     """Check stats and files; write `stats.json` and return the table, or raise ValidationFailed."""
     table = stats_table(tokenized, packed)
     packing = config.pack.mode != "none"

@@ -1,0 +1,39 @@
+# tokenmill: `make demo` runs the whole flow on the bundled sample; `make test` runs the test suite.
+# Both create .venv and install the project first (once; again when pyproject.toml changes).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test lint format bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch==2.13.0 (CPU) for megatron-core comes from the machine's local wheel store.
+	$(BIN)/python -m pip install -q -e '.[test,megatron]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/tokenmill run examples/demo.yaml
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: setup
+	$(BIN)/python bench/flow.py
+
+clean:
+	rm -rf out .pytest_cache .ruff_cache
