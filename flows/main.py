@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from prefect import flow, get_run_logger, unmapped
+from prefect.artifacts import create_markdown_artifact
 from prefect.futures import PrefectFuture
 
 from flows.runtime import task_runner_for
@@ -80,5 +81,27 @@ def corpus_to_tokens(config: TokenmillConfig) -> dict:
         "tokenize_mb_per_s": round(bytes_in / 1e6 / tokenize_seconds, 2),
         "flow_seconds": round(time.perf_counter() - started, 2),
     }
-    logger.info("published %s: %s", config.output.path, summary)
+    logger.info(
+        "published %s: %d documents in, %d tokenized, %d rejected, %d tokens, %d shards in %.1f s",
+        config.output.path, summary["documents_in"], summary["documents_out"], summary["documents_rejected"],
+        summary["tokens"], len(shards), summary["flow_seconds"],
+    )  # fmt: skip
+    create_markdown_artifact(summary_markdown(summary), key="tokenmill-summary", description="Run summary")
     return summary
+
+
+def summary_markdown(summary: dict) -> str:
+    lines = [
+        f"# {summary['output']}",
+        f"{summary['shards']} shards ({summary['shards_reused']} reused); {summary['documents_in']:,} documents in, "
+        f"{summary['documents_out']:,} tokenized, {summary['documents_rejected']:,} rejected; "
+        f"{summary['tokens']:,} tokens; tokenize stage {summary['tokenize_mb_per_s']} MB/s, "
+        f"flow {summary['flow_seconds']} s.",
+        "",
+        "| split | documents | tokens | packed rows | packing utilization |",
+        "|---|---|---|---|---|",
+    ]
+    for split, s in summary["splits"].items():
+        utilization = "-" if s["packing_utilization"] is None else f"{s['packing_utilization']:.2%}"
+        lines.append(f"| {split} | {s['documents']:,} | {s['tokens']:,} | {s['packed_rows']:,} | {utilization} |")
+    return "\n".join(lines)

@@ -15,6 +15,8 @@ from tokenmill.config import DaskConfig
 # LocalCluster closes a dead worker's slot for good after 15 s, and Prefect then waits forever on
 # "Lost all workers"; a long timeout lets the nanny bring the worker back instead.
 dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"})
+# The cluster's start/stop chatter would drown the flow's own log lines; warnings still show.
+logging.getLogger("distributed").setLevel(logging.WARNING)
 
 
 def task_runner_for(dask_config: DaskConfig) -> DaskTaskRunner:

@@ -69,3 +69,28 @@ def dataset_files(root: Path) -> dict[str, bytes]:
     files = {f["path"]: (root / f["path"]).read_bytes() for f in manifest["files"]}
     files["manifest.json"] = (root / "manifest.json").read_bytes()
     return files
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-protocol server on 127.0.0.1 (moto's server mode), with the standard AWS environment."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield env
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

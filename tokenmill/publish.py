@@ -34,7 +34,7 @@ def split_summary(table: pd.DataFrame) -> dict:
             "documents": int(r.documents),
             "tokens": int(r.tokens),
             "packed_rows": int(r.packed_rows),
-            "packing_utilization": round(r.packed_real_tokens / slots, 6) if slots else None,
+            "packing_utilization": round(float(r.packed_real_tokens / slots), 6) if slots else None,
         }
     return summary
 

@@ -158,7 +158,7 @@ def validate(
     try:
         schema.validate(table, lazy=True)
     except pa.errors.SchemaErrors as e:
-        raise ValidationFailed(f"stats table failed validation:\n{_failure_report(e)}") from None
+        raise ValidationFailed(f"stats table failed validation:\n{_failure_report(e, table)}") from None
     store = Store(config.output.path)
     dtype = token_dtype(tokenizer.vocab_size)
     eod_id = tokenizer.eod_id if config.tokenizer.append_eod else None
@@ -174,6 +174,13 @@ def validate(
     return table
 
 
-def _failure_report(error: pa.errors.SchemaErrors) -> str:
-    cases = error.failure_cases[["column", "check", "index", "failure_case"]].head(20)
-    return cases.to_string(index=False)
+def _failure_report(error: pa.errors.SchemaErrors, table: pd.DataFrame) -> str:
+    """One line per failed check, naming the shards and splits (not pandera's cell-by-cell dump)."""
+    lines = []
+    for check, cases in error.failure_cases.groupby("check", sort=False):
+        rows = sorted({int(i) for i in cases["index"].dropna()})
+        where = ", ".join(f"shard {table.shard_id[i]:05d}/{table.split[i]}" for i in rows[:10])
+        if len(rows) > 10:
+            where += f" and {len(rows) - 10} more"
+        lines.append(f"  - {check}" + (f": {where}" if where else ""))
+    return "\n".join(lines)
