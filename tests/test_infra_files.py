@@ -1,0 +1,359 @@
+"""Static checks of the deployment and infrastructure files (deployments/, infra/).
+
+No Docker engine or Kubernetes cluster runs where these tests run, so the compose file and the
+manifests are checked by their structure: they parse, they reference only what exists, every
+published port is bound to 127.0.0.1, every image is pinned, and prefect.yaml is accepted by
+prefect's own models and carries parameters that tokenmill's config model accepts.
+Offline and fast; optional validators (a compose binary, check-jsonschema's vendored
+compose-spec schema, kubernetes-validate) are used only when they are installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+INFRA = REPO / "infra"
+DEPLOYMENTS = REPO / "deployments"
+COMPOSE = INFRA / "compose.yaml"
+K8S = INFRA / "k8s"
+PREFECT_YAML = DEPLOYMENTS / "prefect.yaml"
+DOCKERFILE = INFRA / "tokenmill.Dockerfile"
+
+POOL = "tokenmill-process"
+ENTRYPOINT = "flows/main.py:corpus_to_tokens"
+CODE_DIR = "/opt/tokenmill"  # WORKDIR of the tokenmill image; TOKENMILL_ROOT everywhere
+
+EXPECTED_SERVICES = {
+    "postgres",
+    "prefect-server",
+    "prefect-worker",
+    "dask-scheduler",
+    "dask-worker",
+    "minio",
+    "minio-init",
+}
+
+
+def yaml_files() -> list[Path]:
+    return sorted([*INFRA.rglob("*.yaml"), *INFRA.rglob("*.yml"), *DEPLOYMENTS.rglob("*.yaml")])
+
+
+def load_all(path: Path) -> list:
+    with path.open() as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc is not None]
+
+
+def load_one(path: Path) -> dict:
+    docs = load_all(path)
+    assert len(docs) == 1, f"{path}: expected one YAML document, found {len(docs)}"
+    return docs[0]
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?-([^}]*))?\}")
+
+
+def interpolate(value: str) -> str:
+    """Compose interpolation with every variable unset: `${VAR:-default}` -> default, `$$` -> `$`."""
+
+    def repl(m: re.Match) -> str:
+        if m.group(2) is None:
+            raise AssertionError(f"${{{m.group(1)}}} has no default: the stack must start with no .env")
+        return m.group(3)
+
+    return _VAR.sub(repl, value.replace("$$", "\0")).replace("\0", "$")
+
+
+def assert_pinned(image: str, where: str) -> None:
+    name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+    assert tag, f"{where}: image {image!r} has no tag"
+    assert tag != "latest", f"{where}: image {image!r} uses the latest tag"
+    assert re.search(r"\d", tag), f"{where}: image {image!r} is not pinned to a version"
+
+
+# --- every file -----------------------------------------------------------------------------------
+
+
+def test_every_yaml_file_parses():
+    files = yaml_files()
+    assert COMPOSE in files and PREFECT_YAML in files
+    assert any(p.parent == K8S for p in files)
+    for path in files:
+        assert load_all(path), f"{path} is empty"
+
+
+# --- compose --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return load_one(COMPOSE)
+
+
+def test_compose_has_the_services(compose):
+    assert EXPECTED_SERVICES <= set(compose["services"])
+    assert compose["services"]["dask-worker"]["deploy"]["replicas"] == 2
+
+
+def test_compose_variables_all_have_defaults():
+    interpolate(COMPOSE.read_text())  # raises on a ${VAR} without :-default
+
+
+def test_compose_depends_on_names_services_with_matching_checks(compose):
+    services = compose["services"]
+    for name, svc in services.items():
+        deps = svc.get("depends_on", {})
+        deps = {d: {"condition": "service_started"} for d in deps} if isinstance(deps, list) else deps
+        for dep, spec in deps.items():
+            assert dep in services, f"{name} depends on unknown service {dep!r}"
+            assert dep != name
+            condition = spec.get("condition", "service_started")
+            if condition == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits for {dep} to be healthy; it has no healthcheck"
+            elif condition == "service_completed_successfully":
+                assert services[dep].get("restart", "no") == "no", f"{dep} is a one-shot job; it must not restart"
+            else:
+                assert condition == "service_started", f"{name}: unknown condition {condition!r}"
+
+
+def test_compose_long_running_services_have_healthchecks(compose):
+    for name, svc in compose["services"].items():
+        if svc.get("restart", "no") != "no":
+            test = svc.get("healthcheck", {}).get("test")
+            assert test, f"{name} has no healthcheck"
+
+
+def test_compose_ports_bound_to_loopback(compose):
+    published = []
+    for name, svc in compose["services"].items():
+        assert svc.get("network_mode") != "host", f"{name}: host networking bypasses the port bindings"
+        for port in svc.get("ports", []):
+            if isinstance(port, dict):
+                host_ip = port.get("host_ip")
+            else:
+                parts = interpolate(str(port)).split(":")
+                host_ip = parts[0] if len(parts) == 3 else None
+            assert host_ip == "127.0.0.1", f"{name}: port {port!r} is not bound to 127.0.0.1"
+            published.append(port)
+    assert len(published) >= 5  # prefect 4200, dask 8786 + 8787, minio 9000 + 9001
+
+
+def test_compose_images_pinned(compose):
+    for name, svc in compose["services"].items():
+        assert "image" in svc, f"{name} has no image"
+        assert_pinned(interpolate(svc["image"]), f"compose service {name}")
+        if "build" in svc:
+            assert (REPO / svc["build"]["dockerfile"]).is_file()
+
+
+def test_compose_tokenmill_containers_agree_with_deployment(compose):
+    services = compose["services"]
+    worker_cmd = services["prefect-worker"]["command"]
+    assert worker_cmd[:3] == ["prefect", "worker", "start"]
+    assert worker_cmd[worker_cmd.index("--pool") + 1] == POOL
+    for name in ("prefect-worker", "dask-worker"):
+        env = services[name]["environment"]
+        assert env["TOKENMILL_ROOT"] == CODE_DIR
+        assert env["TOKENMILL_DASK_ADDRESS"] == "tcp://dask-scheduler:8786"
+        assert env["AWS_ENDPOINT_URL"] == "http://minio:9000"
+    assert "prefect server start" in " ".join(services["prefect-server"]["command"])
+    db_url = interpolate(services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"])
+    assert db_url.startswith("postgresql+asyncpg://") and "@postgres:5432/" in db_url
+    bucket_cmd = interpolate(" ".join(services["minio-init"]["command"]))
+    assert bucket_cmd == "mb --ignore-existing local/tokenmill"
+
+
+def test_dockerfile_pins_match_the_project():
+    text = DOCKERFILE.read_text()
+    assert "ARG PREFECT_IMAGE=prefecthq/prefect:3.8.8-python3.11" in text
+    assert f"WORKDIR {CODE_DIR}" in text and f"ENV TOKENMILL_ROOT={CODE_DIR}" in text
+    pyproject = (REPO / "pyproject.toml").read_text()
+    for pin in ('"prefect==3.8.8"', '"fastapi==0.150.0"', '"sqlalchemy[asyncio]==2.0.58"'):
+        assert pin in pyproject, f"pyproject.toml no longer pins {pin}: update infra/tokenmill.Dockerfile too"
+        assert pin in text, f"infra/tokenmill.Dockerfile does not pin {pin}"
+
+
+def _compose_binary() -> list[str] | None:
+    for cmd in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(cmd[0]):
+            try:
+                out = subprocess.run([*cmd, "version"], capture_output=True, text=True, timeout=20)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if out.returncode == 0 and re.search(r"v2\.", out.stdout):
+                return cmd
+    return None
+
+
+def test_compose_config_with_real_compose_if_installed():
+    cmd = _compose_binary()
+    if cmd is None:
+        pytest.skip("no Compose v2 binary (docker compose / docker-compose) installed")
+    out = subprocess.run([*cmd, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_compose_against_compose_spec_schema_if_installed(compose):
+    pytest.importorskip("check_jsonschema")
+    import importlib.resources
+
+    import jsonschema
+
+    schema_file = importlib.resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
+    schema = json.loads(schema_file.read_text())
+    jsonschema.validate(compose, schema)
+
+
+# --- prefect.yaml ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prefect_project() -> dict:
+    return load_one(PREFECT_YAML)
+
+
+@pytest.fixture(scope="module")
+def nightly(prefect_project) -> dict:
+    matches = [d for d in prefect_project["deployments"] if d.get("name") == "nightly"]
+    assert len(matches) == 1
+    return matches[0]
+
+
+def test_prefect_yaml_nightly_deployment(prefect_project, nightly):
+    assert nightly["entrypoint"] == ENTRYPOINT
+    assert nightly["work_pool"]["name"] == POOL
+    path, func = ENTRYPOINT.split(":")
+    if (REPO / path).exists():
+        assert re.search(rf"^def {func}\(", (REPO / path).read_text(), re.M), f"{ENTRYPOINT} not defined"
+    pull = nightly.get("pull", prefect_project.get("pull"))
+    assert pull == [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $TOKENMILL_ROOT }}"}}]
+    assert list(nightly["parameters"]) == ["config"]
+
+
+def test_prefect_yaml_accepted_by_prefect_deploy_model(prefect_project):
+    models = pytest.importorskip("prefect.cli.deploy._models")  # what `prefect deploy` validates with
+    model = models.PrefectYamlModel.model_validate(prefect_project)
+    assert [d.name for d in model.deployments] == ["nightly"]
+
+
+def test_prefect_yaml_cron_schedule_is_valid(nightly):
+    schedules_mod = pytest.importorskip("prefect.client.schemas.schedules")
+    assert nightly["schedules"], "no schedule"
+    for item in nightly["schedules"]:
+        assert item.get("active", True) is True
+        schedule = schedules_mod.CronSchedule(cron=item["cron"], timezone=item.get("timezone"))
+        assert schedule.timezone == "UTC"
+
+
+def test_prefect_yaml_parameters_validate_against_config_model(nightly):
+    config_mod = pytest.importorskip("tokenmill.config")
+    config = config_mod.TokenmillConfig.model_validate(nightly["parameters"]["config"])
+    # The deployment runs the demo (examples/demo.yaml) into its own output directory.
+    demo_file = REPO / "examples" / "demo.yaml"
+    if demo_file.exists():
+        demo = config_mod.TokenmillConfig.model_validate(yaml.safe_load(demo_file.read_text()))
+        assert config.model_dump(exclude={"output"}) == demo.model_dump(exclude={"output"}), (
+            "deployments/prefect.yaml's config drifted from examples/demo.yaml"
+        )
+
+
+# --- kubernetes -----------------------------------------------------------------------------------
+
+CLUSTER_SCOPED = {"Namespace"}
+WORKLOADS = {"Deployment", "StatefulSet", "Job", "DaemonSet"}
+
+
+@pytest.fixture(scope="module")
+def manifests() -> list[tuple[str, dict]]:
+    docs = [(p.name, doc) for p in sorted(K8S.glob("*.yaml")) for doc in load_all(p)]
+    assert docs
+    return docs
+
+
+def _pod_specs(manifests):
+    for fname, doc in manifests:
+        if doc["kind"] in WORKLOADS:
+            yield fname, doc, doc["spec"]["template"]
+
+
+def test_k8s_manifests_have_identity(manifests):
+    seen = set()
+    for fname, doc in manifests:
+        assert doc.get("apiVersion"), f"{fname}: no apiVersion"
+        assert doc.get("kind"), f"{fname}: no kind"
+        name = doc.get("metadata", {}).get("name")
+        assert name, f"{fname}: {doc['kind']} has no metadata.name"
+        if doc["kind"] not in CLUSTER_SCOPED:
+            assert doc["metadata"].get("namespace") == "tokenmill", f"{fname}: {doc['kind']}/{name} namespace"
+        key = (doc["kind"], name)
+        assert key not in seen, f"duplicate {key}"
+        seen.add(key)
+    kinds = {k for k, _ in seen}
+    assert {"Namespace", "Service", "Deployment", "StatefulSet", "Job"} <= kinds
+
+
+def test_k8s_images_pinned_and_selectors_match(manifests):
+    for fname, doc, template in _pod_specs(manifests):
+        labels = template["metadata"]["labels"]
+        if "selector" in doc["spec"]:
+            for key, value in doc["spec"]["selector"]["matchLabels"].items():
+                assert labels.get(key) == value, f"{fname}: {doc['metadata']['name']} selector != pod labels"
+        for c in template["spec"]["containers"]:
+            assert_pinned(c["image"], f"{fname}: container {c['name']}")
+
+
+def test_k8s_services_reach_named_ports(manifests):
+    pods = [(template["metadata"]["labels"], template["spec"]) for _, _, template in _pod_specs(manifests)]
+    for fname, doc in manifests:
+        if doc["kind"] != "Service":
+            continue
+        selector = doc["spec"]["selector"]
+        targets = [spec for labels, spec in pods if all(labels.get(k) == v for k, v in selector.items())]
+        assert targets, f"{fname}: Service {doc['metadata']['name']} selects no pod"
+        port_names = {p["name"] for spec in targets for c in spec["containers"] for p in c.get("ports", [])}
+        for port in doc["spec"]["ports"]:
+            target = port.get("targetPort", port["port"])
+            if isinstance(target, str):
+                assert target in port_names, f"{fname}: targetPort {target!r} is not a container port name"
+
+
+_K8S_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")  # $(VAR) expansion in env values, command, args
+
+
+def test_k8s_env_references_are_defined_first(manifests):
+    for fname, _, template in _pod_specs(manifests):
+        for c in template["spec"]["containers"]:
+            defined = set()
+            for var in c.get("env", []):
+                for ref in _K8S_REF.findall(str(var.get("value", ""))):
+                    assert ref in defined, f"{fname}: {c['name']} uses $({ref}) before defining it"
+                defined.add(var["name"])
+            for ref in _K8S_REF.findall(" ".join(c.get("command", []) + c.get("args", []))):
+                assert ref in defined, f"{fname}: {c['name']} command uses undefined $({ref})"
+
+
+def test_k8s_tokenmill_containers_agree_with_deployment(manifests):
+    by_name = {doc["metadata"]["name"]: template for _, doc, template in _pod_specs(manifests)}
+    worker = by_name["prefect-worker"]["spec"]["containers"][0]
+    assert worker["command"][worker["command"].index("--pool") + 1] == POOL
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["TOKENMILL_ROOT"] == CODE_DIR
+    assert env["PREFECT_API_URL"] == "http://prefect-server:4200/api"
+    assert env["TOKENMILL_DASK_ADDRESS"] == "tcp://dask-scheduler:8786"
+    assert by_name["dask-worker"]["spec"]["containers"][0]["command"][2] == "tcp://dask-scheduler:8786"
+
+
+def test_k8s_against_kubernetes_schemas_if_installed(manifests):
+    kv = pytest.importorskip("kubernetes_validate")
+    for fname, doc in manifests:
+        try:
+            kv.validate(doc, kv.latest_version(), strict=True)
+        except kv.ValidationError as exc:
+            raise AssertionError(f"{fname}: {doc['kind']}/{doc['metadata']['name']}: {exc}") from exc
