@@ -1,7 +1,8 @@
 """corpus_to_tokens: the main flow, DESIGN.md's DAG.
 
-partition ─► (sample[shard] ─► train_tokenizer | pretrained_tokenizer)
-          ─► tokenize[shard] ─► pack[shard] ─► validate ─► publish
+partition ─► [scatter[shard] ─► gather[shard]]          (partition.shuffle: the global document shuffle)
+          ─► (sample[shard] ─► train_tokenizer | pretrained_tokenizer)
+          ─► tokenize[shard] ─► pack[shard] ─► shuffle_index ─► validate ─► publish
 """
 
 from __future__ import annotations
@@ -17,11 +18,30 @@ from tasks.pack import pack_shard
 from tasks.partition import partition
 from tasks.publish import publish
 from tasks.sample import sample_shard
+from tasks.shuffle_documents import gather_shard, scatter_shard
+from tasks.shuffle_index import shuffle_index
 from tasks.tokenize import tokenize_shard
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
 from tokenmill.config import DaskConfig, TokenmillConfig
+from tokenmill.pack import writes_packed
 from tokenmill.sampling import sample_fraction
+from tokenmill.shuffle_documents import check_counts, shuffled_shards
+
+
+def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
+    """The global document shuffle: the shards tokenize reads instead of the input shards."""
+    started = time.perf_counter()
+    sources, n_outputs = plan["shards"], plan["shuffled_shards"]
+    scattered = results_of(
+        "scatter",
+        scatter_shard.map(unmapped(config), sources, unmapped(n_outputs)),
+        [s["shard_id"] for s in sources],
+    )
+    targets = list(range(n_outputs))
+    gathered = results_of("gather", gather_shard.map(unmapped(config), targets, unmapped(len(sources))), targets)
+    check_counts(scattered, gathered)
+    return shuffled_shards(config, gathered), time.perf_counter() - started
 
 
 class ShardsFailed(RuntimeError):
@@ -49,6 +69,12 @@ def corpus_to_tokens(config: TokenmillConfig) -> dict:
     shards = plan["shards"]
     shard_ids = [s["shard_id"] for s in shards]
     logger.info("planned %d shards over %d input files", len(shards), len(plan["files"]))
+    shuffle_seconds = None
+    if config.partition.shuffle:
+        shards, shuffle_seconds = shuffle(config, plan)
+        shard_ids = [s["shard_id"] for s in shards]
+        plan = {**plan, "shards": shards}
+        logger.info("shuffled all documents into %d shards in %.1f s", len(shards), shuffle_seconds)
 
     if config.tokenizer.train is not None:
         fraction = sample_fraction(config, plan)
@@ -68,6 +94,8 @@ def corpus_to_tokens(config: TokenmillConfig) -> dict:
     if reused:
         logger.info("reused %d of %d committed tokenize shards", reused, len(tokenized))
 
+    if writes_packed(config):
+        shuffle_index(config, packed)
     stats = validate(config, plan, tokenizer, tokenized, packed)
     manifest = publish(config, tokenizer, stats)
     bytes_in = sum(r["bytes_in"] for r in tokenized)
@@ -77,8 +105,11 @@ def corpus_to_tokens(config: TokenmillConfig) -> dict:
         "shards_reused": reused,
         **manifest["counts"],
         "splits": manifest["splits"],
+        "packing": manifest["packing"],
         "bytes_in": bytes_in,
         "tokenize_mb_per_s": round(bytes_in / 1e6 / tokenize_seconds, 2),
+        "tokenize_seconds": round(tokenize_seconds, 2),
+        "shuffle_seconds": None if shuffle_seconds is None else round(shuffle_seconds, 2),
         "flow_seconds": round(time.perf_counter() - started, 2),
     }
     logger.info(
@@ -98,10 +129,20 @@ def summary_markdown(summary: dict) -> str:
         f"{summary['tokens']:,} tokens; tokenize stage {summary['tokenize_mb_per_s']} MB/s, "
         f"flow {summary['flow_seconds']} s.",
         "",
-        "| split | documents | tokens | packed rows | packing utilization |",
-        "|---|---|---|---|---|",
+        "| split | documents | tokens | sequences | real tokens | pad tokens | utilization "
+        "| padded layout: sequences | padded layout: utilization |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for split, s in summary["splits"].items():
-        utilization = "-" if s["packing_utilization"] is None else f"{s['packing_utilization']:.2%}"
-        lines.append(f"| {split} | {s['documents']:,} | {s['tokens']:,} | {s['packed_rows']:,} | {utilization} |")
+    everything = {"documents": summary["documents_out"], "tokens": summary["tokens"], "packing": summary["packing"]}
+    for split, s in [*summary["splits"].items(), ("all", everything)]:
+        p, padded = s["packing"], s["packing"]["padded_layout"]
+        lines.append(
+            f"| {split} | {s['documents']:,} | {s['tokens']:,} | {p['sequences']:,} | {p['real_tokens']:,} "
+            f"| {p['pad_tokens']:,} | {percent(p['utilization'])} | {padded['sequences']:,} "
+            f"| {percent(padded['utilization'])} |"
+        )
     return "\n".join(lines)
+
+
+def percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.2%}"

@@ -1,17 +1,14 @@
-"""partition: the shard plan, written to `plan.json` in the output."""
+"""partition: the shard plan, `plan.json` in the output (reused by reruns of the same config)."""
 
-from prefect import task
+from prefect import get_run_logger, task
 
-from tokenmill import layout
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import plan_shards
-from tokenmill.storage import Store
+from tokenmill.partition import load_or_plan
 
 
 @task(name="partition")
 def partition(config: TokenmillConfig) -> dict:
-    plan = plan_shards(config)
-    store = Store(config.output.path)
-    if not store.exists(layout.PLAN) or store.read_json(layout.PLAN) != plan:
-        store.write_json(layout.PLAN, plan)
+    plan, reused = load_or_plan(config)
+    if reused:
+        get_run_logger().info("reusing plan.json: %d shards", len(plan["shards"]))
     return plan

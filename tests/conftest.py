@@ -94,3 +94,19 @@ def s3_server():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+CORPUS = CORPORA / "web_scrapinghub_aeb" / "web_scrapinghub_aeb.jsonl.gz"
+
+
+@pytest.fixture
+def gpt2_info():
+    """Install the GPT-2 tokenizer into a config's output and return its TokenizerInfo."""
+    from tokenmill.tokenizer import install_pretrained
+
+    def install(config):
+        config.tokenizer.path = str(TOKENIZERS / "gpt2" / "tokenizer.json")
+        config.tokenizer.train = None
+        return install_pretrained(config)
+
+    return install

@@ -1,18 +1,23 @@
 import gzip
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import zstandard
 
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import plan_shards, shard_pieces
-from tokenmill.readers import InputError, Piece, read_documents
+from tokenmill.partition import load_or_plan, plan_shards, shard_pieces
+from tokenmill.readers import InputError, Piece, ReadOptions, read_documents
+
+from .conftest import CORPUS
 
 
-def make_config(paths, shard_size, tmp_path, id_field="id"):
+def make_config(paths, shard_size, tmp_path, **input_options):
     return TokenmillConfig.model_validate(
         {
             "name": "t",
-            "input": {"paths": paths, "id_field": id_field},
+            "input": {"paths": paths, "id_field": "id"} | input_options,
             "partition": {"shard_size": shard_size},
             "tokenizer": {"path": "unused.json"},
             "output": {"path": str(tmp_path / "out")},
@@ -20,28 +25,29 @@ def make_config(paths, shard_size, tmp_path, id_field="id"):
     )
 
 
-def read_all(plan, id_field="id"):
+def read_all(config, plan):
     docs, rejects = [], []
     for shard in plan["shards"]:
-        for batch, bad in read_documents(shard_pieces(shard), "text", id_field):
+        for batch, bad in read_documents(shard_pieces(shard), config.input.read_options()):
             docs += list(zip(batch.ids, batch.texts, strict=True))
             rejects += bad
     return docs, rejects
 
 
-def write_jsonl(path, n, width=97):
+def write_jsonl(path, n, width=97, prefix="d"):
     with open(path, "w") as f:
         for i in range(n):
-            f.write(json.dumps({"id": f"d{i}", "text": f"doc {i} " + "x" * (i * width % 500)}) + "\n")
+            f.write(json.dumps({"id": f"{prefix}{i}", "text": f"doc {i} " + "x" * (i * width % 500)}) + "\n")
 
 
 def test_byte_range_shards_cover_every_line_exactly_once(tmp_path):
     path = tmp_path / "big.jsonl"
     write_jsonl(path, 5000)
-    plan = plan_shards(make_config([str(path)], 40_000, tmp_path))
+    config = make_config([str(path)], 40_000, tmp_path)
+    plan = plan_shards(config)
     assert len(plan["shards"]) > 20
     assert all(len(s["pieces"]) == 1 for s in plan["shards"])
-    docs, rejects = read_all(plan)
+    docs, rejects = read_all(config, plan)
     assert [d[0] for d in docs] == [f"d{i}" for i in range(5000)] and not rejects
     sizes = [s["bytes"] for s in plan["shards"]]
     assert max(sizes) - min(sizes) < 1000  # balanced to within a line or two
@@ -50,74 +56,174 @@ def test_byte_range_shards_cover_every_line_exactly_once(tmp_path):
 def test_line_numbers_at_cuts_are_exact(tmp_path):
     path = tmp_path / "big.jsonl"
     write_jsonl(path, 3000)
-    plan = plan_shards(make_config([str(path)], 30_000, tmp_path, id_field=None))
-    docs, _ = read_all(plan, id_field=None)
+    config = make_config([str(path)], 30_000, tmp_path, id_field=None)
+    docs, _ = read_all(config, plan_shards(config))
     assert [d[0] for d in docs] == [f"big.jsonl:{i + 1}" for i in range(3000)]
 
 
 def test_small_and_compressed_files_are_grouped_whole_in_order(tmp_path):
     for name in ("a", "b", "c"):
-        write_jsonl(tmp_path / f"{name}.jsonl", 50)
-        with (
-            open(tmp_path / f"{name}.jsonl", "rb") as src,
-            gzip.open(tmp_path / f"{name}.jsonl.gz", "wb") as dst,
-        ):
+        write_jsonl(tmp_path / f"{name}.jsonl", 50, prefix=name)
+        with open(tmp_path / f"{name}.jsonl", "rb") as src, gzip.open(tmp_path / f"{name}.jsonl.gz", "wb") as dst:
             dst.write(src.read())
         (tmp_path / f"{name}.jsonl").unlink()
-    plan = plan_shards(make_config([str(tmp_path / "*.jsonl.gz")], 30_000, tmp_path))
+    config = make_config([str(tmp_path / "*.jsonl.gz")], 30_000, tmp_path)
+    plan = plan_shards(config)
     pieces = [p["path"].rsplit("/", 1)[-1] for s in plan["shards"] for p in s["pieces"]]
     assert pieces == ["a.jsonl.gz", "b.jsonl.gz", "c.jsonl.gz"]
+    assert len(plan["shards"]) == 2
     assert all(p["start"] == 0 and p["end"] is None for s in plan["shards"] for p in s["pieces"])
-    assert len(read_all(plan)[0]) == 150
+    assert len(read_all(config, plan)[0]) == 150
 
 
-def test_plan_is_deterministic(tmp_path):
+def test_parquet_is_partitioned_by_row_groups(tmp_path):
+    rows = [{"id": f"p{i}", "meta": {"content": f"parquet document {i} " * 20}} for i in range(3000)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "t.parquet", row_group_size=100)
+    config = make_config([str(tmp_path / "t.parquet")], 50_000, tmp_path, text_field="meta.content")
+    plan = plan_shards(config)
+    assert len(plan["shards"]) > 5
+    groups = [g for s in plan["shards"] for p in s["pieces"] for g in p["row_groups"]]
+    assert groups == list(range(30))
+    docs, rejects = read_all(config, plan)
+    assert [d[0] for d in docs] == [r["id"] for r in rows] and not rejects
+    assert docs[7][1] == rows[7]["meta"]["content"]
+
+
+def test_plain_text_one_document_per_file_or_split_by_a_separator(tmp_path):
+    (tmp_path / "a.txt").write_text("first file\nsecond line\n")
+    (tmp_path / "b.txt").write_text("doc one\n---\ndoc two\nmore\n---\n\n---\ndoc three")
+    whole = make_config([str(tmp_path / "*.txt")], 1000, tmp_path, id_field=None)
+    docs, _ = read_all(whole, plan_shards(whole))
+    assert docs == [("a.txt", "first file\nsecond line\n"), ("b.txt", (tmp_path / "b.txt").read_text())]
+    split = make_config([str(tmp_path / "b.txt")], 1000, tmp_path, id_field=None, separator="---")
+    docs, _ = read_all(split, plan_shards(split))
+    assert docs == [("b.txt:1", "doc one"), ("b.txt:3", "doc two\nmore"), ("b.txt:8", "doc three")]
+
+
+def test_plan_is_deterministic_and_reused_by_later_runs(tmp_path):
     write_jsonl(tmp_path / "x.jsonl", 2000)
-    config = make_config([str(tmp_path / "x.jsonl")], 25_000, tmp_path)
+    config = make_config([str(tmp_path / "*.jsonl")], 25_000, tmp_path)
     assert plan_shards(config) == plan_shards(config)
+    first, reused = load_or_plan(config)
+    assert not reused
+    write_jsonl(tmp_path / "y.jsonl", 10)  # a file that appears later does not change a rerun's shards
+    again, reused = load_or_plan(config)
+    assert reused and again == first
 
 
-def test_bad_records_are_rejected_with_file_line_and_reason(tmp_path):
+def test_same_corpus_as_jsonl_gz_zst_and_parquet_gives_identical_tokens(tmp_path, gpt2_info):
+    from tokenmill.tokenize import tokenize_shard
+
+    rows = [json.loads(line) for line in gzip.open(CORPUS, "rt")]
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    (tmp_path / "c.jsonl").write_bytes(data)
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(data))
+    (tmp_path / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet", row_group_size=64)
+    outputs = {}
+    for name in ("c.jsonl", "c.jsonl.gz", "c.jsonl.zst", "c.parquet"):
+        config = make_config([str(tmp_path / name)], "100MB", tmp_path)
+        config.output.path = str(tmp_path / f"out-{name}")
+        info = gpt2_info(config)
+        (shard,) = plan_shards(config)["shards"]
+        result = tokenize_shard(config, shard, info)
+        assert result["documents_in"] == len(rows) == 181 and result["rejected"] == 0
+        outputs[name] = (tmp_path / f"out-{name}/megatron/train/shard-00000.bin").read_bytes()
+    assert len(set(outputs.values())) == 1 and len(outputs["c.parquet"]) > 1000
+
+
+# Bad input: one test per kind, under both policies.
+
+BAD_LINES = {
+    "malformed JSON": (b'{"id": "x", "text": \n', "malformed JSON"),
+    "invalid UTF-8": (b'{"id": "x", "text": "caf\xe9"}\n', "invalid UTF-8 at byte"),
+    "missing field": (b'{"id": "x", "body": "no text here"}\n', "text field 'text' missing"),
+    "text not a string": (b'{"id": "x", "text": 42}\n', "text field 'text' not a string"),
+    "missing id": (b'{"text": "no id"}\n', "id field 'id' missing"),
+    "duplicate id": (b'{"id": "ok1", "text": "again"}\n', "duplicate id in this shard"),
+    "empty text": (b'{"id": "x", "text": ""}\n', "text length outside [1,"),
+}
+
+
+def _with_bad_line(tmp_path, bad: bytes):
     path = tmp_path / "mixed.jsonl"
-    path.write_text(
-        '{"id": "ok1", "text": "fine"}\n'
-        '{"id": "broken", "text": \n'
-        '{"id": "no-text"}\n'
-        "\n"
-        '{"id": "num", "text": 42}\n'
-        '{"id": "ok2", "text": ""}\n'
-    )
-    batches = list(read_documents([Piece(str(path))], "text", "id"))
-    ids = [i for b, _ in batches for i in b.ids]
-    rejects = [r.to_dict() for _, rs in batches for r in rs]
+    path.write_bytes(b'{"id": "ok1", "text": "fine"}\n' + bad + b'{"id": "ok2", "text": "also fine"}\n')
+    return path
+
+
+@pytest.mark.parametrize("kind", BAD_LINES)
+def test_bad_record_is_quarantined_with_file_line_and_reason(tmp_path, kind):
+    bad, reason = BAD_LINES[kind]
+    path = _with_bad_line(tmp_path, bad)
+    results = list(read_documents([Piece(str(path))], ReadOptions(id_field="id")))
+    ids = [i for batch, _ in results for i in batch.ids]
+    rejects = [r.to_dict() for _, rs in results for r in rs]
     assert ids == ["ok1", "ok2"]
-    assert [(r["file"], r["line"]) for r in rejects] == [
-        ("mixed.jsonl", 2),
-        ("mixed.jsonl", 3),
-        ("mixed.jsonl", 5),
-    ]
-    assert "malformed JSON" in rejects[0]["reason"]
-    assert "'text' missing" in rejects[1]["reason"]
-    assert "not a string (int)" in rejects[2]["reason"]
+    assert [(r["file"], r["line"]) for r in rejects] == [("mixed.jsonl", 2)]
+    assert reason in rejects[0]["reason"]
 
 
-def test_nested_text_field(tmp_path):
-    path = tmp_path / "nested.jsonl"
-    path.write_text('{"meta": {"content": "deep"}}\n')
-    ((batch, _),) = read_documents([Piece(str(path))], "meta.content", None)
-    assert batch.texts == ["deep"] and batch.ids == ["nested.jsonl:1"]
+@pytest.mark.parametrize("kind", BAD_LINES)
+def test_bad_record_fails_the_read_naming_file_line_and_reason(tmp_path, kind):
+    bad, reason = BAD_LINES[kind]
+    path = _with_bad_line(tmp_path, bad)
+    with pytest.raises(InputError, match=f"mixed.jsonl, line 2: .*{reason[:12]}"):
+        list(read_documents([Piece(str(path))], ReadOptions(id_field="id", on_invalid="fail")))
 
 
-def test_truncated_gzip_is_a_clear_input_error(tmp_path):
+def _truncated_gzip(tmp_path):
     path = tmp_path / "cut.jsonl.gz"
     with gzip.open(path, "wt") as f:
         for i in range(2000):
             f.write(json.dumps({"text": f"document number {i} " * 20}) + "\n")
     path.write_bytes(path.read_bytes()[:-300])
-    with pytest.raises(InputError, match="cut.jsonl.gz: cannot be read"):
-        list(read_documents([Piece(str(path))], "text", None))
+    return path
+
+
+def test_truncated_gzip_fails_naming_the_file(tmp_path):
+    with pytest.raises(InputError, match=r"cut.jsonl.gz: cannot be read after \d+ records"):
+        list(read_documents([Piece(str(_truncated_gzip(tmp_path)))], ReadOptions(on_invalid="fail")))
+
+
+def test_truncated_gzip_is_quarantined_keeping_what_was_readable(tmp_path):
+    results = list(read_documents([Piece(str(_truncated_gzip(tmp_path)))], ReadOptions()))
+    docs = sum(len(b) for b, _ in results)
+    rejects = [r for _, rs in results for r in rs]
+    assert 1000 < docs < 2000
+    assert len(rejects) == 1 and rejects[0].line == 0 and "cannot be read" in rejects[0].reason
+
+
+def test_empty_file_is_a_clear_error_or_a_reject(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(b"")
+    with pytest.raises(InputError, match="empty.jsonl.*empty file"):
+        list(read_documents([Piece(str(path))], ReadOptions(on_invalid="fail")))
+    ((batch, rejects),) = read_documents([Piece(str(path))], ReadOptions())
+    assert len(batch) == 0 and [r.reason for r in rejects] == ["empty file: no records"]
 
 
 def test_missing_input_path_names_the_pattern(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         plan_shards(make_config([str(tmp_path / "nothing-here*.jsonl")], 1000, tmp_path))
+
+
+def test_file_deleted_after_planning_names_the_file(tmp_path):
+    path = tmp_path / "gone.jsonl"
+    write_jsonl(path, 3)
+    piece = Piece(str(path))
+    path.unlink()
+    with pytest.raises(InputError, match="gone.jsonl: no such file"):
+        list(read_documents([piece], ReadOptions()))
+
+
+def test_missing_parquet_column_names_it(tmp_path):
+    pq.write_table(pa.Table.from_pylist([{"body": "x"}]), tmp_path / "t.parquet")
+    with pytest.raises(InputError, match="t.parquet: no column 'text'"):
+        list(read_documents([Piece(str(tmp_path / "t.parquet"))], ReadOptions()))
+
+
+def test_size_limit(tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"text": "a" * 50}) + "\n" + json.dumps({"text": "b" * 5}) + "\n")
+    ((batch, rejects),) = read_documents([Piece(str(path))], ReadOptions(max_chars=10))
+    assert batch.texts == ["b" * 5] and "at most 10" in rejects[0].reason

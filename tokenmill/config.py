@@ -13,64 +13,233 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from tokenmill.readers import ReadOptions
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class StorageConfig(_Section):
+    """Options for s3:// URLs (passed to s3fs). Leave empty to use the standard AWS environment
+    (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_PROFILE); secrets given here are
+    never written to the manifest, logs or hashes."""
+
+    endpoint_url: str | None = Field(None, description="S3-protocol endpoint, e.g. http://127.0.0.1:9000 (MinIO).")
+    profile: str | None = Field(None, description="AWS profile name.")
+    key: SecretStr | None = Field(None, description="Access key id (prefer the environment).")
+    secret: SecretStr | None = Field(None, description="Secret access key (prefer the environment).")
+
+    def fsspec_options(self) -> dict:
+        options = {"endpoint_url": self.endpoint_url, "profile": self.profile}
+        options |= {k: v.get_secret_value() for k, v in (("key", self.key), ("secret", self.secret)) if v}
+        return {k: v for k, v in options.items() if v is not None}
+
+
 class InputConfig(_Section):
-    paths: list[str] = Field(description="Local paths, globs or fsspec URLs (s3://...) of JSONL(.gz) files.")
-    text_field: str = Field("text", description="Field holding the document text.")
-    id_field: str | None = Field(
-        None, description="Field holding a unique document id; if unset, `<file name>:<line>` is used."
+    paths: list[str] = Field(description="Local paths, globs or fsspec URLs (s3://...) of the input files.")
+    format: Literal["auto", "jsonl", "parquet", "text"] = Field(
+        "auto", description="auto: from the file name (.jsonl[.gz|.zst], .parquet, anything else is plain text)."
     )
+    text_field: str = Field("text", description="Field holding the document text; may be nested (meta.content).")
+    id_field: str | None = Field(
+        None, description="Field holding a unique document id; if unset, `<file name>:<line or row>` is used."
+    )
+    separator: str | None = Field(
+        None, description="Plain text: a line that separates documents; null: one document per file."
+    )
+    on_invalid: Literal["fail", "quarantine"] = Field(
+        "quarantine", description="fail: stop at the first bad record; quarantine: write it to rejects/ and go on."
+    )
+    min_chars: int = Field(1, ge=0, description="Shorter texts are invalid records (empty ones by default).")
+    max_chars: int | None = Field(None, ge=1, description="Longer texts are invalid records; null: no limit.")
+    storage: StorageConfig = StorageConfig()
+
+    def read_options(self, fields: tuple[str, ...] = ()) -> ReadOptions:
+        return ReadOptions(
+            text_field=self.text_field,
+            id_field=self.id_field,
+            format=self.format,
+            on_invalid=self.on_invalid,
+            min_chars=self.min_chars,
+            max_chars=self.max_chars,
+            separator=self.separator,
+            fields=fields,
+            storage_options=self.storage.fsspec_options(),
+        )
 
 
 class PartitionConfig(_Section):
     shard_size: ByteSize = Field(
         ByteSize(64_000_000), description="Target uncompressed text bytes per shard, e.g. 64MB or 1GiB."
     )
+    shuffle: bool = Field(
+        False, description="Shuffle documents across all input files before tokenizing (on the Dask cluster)."
+    )
+    seed: int = Field(0, description="Seed of the global document shuffle.")
 
 
 class TrainConfig(_Section):
-    algorithm: Literal["bpe"] = "bpe"
-    vocab_size: int = Field(32000, ge=260)
-    min_frequency: int = Field(2, ge=1)
+    """Training a tokenizer with HF `tokenizers` on a sample of the input (README: Tokenizer)."""
+
+    algorithm: Literal["bpe", "unigram", "wordpiece"] = Field(
+        "bpe",
+        description="bpe: byte-level, GPT-2 style, never an unknown token; unigram: SentencePiece style (Metaspace); "
+        "wordpiece: BERT style (## continuations). unigram and wordpiece map unseen characters to their unk token.",
+    )
+    vocab_size: int = Field(32000, ge=100, description="Including the special tokens (and, for bpe, the 256 bytes).")
+    min_frequency: int = Field(2, ge=1, description="bpe, wordpiece: pairs seen fewer times are not merged.")
+    special_tokens: list[str] = Field(
+        default_factory=list, description="Special tokens to add besides tokenizer.eod, .bos and .pad."
+    )
+    normalization: Literal["none", "nfc", "nfkc", "nfd", "nfkd"] = Field(
+        "none", description="Unicode normalization applied before training and encoding (none keeps bytes exact)."
+    )
+    lowercase: bool = Field(False, description="Lowercase before training and encoding.")
     sample_size: ByteSize = Field(ByteSize(50_000_000), description="Bytes of text to train on.")
-    seed: int = 0
+    seed: int = Field(0, description="Which documents the sample (and the held-out sample) take.")
+    stratify_by: str | None = Field(
+        None, description="A record field (source, lang, meta.lang): every value gets at least min_group_size."
+    )
+    min_group_size: ByteSize = Field(
+        ByteSize(64_000), description="With stratify_by: a group's minimum bytes in the sample (or all of it)."
+    )
+
+
+class HubConfig(_Section):
+    """Resolving `tokenizer.path: hf:org/name` through huggingface_hub."""
+
+    revision: str | None = Field(None, description="Branch, tag or commit; null: the default branch.")
+    cache_dir: str | None = Field(None, description="huggingface_hub cache directory; null: its default.")
+    token_env: str = Field("HF_TOKEN", description="Environment variable holding the access token, if any.")
+    offline: bool = Field(False, description="Use only the local cache (as HF_HUB_OFFLINE=1 does).")
+    timeout: float = Field(5.0, gt=0, description="Seconds to wait for the hub before falling back to the cache.")
+
+
+class TiktokenConfig(_Section):
+    """What a tiktoken rank file lacks; known files (OpenAI's, Llama-3's) need nothing here."""
+
+    pattern: str | None = Field(None, description="The split regex (tiktoken's pat_str).")
+    special_tokens: dict[str, int] | None = Field(None, description="Special token -> id.")
 
 
 class TokenizerConfig(_Section):
-    path: str | None = Field(None, description="A pretrained tokenizer.json.")
+    path: str | None = Field(
+        None,
+        description="A pretrained tokenizer: a tokenizer.json, a directory holding one (HF layout), "
+        "a tiktoken rank file (.tiktoken, Llama-3's tokenizer.model), or hf:org/name on the Hugging Face hub.",
+    )
+    hub: HubConfig = HubConfig()
+    tiktoken: TiktokenConfig = TiktokenConfig()
     train: TrainConfig | None = Field(None, description="Train a tokenizer on a sample of the input instead.")
-    eod: str = Field("<|endoftext|>", description="End-of-document token, appended after each document.")
-    append_eod: bool = True
+    eod: str = Field(
+        "<|endoftext|>", description="End-of-document token, or auto: the pretrained tokenizer's own EOS token."
+    )
+    bos: str | None = Field(None, description="Beginning-of-document token, auto (the tokenizer's own BOS), or null.")
+    pad: str | None = Field(None, description="A padding token to add when training (its id is in the manifest).")
+    append_eod: bool = Field(True, description="Append the EOD token after each document.")
+    prepend_bos: bool = Field(False, description="Put the BOS token before each document (needs tokenizer.bos).")
 
     @model_validator(mode="after")
-    def _one_source(self) -> TokenizerConfig:
+    def _consistent(self) -> TokenizerConfig:
         if (self.path is None) == (self.train is None):
             raise ValueError("set exactly one of tokenizer.path (pretrained) or tokenizer.train")
+        if self.prepend_bos and self.bos is None:
+            raise ValueError("tokenizer.prepend_bos needs tokenizer.bos (a token, or auto for the tokenizer's own)")
+        if self.train is not None:
+            for key in ("eod", "bos"):
+                if getattr(self, key) == "auto":
+                    raise ValueError(
+                        f"tokenizer.{key}: auto means a pretrained tokenizer's own token; "
+                        "when training, give the token string to add (e.g. <|endoftext|>)"
+                    )
         return self
 
 
+class FertilityConfig(_Section):
+    """The tokenizer report (`report/tokenizer.md` + `.json`): fertility on a held-out sample."""
+
+    enabled: bool = Field(True, description="Write the report (for a pretrained tokenizer it costs one read pass).")
+    holdout_size: ByteSize = Field(
+        ByteSize(4_000_000), description="Bytes of held-out text, never in the training sample."
+    )
+    group_by: list[str] = Field(
+        default_factory=list, description="Record fields (source, lang) to break the report down by."
+    )
+    baselines: list[str] = Field(
+        default_factory=list, description="Other tokenizers to compare with (anything tokenizer.path accepts)."
+    )
+
+
 class PackConfig(_Section):
-    mode: Literal["concat", "none"] = Field(
-        "concat", description="concat: documents joined with EOD and cut into seq_len rows; none: no packing."
+    mode: Literal["concat", "bfd", "window", "none"] = Field(
+        "concat",
+        description="concat: documents joined with EOD and cut into seq_len rows; bfd: whole documents "
+        "best-fit into seq_len rows (longer ones cut), each row padded; window: each document split into "
+        "seq_len windows overlapping by `stride` tokens, one window per row; none: no packing.",
     )
     seq_len: int = Field(2048, ge=2)
-    pad_id: int | None = Field(None, description="Id filling the tail of the last row; default the EOD id.")
+    extra_token: bool = Field(
+        False,
+        description="concat only: rows are seq_len + 1 wide and consecutive rows share one token, so "
+        "row[:-1] are seq_len inputs and row[1:] their next-token labels (Megatron's GPTDataset, nanoGPT).",
+    )
+    pad_id: int | None = Field(None, description="Id filling the padded tail of rows; default the EOD id.")
+    stride: int = Field(0, ge=0, description="window only: tokens shared by consecutive windows of a document.")
+    bos_id: int | None = Field(None, ge=0, description="window only: id put at the start of every window.")
+    eos_id: int | None = Field(None, ge=0, description="window only: id put at the end of every window.")
+    shuffle_seed: int = Field(0, description="Seed of the global shuffle index over each split's packed rows.")
+
+    @property
+    def row_len(self) -> int:
+        """Tokens per stored row: seq_len, plus the shared label token with `extra_token`."""
+        return self.seq_len + self.extra_token
+
+    @property
+    def window_content(self) -> int:
+        """Document tokens per window: seq_len less the BOS and EOS it carries."""
+        return self.seq_len - (self.bos_id is not None) - (self.eos_id is not None)
+
+    @model_validator(mode="after")
+    def _options_fit_mode(self) -> PackConfig:
+        if self.extra_token and self.mode != "concat":
+            raise ValueError("pack.extra_token applies to pack.mode concat only")
+        if self.mode != "window" and (self.stride or self.bos_id is not None or self.eos_id is not None):
+            raise ValueError("pack.stride, pack.bos_id and pack.eos_id apply to pack.mode window only")
+        if self.mode == "window" and not (self.window_content >= 1 and self.stride < self.window_content):
+            raise ValueError(
+                f"pack.stride must be below the {self.window_content} document tokens a window holds "
+                "(seq_len less BOS and EOS)"
+            )
+        return self
 
 
 class OutputConfig(_Section):
     path: str = Field(description="Local directory or s3://bucket/prefix receiving the dataset.")
+    formats: list[Literal["megatron", "packed", "llmc"]] = Field(
+        default_factory=lambda: ["megatron", "packed"],
+        description="megatron: .bin/.idx per shard and split (always written: every other format is made "
+        "from it); packed: packed rows as .npy (unless pack.mode is none); llmc: flat token shards as "
+        "nanoGPT/llm.c read them.",
+    )
+    llmc_shard_tokens: int = Field(
+        100_000_000, ge=1, lt=2**31, description="Most tokens per llm.c file (its header counts them in an int32)."
+    )
 
     @field_validator("path")
     @classmethod
     def _absolute_if_local(cls, path: str) -> str:
         # Dask workers may run elsewhere: a relative path means the one seen from where the run starts.
         return path if "://" in path else str(Path(path).expanduser().absolute())
+
+    @field_validator("formats")
+    @classmethod
+    def _megatron_always(cls, formats: list[str]) -> list[str]:
+        if "megatron" not in formats:
+            raise ValueError("output.formats must include megatron: the pack stage makes every other format from it")
+        return sorted(set(formats), key=formats.index)
 
 
 class DaskConfig(_Section):
@@ -89,6 +258,7 @@ class TokenmillConfig(_Section):
         description="Split name -> fraction, assigned by a stable hash of the document id.",
     )
     tokenizer: TokenizerConfig
+    fertility: FertilityConfig = FertilityConfig()
     pack: PackConfig = PackConfig()
     output: OutputConfig
     dask: DaskConfig = DaskConfig()
@@ -104,15 +274,16 @@ class TokenmillConfig(_Section):
         return split
 
     def dataset_config(self) -> dict:
-        """The part of the config that defines the dataset's content (recorded in the manifest)."""
-        return self.model_dump(mode="json", exclude={"output", "dask"})
+        """The part of the config that defines the dataset's content (recorded in the manifest): not where it
+        is read from or written to, nor how it is computed."""
+        return self.model_dump(mode="json", exclude={"output": True, "dask": True, "input": {"storage"}})
 
     def dataset_hash(self) -> str:
         return self.section_hash(*self.dataset_config())
 
     def section_hash(self, *sections: str) -> str:
         """A short hash of the named config sections: the cache key of a stage that depends on them."""
-        chosen = self.model_dump(mode="json", include=set(sections))
+        chosen = {k: v for k, v in self.dataset_config().items() if k in sections}
         canonical = json.dumps(chosen, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

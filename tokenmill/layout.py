@@ -6,6 +6,7 @@ import re
 
 PLAN = "plan.json"
 TOKENIZER = "tokenizer/tokenizer.json"
+TOKENIZER_REPORT = ("report/tokenizer.md", "report/tokenizer.json")  # fertility, see tokenmill.fertility
 STATS = "stats.json"
 MANIFEST = "manifest.json"
 PRIVATE = ("_commits/", "_work/")  # bookkeeping, not part of the published dataset
@@ -23,12 +24,40 @@ def packed_prefix(split: str, shard_id: int) -> str:
     return f"packed/{split}/{shard_name(shard_id)}"
 
 
+def shuffle_file(split: str) -> str:
+    """The split's global shuffle index over its packed rows, across shards."""
+    return f"packed/{split}/shuffle.npy"
+
+
+def llmc_file(split: str, shard_id: int, part: int) -> str:
+    """Part `part` of a shard's split as an llm.c token file (parts keep files under the size cap)."""
+    return f"llmc/{split}/{shard_name(shard_id)}-{part:04d}.bin"
+
+
 def rejects_file(shard_id: int) -> str:
     return f"rejects/{shard_name(shard_id)}.jsonl"
 
 
+def shuffle_bucket(source: int, target: int) -> str:
+    return f"_work/shuffle/from-{source:05d}/to-{target:05d}.jsonl"
+
+
+def shuffled_shard(shard_id: int) -> str:
+    return f"_work/shuffle/{shard_name(shard_id)}.jsonl"
+
+
 def sample_file(shard_id: int) -> str:
     return f"_work/sample/{shard_name(shard_id)}.jsonl"
+
+
+def holdout_file(shard_id: int) -> str:
+    """The shard's held-out documents (never trained on), for the fertility report."""
+    return f"_work/holdout/{shard_name(shard_id)}.jsonl"
+
+
+def reserve_file(shard_id: int) -> str:
+    """Stratified sampling: the shard's lowest-hash documents per group, to top up rare groups."""
+    return f"_work/sample/{shard_name(shard_id)}.reserve.jsonl"
 
 
 _SHARD_FILE = re.compile(
@@ -47,7 +76,13 @@ def describe(rel: str) -> dict:
     """The manifest's view of a file: its kind, and its split and shard where it has them."""
     if m := _SHARD_FILE.match(rel):
         return {"kind": _KINDS[m["ext"]], "split": m["split"], "shard": int(m["shard"])}
+    if m := re.match(r"^llmc/(?P<split>[^/]+)/shard-(?P<shard>\d+)-\d+\.bin$", rel):
+        return {"kind": "llmc", "split": m["split"], "shard": int(m["shard"])}
+    if m := re.match(r"^packed/(?P<split>[^/]+)/shuffle\.npy$", rel):
+        return {"kind": "packed-shuffle", "split": m["split"], "shard": None}
     if m := re.match(r"^rejects/shard-(\d+)\.jsonl$", rel):
         return {"kind": "rejects", "split": None, "shard": int(m[1])}
     kind = {PLAN: "plan", TOKENIZER: "tokenizer", STATS: "stats"}.get(rel, "other")
+    if rel in TOKENIZER_REPORT:
+        kind = "tokenizer-report"
     return {"kind": kind, "split": None, "shard": None}

@@ -1,8 +1,9 @@
 """The partition stage: a deterministic plan of shards of about `shard_size` uncompressed bytes.
 
-Uncompressed files larger than a shard are cut at newline-aligned byte offsets (the line number at
-each cut is counted here, once, so document ids and error messages can name the line); compressed
-files cannot be cut and are taken whole; small files are grouped until a shard is full.
+Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets (the line number
+at each cut is counted here, once, so document ids and error messages can name the line); Parquet files
+by runs of row groups; compressed streams and plain text files cannot be cut and are taken whole; small
+files are grouped until a shard is full.
 """
 
 from __future__ import annotations
@@ -12,21 +13,27 @@ import struct
 from dataclasses import asdict
 
 import fsspec
+import pyarrow.parquet as pq
 import zstandard
 
+from tokenmill import layout
 from tokenmill.config import TokenmillConfig
-from tokenmill.readers import Piece, compression_of
-from tokenmill.storage import expand_paths
+from tokenmill.readers import Piece, compression_of, format_of
+from tokenmill.storage import Store, expand_paths, options_for
 
 SCAN_CHUNK = 16 << 20
 ZSTD_RATIO_GUESS = 4  # when a zstd frame does not record its content size
 
 
-def uncompressed_size(url: str) -> int:
-    """The file's uncompressed size: exact for plain files, from the trailer or header when compressed."""
-    fs, path = fsspec.core.url_to_fs(url)
+def uncompressed_size(url: str, storage_options: dict) -> int:
+    """The file's uncompressed size: exact for plain files, from the trailer, header or footer otherwise."""
+    fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
     size = fs.size(path)
     codec = compression_of(url)
+    if format_of(url) == "parquet":
+        with fs.open(path, "rb") as f:
+            meta = pq.ParquetFile(f).metadata
+            return sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
     if codec == "gzip" and size >= 18:
         with fs.open(path, "rb") as f:
             f.seek(size - 4)
@@ -39,12 +46,12 @@ def uncompressed_size(url: str) -> int:
     return size
 
 
-def cut_points(url: str, size: int, n_pieces: int) -> list[tuple[int, int]]:
+def cut_points(url: str, size: int, n_pieces: int, storage_options: dict) -> list[tuple[int, int]]:
     """(byte offset, line number) of the first line at or after each of n_pieces - 1 even cuts."""
     targets = [size * k // n_pieces for k in range(1, n_pieces)]
     cuts: list[tuple[int, int]] = []
     pos, lines_before = 0, 0
-    with fsspec.open(url, "rb") as f:
+    with fsspec.open(url, "rb", **options_for(url, storage_options)) as f:
         while targets and (chunk := f.read(SCAN_CHUNK)):
             while targets:
                 nl = chunk.find(b"\n", max(targets[0] - 1 - pos, 0))
@@ -58,43 +65,85 @@ def cut_points(url: str, size: int, n_pieces: int) -> list[tuple[int, int]]:
     return [c for c in cuts if c[0] < size]
 
 
+def row_group_runs(url: str, shard_size: int, storage_options: dict) -> list[tuple[list[int], int]]:
+    """Consecutive row groups of a Parquet file, gathered into runs of about shard_size bytes."""
+    with fsspec.open(url, "rb", **options_for(url, storage_options)) as f:
+        meta = pq.ParquetFile(f).metadata
+    runs, run, run_bytes = [], [], 0
+    for g in range(meta.num_row_groups):
+        run.append(g)
+        run_bytes += meta.row_group(g).total_byte_size
+        if run_bytes >= shard_size:
+            runs.append((run, run_bytes))
+            run, run_bytes = [], 0
+    return runs + [(run, run_bytes)] if run else runs
+
+
+def _split_large_file(url: str, size: int, shard_size: int, storage_options: dict) -> list[tuple[Piece, int]] | None:
+    """The pieces (with their sizes) of a file larger than a shard, or None if it cannot be split."""
+    if format_of(url) == "parquet":
+        return [
+            (Piece(url, row_groups=run), nbytes) for run, nbytes in row_group_runs(url, shard_size, storage_options)
+        ]
+    if format_of(url) == "jsonl" and compression_of(url) is None:
+        cuts = cut_points(url, size, math.ceil(size / shard_size), storage_options)
+        starts = [(0, 1), *cuts]
+        ends = [c[0] for c in cuts] + [size]
+        return [(Piece(url, s, e, line), e - s) for (s, line), e in zip(starts, ends, strict=True)]
+    return None  # compressed streams and plain text files are read whole
+
+
 def plan_shards(config: TokenmillConfig) -> dict:
-    """The plan: every input file, and the ordered shards, each a list of pieces."""
+    """The plan: every input file, and the ordered shards, each a list of pieces with its size."""
     shard_size = int(config.partition.shard_size)
-    files = [(url, uncompressed_size(url)) for url in expand_paths(config.input.paths)]
-    shards: list[list[Piece]] = []
+    options = config.input.storage.fsspec_options()
+    files = [(url, uncompressed_size(url, options)) for url in expand_paths(config.input.paths, options)]
+    shards: list[tuple[list[Piece], int]] = []
     group: list[Piece] = []
     group_bytes = 0
     for url, size in files:
-        if size > shard_size and compression_of(url) is None:
+        pieces = _split_large_file(url, size, shard_size, options) if size > shard_size else None
+        if pieces:
             if group:  # keep the shards in input order
-                shards.append(group)
+                shards.append((group, group_bytes))
                 group, group_bytes = [], 0
-            cuts = cut_points(url, size, math.ceil(size / shard_size))
-            starts = [(0, 1), *cuts]
-            ends = [c[0] for c in cuts] + [None]
-            shards.extend([Piece(url, s, e, line)] for (s, line), e in zip(starts, ends, strict=True))
+            shards.extend(([piece], nbytes) for piece, nbytes in pieces)
             continue
+        if group and group_bytes + size > shard_size:
+            shards.append((group, group_bytes))
+            group, group_bytes = [], 0
         group.append(Piece(url))
         group_bytes += size
-        if group_bytes >= shard_size:
-            shards.append(group)
-            group, group_bytes = [], 0
     if group:
-        shards.append(group)
-    sizes = dict(files)
+        shards.append((group, group_bytes))
+    total = sum(size for _, size in files)
     return {
-        "dataset_hash": config.dataset_hash(),
+        "key": plan_key(config),
+        # with the global shuffle, the input shards are scattered into this many output shards
+        "shuffled_shards": math.ceil(total / shard_size) if config.partition.shuffle else None,
         "files": [{"path": url, "bytes": size} for url, size in files],
         "shards": [
-            {
-                "shard_id": i,
-                "pieces": [asdict(p) for p in pieces],
-                "bytes": sum((p.end if p.end is not None else sizes[p.path]) - p.start for p in pieces),
-            }
-            for i, pieces in enumerate(shards)
+            {"shard_id": i, "pieces": [asdict(p) for p in pieces], "bytes": nbytes}
+            for i, (pieces, nbytes) in enumerate(shards)
         ],
     }
+
+
+def plan_key(config: TokenmillConfig) -> str:
+    return config.section_hash("input", "partition")
+
+
+def load_or_plan(config: TokenmillConfig) -> tuple[dict, bool]:
+    """The plan already in the output for this input and partition config (so reruns see the same shards
+    even if files were added since), or a new one written there. Returns (plan, reused)."""
+    store = Store(config.output.path)
+    if store.exists(layout.PLAN):
+        plan = store.read_json(layout.PLAN)
+        if plan.get("key") == plan_key(config):
+            return plan, True
+    plan = plan_shards(config)
+    store.write_json(layout.PLAN, plan)
+    return plan, False
 
 
 def shard_pieces(shard: dict) -> list[Piece]:

@@ -1,20 +1,33 @@
-"""Reading documents out of input files: JSONL, plain or compressed (.gz, .zst), whole or by byte range.
+"""Reading documents out of input files: JSONL (plain, .gz, .zst), Parquet and plain text.
 
-A shard is a list of pieces; a piece is one file, or a newline-aligned byte range of an uncompressed
-file whose first line number the partition recorded. Every line of a piece is either a document or a
-reject with its file, line and reason: nothing is dropped without a record.
+A shard is a list of pieces; a piece is one file, a newline-aligned byte range of an uncompressed JSONL
+file (whose first line number the partition recorded), or some row groups of a Parquet file. Every
+record of a piece ends up either in a batch of documents or as a reject naming its file, line (or row)
+and reason; with `on_invalid="fail"` the first bad record stops the read with that message instead.
+Each batch is checked with a pandera schema: text present and a string within the size limits, id
+present and unique within the shard.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import BinaryIO, Literal
 
 import fsspec
 import orjson
+import pandas as pd
+import pandera.pandas as pa
+import pyarrow.parquet as pq
+
+from tokenmill.storage import options_for
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
+READ_BUFFER = 1 << 20
+OnInvalid = Literal["fail", "quarantine"]
 
 
 def compression_of(url: str) -> str | None:
@@ -22,6 +35,18 @@ def compression_of(url: str) -> str | None:
         if url.endswith(suffix):
             return codec
     return None
+
+
+def format_of(url: str) -> str:
+    """`jsonl`, `parquet` or `text`, from the file name (compression suffixes ignored)."""
+    name = url.rsplit("/", 1)[-1].lower()
+    for suffix in COMPRESSIONS:
+        name = name.removesuffix(suffix)
+    if name.endswith((".jsonl", ".json", ".ndjson")):
+        return "jsonl"
+    if name.endswith((".parquet", ".pq")):
+        return "parquet"
+    return "text"
 
 
 def display_name(url: str) -> str:
@@ -35,12 +60,30 @@ class Piece:
     start: int = 0  # byte offset in the uncompressed stream (always 0 for compressed files)
     end: int | None = None  # exclusive; None: to the end of the file
     first_line: int = 1
+    row_groups: list[int] | None = None  # Parquet: which row groups; None: all
+    format: str | None = None  # overrides the configured format (the shuffle's own files are "shuffled")
+
+
+@dataclass
+class ReadOptions:
+    """How records become documents (from the `input` config section)."""
+
+    text_field: str = "text"
+    id_field: str | None = None
+    format: str = "auto"  # jsonl | parquet | text, or auto: from the file name
+    on_invalid: OnInvalid = "quarantine"
+    min_chars: int = 1
+    max_chars: int | None = None
+    separator: str | None = None  # plain text: a line that separates documents; None: one document per file
+    fields: tuple[str, ...] = ()  # extra fields to carry along (e.g. for stratified sampling)
+    storage_options: dict = field(default_factory=dict)
 
 
 @dataclass
 class Batch:
     ids: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    extra: dict[str, list] = field(default_factory=dict)
     nbytes: int = 0
 
     def __len__(self) -> int:
@@ -50,38 +93,47 @@ class Batch:
 @dataclass
 class Reject:
     file: str
-    line: int
+    line: int  # line number (JSONL, text) or row number (Parquet), from 1; 0: the file as a whole
     reason: str
-    record: str  # the raw line, cut to a readable length
+    record: str  # the raw record, cut to a readable length
 
     def to_dict(self) -> dict:
         return {"file": self.file, "line": self.line, "reason": self.reason, "record": self.record}
 
 
 class InputError(Exception):
-    """An input file that cannot be read at all (missing, truncated, not decompressible)."""
+    """Input that cannot be read at all (missing, truncated, undecodable), or a bad record under `fail`."""
 
 
-def _lines(piece: Piece) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line) for every line of the piece, newline stripped."""
-    try:
-        with fsspec.open(piece.path, "rb", compression=compression_of(piece.path)) as f:
-            if piece.start:
-                f.seek(piece.start)
-            pos, number = piece.start, piece.first_line
-            for line in f:
-                if piece.end is not None and pos >= piece.end:
-                    break
-                pos += len(line)
-                yield number, line.rstrip(b"\r\n")
-                number += 1
-    except FileNotFoundError as e:
-        raise InputError(f"{piece.path}: no such file") from e
-    except (EOFError, OSError) as e:  # truncated gzip, corrupt zstd frame, ...
-        raise InputError(f"{piece.path}: cannot be read ({type(e).__name__}: {e})") from e
+@dataclass
+class Record:
+    """One record as read, before validation: its position, values (None when absent) and raw form."""
+
+    line: int
+    doc_id: object
+    text: object
+    extra: dict
+    raw: bytes
+    problem: str | None = None  # set when the record could not even be parsed
+    file: str = ""  # the input file it came from (set by `records`)
+    size: int = -1  # bytes as read; -1: len(raw)
+
+    def __post_init__(self):
+        if self.size < 0:
+            self.size = len(self.raw)
+
+    def to_json(self) -> bytes:
+        """The record as one JSONL line, for the shuffle to carry it unvalidated to another shard
+        (the raw form only where it could not be parsed: otherwise id and text say it all)."""
+        raw = _shorten(self.raw) if self.problem else ""
+        fields = (self.file, self.line, self.doc_id, self.text, self.extra, raw, self.problem, self.size)
+        return orjson.dumps(dict(zip(SHUFFLED_FIELDS, fields, strict=True)), default=str) + b"\n"
 
 
-def _field(record: dict, dotted: str):
+SHUFFLED_FIELDS = ("file", "line", "id", "text", "extra", "raw", "problem", "size")
+
+
+def _field(record, dotted: str):
     value = record
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
@@ -90,38 +142,225 @@ def _field(record: dict, dotted: str):
     return value
 
 
-def read_documents(pieces: list[Piece], text_field: str, id_field: str | None) -> Iterator[tuple[Batch, list[Reject]]]:
-    """Yield (batch of documents, rejects seen since the previous batch), batches of about BATCH_BYTES."""
-    batch, rejects = Batch(), []
-    for piece in pieces:
-        name = display_name(piece.path)
-        for number, line in _lines(piece):
-            if not line.strip():
-                continue  # blank lines separate nothing in JSONL; they are not records
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                rejects.append(Reject(name, number, f"malformed JSON: {e}", _shorten(line)))
-                continue
-            text = _field(record, text_field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                what = "missing" if text is None else f"not a string ({type(text).__name__})"
-                rejects.append(Reject(name, number, f"text field {text_field!r} {what}", _shorten(line)))
-                continue
-            doc_id = f"{name}:{number}" if id_field is None else _field(record, id_field)
-            if doc_id is None:
-                rejects.append(Reject(name, number, f"id field {id_field!r} missing", _shorten(line)))
-                continue
-            batch.ids.append(str(doc_id))
-            batch.texts.append(text)
-            batch.nbytes += len(line)
-            if batch.nbytes >= BATCH_BYTES:
-                yield batch, rejects
-                batch, rejects = Batch(), []
-    if batch.ids or rejects:
-        yield batch, rejects
+@contextmanager
+def _open(piece: Piece, options: ReadOptions) -> Iterator[BinaryIO]:
+    storage = options_for(piece.path, options.storage_options)
+    codec = compression_of(piece.path)
+    with fsspec.open(piece.path, "rb", compression=codec, **storage) as f:
+        # zstandard's stream reader reads but cannot iterate lines by itself
+        yield io.BufferedReader(f, READ_BUFFER) if codec == "zstd" else f
 
 
-def _shorten(line: bytes, limit: int = 2000) -> str:
-    text = line.decode("utf-8", errors="replace")
+def _jsonl_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
+    with _open(piece, options) as f:
+        if piece.start:
+            f.seek(piece.start)
+        pos, number = piece.start, piece.first_line
+        for line in f:
+            if piece.end is not None and pos >= piece.end:
+                break
+            pos += len(line)
+            line = line.rstrip(b"\r\n")
+            if line.strip():  # blank lines separate nothing in JSONL; they are not records
+                yield _parse_json_line(number, line, options, name)
+            number += 1
+
+
+def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) -> Record:
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        try:
+            line.decode("utf-8")
+            problem = f"malformed JSON: {e}"
+        except UnicodeDecodeError as u:
+            problem = f"invalid UTF-8 at byte {u.start}"
+        return Record(number, None, None, {}, line, problem)
+    if not isinstance(record, dict):
+        return Record(number, None, None, {}, line, f"not a JSON object ({type(record).__name__})")
+    doc_id = f"{name}:{number}" if options.id_field is None else _field(record, options.id_field)
+    extra = {f: _field(record, f) for f in options.fields}
+    return Record(number, doc_id, _field(record, options.text_field), extra, line)
+
+
+def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
+    with fsspec.open(piece.path, "rb", **options_for(piece.path, options.storage_options)) as f:
+        parquet = pq.ParquetFile(f)
+        groups = piece.row_groups if piece.row_groups is not None else list(range(parquet.num_row_groups))
+        top = {name.split(".")[0] for name in (options.text_field, options.id_field, *options.fields) if name}
+        if missing := top - set(parquet.schema_arrow.names):
+            raise InputError(f"{name}: no column {sorted(missing)[0]!r} in the Parquet schema")
+        starts = [0]
+        for g in range(parquet.num_row_groups):
+            starts.append(starts[-1] + parquet.metadata.row_group(g).num_rows)
+        for g in groups:
+            rows = parquet.read_row_group(g, columns=sorted(top)).to_pylist()
+            for offset, record in enumerate(rows):
+                number = starts[g] + offset + 1
+                doc_id = f"{name}:{number}" if options.id_field is None else _field(record, options.id_field)
+                extra = {f: _field(record, f) for f in options.fields}
+                yield Record(
+                    number, doc_id, _field(record, options.text_field), extra, orjson.dumps(record, default=str)
+                )
+
+
+def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
+    with _open(piece, options) as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        yield Record(0, None, None, {}, data[:2000], f"invalid UTF-8 at byte {e.start}")
+        return
+    if options.separator is None:
+        yield Record(1, name, text, {}, data)
+        return
+    lines, start = text.split("\n"), 0
+    for number, line in enumerate([*lines, options.separator], start=1):
+        if line == options.separator:
+            doc = "\n".join(lines[start : number - 1])
+            if doc.strip():
+                yield Record(start + 1, f"{name}:{start + 1}", doc, {}, doc.encode())
+            start = number
+
+
+def _shuffled_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
+    """Records as the global shuffle wrote them, each still naming its original file and line."""
+    with _open(piece, options) as f:
+        for line in f:
+            r = orjson.loads(line)
+            raw = r["raw"].encode() if r["problem"] else orjson.dumps({"id": r["id"], "text": r["text"]}, default=str)
+            yield Record(r["line"], r["id"], r["text"], r["extra"], raw, r["problem"], r["file"], r["size"])
+
+
+READERS = {"jsonl": _jsonl_records, "parquet": _parquet_records, "text": _text_records, "shuffled": _shuffled_records}
+
+
+def records(piece: Piece, options: ReadOptions) -> Iterator[Record]:
+    """The piece's records, with file-level failures turned into one clear message."""
+    name = display_name(piece.path)
+    count = 0
+    try:
+        kind = piece.format or (format_of(piece.path) if options.format == "auto" else options.format)
+        for raw in READERS[kind](piece, options, name):
+            count += 1
+            raw.file = raw.file or name
+            yield raw
+    except FileNotFoundError as e:
+        raise InputError(f"{piece.path}: no such file") from e
+    except InputError:
+        raise
+    except Exception as e:  # truncated gzip, corrupt zstd frame, unreadable Parquet: name the file, not the library
+        problem = f"cannot be read after {count} records ({type(e).__name__}: {e})"
+        if options.on_invalid == "fail":
+            raise InputError(f"{name}: {problem}") from e
+        yield Record(0, None, None, {}, b"", problem, name)
+        return
+    if count == 0 and piece.start == 0 and not piece.row_groups and piece.format != "shuffled":
+        problem = "empty file: no records"
+        if options.on_invalid == "fail":
+            raise InputError(f"{name}: {problem}")
+        yield Record(0, None, None, {}, b"", problem, name)
+
+
+def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchema:
+    """The checks every batch passes: text a string within the size limits, id present and unique in the shard."""
+
+    def is_string(values: pd.Series) -> pd.Series:
+        return values.map(lambda v: v is None or isinstance(v, str)).astype(bool)
+
+    def within_limits(values: pd.Series) -> pd.Series:
+        lengths = values.map(lambda v: len(v) if isinstance(v, str) else 0)
+        ok = lengths >= options.min_chars
+        return ok & (lengths <= options.max_chars) if options.max_chars is not None else ok
+
+    limit = f"at most {options.max_chars:,}" if options.max_chars is not None else "no upper limit"
+    return pa.DataFrameSchema(
+        {
+            "text": pa.Column(
+                checks=[
+                    pa.Check(lambda t: t.notna(), error=f"text field {options.text_field!r} missing", ignore_na=False),
+                    pa.Check(is_string, error=f"text field {options.text_field!r} not a string", ignore_na=False),
+                    pa.Check(
+                        within_limits,
+                        error=f"text length outside [{options.min_chars}, {limit}] characters",
+                        ignore_na=False,
+                    ),
+                ],
+                nullable=True,  # absence is reported by a check that names the field
+            ),
+            "doc_id": pa.Column(
+                checks=[
+                    pa.Check(lambda ids: ids.notna(), error=f"id field {options.id_field!r} missing", ignore_na=False),
+                    pa.Check(lambda ids: ~ids.astype(str).isin(seen_ids), error="duplicate id in this shard"),
+                ],
+                nullable=True,
+            ),
+        },
+        unique=["doc_id"],
+        report_duplicates="exclude_first",  # the first occurrence is the document, later ones are rejects
+    )
+
+
+def _validate(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> dict[int, str]:
+    """Position in `raws` -> the first reason it is not a valid document."""
+    problems = {i: r.problem for i, r in enumerate(raws) if r.problem}
+    frame = pd.DataFrame({"text": [r.text for r in raws], "doc_id": [r.doc_id for r in raws]}, dtype=object).drop(
+        index=list(problems)
+    )
+    try:
+        record_schema(options, seen_ids).validate(frame, lazy=True)
+    except pa.errors.SchemaErrors as e:
+        cases = e.failure_cases.dropna(subset=["index"])
+        for index, check in zip(cases["index"], cases["check"], strict=True):
+            reason = "duplicate id in this shard" if check == "multiple_fields_uniqueness" else check
+            problems.setdefault(int(index), reason)
+    return problems
+
+
+def _shorten(raw: bytes, limit: int = 2000) -> str:
+    text = raw.decode("utf-8", errors="replace")
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def read_documents(pieces: list[Piece], options: ReadOptions) -> Iterator[tuple[Batch, list[Reject]]]:
+    """Yield (batch of valid documents, rejects among the same records), batches of about BATCH_BYTES."""
+    seen_ids: set[str] = set()
+    for piece in pieces:
+        pending: list[Record] = []
+        pending_bytes = 0
+        stream = records(piece, options)
+        while True:
+            raw = next(stream, None)
+            if raw is not None:
+                pending.append(raw)
+                pending_bytes += raw.size
+                if pending_bytes < BATCH_BYTES:
+                    continue
+            if pending:
+                yield _checked(pending, options, seen_ids)
+                pending, pending_bytes = [], 0
+            if raw is None:
+                break
+
+
+def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tuple[Batch, list[Reject]]:
+    problems = _validate(raws, options, seen_ids)
+    if problems and options.on_invalid == "fail":
+        first = raws[min(problems)]
+        where = "the file" if first.line == 0 else f"line {first.line}"
+        raise InputError(f"{first.file}, {where}: {problems[min(problems)]}")
+    batch = Batch(extra={f: [] for f in options.fields})
+    rejects = []
+    for i, raw in enumerate(raws):
+        if i in problems:
+            rejects.append(Reject(raw.file, raw.line, problems[i], _shorten(raw.raw)))
+            continue
+        doc_id = str(raw.doc_id)
+        seen_ids.add(doc_id)
+        batch.ids.append(doc_id)
+        batch.texts.append(raw.text)
+        for f in options.fields:
+            batch.extra[f].append(raw.extra.get(f))
+        batch.nbytes += raw.size
+    return batch, rejects

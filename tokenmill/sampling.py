@@ -1,11 +1,25 @@
-"""The sample stage: a deterministic, proportional sample of every shard, for training the tokenizer.
+"""The sample stage: per shard, a deterministic proportional sample for training the tokenizer, and a
+disjoint held-out sample for the fertility report.
 
-A document is in the sample when a seeded hash of its id falls below `sample_size / corpus bytes`,
-so every shard, source and language contributes in proportion, whatever the shard count.
+Each document gets a seeded hash h of its id, uniform in [0, 1). With f = sample_size / corpus bytes and
+g = holdout_size / corpus bytes, a document is in the training sample when h < f and held out when
+f <= h < f + g: every shard, source and language contributes in proportion, whatever the shard count or
+worker, and no document is in both. Sizes are measured like the plan's shards (uncompressed input bytes).
+
+With `stratify_by`, every value of that field (a source, a language) also gets at least `min_group_size`
+bytes of text, or all of its documents if it has fewer: each shard keeps, per value, its lowest-hash
+documents beyond f + g until they reach that size (a "reserve"), and `training_texts` tops up, in hash
+order across all shards, the values whose proportional share fell short. A value rare in the corpus is
+then represented, and the others keep their corpus proportions.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections import defaultdict
+from collections.abc import Iterator
+
+import numpy as np
 import orjson
 
 from tokenmill import layout
@@ -17,29 +31,168 @@ from tokenmill.readers import read_documents
 from tokenmill.storage import Store
 
 STAGE = "sample"
+NO_VALUE = "(none)"  # the group of a document that lacks the field
 
 
-def sample_fraction(config: TokenmillConfig, plan: dict) -> float:
-    total = sum(s["bytes"] for s in plan["shards"])
-    return min(1.0, int(config.tokenizer.train.sample_size) / max(total, 1))
+def fractions(config: TokenmillConfig, plan: dict) -> tuple[float, float]:
+    """(training fraction, held-out fraction) of the corpus: f and g in the module docstring."""
+    total = max(sum(s["bytes"] for s in plan["shards"]), 1)
+    train = config.tokenizer.train
+    f = min(1.0, int(train.sample_size) / total) if train is not None else 0.0
+    g = min(1.0 - f, int(config.fertility.holdout_size) / total) if config.fertility.enabled else 0.0
+    return f, g
 
 
-def sample_shard(config: TokenmillConfig, shard: dict, fraction: float) -> dict:
-    """Write this shard's part of the sample to `_work/sample/`; return its path and size."""
+def record_fields(config: TokenmillConfig) -> tuple[str, ...]:
+    """The record fields the sample files carry: the stratification field and the report's groupings."""
+    stratify = config.tokenizer.train.stratify_by if config.tokenizer.train else None
+    return tuple(dict.fromkeys([*([stratify] if stratify else []), *config.fertility.group_by]))
+
+
+def group_name(value) -> str:
+    return NO_VALUE if value is None else str(value)
+
+
+class _Reserve:
+    """The lowest-hash documents of one group whose text just reaches `need` bytes (all, if fewer)."""
+
+    def __init__(self, need: int):
+        self.need, self.nbytes = need, 0
+        self.heap: list[tuple[float, int, bytes]] = []  # (-h, bytes, line): the highest hash on top
+
+    def wants(self, h: float) -> bool:
+        """False when full and this document comes later in hash order than every kept one."""
+        return self.nbytes < self.need or h < -self.heap[0][0]
+
+    def add(self, h: float, nbytes: int, line: bytes) -> None:
+        heapq.heappush(self.heap, (-h, nbytes, line))
+        self.nbytes += nbytes
+        while self.nbytes - self.heap[0][1] >= self.need:
+            self.nbytes -= heapq.heappop(self.heap)[1]
+
+
+def stage_key(config: TokenmillConfig, f: float, g: float) -> str:
+    train = config.tokenizer.train
+    stratify = (train.stratify_by, int(train.min_group_size)) if train and train.stratify_by else None
+    seed = train.seed if train else 0
+    return f"{config.section_hash('input', 'partition')}-{f!r}-{g!r}-{seed}-{record_fields(config)}-{stratify}"
+
+
+def sample_shard(config: TokenmillConfig, shard: dict, f: float, g: float) -> dict:
+    """Write this shard's training sample, held-out sample (and reserve) under `_work/`; return their
+    paths and sizes (per group too, when stratified)."""
     store, shard_id = Store(config.output.path), shard["shard_id"]
-    key = f"{config.section_hash('input', 'partition')}-{fraction!r}-{config.tokenizer.train.seed}"
+    key = stage_key(config, f, g)
     if (done := committed(store, STAGE, shard_id, key)) is not None:
         return done
-    lines, documents, nbytes = [], 0, 0
-    salt = f"sample:{config.tokenizer.train.seed}:"
-    for batch, _ in read_documents(shard_pieces(shard), config.input.text_field, config.input.id_field):
-        keep = unit_interval(batch.ids, salt) < fraction
-        for text, chosen in zip(batch.texts, keep, strict=True):
-            if chosen:
-                line = orjson.dumps(text) + b"\n"
-                lines.append(line)
-                nbytes += len(line)
-                documents += 1
-    rel = layout.sample_file(shard_id)
-    store.write_bytes(rel, b"".join(lines))
-    return commit(store, STAGE, shard_id, key, {"path": rel, "documents": documents, "bytes": nbytes})
+    train = config.tokenizer.train
+    stratify = train.stratify_by if train else None
+    fields = record_fields(config)
+    salt = f"sample:{train.seed if train else 0}:"
+    sample: list[bytes] = []
+    holdout: list[bytes] = []
+    sizes = {"documents": 0, "bytes": 0, "holdout_documents": 0, "holdout_bytes": 0}
+    groups: dict[str, dict[str, int]] = defaultdict(lambda: {"bytes": 0, "sample_bytes": 0})
+    reserves: dict[str, _Reserve] = {}
+
+    for batch, _ in read_documents(shard_pieces(shard), config.input.read_options(fields)):
+        hashes = unit_interval(batch.ids, salt)
+        chosen = np.arange(len(batch)) if stratify else np.flatnonzero(hashes < f + g)
+        for i in chosen.tolist():
+            h, text = float(hashes[i]), batch.texts[i]
+            values = {name: batch.extra[name][i] for name in fields}
+            line = orjson.dumps({"text": text, **values}) + b"\n" if h < f + g else b""
+            nbytes = len(text.encode())
+            if h < f:
+                sample.append(line)
+                sizes["documents"] += 1
+                sizes["bytes"] += nbytes
+            elif h < f + g:
+                holdout.append(line)
+                sizes["holdout_documents"] += 1
+                sizes["holdout_bytes"] += nbytes
+            if stratify:
+                group = group_name(values[stratify])
+                groups[group]["bytes"] += nbytes
+                if h < f:
+                    groups[group]["sample_bytes"] += nbytes
+                elif h >= f + g:
+                    reserve = reserves.setdefault(group, _Reserve(int(train.min_group_size)))
+                    if reserve.wants(h):
+                        record = {"h": h, "group": group, "bytes": nbytes, "text": text, **values}
+                        reserve.add(h, nbytes, orjson.dumps(record) + b"\n")
+
+    store.write_bytes(layout.sample_file(shard_id), b"".join(sample))
+    store.write_bytes(layout.holdout_file(shard_id), b"".join(holdout))
+    result = {"shard_id": shard_id, "path": layout.sample_file(shard_id), "holdout": layout.holdout_file(shard_id)}
+    result |= sizes
+    if stratify:
+        # A group whose share in this shard alone reaches the minimum needs no reserve from this shard.
+        kept = [line for group, r in sorted(reserves.items()) if groups[group]["sample_bytes"] < r.need
+                for *_, line in sorted(r.heap, reverse=True)]  # fmt: skip
+        store.write_bytes(layout.reserve_file(shard_id), b"".join(kept))
+        result |= {"reserve": layout.reserve_file(shard_id), "groups": dict(sorted(groups.items()))}
+    return commit(store, STAGE, shard_id, key, result)
+
+
+def group_sizes(samples: list[dict]) -> dict[str, dict[str, int]]:
+    """Per stratification group: its bytes in the corpus and in the proportional sample, over all shards."""
+    total: dict[str, dict[str, int]] = defaultdict(lambda: {"bytes": 0, "sample_bytes": 0})
+    for s in samples:
+        for group, sizes in s.get("groups", {}).items():
+            for k, v in sizes.items():
+                total[group][k] += v
+    return dict(sorted(total.items()))
+
+
+def top_up_thresholds(store: Store, samples: list[dict], min_group_size: int) -> dict[str, float]:
+    """Per group short of `min_group_size`: the hash up to which its reserve documents are added."""
+    short = {g: min_group_size - s["sample_bytes"] for g, s in group_sizes(samples).items()}
+    short = {g: need for g, need in short.items() if need > 0}
+    candidates: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for s in samples:
+        with store.open(s["reserve"]) as f:
+            for line in f:
+                r = orjson.loads(line)
+                if r["group"] in short:
+                    candidates[r["group"]].append((r["h"], r["bytes"]))
+    thresholds = {}
+    for group, docs in candidates.items():
+        taken = 0
+        for h, nbytes in sorted(docs):
+            thresholds[group], taken = h, taken + nbytes
+            if taken >= short[group]:
+                break
+    return thresholds
+
+
+def training_files(samples: list[dict]) -> list[str]:
+    """The files the training sample is read from (their hashes identify the sample)."""
+    return [s["path"] for s in samples] + [s["reserve"] for s in samples if "reserve" in s]
+
+
+def training_texts(config: TokenmillConfig, samples: list[dict]) -> Iterator[str]:
+    """The training sample's texts: shard by shard, then the stratification top-ups, in a fixed order."""
+    store = Store(config.output.path)
+    for s in samples:
+        with store.open(s["path"]) as f:
+            for line in f:
+                yield orjson.loads(line)["text"]
+    if not any("reserve" in s for s in samples):
+        return
+    thresholds = top_up_thresholds(store, samples, int(config.tokenizer.train.min_group_size))
+    for s in samples:
+        with store.open(s["reserve"]) as f:
+            for line in f:
+                r = orjson.loads(line)
+                if r["h"] <= thresholds.get(r["group"], -1.0):
+                    yield r["text"]
+
+
+def holdout_records(config: TokenmillConfig, samples: list[dict]) -> Iterator[dict]:
+    """The held-out documents, `{"text": ..., <group_by fields>...}`, shard by shard."""
+    store = Store(config.output.path)
+    for s in samples:
+        with store.open(s["holdout"]) as f:
+            for line in f:
+                yield orjson.loads(line)

@@ -23,11 +23,16 @@ from fsspec.implementations.local import LocalFileSystem
 CHUNK = 8 << 20
 
 
-def expand_paths(patterns: list[str]) -> list[str]:
+def options_for(url: str, storage_options: dict | None) -> dict:
+    """The storage options that apply to `url`: none for local paths."""
+    return (storage_options or {}) if "://" in url and not url.startswith("file://") else {}
+
+
+def expand_paths(patterns: list[str], storage_options: dict | None = None) -> list[str]:
     """Expand local paths, globs and fsspec URLs into a sorted, de-duplicated list of file URLs."""
     urls: set[str] = set()
     for pattern in patterns:
-        fs, _ = fsspec.core.url_to_fs(pattern)
+        fs, _ = fsspec.core.url_to_fs(pattern, **options_for(pattern, storage_options))
         matches = fs.glob(pattern) if any(c in pattern for c in "*?[") else [pattern]
         matches = [m for m in matches if fs.isfile(m)]
         if not matches:

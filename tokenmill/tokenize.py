@@ -47,7 +47,7 @@ def tokenize_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInf
     rejects: list[bytes] = []
     with ExitStack() as stack:
         writers: dict[str, tuple[BinWriter, object]] = {}
-        for batch, batch_rejects in read_documents(shard_pieces(shard), config.input.text_field, config.input.id_field):
+        for batch, batch_rejects in read_documents(shard_pieces(shard), config.input.read_options()):
             documents_in += len(batch) + len(batch_rejects)
             bytes_in += batch.nbytes
             rejects.extend(orjson.dumps(r.to_dict()) + b"\n" for r in batch_rejects)

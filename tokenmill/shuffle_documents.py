@@ -1,0 +1,103 @@
+"""The global document shuffle (`partition.shuffle: true`): scatter[input shard] then gather[output shard].
+
+scatter reads an input shard and sends every record to the output shard that a seeded hash of its id
+picks (of its file and line when it has no usable id), so documents with the same id meet in the same
+shard, where the duplicate check sees them. gather concatenates what every scatter sent to one output
+shard and orders it by a second seeded hash. Records travel unvalidated, with their original file and
+line, so tokenize validates and rejects them exactly as it would unshuffled input. Nothing keeps the
+input's order by source or length; the result depends on the seed and the documents, nothing else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+
+from tokenmill import layout
+from tokenmill.commits import commit, committed
+from tokenmill.config import TokenmillConfig
+from tokenmill.hashing import unit_interval
+from tokenmill.partition import plan_key, shard_pieces
+from tokenmill.readers import Piece, Record, records
+from tokenmill.storage import Store
+
+
+def _routing_key(doc_id, problem, file: str, line: int) -> str:
+    return str(doc_id) if doc_id is not None and not problem else f"{file}:{line}"
+
+
+def _routing_keys(batch: list[Record]) -> list[str]:
+    return [_routing_key(r.doc_id, r.problem, r.file, r.line) for r in batch]
+
+
+def scatter_shard(config: TokenmillConfig, shard: dict, n_outputs: int) -> dict:
+    """Split one input shard into `n_outputs` bucket files, one per output shard (empty ones too)."""
+    store, source = Store(config.output.path), shard["shard_id"]
+    key = plan_key(config)
+    if (done := committed(store, "scatter", source, key)) is not None:
+        return done
+    buckets: list[list[bytes]] = [[] for _ in range(n_outputs)]
+    options = config.input.read_options()
+    options.on_invalid = "quarantine"  # bad records travel on; tokenize applies the policy
+    batch: list[Record] = []
+    count = size = 0
+
+    def route(batch: list[Record]) -> None:
+        targets = (unit_interval(_routing_keys(batch), f"shuffle:{config.partition.seed}:") * n_outputs).astype(int)
+        for record, target in zip(batch, targets, strict=True):
+            buckets[target].append(record.to_json())
+
+    for piece in shard_pieces(shard):
+        for record in records(piece, options):
+            batch.append(record)
+            count += 1
+            size += record.size
+            if len(batch) >= 10_000:
+                route(batch)
+                batch = []
+    route(batch)
+    for target, lines in enumerate(buckets):
+        store.write_bytes(layout.shuffle_bucket(source, target), b"".join(lines))
+    return commit(store, "scatter", source, key, {"shard_id": source, "records": count, "bytes": size})
+
+
+def gather_shard(config: TokenmillConfig, target: int, n_sources: int) -> dict:
+    """Write output shard `target`: every source's bucket for it, in a seeded random order."""
+    store = Store(config.output.path)
+    key = plan_key(config)
+    if (done := committed(store, "gather", target, key)) is not None:
+        return done
+    lines: list[bytes] = []
+    for source in range(n_sources):
+        rel = layout.shuffle_bucket(source, target)
+        if not store.exists(rel):
+            raise FileNotFoundError(f"{rel}: missing, although scatter of input shard {source} committed")
+        lines += store.read_bytes(rel).splitlines(keepends=True)
+    parsed = [orjson.loads(line) for line in lines]
+    routing = [_routing_key(r["id"], r["problem"], r["file"], r["line"]) for r in parsed]
+    # A stable sort on a hash of the id: records sharing an id stay together in input order, so the
+    # duplicate check keeps the first one, as it would without the shuffle.
+    order = np.argsort(unit_interval(routing, f"order:{config.partition.seed}:"), kind="stable")
+    store.write_bytes(layout.shuffled_shard(target), b"".join(lines[i] for i in order))
+    size = sum(r["size"] for r in parsed)
+    return commit(store, "gather", target, key, {"shard_id": target, "records": len(lines), "bytes": size})
+
+
+def shuffled_shards(config: TokenmillConfig, gathered: list[dict]) -> list[dict]:
+    """The shards tokenize reads after the shuffle (shaped like the plan's shards)."""
+    store = Store(config.output.path)
+    return [
+        {
+            "shard_id": g["shard_id"],
+            "pieces": [vars(Piece(store.url_of(layout.shuffled_shard(g["shard_id"])), format="shuffled"))],
+            "bytes": g["bytes"],
+        }
+        for g in gathered
+    ]
+
+
+def check_counts(scattered: list[dict], gathered: list[dict]) -> None:
+    """Every record that was scattered was gathered exactly once."""
+    sent, received = sum(s["records"] for s in scattered), sum(g["records"] for g in gathered)
+    if sent != received:
+        raise RuntimeError(f"shuffle lost or duplicated records: {sent} scattered, {received} gathered")
