@@ -1,4 +1,4 @@
-"""pack[shard]: a tokenized shard packed into fixed-length rows with their boundaries."""
+"""pack[shard]: a tokenized shard packed into fixed-length rows with their boundaries (and llm.c files)."""
 
 from prefect import task
 

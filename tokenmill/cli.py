@@ -68,15 +68,27 @@ def print_summary(summary: dict) -> None:
         f"{summary['documents_in']:,} documents in, {summary['documents_out']:,} tokenized, "
         f"{summary['documents_rejected']:,} rejected, {summary['tokens']:,} tokens"
     )
-    table = Table("split", "documents", "tokens", "packed rows", "packing utilization")
-    for split, s in summary["splits"].items():
-        utilization = "-" if s["packing_utilization"] is None else f"{s['packing_utilization']:.2%}"
-        table.add_row(split, f"{s['documents']:,}", f"{s['tokens']:,}", f"{s['packed_rows']:,}", utilization)
+    table = Table(
+        "split", "documents", "tokens", "sequences", "real tokens", "pad tokens", "utilization",
+        "padded layout: sequences", "padded layout: utilization",
+    )  # fmt: skip
+    everything = {"documents": summary["documents_out"], "tokens": summary["tokens"], "packing": summary["packing"]}
+    for split, s in [*summary["splits"].items(), ("all", everything)]:
+        p, padded = s["packing"], s["packing"]["padded_layout"]
+        table.add_row(
+            split, f"{s['documents']:,}", f"{s['tokens']:,}", f"{p['sequences']:,}", f"{p['real_tokens']:,}",
+            f"{p['pad_tokens']:,}", _percent(p["utilization"]), f"{padded['sequences']:,}",
+            _percent(padded["utilization"]),
+        )  # fmt: skip
     console.print(table)
     console.print(
         f"tokenize stage: {summary['tokenize_mb_per_s']} MB/s of input; "
         f"whole flow: {summary['flow_seconds']} s ({summary['bytes_in'] / 1e6 / summary['flow_seconds']:.2f} MB/s)"
     )
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.2%}"
 
 
 @app.command()

@@ -1,20 +1,28 @@
-"""The pack stage for one shard: each split's Megatron documents packed into `seq_len` rows.
+"""The pack stage for one shard, and the shuffle stage after all of them.
 
-Output per split: `packed/<split>/shard-NNNNN.{tokens,cu_seqlens,row_offsets}.npy` (see
-`formats/packed.py`), and stats: rows, real tokens, pad tokens.
+pack[shard]: each split's Megatron documents packed as `pack.mode` says into
+`packed/<split>/shard-NNNNN.{tokens,cu_seqlens,row_offsets}.npy` (see `formats/packed.py`), and, when
+`output.formats` has `llmc`, the same token stream as llm.c files `llmc/<split>/shard-NNNNN-PPPP.bin`
+(see `formats/llmc.py`). Stats per split: rows, real and pad tokens, the rows a padded one-document-
+per-row layout would take, llm.c files.
+
+shuffle: once every shard is packed, each split's global shuffle index `packed/<split>/shuffle.npy`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from contextlib import ExitStack
 
 from tokenmill import layout
 from tokenmill.commits import commit, committed
 from tokenmill.config import TokenmillConfig
+from tokenmill.formats.llmc import llmc_dtype, shard_bounds, write_llmc
 from tokenmill.formats.megatron import MegatronReader
-from tokenmill.formats.packed import SUFFIXES, write_packed
-from tokenmill.packing import pack_concat
+from tokenmill.formats.packed import SUFFIXES, write_packed, write_shuffle_index
+from tokenmill.packing import global_shuffle_index, pack, padded_layout_rows
 from tokenmill.storage import Store
 from tokenmill.tokenize import stage_key as tokenize_key
 from tokenmill.tokenizer import TokenizerInfo
@@ -22,8 +30,19 @@ from tokenmill.tokenizer import TokenizerInfo
 STAGE = "pack"
 
 
+def writes_packed(config: TokenmillConfig) -> bool:
+    """Packed rows are written when a pack mode is chosen and `output.formats` asks for them."""
+    return config.pack.mode != "none" and "packed" in config.output.formats
+
+
+def pad_id(config: TokenmillConfig, tokenizer: TokenizerInfo) -> int:
+    return tokenizer.eod_id if config.pack.pad_id is None else config.pack.pad_id
+
+
 def stage_key(config: TokenmillConfig, tokenizer: TokenizerInfo) -> str:
-    return f"{tokenize_key(config, tokenizer)}-{config.section_hash('pack')}"
+    # The formats and llm.c cap change what this stage writes; output.path does not (a moved dataset is reused).
+    formats = json.dumps([config.output.formats, config.output.llmc_shard_tokens]).encode()
+    return f"{tokenize_key(config, tokenizer)}-{config.section_hash('pack')}-{hashlib.sha256(formats).hexdigest()[:8]}"
 
 
 def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInfo) -> dict:
@@ -33,25 +52,51 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
     if (done := committed(store, STAGE, shard_id, key)) is not None:
         return done | {"reused": True}
     started = time.perf_counter()
-    pad_id = tokenizer.eod_id if config.pack.pad_id is None else config.pack.pad_id
+    packing, llmc = writes_packed(config), "llmc" in config.output.formats
     splits = {}
     for split, counts in tokenized["splits"].items():
-        if config.pack.mode == "none" or counts["documents"] == 0:
-            splits[split] = {"rows": 0, "real_tokens": 0, "pad_tokens": 0}
+        stats = {"rows": 0, "real_tokens": 0, "pad_tokens": 0, "padded_layout_rows": 0, "llmc_files": 0}
+        splits[split] = stats
+        if counts["documents"] == 0 or not (packing or llmc):
             continue
         source = layout.megatron_prefix(split, shard_id)
         with store.local_copies(source + ".bin", source + ".idx") as (bin_path, idx_path):
             reader = MegatronReader(source, bin_path=bin_path, idx_path=idx_path)
-            packed = pack_concat(reader.tokens, reader.index.lengths, config.pack.seq_len, pad_id)
-            del reader
-        target = layout.packed_prefix(split, shard_id)
-        with ExitStack() as stack:
-            paths = {k: stack.enter_context(store.writing(target + suffix)) for k, suffix in SUFFIXES.items()}
-            write_packed(paths, packed)
-        splits[split] = {
-            "rows": len(packed.rows),
-            "real_tokens": packed.real_tokens,
-            "pad_tokens": packed.pad_tokens,
-        }
+            tokens, lengths = reader.tokens, reader.index.lengths
+            if packing:
+                packed = pack(tokens, lengths, config.pack, pad_id(config, tokenizer))
+                target = layout.packed_prefix(split, shard_id)
+                with ExitStack() as stack:
+                    paths = {k: stack.enter_context(store.writing(target + s)) for k, s in SUFFIXES.items()}
+                    write_packed(paths, packed)
+                stats |= {"rows": len(packed.rows), "real_tokens": packed.real_tokens, "pad_tokens": packed.pad_tokens}
+                stats["padded_layout_rows"] = padded_layout_rows(lengths, config.pack.seq_len)
+                del packed
+            if llmc:
+                parts = shard_bounds(len(tokens), config.output.llmc_shard_tokens)
+                for part, (start, end) in enumerate(parts):
+                    with store.writing(layout.llmc_file(split, shard_id, part)) as tmp:
+                        write_llmc(tmp, tokens[start:end], llmc_dtype(tokenizer.vocab_size))
+                stats["llmc_files"] = len(parts)
+            del reader, tokens, lengths
     result = {"shard_id": shard_id, "splits": splits, "seconds": round(time.perf_counter() - started, 3)}
     return commit(store, STAGE, shard_id, key, result) | {"reused": False}
+
+
+def write_shuffle_indexes(config: TokenmillConfig, packed: list[dict]) -> dict[str, int]:
+    """Write each split's shuffle index over all its packed rows (from the pack results of every shard);
+    return the rows per split. Cheap and deterministic, so it is simply rewritten on every run."""
+    store = Store(config.output.path)
+    by_shard = sorted(packed, key=lambda r: r["shard_id"])
+    rows = {}
+    for split in config.split:
+        rows_per_shard = [(r["shard_id"], r["splits"][split]["rows"]) for r in by_shard if split in r["splits"]]
+        rows_per_shard = [(shard, n) for shard, n in rows_per_shard if n]
+        rows[split] = sum(n for _, n in rows_per_shard)
+        if not rows[split]:
+            store.remove(layout.shuffle_file(split))
+            continue
+        index = global_shuffle_index(rows_per_shard, config.pack.shuffle_seed)
+        with store.writing(layout.shuffle_file(split)) as tmp:
+            write_shuffle_index(tmp, index)
+    return rows

@@ -1,5 +1,5 @@
 """The publish stage: `manifest.json`, written last, lists every file of the dataset with its size and
-sha256, and the counts. Its presence is the proof that the dataset is complete."""
+sha256, and the counts and packing stats. Its presence is the proof that the dataset is complete."""
 
 from __future__ import annotations
 
@@ -21,22 +21,34 @@ def dataset_files(table: pd.DataFrame) -> list[str]:
             files += [layout.megatron_prefix(row.split, row.shard_id) + ext for ext in (".bin", ".idx")]
         if row.packed_rows > 0:
             files += [layout.packed_prefix(row.split, row.shard_id) + s for s in SUFFIXES.values()]
+        files += [layout.llmc_file(row.split, row.shard_id, part) for part in range(row.llmc_files)]
+    files += [layout.shuffle_file(split) for split, rows in table.groupby("split").packed_rows.sum().items() if rows]
     files += sorted({layout.rejects_file(r.shard_id) for r in table.itertuples() if r.rejected})
     return sorted(files)
 
 
-def split_summary(table: pd.DataFrame) -> dict:
+def packing_summary(r: pd.Series, seq_len: int) -> dict:
+    """Packing stats of summed stats rows, beside what one document per padded row would have cost."""
+    slots = r.packed_real_tokens + r.packed_pad_tokens
+    padded_slots = r.padded_layout_rows * seq_len
+    return {
+        "sequences": int(r.packed_rows),
+        "real_tokens": int(r.packed_real_tokens),
+        "pad_tokens": int(r.packed_pad_tokens),
+        "utilization": round(float(r.packed_real_tokens / slots), 6) if slots else None,
+        "padded_layout": {
+            "sequences": int(r.padded_layout_rows),
+            "utilization": round(float(r.tokens / padded_slots), 6) if padded_slots else None,
+        },
+    }
+
+
+def split_summary(table: pd.DataFrame, seq_len: int) -> dict:
     by_split = table.groupby("split").sum(numeric_only=True)
-    summary = {}
-    for split, r in by_split.iterrows():
-        slots = r.packed_real_tokens + r.packed_pad_tokens
-        summary[split] = {
-            "documents": int(r.documents),
-            "tokens": int(r.tokens),
-            "packed_rows": int(r.packed_rows),
-            "packing_utilization": round(float(r.packed_real_tokens / slots), 6) if slots else None,
-        }
-    return summary
+    return {
+        split: {"documents": int(r.documents), "tokens": int(r.tokens), "packing": packing_summary(r, seq_len)}
+        for split, r in by_split.iterrows()
+    }
 
 
 def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict:
@@ -63,7 +75,8 @@ def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFra
             "documents_rejected": int(shard_rows.rejected.sum()),
             "tokens": int(table.tokens.sum()),
         },
-        "splits": split_summary(table),
+        "splits": split_summary(table, config.pack.seq_len),
+        "packing": packing_summary(table.sum(numeric_only=True), config.pack.seq_len),
         "files": [
             {"path": rel, **layout.describe(rel), "bytes": store.size(rel), "sha256": store.sha256(rel)}
             for rel in dataset_files(table)

@@ -2,7 +2,8 @@
 
 Two layers: a pandera schema over the per-shard stats table (one row per shard and split) with the
 cross-row checks (documents in = documents out + rejected per shard, every planned shard exactly
-once, packed tokens = tokenized tokens), then the files themselves (headers, sizes, EOD, padding).
+once, packed tokens = tokenized tokens), then the files themselves (headers, sizes, EOD, padding,
+boundaries per pack mode, llm.c headers, each split's shuffle index a permutation of its rows).
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ import pandas as pd
 import pandera.pandas as pa
 
 from tokenmill import layout
-from tokenmill.config import TokenmillConfig
-from tokenmill.formats.megatron import CorruptIndex, MegatronReader, token_dtype
-from tokenmill.formats.packed import SUFFIXES, PackedReader
+from tokenmill.config import PackConfig, TokenmillConfig
+from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
+from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
+from tokenmill.formats.packed import SUFFIXES, PackedReader, read_shuffle_index
+from tokenmill.pack import pad_id as pack_pad_id
+from tokenmill.pack import writes_packed
 from tokenmill.storage import Store
 from tokenmill.tokenizer import TokenizerInfo
 
 COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens", "max_token_id",
-           "packed_rows", "packed_real_tokens", "packed_pad_tokens"]  # fmt: skip
+           "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files"]  # fmt: skip
+_NOT_PACKED = {"rows": -1, "real_tokens": -1, "pad_tokens": -1, "padded_layout_rows": -1, "llmc_files": -1}
 
 
 class ValidationFailed(Exception):
@@ -32,7 +37,7 @@ def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
     rows = []
     for t in tokenized:
         for split, c in t["splits"].items():
-            p = packing.get((t["shard_id"], split), {"rows": -1, "real_tokens": -1, "pad_tokens": -1})
+            p = _NOT_PACKED | packing.get((t["shard_id"], split), {})
             rows.append(
                 [
                     t["shard_id"],
@@ -45,12 +50,16 @@ def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
                     p["rows"],
                     p["real_tokens"],
                     p["pad_tokens"],
+                    p["padded_layout_rows"],
+                    p["llmc_files"],
                 ]  # fmt: skip
             )
     return pd.DataFrame(rows, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
 
 
-def stats_schema(n_shards: int, splits: list[str], vocab_size: int, packing: bool) -> pa.DataFrameSchema:
+def stats_schema(n_shards: int, splits: list[str], vocab_size: int, pack: PackConfig | None) -> pa.DataFrameSchema:
+    """`pack` is None when no packed rows are written."""
+
     def per_shard_reconciles(df: pd.DataFrame) -> pd.Series:
         g = df.groupby("shard_id")
         balance = (
@@ -63,7 +72,12 @@ def stats_schema(n_shards: int, splits: list[str], vocab_size: int, packing: boo
         return len(df) == len(expected) and set(zip(df.shard_id, df.split, strict=True)) == expected
 
     def packed_tokens_match(df: pd.DataFrame) -> pd.Series:
-        return df.packed_real_tokens == (df.tokens if packing else 0)
+        if pack is None:
+            return df.packed_real_tokens == 0
+        if pack.mode == "window":  # real tokens repeat where windows overlap: checked per row against the files
+            return df.packed_real_tokens >= df.tokens
+        shared = (df.packed_rows - 1).clip(lower=0) if pack.extra_token else 0  # concat + extra_token rows share one
+        return df.packed_real_tokens == df.tokens + shared
 
     nonneg = pa.Check.ge(0)
     return pa.DataFrameSchema(
@@ -78,6 +92,8 @@ def stats_schema(n_shards: int, splits: list[str], vocab_size: int, packing: boo
             "packed_rows": pa.Column(int, nonneg),
             "packed_real_tokens": pa.Column(int, nonneg),
             "packed_pad_tokens": pa.Column(int, nonneg),
+            "padded_layout_rows": pa.Column(int, nonneg),
+            "llmc_files": pa.Column(int, nonneg),
         },
         checks=[
             pa.Check(per_shard_reconciles, error="documents_in != documents out + rejected"),
@@ -119,32 +135,107 @@ def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None) -> l
     return []
 
 
-def _check_packed(store: Store, row, seq_len: int, pad_id: int) -> list[str]:
+def _check_packed(store: Store, row, pack: PackConfig, pad_id: int) -> list[str]:
     prefix = layout.packed_prefix(row.split, row.shard_id)
     files = [prefix + s for s in SUFFIXES.values()]
     if row.packed_rows == 0:
         return []
     if missing := [f for f in files if not store.exists(f)]:
         return [f"{m}: missing" for m in missing]
+    width = pack.row_len
     with store.local_copies(*files) as paths:
         packed = PackedReader(prefix, paths=paths)
         rows, offsets = packed.rows, np.asarray(packed.row_offsets)
         cu = np.asarray(packed.cu_seqlens, dtype=np.int64)
-        if rows.shape != (row.packed_rows, seq_len):
-            return [f"{prefix}.tokens.npy: shape {rows.shape}, expected ({row.packed_rows}, {seq_len})"]
+        if rows.shape != (row.packed_rows, width):
+            return [f"{prefix}.tokens.npy: shape {rows.shape}, expected ({row.packed_rows}, {width})"]
         if len(offsets) != len(rows) + 1 or offsets[0] != 0 or offsets[-1] != len(cu):
             return [f"{prefix}.row_offsets.npy: does not index {prefix}.cu_seqlens.npy"]
-        # Within a row boundaries start at 0 and strictly increase up to at most seq_len.
+        # Within a row boundaries start at 0 and strictly increase up to at most the row's width.
         rising = np.diff(cu) > 0
         rising[offsets[1:-1] - 1] = True  # the step from one row's end to the next row's 0
-        if np.any(cu[offsets[:-1]] != 0) or not rising.all() or cu.max(initial=0) > seq_len:
-            return [f"{prefix}.cu_seqlens.npy: boundaries do not rise from 0 to at most {seq_len} in every row"]
+        if np.any(cu[offsets[:-1]] != 0) or not rising.all() or cu.max(initial=0) > width:
+            return [f"{prefix}.cu_seqlens.npy: boundaries do not rise from 0 to at most {width} in every row"]
         real = cu[offsets[1:] - 1]
         if int(real.sum()) != row.packed_real_tokens or rows.size - int(real.sum()) != row.packed_pad_tokens:
             return [f"{prefix}.cu_seqlens.npy: {real.sum()} real tokens, stats say {row.packed_real_tokens}"]
-        is_pad = np.arange(seq_len)[None, :] >= real[:, None]
+        is_pad = np.arange(width)[None, :] >= real[:, None]
         if not np.all(np.asarray(rows)[is_pad] == pad_id):
             return [f"{prefix}.tokens.npy: tokens other than pad id {pad_id} after the real tokens"]
+        if pack.mode == "concat" and np.any(real[:-1] != width):
+            return [f"{prefix}.cu_seqlens.npy: a concat row other than the last is not full"]
+        if pack.mode == "bfd" and row.packed_rows > row.padded_layout_rows:
+            return [f"{prefix}.tokens.npy: {row.packed_rows} rows, more than one document per row would take"]
+        if pack.mode == "window":
+            return _check_windows(store, row, pack, np.asarray(rows), offsets, real)
+    return []
+
+
+def _check_windows(store: Store, row, pack: PackConfig, rows: np.ndarray, offsets: np.ndarray, real) -> list[str]:
+    """One window per row, as many and as long as the documents' lengths and the overlap imply, BOS/EOS in place."""
+    prefix = layout.packed_prefix(row.split, row.shard_id)
+    if np.any(np.diff(offsets) != 2):
+        return [f"{prefix}.cu_seqlens.npy: a window row holds more than one piece"]
+    idx = layout.megatron_prefix(row.split, row.shard_id) + ".idx"
+    with store.local_copies(idx) as (idx_path,):
+        lengths = MegatronIndex(idx_path).lengths.astype(np.int64)
+    content, step = pack.window_content, pack.window_content - pack.stride
+    windows = np.where(lengths > 0, 1 + -(-np.maximum(lengths - content, 0) // step), 0)
+    doc = np.repeat(np.arange(len(lengths)), windows)
+    within = (np.arange(len(doc)) - (np.cumsum(windows) - windows)[doc]) * step
+    extras = (pack.bos_id is not None) + (pack.eos_id is not None)
+    expected = np.minimum(content, lengths[doc] - within) + extras
+    if len(expected) != len(real) or np.any(expected != real):
+        return [f"{prefix}.cu_seqlens.npy: window lengths disagree with the documents and stride {pack.stride}"]
+    if pack.bos_id is not None and np.any(rows[:, 0] != pack.bos_id):
+        return [f"{prefix}.tokens.npy: a window does not start with BOS id {pack.bos_id}"]
+    if pack.eos_id is not None and np.any(rows[np.arange(len(rows)), real - 1] != pack.eos_id):
+        return [f"{prefix}.tokens.npy: a window does not end with EOS id {pack.eos_id}"]
+    return []
+
+
+def _check_llmc(store: Store, row, cap: int, dtype: np.dtype) -> list[str]:
+    expected_files = -(-row.tokens // cap)
+    first = layout.llmc_file(row.split, row.shard_id, 0)
+    if row.llmc_files != expected_files:
+        return [f"{first}: stats say {row.llmc_files} llm.c files, {row.tokens} tokens need {expected_files}"]
+    files = [layout.llmc_file(row.split, row.shard_id, part) for part in range(expected_files)]
+    if missing := [f for f in files if not store.exists(f)]:
+        return [f"{m}: missing" for m in missing]
+    tokens = 0
+    with store.local_copies(*files) as paths:
+        for rel, path in zip(files, paths, strict=True):
+            try:
+                shard = LlmcReader(path, name=rel)
+            except CorruptLlmcFile as e:
+                return [str(e)]
+            if shard.dtype != dtype or len(shard) > cap:
+                return [f"{rel}: {len(shard)} {shard.dtype} tokens, expected {dtype} and at most {cap}"]
+            tokens += len(shard)
+    if tokens != row.tokens:
+        return [f"{first}: the llm.c files hold {tokens} tokens, stats say {row.tokens}"]
+    return []
+
+
+def _check_shuffle(store: Store, split: str, split_rows: pd.DataFrame) -> list[str]:
+    """The shuffle index lists every (shard, row) of the split's packed rows exactly once."""
+    rel = layout.shuffle_file(split)
+    split_rows = split_rows[split_rows.packed_rows > 0]
+    if split_rows.empty:
+        return [f"{rel}: exists but the split has no packed rows"] if store.exists(rel) else []
+    if not store.exists(rel):
+        return [f"{rel}: missing"]
+    with store.local_copies(rel) as (path,):
+        index = np.asarray(read_shuffle_index(path), dtype=np.int64)
+    counts = split_rows.packed_rows.to_numpy(dtype=np.int64)
+    expected = np.stack(
+        [np.repeat(split_rows.shard_id.to_numpy(dtype=np.int64), counts),
+         np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)], axis=1
+    )  # fmt: skip
+    if index.shape != expected.shape:
+        return [f"{rel}: shape {index.shape}, the split has {len(expected)} packed rows"]
+    if not np.array_equal(index[np.lexsort((index[:, 1], index[:, 0]))], expected):
+        return [f"{rel}: not a permutation of the split's packed rows"]
     return []
 
 
@@ -153,8 +244,10 @@ def validate(
 ) -> pd.DataFrame:
     """Check stats and files; write `stats.json` and return the table, or raise ValidationFailed."""
     table = stats_table(tokenized, packed)
-    packing = config.pack.mode != "none"
-    schema = stats_schema(len(plan["shards"]), list(config.split), tokenizer.vocab_size, packing)
+    packing = writes_packed(config)
+    schema = stats_schema(
+        len(plan["shards"]), list(config.split), tokenizer.vocab_size, config.pack if packing else None
+    )
     try:
         schema.validate(table, lazy=True)
     except pa.errors.SchemaErrors as e:
@@ -162,12 +255,18 @@ def validate(
     store = Store(config.output.path)
     dtype = token_dtype(tokenizer.vocab_size)
     eod_id = tokenizer.eod_id if config.tokenizer.append_eod else None
-    pad_id = tokenizer.eod_id if config.pack.pad_id is None else config.pack.pad_id
+    pad_id = pack_pad_id(config, tokenizer)
+    llmc, cap = "llmc" in config.output.formats, config.output.llmc_shard_tokens
     problems = []
     for row in table.itertuples():
         problems += _check_megatron(store, row, dtype, eod_id)
         if packing:
-            problems += _check_packed(store, row, config.pack.seq_len, pad_id)
+            problems += _check_packed(store, row, config.pack, pad_id)
+        if llmc:
+            problems += _check_llmc(store, row, cap, llmc_dtype(tokenizer.vocab_size))
+    if packing:
+        for split in config.split:
+            problems += _check_shuffle(store, split, table[table.split == split])
     if problems:
         raise ValidationFailed("dataset files failed validation:\n" + "\n".join(f"  - {p}" for p in problems))
     store.write_json(layout.STATS, table.to_dict(orient="records"))

@@ -1,5 +1,7 @@
-"""Packed sequences on disk: `<prefix>.tokens.npy` `[n_rows, seq_len]`, `<prefix>.cu_seqlens.npy` (flat
-int32) and `<prefix>.row_offsets.npy` (int64, n_rows + 1). All memory-mappable with `np.load(mmap_mode="r")`."""
+"""Packed sequences on disk, both directions. Per shard and split, `<prefix>.tokens.npy` `[n_rows, row_len]`,
+`<prefix>.cu_seqlens.npy` (flat int32) and `<prefix>.row_offsets.npy` (int64, n_rows + 1); per split, the
+global shuffle index `shuffle.npy` (int32 `[n_rows, 2]`: shard id, row). All memory-mappable with
+`np.load(mmap_mode="r")`."""
 
 from __future__ import annotations
 
@@ -35,3 +37,17 @@ class PackedReader:
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens of row i, its cu_seqlens: piece boundaries, the last one the row's real length)."""
         return np.asarray(self.rows[i]), np.asarray(self.cu_seqlens[self.row_offsets[i] : self.row_offsets[i + 1]])
+
+
+def write_shuffle_index(path: str | Path, index: np.ndarray) -> None:
+    """Write a split's shuffle index: int32 `[n_rows, 2]`, row p = (shard id, row) to read p-th."""
+    index = np.asarray(index)
+    if index.ndim != 2 or index.shape[1] != 2:
+        raise ValueError(f"a shuffle index is [n_rows, 2], got shape {index.shape}")
+    with open(path, "wb") as f:
+        np.save(f, index.astype(np.int32, copy=False), allow_pickle=False)
+
+
+def read_shuffle_index(path: str | Path) -> np.ndarray:
+    """The shuffle index, memory-mapped."""
+    return np.load(path, mmap_mode="r")

@@ -1,0 +1,11 @@
+"""shuffle_index: after every pack[shard], each split's global shuffle index over its packed rows."""
+
+from prefect import task
+
+from tokenmill import pack
+from tokenmill.config import TokenmillConfig
+
+
+@task(name="shuffle_index", retries=2)
+def shuffle_index(config: TokenmillConfig, packed: list[dict]) -> dict[str, int]:
+    return pack.write_shuffle_indexes(config, packed)

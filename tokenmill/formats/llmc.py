@@ -1,0 +1,76 @@
+"""Flat token shards as nanoGPT and llm.c read them, both directions.
+
+A file is a header of 256 little-endian int32 (`[0]` magic, `[1]` version, `[2]` token count, the rest
+zero) and then the tokens back to back. As llm.c's `dev/data/data_common.py` writes them and its
+`llmc/dataloader.h` checks them: magic 20240520, version 1, uint16 tokens (GPT-2 style vocabularies);
+magic 20240801, version 7, uint32 tokens for larger vocabularies (its "llama-3" variant).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+VARIANTS = {  # token dtype -> (magic, version)
+    np.dtype(np.uint16): (20240520, 1),
+    np.dtype(np.uint32): (20240801, 7),
+}
+MAX_TOKENS = 2**31 - 1  # the count is an int32
+
+
+class CorruptLlmcFile(ValueError):
+    """A file that is not a valid llm.c token shard (message names the file)."""
+
+
+def llmc_dtype(vocab_size: int) -> np.dtype:
+    """uint16 while every id fits in it, else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def write_llmc(path: str | Path, tokens: np.ndarray, dtype: np.dtype) -> None:
+    """Write `tokens` as one llm.c shard of `dtype` (uint16 or uint32)."""
+    dtype = np.dtype(dtype)
+    if dtype not in VARIANTS:
+        raise ValueError(f"llm.c shards hold uint16 or uint32 tokens, not {dtype}")
+    if len(tokens) > MAX_TOKENS:
+        raise ValueError(f"{len(tokens)} tokens do not fit one llm.c shard (at most {MAX_TOKENS})")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1] = VARIANTS[dtype]
+    header[2] = len(tokens)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens).astype(dtype.newbyteorder("<"), copy=False).tobytes())
+
+
+def shard_bounds(n_tokens: int, max_tokens: int) -> list[tuple[int, int]]:
+    """[start, end) of each file when `n_tokens` are cut into files of at most `max_tokens`."""
+    return [(start, min(start + max_tokens, n_tokens)) for start in range(0, n_tokens, max_tokens)]
+
+
+class LlmcReader:
+    """The tokens of one llm.c shard, memory-mapped, after checking its header against its size."""
+
+    def __init__(self, path: str | Path, *, name: str | None = None):
+        """`name` is how errors refer to the file (default its path)."""
+        name = name or str(path)
+        size = Path(path).stat().st_size
+        if size < HEADER_BYTES:
+            raise CorruptLlmcFile(f"{name}: {size} bytes, shorter than the {HEADER_BYTES}-byte header")
+        header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+        magic, version, count = (int(v) for v in header[:3])
+        variant = {mv: dtype for dtype, mv in VARIANTS.items()}.get((magic, version))
+        if variant is None:
+            raise CorruptLlmcFile(f"{name}: magic {magic} version {version} is not an llm.c token shard")
+        if size != HEADER_BYTES + count * variant.itemsize:
+            raise CorruptLlmcFile(f"{name}: {size} bytes, the header promises {count} {variant} tokens")
+        self.dtype = variant
+        dtype = variant.newbyteorder("<")
+        self.tokens = (
+            np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(count,)) if count else np.zeros(0, dtype)
+        )
+
+    def __len__(self) -> int:
+        return len(self.tokens)
