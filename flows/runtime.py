@@ -26,15 +26,18 @@ def task_runner_for(dask_config: DaskConfig) -> DaskTaskRunner:
         return DaskTaskRunner(address=address)
     cores = os.cpu_count() or 1
     n_workers = dask_config.n_workers or cores
+    adaptive = dask_config.adaptive
     return DaskTaskRunner(
         cluster_kwargs={
-            "n_workers": n_workers,
+            "n_workers": adaptive.minimum if adaptive else n_workers,
             "threads_per_worker": 1,
             "processes": True,
             "host": "127.0.0.1",
             "dashboard_address": "127.0.0.1:0",
             "silence_logs": logging.ERROR,
+            "memory_limit": dask_config.memory_limit,
             # The encoder's own thread pool gets this worker's share of the cores, no more.
-            "env": {"RAYON_NUM_THREADS": str(max(1, cores // n_workers))},
-        }
+            "env": {"RAYON_NUM_THREADS": str(max(1, cores // (adaptive.maximum if adaptive else n_workers)))},
+        },
+        adapt_kwargs={"minimum": adaptive.minimum, "maximum": adaptive.maximum} if adaptive else None,
     )

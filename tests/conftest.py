@@ -34,6 +34,7 @@ def prefect_api(tmp_path_factory) -> str:
     saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_API_URL")}
     os.environ["PREFECT_HOME"] = str(home)
     os.environ.pop("PREFECT_API_URL", None)
+    os.environ["PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS"] = "2"  # cron runs appear within seconds
     state = server.start_server()
     yield state["api_url"]
     server.stop_server()

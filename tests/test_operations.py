@@ -1,0 +1,252 @@
+"""Operations: a served deployment triggered with parameters, Retry of a failed run reusing finished shards,
+targeted reruns, an external Dask cluster, cron schedules, and a Prefect server on PostgreSQL."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import EXAMPLES, REPO, dataset_files
+
+BAD = b'{"id": "bad", "text": \n'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def prefect_client(prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+        yield client
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def final_state(client, flow_run_id, timeout=240):
+    def done():
+        state = client.read_flow_run(flow_run_id).state
+        return state if state is not None and state.is_final() else None
+
+    return wait_for(done, timeout, f"flow run {flow_run_id} to finish")
+
+
+def corpus_with_a_broken_gzip(tmp_path) -> Path:
+    """The demo corpus, one of its .gz files holding a malformed line (an input to fix and retry)."""
+    data = tmp_path / "data"
+    shutil.copytree(EXAMPLES / "data", data)
+    path = data / "web_scrapinghub_aeb.jsonl.gz"
+    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()) + BAD))
+    return data
+
+
+def fix(data: Path) -> None:
+    path = data / "web_scrapinghub_aeb.jsonl.gz"
+    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).replace(BAD, b"")))
+
+
+def markers(out: Path, stage: str) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in sorted((out / "_commits" / stage).glob("*.json"))}
+
+
+def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
+    run_cli, prefect_api, prefect_client, tmp_path
+):
+    data = corpus_with_a_broken_gzip(tmp_path)
+    out, clean = tmp_path / "out", tmp_path / "clean"
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        (EXAMPLES / "gpt2.yaml").read_text().replace('["examples/data/*.jsonl*"]', f'["{data}/*.jsonl*"]')
+    )
+    overrides = ["--set", "partition.shard_size=1MB", "--set", "input.on_invalid=fail"]
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tokenmill", "serve", str(config), *overrides, "--set", f"output.path={out}",
+         "--name", "ops", "--cron", "0 3 * * *"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deployment = wait_for(
+            lambda: (
+                next(iter(prefect_client.read_deployments()), None)
+                and prefect_client.read_deployment_by_name("corpus-to-tokens/ops")
+            ),
+            120,
+            "the served deployment",
+        )
+        # the cron schedule produces scheduled runs
+        assert wait_for(lambda: prefect_client.read_flow_runs(limit=5), 60, "scheduled runs")
+
+        # a run triggered through the API with parameters: the served config, failing on the bad line
+        params = {"config": deployment.parameters["config"]}
+        run = prefect_client.create_flow_run_from_deployment(deployment.id, parameters=params)
+        state = final_state(prefect_client, run.id)
+        assert state.is_failed()
+        tokenized_before = markers(out, "tokenize")
+        assert len(tokenized_before) == 3  # the other shards committed; the broken one did not
+        assert not (out / "manifest.json").exists()
+
+        # fix the input, press Retry (what the UI's button and `prefect flow-run retry` send)
+        fix(data)
+        from prefect.client.schemas.objects import StateType
+        from prefect.states import State
+
+        prefect_client.set_flow_run_state(
+            run.id, State(type=StateType.SCHEDULED, name="AwaitingRetry", message="Retry from the UI"), force=True
+        )
+        assert final_state(prefect_client, run.id).is_completed()
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        server.wait(30)
+
+    tokenized_after = markers(out, "tokenize")
+    assert len(tokenized_after) == 4
+    assert {k: tokenized_after[k] for k in tokenized_before} == tokenized_before  # reused, not recomputed
+    logs = prefect_client.read_logs()
+    assert any("reused 3 of 4 committed tokenize shards" in log.message for log in logs)
+
+    run_cli("run", str(config), *overrides, "--set", f"output.path={clean}")
+    assert dataset_files(out) == dataset_files(clean)
+
+
+def test_rerun_shards_redoes_exactly_the_named_shards(run_cli, tmp_path):
+    out = tmp_path / "out"
+    run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB")
+    before_files, before = dataset_files(out), {s: markers(out, s) for s in ("tokenize", "pack")}
+    result = run_cli("rerun", str(out), "--shard", "1", "--shard", "3")
+    assert "4 shards (2 reused)" in result.stdout
+    for stage in ("tokenize", "pack"):
+        after = markers(out, stage)
+        changed = {name for name in after if after[name] != before[stage][name]}
+        assert changed == {"shard-00001.json", "shard-00003.json"}, stage
+    assert dataset_files(out) == before_files
+
+    missing = run_cli("rerun", str(out), "--shard", "9", check=False)
+    assert missing.returncode == 1 and "no shards [9]" in missing.stdout
+
+
+def test_flow_runs_on_an_external_dask_cluster(run_cli, prefect_client, tmp_path):
+    port = free_port()
+    bin_dir = Path(sys.executable).parent
+    scheduler = subprocess.Popen(
+        [bin_dir / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+         "--dashboard-address", "127.0.0.1:0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    workers = [
+        subprocess.Popen(
+            [
+                bin_dir / "dask",
+                "worker",
+                f"tcp://127.0.0.1:{port}",
+                "--host",
+                "127.0.0.1",
+                "--nthreads",
+                "1",
+                "--dashboard-address",
+                "127.0.0.1:0",
+                "--memory-limit",
+                "4GiB",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    try:
+        out = tmp_path / "out"
+        run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB",
+                "--set", f"dask.address=tcp://127.0.0.1:{port}")  # fmt: skip
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["counts"]["documents_rejected"] == 0 and manifest["counts"]["tokens"] > 0
+        # the tasks ran on the external workers and reported to the Prefect API from there
+        from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+        names = TaskRunFilter(name=TaskRunFilterName(like_="tokenize[shard-"))
+        runs = prefect_client.read_task_runs(task_run_filter=names)
+        assert sum(r.state.is_completed() for r in runs) >= 4
+    finally:
+        for process in (*workers, scheduler):
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(30)
+
+
+def test_prefect_server_on_postgresql(tmp_path):
+    """A whole run against a Prefect server backed by PostgreSQL (Debian's server, started here)."""
+    binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not binaries:
+        pytest.skip("PostgreSQL server not installed (make setup installs Debian's postgresql)")
+    pg_bin = binaries[-1].parent
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    data = Path(tempfile.mkdtemp(prefix="tokenmill-pg-"))
+    if as_postgres:
+        shutil.chown(data, "postgres")
+    port, api_port = free_port(), free_port()
+    subprocess.run([*as_postgres, pg_bin / "initdb", "-D", data / "db", "--auth=trust", "-U", "postgres"],
+                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run([*as_postgres, pg_bin / "pg_ctl", "-D", data / "db", "-w", "-l", data / "log",
+                    "-o", f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"],
+                   check=True, capture_output=True)  # fmt: skip
+    prefect_server = None
+    try:
+        subprocess.run(
+            [pg_bin / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "prefect"], check=True
+        )
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(tmp_path / "home"),
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://postgres@127.0.0.1:{port}/prefect",
+        }
+        env.pop("PREFECT_API_URL", None)
+        prefect_server = subprocess.Popen(
+            [Path(sys.executable).parent / "prefect", "server", "start", "--host", "127.0.0.1",
+             "--port", str(api_port)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        from flows.server import healthy
+
+        api = f"http://127.0.0.1:{api_port}/api"
+        wait_for(lambda: healthy(api), 120, "prefect server on PostgreSQL")
+        out = tmp_path / "out"
+        result = subprocess.run(
+            [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={out}"],
+            cwd=REPO, env={**env, "PREFECT_API_URL": api}, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        rows = subprocess.run(
+            [pg_bin / "psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "prefect", "-tAc",
+             "select count(*) from task_run where name like 'tokenize[shard-%'"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert int(rows) >= 1  # the runs are recorded in PostgreSQL
+    finally:
+        if prefect_server is not None:
+            os.killpg(prefect_server.pid, signal.SIGTERM)
+            prefect_server.wait(30)
+        subprocess.run([*as_postgres, pg_bin / "pg_ctl", "-D", data / "db", "-m", "fast", "stop"], capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)

@@ -1,0 +1,44 @@
+"""What a run leaves for the next one: its config (so a rerun needs only the output path) and the
+commit markers a targeted rerun removes to redo chosen shards."""
+
+from __future__ import annotations
+
+from tokenmill import layout
+from tokenmill.commits import marker
+from tokenmill.config import TokenmillConfig
+from tokenmill.storage import Store
+
+RUN_CONFIG = "_work/config.json"
+SHARD_STAGES = ("tokenize", "pack")  # the per-shard stages a rerun redoes (sample and shuffle feed others)
+
+
+def save_run_config(config: TokenmillConfig) -> None:
+    """Record the run's full config in its output (secrets masked: reruns take them from the environment)."""
+    Store(config.output.path).write_json(RUN_CONFIG, config.model_dump(mode="json"))
+
+
+def load_run_config(output: str) -> TokenmillConfig:
+    store = Store(output)
+    if not store.exists(RUN_CONFIG):
+        raise FileNotFoundError(f"{output}: no {RUN_CONFIG}; is this the output of a tokenmill run?")
+    data = store.read_json(RUN_CONFIG)
+    for section in ("input", "output"):
+        data.get(section, {}).pop("storage", None)  # masked secrets are no secrets; the environment has them
+    data["output"]["path"] = output
+    return TokenmillConfig.model_validate(data)
+
+
+def forget_shards(config: TokenmillConfig, shard_ids: list[int]) -> int:
+    """Remove the commit markers of these shards so the next run redoes them; returns how many went."""
+    store = Store(config.output.path)
+    plan = store.read_json(layout.PLAN)
+    known = range(plan.get("shuffled_shards") or len(plan["shards"]))
+    if unknown := sorted(set(shard_ids) - set(known)):
+        raise ValueError(f"{config.output.path}: no shards {unknown}; the plan has shards 0..{len(known) - 1}")
+    removed = 0
+    for stage in SHARD_STAGES:
+        for shard_id in shard_ids:
+            if store.exists(marker(stage, shard_id)):
+                store.remove(marker(stage, shard_id))
+                removed += 1
+    return removed
