@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 
 from prefect import flow, get_run_logger, unmapped
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.context import get_run_context
 from prefect.futures import PrefectFuture
 
 from flows.runtime import task_runner_for
@@ -23,8 +24,9 @@ from tasks.shuffle_index import shuffle_index
 from tasks.tokenize import tokenize_shard
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
-from tokenmill.config import DaskConfig, TokenmillConfig
+from tokenmill.config import TokenmillConfig
 from tokenmill.pack import writes_packed
+from tokenmill.runs import save_run_config
 from tokenmill.sampling import sample_fraction
 from tokenmill.shuffle_documents import check_counts, shuffled_shards
 
@@ -33,15 +35,53 @@ def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
     """The global document shuffle: the shards tokenize reads instead of the input shards."""
     started = time.perf_counter()
     sources, n_outputs = plan["shards"], plan["shuffled_shards"]
-    scattered = results_of(
-        "scatter",
-        scatter_shard.map(unmapped(config), sources, unmapped(n_outputs)),
-        [s["shard_id"] for s in sources],
-    )
-    targets = list(range(n_outputs))
-    gathered = results_of("gather", gather_shard.map(unmapped(config), targets, unmapped(len(sources))), targets)
+    source_ids, targets = [s["shard_id"] for s in sources], list(range(n_outputs))
+    scattered = map_shards("scatter", scatter_shard, sources, source_ids, config, n_outputs=n_outputs)
+    gathered = map_shards("gather", gather_shard, targets, targets, config, n_sources=len(sources))
     check_counts(scattered, gathered)
     return shuffled_shards(config, gathered), time.perf_counter() - started
+
+
+def batches(items: list, size: int) -> list[list]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def tokenize_and_pack(config: TokenmillConfig, shards: list[dict], tokenizer) -> tuple[list[dict], list[dict]]:
+    """tokenize[shard] then pack[shard], each shard's pack starting as soon as its tokenize ends; shards go
+    in batches of `dask.shards_per_batch` so that no flow run holds more mapped tasks than Prefect handles well."""
+    tokenized, packed = [], []
+    for batch in batches(shards, config.dask.shards_per_batch):
+        ids = [s["shard_id"] for s in batch]
+        tokenize_futures = tokenize_shard.map(unmapped(config), batch, unmapped(tokenizer))
+        pack_futures = pack_shard.map(unmapped(config), tokenize_futures, unmapped(tokenizer))
+        tokenized += results_of("tokenize", tokenize_futures, ids)
+        packed += results_of("pack", pack_futures, ids)
+    stage_artifact("tokenize", tokenized)
+    stage_artifact("pack", packed)
+    return tokenized, packed
+
+
+def map_shards(stage: str, task, items: list, ids: list[int], config: TokenmillConfig, **shared) -> list[dict]:
+    """`task` mapped over `items` (one per shard), in batches of `dask.shards_per_batch`; raises naming
+    every shard that failed."""
+    results = []
+    for batch, batch_ids in zip(
+        batches(items, config.dask.shards_per_batch), batches(ids, config.dask.shards_per_batch), strict=True
+    ):
+        kwargs = {name: unmapped(value) for name, value in shared.items()}
+        results += results_of(stage, task.map(unmapped(config), batch, **kwargs), batch_ids)
+    stage_artifact(stage, results)
+    return results
+
+
+def announce_dashboard() -> None:
+    """Log the Dask dashboard's address and leave it as a link artifact on the run."""
+    client = getattr(get_run_context().task_runner, "client", None)
+    if client is None:
+        return
+    link = client.dashboard_link
+    get_run_logger().info("Dask dashboard: %s", link)
+    create_link_artifact(link, link_text="Dask dashboard", key="dask-dashboard", description="Watch the shards")
 
 
 class ShardsFailed(RuntimeError):
@@ -60,11 +100,40 @@ def results_of(stage: str, futures: list[PrefectFuture], shard_ids: list[int]) -
     return [f.result() for f in futures]
 
 
-@flow(name="corpus-to-tokens", task_runner=task_runner_for(DaskConfig()), validate_parameters=True)
+def stage_artifact(stage: str, results: list[dict]) -> None:
+    """A table artifact per stage in the Prefect UI: one row per shard, its counts and speed."""
+    rows = []
+    for r in results:
+        row = {k: v for k, v in r.items() if isinstance(v, int | float | str | bool)}
+        splits = r.get("splits", {}).values()
+        if any("tokens" in s for s in splits):
+            row["tokens"] = sum(s["tokens"] for s in splits)
+        if r.get("bytes_in") and r.get("seconds"):
+            row["mb_per_s"] = round(r["bytes_in"] / 1e6 / r["seconds"], 2)
+        rows.append(row)
+    reused = sum(bool(r.get("reused")) for r in results)
+    create_table_artifact(
+        rows, key=f"{stage}-shards", description=f"{stage}: {len(results)} shards done, {reused} reused"
+    )
+
+
+@flow(name="corpus-to-tokens", validate_parameters=True)
 def corpus_to_tokens(config: TokenmillConfig) -> dict:
-    """Tokenize, pack, validate and publish a corpus as one dataset (see the README for the config)."""
+    """Tokenize, pack, validate and publish a corpus as one dataset (see the README for the config).
+
+    The DAG runs in the `build-dataset` subflow on the Dask cluster that `config.dask` names, so a
+    deployment's runs (which import this flow afresh) choose their cluster by parameter, as the CLI's do.
+    """
+    return build_dataset.with_options(task_runner=task_runner_for(config.dask))(config)
+
+
+@flow(name="build-dataset", flow_run_name="{config.name}")
+def build_dataset(config: TokenmillConfig) -> dict:
+    """The DAG of DESIGN.md, on the task runner it was given."""
     logger = get_run_logger()
     started = time.perf_counter()
+    announce_dashboard()
+    save_run_config(config)
     plan = partition(config)
     shards = plan["shards"]
     shard_ids = [s["shard_id"] for s in shards]
@@ -78,18 +147,15 @@ def corpus_to_tokens(config: TokenmillConfig) -> dict:
 
     if config.tokenizer.train is not None:
         fraction = sample_fraction(config, plan)
-        samples = results_of("sample", sample_shard.map(unmapped(config), shards, unmapped(fraction)), shard_ids)
+        samples = map_shards("sample", sample_shard, shards, shard_ids, config, fraction=fraction)
         tokenizer = train_tokenizer(config, [s["path"] for s in samples])
     else:
         tokenizer = pretrained_tokenizer(config)
     logger.info("tokenizer: vocab %d, EOD id %d", tokenizer.vocab_size, tokenizer.eod_id)
 
     tokenize_started = time.perf_counter()
-    tokenize_futures = tokenize_shard.map(unmapped(config), shards, unmapped(tokenizer))
-    pack_futures = pack_shard.map(unmapped(config), tokenize_futures, unmapped(tokenizer))
-    tokenized = results_of("tokenize", tokenize_futures, shard_ids)
+    tokenized, packed = tokenize_and_pack(config, shards, tokenizer)
     tokenize_seconds = time.perf_counter() - tokenize_started
-    packed = results_of("pack", pack_futures, shard_ids)
     reused = sum(r["reused"] for r in tokenized)
     if reused:
         logger.info("reused %d of %d committed tokenize shards", reused, len(tokenized))

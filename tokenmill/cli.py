@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -38,6 +40,19 @@ def _load(config: Path, overrides: list[str]) -> TokenmillConfig:
         raise _fail(f"{config}: {e}", code=2) from None
 
 
+def _interactive() -> bool:
+    return console.is_terminal and not os.environ.get("CI")
+
+
+def progress_bars(output: str):
+    """Bars of committed shards per stage on a terminal; nothing in CI or when piped."""
+    if not _interactive():
+        return contextlib.nullcontext()
+    from tokenmill.progress import ShardProgress
+
+    return ShardProgress(output, console)
+
+
 def _fail(message: str, code: int = 1) -> typer.Exit:
     console.print(f"[red]error:[/red] {message}", highlight=False)
     return typer.Exit(code)
@@ -47,15 +62,17 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer reads the default)
     """Run the whole flow (partition, tokenizer, tokenize, pack, validate, publish) for CONFIG.yaml."""
     cfg = _load(config, overrides)
+    if _interactive():  # the bars replace Prefect's per-task log lines on the terminal (the UI keeps them)
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     from flows.server import ensure_api
 
     api_url = ensure_api()
     console.print(f"Prefect API: {api_url.removesuffix('/api')} (UI), Dask: {cfg.dask.address or 'LocalCluster'}")
     from flows.main import corpus_to_tokens
-    from flows.runtime import task_runner_for
 
     try:
-        summary = corpus_to_tokens.with_options(task_runner=task_runner_for(cfg.dask))(config=cfg)
+        with progress_bars(cfg.output.path):
+            summary = corpus_to_tokens(config=cfg)
     except Exception as e:  # the flow's logs above hold the details; end with the reason, not a traceback
         raise _fail(f"run failed: {e}") from None
     print_summary(summary)
@@ -96,6 +113,54 @@ def check(config: Path, overrides: SetOption = []) -> None:  # noqa: B006
     """Validate CONFIG.yaml and print it with every default filled in."""
     cfg = _load(config, overrides)
     console.print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), highlight=False)
+
+
+@app.command()
+def rerun(
+    output: Annotated[str, typer.Argument(help="The output path (local or s3://) of an earlier run.")],
+    shards: Annotated[
+        list[int], typer.Option("--shard", help="A shard to redo (repeatable); none: the uncommitted.")
+    ] = [],  # noqa: B006
+) -> None:
+    """Redo shards of an earlier run, then validate and publish again (the run's config is read from OUTPUT)."""
+    from flows.server import ensure_api
+
+    ensure_api()
+    from flows.rerun import rerun_shards
+
+    try:
+        summary = rerun_shards(output=output, shard_ids=shards or None)
+    except Exception as e:
+        raise _fail(f"rerun failed: {e}") from None
+    print_summary(summary)
+
+
+@app.command()
+def serve(
+    config: Path,
+    overrides: SetOption = [],  # noqa: B006
+    name: Annotated[str, typer.Option(help="Deployment name.")] = "tokenmill",
+    cron: Annotated[str | None, typer.Option(help='Schedule, e.g. "0 2 * * *" (UTC); none: runs on demand.')] = None,
+) -> None:
+    """Serve CONFIG as Prefect deployments from this process until interrupted: `corpus-to-tokens/NAME`
+    (on the cron schedule, with CONFIG as its parameter) and `rerun-shards/NAME` (for targeted reruns)."""
+    cfg = _load(config, overrides)
+    from flows.server import ensure_api
+
+    console.print(f"Prefect API: {ensure_api()}", highlight=False)
+    from prefect import serve as serve_deployments
+    from prefect.deployments.runner import EntrypointType
+
+    from flows.main import corpus_to_tokens
+    from flows.rerun import rerun_shards
+
+    module = EntrypointType.MODULE_PATH  # the flows are importable wherever tokenmill is installed
+    serve_deployments(
+        corpus_to_tokens.to_deployment(
+            name=name, cron=cron, parameters={"config": cfg.model_dump(mode="json")}, entrypoint_type=module
+        ),
+        rerun_shards.to_deployment(name=name, parameters={"output": cfg.output.path}, entrypoint_type=module),
+    )
 
 
 @server_app.command("start")

@@ -242,9 +242,23 @@ class OutputConfig(_Section):
         return sorted(set(formats), key=formats.index)
 
 
+class AdaptiveConfig(_Section):
+    minimum: int = Field(1, ge=0, description="Fewest LocalCluster workers kept while idle.")
+    maximum: int = Field(ge=1, description="Most LocalCluster workers started under load.")
+
+
 class DaskConfig(_Section):
     address: str | None = Field(None, description="Scheduler address; null starts a LocalCluster here.")
     n_workers: int | None = Field(None, ge=1, description="LocalCluster worker processes; null: one per core.")
+    adaptive: AdaptiveConfig | None = Field(
+        None, description="Scale the LocalCluster between minimum and maximum workers with the load."
+    )
+    memory_limit: str | None = Field(
+        "auto", description="Per LocalCluster worker (e.g. 4GiB): a runaway shard is killed, not the node."
+    )
+    shards_per_batch: int = Field(
+        1000, ge=1, description="Most shard tasks mapped at once per stage (Prefect slows near 2,000 per map)."
+    )
 
 
 class TokenmillConfig(_Section):
