@@ -33,7 +33,11 @@ def row_cuts(packed: Packed) -> list[list[int]]:
 
 def pieces(packed: Packed) -> list[np.ndarray]:
     """Every piece of every row: the tokens between consecutive boundaries."""
-    return [row[a:b] for row, cu in zip(packed.rows, row_cuts(packed), strict=True) for a, b in zip(cu, cu[1:])]
+    return [
+        row[a:b]
+        for row, cu in zip(packed.rows, row_cuts(packed), strict=True)
+        for a, b in zip(cu[:-1], cu[1:], strict=True)
+    ]
 
 
 def document_of(tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -204,7 +208,7 @@ def enwiki_gpt2_documents() -> tuple[np.ndarray, np.ndarray]:
     from tokenizers import Tokenizer
 
     with gzip.open(CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz", "rt", encoding="utf-8") as f:
-        texts = [json.loads(line)["text"] for line, _ in zip(f, range(ENWIKI_DOCUMENTS))]
+        texts = [json.loads(line)["text"] for line, _ in zip(f, range(ENWIKI_DOCUMENTS), strict=False)]
     tokenizer = Tokenizer.from_file(str(TOKENIZERS / "gpt2" / "tokenizer.json"))
     eod = tokenizer.token_to_id("<|endoftext|>")
     docs = [e.ids + [eod] for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]

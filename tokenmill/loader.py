@@ -1,0 +1,198 @@
+"""Packed output as training samples: what a training loop reads (a local copy of a published dataset).
+
+- `training_sample`: one packed row as `input_ids`, `labels`, `position_ids` and `cu_seqlens`.
+- `PackedSplit` (numpy only): every packed row of one split across its shards, memory-mapped, in the
+  order of the split's global shuffle index (or in shard order).
+- `PackedTorchDataset` and `collate_thd` (need torch; imported from here only when asked for): a
+  `torch.utils.data.IterableDataset` giving each rank, and each DataLoader worker within a rank, its
+  own samples; and a collate function that flattens a batch for varlen (THD) attention.
+
+Every sample covers exactly `seq_len` input positions. Its `cu_seqlens` runs from 0 to `seq_len`: the
+pieces of documents in the row, then the padding as one last segment when the row is padded.
+`position_ids` restart at 0 at each segment. Label t is token t + 1 of the row, or -100 where that
+token is padding, beyond the row, or (with `mask_cross_document_labels`) the start of another piece.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill import layout
+from tokenmill.formats.packed import PackedReader, read_shuffle_index
+
+IGNORE_INDEX = -100  # the label PyTorch's cross-entropy skips
+
+
+def training_sample(
+    row: np.ndarray, cu_seqlens: np.ndarray, *, extra_token: bool = False, mask_cross_document_labels: bool = True
+) -> dict[str, np.ndarray]:
+    """One packed row (its tokens and stored boundaries) as a training sample; `extra_token` rows are
+    `seq_len + 1` wide, their last token only a label."""
+    row, cu = np.asarray(row), np.asarray(cu_seqlens, dtype=np.int64)
+    seq_len = len(row) - extra_token
+    real = int(cu[-1])
+    # Segments of the inputs: the pieces (one running past the inputs ends with them), then the padding.
+    bounds = np.unique(np.append(np.minimum(cu, seq_len), seq_len))
+    position_ids = np.arange(seq_len, dtype=np.int64) - np.repeat(bounds[:-1], np.diff(bounds))
+    targets = np.arange(1, seq_len + 1)
+    valid = targets < real
+    if mask_cross_document_labels:
+        valid &= ~np.isin(targets, cu[1:-1])
+    labels = np.full(seq_len, IGNORE_INDEX, dtype=np.int64)
+    labels[valid] = row[targets[valid]]
+    return {
+        "input_ids": row[:seq_len].astype(np.int64),
+        "labels": labels,
+        "position_ids": position_ids,
+        "cu_seqlens": bounds.astype(np.int32),
+    }
+
+
+class PackedSplit:
+    """The packed rows of one split of a dataset directory, as training samples (`split[i]`).
+
+    With `shuffle` sample i is the row at entry i of `packed/<split>/shuffle.npy`; without, rows come in
+    shard order. Files are memory-mapped on first access in each process (so the object pickles small,
+    as DataLoader workers need).
+    """
+
+    def __init__(self, root: str | Path, split: str, *, shuffle: bool = True, mask_cross_document_labels: bool = True):
+        self.root, self.split, self.shuffle = Path(root), split, shuffle
+        self.mask_cross_document_labels = mask_cross_document_labels
+        manifest = json.loads((self.root / layout.MANIFEST).read_text())
+        self.extra_token = bool(manifest["config"]["pack"].get("extra_token", False))
+        self.shard_ids = sorted(
+            f["shard"] for f in manifest["files"] if f["kind"] == "packed-tokens" and f["split"] == split
+        )
+        if not self.shard_ids:
+            raise ValueError(f"{self.root}: split {split!r} has no packed rows")
+        self._shard_position = {shard: i for i, shard in enumerate(self.shard_ids)}
+        counts = [self._readers_or_open()[i].rows.shape[0] for i in range(len(self.shard_ids))]
+        self._first_row = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self._first_row[-1])
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return training_sample(
+            *self.row(i), extra_token=self.extra_token, mask_cross_document_labels=self.mask_cross_document_labels
+        )
+
+    def row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sample i's stored row and boundaries."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} of a split of {len(self)}")
+        if self.shuffle:
+            shard, row = (int(v) for v in self._order_or_open()[i])
+            position = self._shard_position[shard]
+        else:
+            position = int(np.searchsorted(self._first_row, i, side="right")) - 1
+            row = i - int(self._first_row[position])
+        return self._readers_or_open()[position][row]
+
+    def _readers_or_open(self) -> list[PackedReader]:
+        if getattr(self, "_readers", None) is None:
+            self._readers = [
+                PackedReader(self.root / layout.packed_prefix(self.split, shard)) for shard in self.shard_ids
+            ]
+        return self._readers
+
+    def _order_or_open(self) -> np.ndarray:
+        if getattr(self, "_order", None) is None:
+            self._order = read_shuffle_index(self.root / layout.shuffle_file(self.split))
+        return self._order
+
+    def __getstate__(self) -> dict:
+        # Memory maps pickle as full copies: leave them out, each process maps the files itself.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_order")}
+
+
+def __getattr__(name: str):
+    # PEP 562: the torch parts (and torch itself) load only when asked for.
+    if name in ("PackedTorchDataset", "collate_thd"):
+        return _torch_parts()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def distributed_rank() -> tuple[int, int]:
+    """(rank, world size): torch.distributed's when initialized, else $RANK/$WORLD_SIZE, else (0, 1)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+@functools.cache
+def _torch_parts() -> dict:
+    try:
+        import torch
+        from torch.utils.data import IterableDataset, get_worker_info
+    except ImportError as e:
+        raise ImportError(
+            "tokenmill.loader.PackedTorchDataset needs torch: pip install torch (or tokenmill[megatron])"
+        ) from e
+
+    class PackedTorchDataset(IterableDataset):
+        """The samples of one split for this rank, as torch tensors.
+
+        Rank r of w takes positions r, r + w, r + 2w, ... of the (shuffled) split, all ranks the same
+        number (the last `len % w` samples are left out, so no rank waits on another at the end); within
+        a rank, DataLoader worker k of K takes every K-th of those. Rank and world size default to
+        `distributed_rank()`.
+        """
+
+        def __init__(
+            self,
+            root: str | Path,
+            split: str,
+            *,
+            rank: int | None = None,
+            world_size: int | None = None,
+            shuffle: bool = True,
+            mask_cross_document_labels: bool = True,
+        ):
+            self.samples = PackedSplit(
+                root, split, shuffle=shuffle, mask_cross_document_labels=mask_cross_document_labels
+            )
+            default_rank, default_world = distributed_rank()
+            self.rank = default_rank if rank is None else rank
+            self.world_size = default_world if world_size is None else world_size
+            if not 0 <= self.rank < self.world_size:
+                raise ValueError(f"rank {self.rank} is not within world size {self.world_size}")
+
+        def positions(self) -> range:
+            """This rank's positions in the split."""
+            per_rank = len(self.samples) // self.world_size
+            return range(self.rank, per_rank * self.world_size, self.world_size)
+
+        def __len__(self) -> int:
+            return len(self.positions())
+
+        def __iter__(self):
+            mine = self.positions()
+            if (worker := get_worker_info()) is not None:
+                mine = mine[worker.id :: worker.num_workers]
+            for position in mine:
+                yield {k: torch.from_numpy(v) for k, v in self.samples[position].items()}
+
+    def collate_thd(samples: list[dict]) -> dict:
+        """Stack a batch `[B, seq_len]` and join its boundaries into one `cu_seqlens` over the flattened
+        `B * seq_len` tokens, with `max_seqlen`, as varlen attention kernels take them."""
+        batch = {k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels", "position_ids")}
+        seq_len = batch["input_ids"].shape[1]
+        starts = [s["cu_seqlens"][:-1] + i * seq_len for i, s in enumerate(samples)]
+        cu = torch.cat([*starts, torch.tensor([len(samples) * seq_len], dtype=torch.int32)]).to(torch.int32)
+        return batch | {"cu_seqlens": cu, "max_seqlen": int((cu[1:] - cu[:-1]).max())}
+
+    for part in (PackedTorchDataset, collate_thd):  # picklable by name, as spawned DataLoader workers need
+        part.__module__, part.__qualname__ = __name__, part.__name__
+    return {"PackedTorchDataset": PackedTorchDataset, "collate_thd": collate_thd}
