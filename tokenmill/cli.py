@@ -85,18 +85,22 @@ def print_summary(summary: dict) -> None:
         f"{summary['documents_in']:,} documents in, {summary['documents_out']:,} tokenized, "
         f"{summary['documents_rejected']:,} rejected, {summary['tokens']:,} tokens"
     )
-    table = Table(
-        "split", "documents", "tokens", "sequences", "real tokens", "pad tokens", "utilization",
-        "padded layout: sequences", "padded layout: utilization",
-    )  # fmt: skip
+    # Metrics down, splits across: stays readable in 80 columns, however many stats there are.
     everything = {"documents": summary["documents_out"], "tokens": summary["tokens"], "packing": summary["packing"]}
-    for split, s in [*summary["splits"].items(), ("all", everything)]:
-        p, padded = s["packing"], s["packing"]["padded_layout"]
-        table.add_row(
-            split, f"{s['documents']:,}", f"{s['tokens']:,}", f"{p['sequences']:,}", f"{p['real_tokens']:,}",
-            f"{p['pad_tokens']:,}", _percent(p["utilization"]), f"{padded['sequences']:,}",
-            _percent(padded["utilization"]),
-        )  # fmt: skip
+    columns = {**summary["splits"], "all": everything}
+    table = Table("", *columns)
+    metrics = {
+        "documents": lambda s: f"{s['documents']:,}",
+        "tokens": lambda s: f"{s['tokens']:,}",
+        "packed sequences": lambda s: f"{s['packing']['sequences']:,}",
+        "real tokens": lambda s: f"{s['packing']['real_tokens']:,}",
+        "pad tokens": lambda s: f"{s['packing']['pad_tokens']:,}",
+        "utilization": lambda s: _percent(s["packing"]["utilization"]),
+        "padded layout: sequences": lambda s: f"{s['packing']['padded_layout']['sequences']:,}",
+        "padded layout: utilization": lambda s: _percent(s["packing"]["padded_layout"]["utilization"]),
+    }
+    for name, show in metrics.items():
+        table.add_row(name, *(show(s) for s in columns.values()))
     console.print(table)
     console.print(
         f"tokenize stage: {summary['tokenize_mb_per_s']} MB/s of input; "

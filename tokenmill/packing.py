@@ -92,7 +92,7 @@ def pack_concat(
 
 
 def pack_bfd(tokens: np.ndarray, lengths: np.ndarray, seq_len: int, pad_id: int) -> Packed:
-    piece_start, piece_len = _pieces(lengths, seq_len)
+    piece_start, piece_len = document_pieces(lengths, seq_len)
     piece_row, piece_offset, n_rows = best_fit_decreasing(piece_len, seq_len)
     rows = np.full((n_rows, seq_len), pad_id, dtype=tokens.dtype)
     # Token t of a piece goes to its row's slot offset + (t - piece start): one scatter for all pieces.
@@ -244,7 +244,7 @@ def global_shuffle_index(rows_per_shard: list[tuple[int, int]], seed: int) -> np
     return np.stack([shard[permutation], row[permutation]], axis=1).astype(np.int32)
 
 
-def _pieces(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+def document_pieces(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Documents cut into `seq_len` pieces and a remainder: each piece's start in the stream and length."""
     per_doc = -(-lengths // seq_len)
     doc = np.repeat(np.arange(len(lengths)), per_doc)
