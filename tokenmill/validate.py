@@ -3,10 +3,15 @@
 Two layers: a pandera schema over the per-shard stats table (one row per shard and split) with the
 cross-row checks (documents in = documents out + rejected per shard, every planned shard exactly
 once, packed tokens = tokenized tokens), then the files themselves (headers, sizes, EOD, padding,
-boundaries per pack mode, llm.c headers, each split's shuffle index a permutation of its rows).
+boundaries per pack mode, llm.c headers, each split's shuffle index a permutation of its rows), and
+last a sampled round trip: stored tokens of documents re-read from the input decode to their text.
 """
 
 from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,10 +22,13 @@ from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
 from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
 from tokenmill.formats.packed import SUFFIXES, PackedReader, read_shuffle_index
+from tokenmill.hashing import assign_splits
 from tokenmill.pack import pad_id as pack_pad_id
 from tokenmill.pack import writes_packed
+from tokenmill.partition import shard_pieces
+from tokenmill.readers import read_documents
 from tokenmill.storage import Store
-from tokenmill.tokenizer import TokenizerInfo
+from tokenmill.tokenizer import TokenizerInfo, load_tokenizer
 
 COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens", "max_token_id",
            "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files"]  # fmt: skip
@@ -239,6 +247,57 @@ def _check_shuffle(store: Store, split: str, split_rows: pd.DataFrame) -> list[s
     return []
 
 
+ROUND_TRIP_SHARDS = 3  # shards re-read for the round trip
+ROUND_TRIP_DOCUMENTS = 100  # documents decoded per shard and split
+
+
+def sampled_documents(config: TokenmillConfig, plan: dict, table: pd.DataFrame, seed: int = 0):
+    """(split, shard id, sequence index, source text) for a seeded sample of documents of a few shards,
+    found by re-reading those shards: within a shard and split, documents keep their input order."""
+    rng = np.random.default_rng(seed)
+    busy = sorted(set(table.shard_id[table.documents > 0]))
+    shards = {s["shard_id"]: s for s in plan["shards"]}
+    for shard_id in sorted(rng.choice(busy, size=min(ROUND_TRIP_SHARDS, len(busy)), replace=False)):
+        texts: dict[str, list[str]] = {split: [] for split in config.split}
+        names = list(config.split)
+        for batch, _ in read_documents(shard_pieces(shards[int(shard_id)]), config.input.read_options()):
+            for text, split in zip(batch.texts, assign_splits(batch.ids, config.split), strict=True):
+                texts[names[split]].append(text)
+        for split, split_texts in texts.items():
+            chosen = rng.choice(len(split_texts), size=min(ROUND_TRIP_DOCUMENTS, len(split_texts)), replace=False)
+            for index in sorted(chosen):
+                yield split, int(shard_id), int(index), split_texts[index]
+
+
+def _check_round_trip(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> list[str]:
+    """Decoding sampled documents' stored tokens gives back their source text (after the tokenizer's own
+    normalization). Documents that the tokenizer itself cannot round-trip (lossy tokenizers) are skipped."""
+    store = Store(config.output.path)
+    tok = load_tokenizer(store.url_of(layout.TOKENIZER), tokenizer.sha256)
+    normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
+    skip_head = int(bool(getattr(config.tokenizer, "prepend_bos", False)))
+    skip_tail = int(config.tokenizer.append_eod)
+    readers: dict[str, MegatronReader] = {}
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="tokenmill-") as tmp:
+        for split, shard_id, index, text in sampled_documents(config, plan, table):
+            prefix = layout.megatron_prefix(split, shard_id)
+            if prefix not in readers:
+                local = Path(tmp) / prefix.replace("/", "-")
+                for ext in (".bin", ".idx"):
+                    with store.local_copies(prefix + ext) as (path,):
+                        shutil.copyfile(path, f"{local}{ext}")
+                readers[prefix] = MegatronReader(local)
+            ids = readers[prefix][index].tolist()
+            ids = ids[skip_head : len(ids) - skip_tail]
+            expected = normalize(text)
+            if tok.decode(ids, skip_special_tokens=False) != expected:
+                reference = tok.encode(text, add_special_tokens=False).ids
+                if tok.decode(reference, skip_special_tokens=False) == expected:  # lossless here, yet it differs
+                    problems.append(f"{prefix}.bin: document {index} does not decode to its source text")
+    return problems
+
+
 def validate(
     config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, tokenized: list[dict], packed: list[dict]
 ) -> pd.DataFrame:
@@ -267,6 +326,8 @@ def validate(
     if packing:
         for split in config.split:
             problems += _check_shuffle(store, split, table[table.split == split])
+    if not problems:  # decoding is only meaningful on sound files
+        problems += _check_round_trip(config, plan, tokenizer, table)
     if problems:
         raise ValidationFailed("dataset files failed validation:\n" + "\n".join(f"  - {p}" for p in problems))
     store.write_json(layout.STATS, table.to_dict(orient="records"))

@@ -1,0 +1,132 @@
+"""The dataset report: `report/summary.md` and PNG plots (document lengths, tokens per shard, packing
+utilization by split) beside the published files, and the same markdown for the Prefect artifact.
+
+The report describes the run that made the dataset (its throughput differs run to run), so it is written
+after `manifest.json` and is not among the manifest's files: the data stay byte-identical across runs.
+"""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, never a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from tokenmill.formats.megatron import MegatronIndex  # noqa: E402
+from tokenmill.storage import Store  # noqa: E402
+
+SUMMARY = "report/summary.md"
+PLOTS = {
+    "document_lengths": "report/document_lengths.png",
+    "tokens_per_shard": "report/tokens_per_shard.png",
+    "utilization": "report/utilization.png",
+}
+
+
+def percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.2%}"
+
+
+def summary_markdown(manifest: dict, run: dict | None = None) -> str:
+    """Counts, tokens per split, encoder, packing against the padded layout, and the run's throughput."""
+    counts = manifest["counts"]
+    lines = [
+        f"# {manifest['name']} {manifest.get('version', '')}",
+        "",
+        f"{manifest['shards']} shards; {counts['documents_in']:,} documents in, {counts['documents_out']:,} "
+        f"tokenized, {counts['documents_rejected']:,} rejected; {counts['tokens']:,} tokens ({manifest['dtype']}).",
+        f"Tokenizer: sha256 `{manifest['tokenizer']['sha256'][:16]}`, vocab {manifest['tokenizer']['vocab_size']:,}, "
+        f"{'trained on a sample' if manifest['tokenizer'].get('trained') else 'pretrained'}"
+        + (
+            f"; encoder {manifest['encoder']['name']} {manifest['encoder']['version']}."
+            if "encoder" in manifest
+            else "."
+        ),
+    ]
+    if run:
+        lines.append(
+            f"Run: {run['bytes_in'] / 1e6:,.1f} MB of input; tokenize stage {run['tokenize_mb_per_s']} MB/s; "
+            f"whole flow {run['flow_seconds']} s"
+            + (f"; global shuffle {run['shuffle_seconds']} s" if run.get("shuffle_seconds") is not None else "")
+            + "."
+        )
+    lines += [
+        "",
+        "| split | documents | tokens | packed rows | packing utilization | one document per padded row |",
+        "|---|---|---|---|---|---|",
+    ]
+    for split, s in manifest["splits"].items():
+        p = s.get("packing", {})
+        padded = p.get("padded_layout", {})
+        lines.append(
+            f"| {split} | {s['documents']:,} | {s['tokens']:,} | {p.get('sequences', 0):,} | "
+            f"{percent(p.get('utilization'))} | {percent(padded.get('utilization'))} "
+            f"({padded.get('sequences', 0):,} rows) |"
+        )
+    lines += ["", *(f"![{name}]({path.removeprefix('report/')})" for name, path in PLOTS.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _png(figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight", metadata={"Software": None})
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def document_lengths(store: Store, manifest: dict) -> np.ndarray:
+    """Tokens per document, from every Megatron index of the dataset."""
+    lengths = []
+    for entry in manifest["files"]:
+        if entry["kind"] == "megatron-idx":
+            with store.local_copies(entry["path"]) as (path,):
+                lengths.append(np.array(MegatronIndex(path).lengths))
+    return np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
+
+
+def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]:
+    lengths = document_lengths(store, manifest)
+    figure, ax = plt.subplots(figsize=(6, 3.2))
+    if len(lengths):
+        bins = np.logspace(0, np.log10(max(lengths.max(), 10)), 40)
+        ax.hist(lengths, bins=bins, color="#4c72b0")
+        ax.set_xscale("log")
+    ax.set(title="Document length", xlabel="tokens per document (EOD included)", ylabel="documents")
+    document_plot = _png(figure)
+
+    per_shard = table.pivot_table(index="shard_id", columns="split", values="tokens", aggfunc="sum", fill_value=0)
+    figure, ax = plt.subplots(figsize=(6, 3.2))
+    bottom = np.zeros(len(per_shard))
+    for split in per_shard.columns:
+        ax.bar(per_shard.index, per_shard[split], bottom=bottom, label=split)
+        bottom += per_shard[split].to_numpy()
+    ax.set(title="Tokens per shard", xlabel="shard", ylabel="tokens")
+    ax.legend()
+    shard_plot = _png(figure)
+
+    splits = list(manifest["splits"])
+    packed = [manifest["splits"][s].get("packing", {}).get("utilization") or 0 for s in splits]
+    padded = [
+        (manifest["splits"][s].get("packing", {}).get("padded_layout", {}).get("utilization") or 0) for s in splits
+    ]
+    figure, ax = plt.subplots(figsize=(6, 3.2))
+    x = np.arange(len(splits))
+    ax.bar(x - 0.2, packed, 0.4, label="packed")
+    ax.bar(x + 0.2, padded, 0.4, label="one document per padded row")
+    ax.set_xticks(x, splits)
+    ax.set(title="Packing utilization", ylabel="real tokens / token slots", ylim=(0, 1.05))
+    ax.legend(loc="lower right")
+    return {"document_lengths": document_plot, "tokens_per_shard": shard_plot, "utilization": _png(figure)}
+
+
+def write_report(store: Store, manifest: dict, table: pd.DataFrame, run: dict | None = None) -> str:
+    """Write the report files into the dataset; return the markdown."""
+    markdown = summary_markdown(manifest, run)
+    for name, data in plots(store, manifest, table).items():
+        store.write_bytes(PLOTS[name], data)
+    store.write_bytes(SUMMARY, markdown.encode())
+    return markdown
