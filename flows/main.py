@@ -1,7 +1,7 @@
 """corpus_to_tokens: the main flow, DESIGN.md's DAG.
 
 partition ─► [scatter[shard] ─► gather[shard]]          (partition.shuffle: the global document shuffle)
-          ─► (sample[shard] ─► train_tokenizer | pretrained_tokenizer)
+          ─► (sample[shard] ─► train_tokenizer | pretrained_tokenizer) ─► tokenizer_report (beside tokenize)
           ─► tokenize[shard] ─► pack[shard] ─► shuffle_index ─► validate ─► publish
 """
 
@@ -22,12 +22,13 @@ from tasks.sample import sample_shard
 from tasks.shuffle_documents import gather_shard, scatter_shard
 from tasks.shuffle_index import shuffle_index
 from tasks.tokenize import tokenize_shard
+from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
 from tokenmill.pack import writes_packed
 from tokenmill.runs import save_run_config
-from tokenmill.sampling import sample_fraction
+from tokenmill.sampling import fractions as sample_fractions
 from tokenmill.shuffle_documents import check_counts, shuffled_shards
 
 
@@ -145,13 +146,18 @@ def build_dataset(config: TokenmillConfig) -> dict:
         plan = {**plan, "shards": shards}
         logger.info("shuffled all documents into %d shards in %.1f s", len(shards), shuffle_seconds)
 
+    samples = []
+    if config.tokenizer.train is not None or config.fertility.enabled:
+        train_fraction, holdout_fraction = sample_fractions(config, plan)
+        samples = map_shards("sample", sample_shard, shards, shard_ids, config,
+                             train_fraction=train_fraction, holdout_fraction=holdout_fraction)  # fmt: skip
     if config.tokenizer.train is not None:
-        fraction = sample_fraction(config, plan)
-        samples = map_shards("sample", sample_shard, shards, shard_ids, config, fraction=fraction)
-        tokenizer = train_tokenizer(config, [s["path"] for s in samples])
+        tokenizer = train_tokenizer(config, samples)
     else:
         tokenizer = pretrained_tokenizer(config)
-    logger.info("tokenizer: vocab %d, EOD id %d", tokenizer.vocab_size, tokenizer.eod_id)
+    logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
+    # The report needs only the tokenizer and the held-out sample: it runs while the shards are tokenized.
+    report = tokenizer_report.submit(config, tokenizer, samples) if config.fertility.enabled else None
 
     tokenize_started = time.perf_counter()
     tokenized, packed = tokenize_and_pack(config, shards, tokenizer)
@@ -163,6 +169,8 @@ def build_dataset(config: TokenmillConfig) -> dict:
     if writes_packed(config):
         shuffle_index(config, packed)
     stats = validate(config, plan, tokenizer, tokenized, packed)
+    if report is not None:
+        create_markdown_artifact(report.result(), key="tokenizer-report", description="Tokenizer fertility")
     manifest = publish(config, tokenizer, stats)
     bytes_in = sum(r["bytes_in"] for r in tokenized)
     summary = {

@@ -1,4 +1,5 @@
-"""train_tokenizer: train on the sample (cached by sample hash + config), or install the pretrained one."""
+"""train_tokenizer: train on the sample (cached by sample hash + config), or install the pretrained one;
+either way the EOD/BOS/PAD tokens are resolved here, before any shard runs."""
 
 from prefect import task
 
@@ -8,8 +9,8 @@ from tokenmill.tokenizer import TokenizerInfo
 
 
 @task(name="train_tokenizer")
-def train_tokenizer(config: TokenmillConfig, sample_files: list[str]) -> TokenizerInfo:
-    return tokenizer.train_on_sample(config, sample_files)
+def train_tokenizer(config: TokenmillConfig, samples: list[dict]) -> TokenizerInfo:
+    return tokenizer.train_on_sample(config, samples)
 
 
 @task(name="pretrained_tokenizer")

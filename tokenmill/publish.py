@@ -65,6 +65,8 @@ def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFra
             "sha256": tokenizer.sha256,
             "vocab_size": tokenizer.vocab_size,
             "eod_id": tokenizer.eod_id,
+            "bos_id": tokenizer.bos_id,
+            "pad_id": tokenizer.pad_id,
             "trained": tokenizer.trained,
         },
         "dtype": token_dtype(tokenizer.vocab_size).name,
@@ -79,7 +81,7 @@ def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFra
         "packing": packing_summary(table.sum(numeric_only=True), config.pack.seq_len),
         "files": [
             {"path": rel, **layout.describe(rel), "bytes": store.size(rel), "sha256": store.sha256(rel)}
-            for rel in dataset_files(table)
+            for rel in sorted(dataset_files(table) + [r for r in layout.TOKENIZER_REPORT if store.exists(r)])
         ],
     }
     store.write_json(layout.MANIFEST, manifest)

@@ -40,6 +40,7 @@ def tokenize_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInf
     started = time.perf_counter()
     tok = load_tokenizer(store.url_of(layout.TOKENIZER), tokenizer.sha256)
     eod_id = tokenizer.eod_id if config.tokenizer.append_eod else None
+    bos_id = tokenizer.bos_id if config.tokenizer.prepend_bos else None
     dtype = token_dtype(tokenizer.vocab_size)
     splits = list(config.split)
     counts = {s: {"documents": 0, "tokens": 0, "max_token_id": -1} for s in splits}
@@ -53,7 +54,7 @@ def tokenize_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInf
             rejects.extend(orjson.dumps(r.to_dict()) + b"\n" for r in batch_rejects)
             if not len(batch):
                 continue
-            flat, lengths = encode(tok, batch.texts, eod_id)
+            flat, lengths = encode(tok, batch.texts, eod_id, bos_id)
             doc_split = assign_splits(batch.ids, config.split)
             token_split = np.repeat(doc_split, lengths)
             for index, split in enumerate(splits):

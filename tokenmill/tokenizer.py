@@ -1,6 +1,9 @@
-"""Tokenizers: the dataset's tokenizer (pretrained or trained on the sample), and batch encoding.
+"""Tokenizers: the dataset's tokenizer (pretrained, or trained on the sample), its special tokens, and
+batch encoding.
 
-The tokenizer is installed once as `tokenizer/tokenizer.json` in the output; shard tasks receive a
+The tokenizer is installed once as `tokenizer/tokenizer.json` in the output, whatever its source (a
+tiktoken rank file is converted first); its EOD/BOS/PAD ids are resolved there, before any shard runs, so
+a missing token is an error naming the config key, never a silently disabled EOD. Shard tasks receive a
 small `TokenizerInfo` and each worker process loads the file once (cached by URL and content hash),
 never receiving the tokenizer object itself.
 """
@@ -14,21 +17,26 @@ from dataclasses import asdict, dataclass
 
 import fsspec
 import numpy as np
-import orjson
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from tokenmill import layout
 from tokenmill.commits import commit, committed
-from tokenmill.config import TokenmillConfig, TrainConfig
+from tokenmill.config import TokenizerConfig, TokenmillConfig, TrainConfig
+from tokenmill.pretrained import load_pretrained
+from tokenmill.sampling import training_files, training_texts
 from tokenmill.storage import Store
+
+UNK_TOKENS = {"unigram": "<unk>", "wordpiece": "[UNK]"}  # bpe is byte-level: nothing is ever unknown
 
 
 @dataclass(frozen=True)
 class TokenizerInfo:
     sha256: str
-    vocab_size: int
+    vocab_size: int  # the largest id + 1 (ids may have gaps, as cl100k's specials do)
     eod_id: int
     trained: bool
+    bos_id: int | None = None
+    pad_id: int | None = None
 
 
 @functools.lru_cache(maxsize=4)
@@ -41,93 +49,152 @@ def load_tokenizer(url: str, sha256: str) -> Tokenizer:
     return Tokenizer.from_str(data.decode())
 
 
-def describe_tokenizer(data: bytes, eod: str, trained: bool) -> TokenizerInfo:
-    tok = Tokenizer.from_str(data.decode())
-    return TokenizerInfo(
-        sha256=hashlib.sha256(data).hexdigest(),
-        vocab_size=tok.get_vocab_size(with_added_tokens=True),
-        eod_id=token_id(tok, eod),
-        trained=trained,
-    )
-
-
-def install_pretrained(config: TokenmillConfig) -> TokenizerInfo:
-    """Copy the pretrained tokenizer into the output (so the dataset carries it) and describe it."""
-    source = config.tokenizer.path
-    try:
-        with fsspec.open(source, "rb") as f:
-            data = f.read()
-        info = describe_tokenizer(data, config.tokenizer.eod, trained=False)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"tokenizer.path {source!r}: no such file") from e
-    except Exception as e:  # tokenizers raises a bare Exception on a malformed file
-        if isinstance(e, ValueError) and "EOD" in str(e):
-            raise
-        raise ValueError(f"tokenizer.path {source!r} is not a readable tokenizer.json: {e}") from e
-    store = Store(config.output.path)
-    if not store.exists(layout.TOKENIZER) or store.sha256(layout.TOKENIZER) != info.sha256:
-        store.write_bytes(layout.TOKENIZER, data)
-    return info
-
-
-def train_on_sample(config: TokenmillConfig, sample_files: list[str]) -> TokenizerInfo:
-    """Train on the sample files (in shard order); reuse the trained file if sample and config are unchanged."""
-    store, train = Store(config.output.path), config.tokenizer.train
-    sample_digest = hashlib.sha256("".join(store.sha256(rel) for rel in sample_files).encode()).hexdigest()
-    key = f"{sample_digest[:16]}-{config.section_hash('tokenizer')}"
-    if (done := committed(store, "train_tokenizer", 0, key)) is not None and store.exists(layout.TOKENIZER):
-        return TokenizerInfo(**done)
-
-    def texts():
-        for rel in sample_files:
-            with store.open(rel) as f:
-                for line in f:
-                    yield orjson.loads(line)
-
-    tokenizer = train_bpe(texts(), train, special_tokens=[config.tokenizer.eod])
-    data = tokenizer.to_str().encode()
-    store.write_bytes(layout.TOKENIZER, data)
-    info = describe_tokenizer(data, config.tokenizer.eod, trained=True)
-    return TokenizerInfo(**commit(store, "train_tokenizer", 0, key, asdict(info)))
-
-
-def token_id(tokenizer: Tokenizer, token: str, role: str = "EOD") -> int:
-    """The id of a special token, or a clear error before any shard runs."""
+def special_token_id(
+    tokenizer: Tokenizer, config: TokenizerConfig, key: str, own: str | None = None, source: str = "the tokenizer"
+) -> int | None:
+    """The id of `tokenizer.<key>` (eod, bos or pad): a token string, or `auto` for the tokenizer's own
+    (`own`); None when unset. A token the vocabulary lacks is an error naming the key."""
+    token = getattr(config, key)
+    if token is None:
+        return None
+    role = {"eod": "EOS", "bos": "BOS", "pad": "PAD"}[key]
+    if token == "auto":
+        if own is None:
+            raise ValueError(
+                f"tokenizer.{key} is auto, but {source} does not say which token is its {role}; "
+                f"set tokenizer.{key} to the token string"
+            )
+        token = own
     tid = tokenizer.token_to_id(token)
     if tid is None:
-        raise ValueError(
-            f"{role} token {token!r} is not in the tokenizer's vocabulary; "
-            f"set tokenizer.eod to a token it has (e.g. its EOS token)"
-        )
+        hint = f" (its own {role} token is {own!r}: set tokenizer.{key}: auto)" if own else ""
+        raise ValueError(f"tokenizer.{key} {token!r} is not in the vocabulary of {source}{hint}")
     return tid
 
 
-def encode(tokenizer: Tokenizer, texts: list[str], eod_id: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Encode a batch: (all ids as one flat int64 array, per-document lengths), EOD appended if given."""
-    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-    if eod_id is None:
-        flat = np.fromiter((t for e in encodings for t in e.ids), dtype=np.int64, count=int(lengths.sum()))
-        return flat, lengths
-    lengths += 1
-    flat = np.full(int(lengths.sum()), eod_id, dtype=np.int64)
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    for start, e in zip(starts, encodings, strict=True):
-        flat[start : start + len(e.ids)] = e.ids
-    return flat, lengths
-
-
-def train_bpe(texts: Iterable[str], train: TrainConfig, special_tokens: list[str]) -> Tokenizer:
-    """A GPT-2 style byte-level BPE: every byte is in the alphabet, so no text is ever unknown."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=train.vocab_size,
-        min_frequency=train.min_frequency,
-        special_tokens=special_tokens,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+def describe_tokenizer(
+    data: bytes, config: TokenizerConfig, trained: bool, own_eos: str | None = None, own_bos: str | None = None,
+    source: str = "the tokenizer",
+) -> TokenizerInfo:  # fmt: skip
+    tok = Tokenizer.from_str(data.decode())
+    return TokenizerInfo(
+        sha256=hashlib.sha256(data).hexdigest(),
+        vocab_size=max(tok.get_vocab(with_added_tokens=True).values()) + 1,
+        eod_id=special_token_id(tok, config, "eod", own_eos, source),
+        trained=trained,
+        bos_id=special_token_id(tok, config, "bos", own_bos, source),
+        pad_id=special_token_id(tok, config, "pad", None, source),
     )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
+
+
+def install(store: Store, data: bytes) -> None:
+    if not store.exists(layout.TOKENIZER) or store.sha256(layout.TOKENIZER) != hashlib.sha256(data).hexdigest():
+        store.write_bytes(layout.TOKENIZER, data)
+
+
+def install_pretrained(config: TokenmillConfig) -> TokenizerInfo:
+    """Put the pretrained tokenizer into the output as tokenizer.json (so the dataset carries it) and
+    resolve its special tokens; any problem is raised here, before a shard runs."""
+    cfg = config.tokenizer
+    pretrained = load_pretrained(cfg.path, cfg.hub, cfg.tiktoken)
+    info = describe_tokenizer(pretrained.data, cfg, False, pretrained.eos, pretrained.bos, repr(cfg.path))
+    install(Store(config.output.path), pretrained.data)
+    return info
+
+
+def train_on_sample(config: TokenmillConfig, samples: list[dict]) -> TokenizerInfo:
+    """Train on the sample (in shard order); reuse the trained file if the sample and config are unchanged."""
+    store, cfg = Store(config.output.path), config.tokenizer
+    sample_digest = hashlib.sha256("".join(store.sha256(rel) for rel in training_files(samples)).encode())
+    key = f"{sample_digest.hexdigest()[:16]}-{config.section_hash('tokenizer')}"
+    if (done := committed(store, "train_tokenizer", 0, key)) is not None and store.exists(layout.TOKENIZER):
+        return TokenizerInfo(**done)
+    tokenizer = train_from_texts(training_texts(config, samples), cfg.train, special_tokens(cfg))
+    data = tokenizer.to_str().encode()
+    info = describe_tokenizer(data, cfg, trained=True, source="the trained tokenizer")
+    install(store, data)
+    return TokenizerInfo(**commit(store, "train_tokenizer", 0, key, asdict(info)))
+
+
+def special_tokens(config: TokenizerConfig) -> list[str]:
+    """A trained tokenizer's special tokens, ids 0, 1, ... in this order: EOD, BOS, PAD, the configured
+    extra ones, and the unknown token of unigram / wordpiece."""
+    tokens = [config.eod, config.bos, config.pad, *config.train.special_tokens, UNK_TOKENS.get(config.train.algorithm)]
+    return list(dict.fromkeys(t for t in tokens if t is not None))
+
+
+def encode(
+    tokenizer: Tokenizer, texts: list[str], eod_id: int | None, bos_id: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Encode a batch: (all ids as one flat int64 array, per-document lengths), each document's ids
+    preceded by BOS and followed by EOD when given."""
+    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+    head = [np.array([bos_id], dtype=np.int64)] if bos_id is not None else []
+    tail = [np.array([eod_id], dtype=np.int64)] if eod_id is not None else []
+    docs = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+    lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)) + len(head) + len(tail)
+    if not docs:
+        return np.empty(0, dtype=np.int64), lengths
+    return np.concatenate([part for ids in docs for part in (*head, ids, *tail)]), lengths
+
+
+def _normalizer(train: TrainConfig) -> normalizers.Normalizer | None:
+    steps = []
+    if train.normalization != "none":
+        steps.append(getattr(normalizers, train.normalization.upper())())
+    if train.lowercase:
+        steps.append(normalizers.Lowercase())
+    return normalizers.Sequence(steps) if steps else None
+
+
+def new_tokenizer(train: TrainConfig, special_tokens: list[str]) -> tuple[Tokenizer, trainers.Trainer]:
+    """An untrained tokenizer of the configured algorithm and its trainer."""
+    common = {"vocab_size": train.vocab_size, "special_tokens": special_tokens, "show_progress": False}
+    if train.algorithm == "bpe":
+        # GPT-2 style: every byte is in the alphabet, so no text is ever unknown and decoding is exact.
+        if train.vocab_size < 256 + len(special_tokens):
+            raise ValueError(
+                f"tokenizer.train.vocab_size {train.vocab_size} is too small for a byte-level BPE: "
+                f"it needs at least 256 bytes + {len(special_tokens)} special tokens"
+            )
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            min_frequency=train.min_frequency, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), **common
+        )
+    elif train.algorithm == "unigram":
+        # SentencePiece style: words carry their leading space as "▁".
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(unk_token=UNK_TOKENS["unigram"], **common)
+    else:
+        # BERT style: whitespace and punctuation split words, "##" marks a continuation.
+        tokenizer = Tokenizer(models.WordPiece(unk_token=UNK_TOKENS["wordpiece"]))
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(min_frequency=train.min_frequency, **common)
+    if (normalizer := _normalizer(train)) is not None:
+        tokenizer.normalizer = normalizer
+    return tokenizer, trainer
+
+
+def train_from_texts(texts: Iterable[str], train: TrainConfig, special_tokens: list[str]) -> Tokenizer:
+    """Train a tokenizer on `texts` (deterministic for the same texts in the same order)."""
+    tokenizer, trainer = new_tokenizer(train, special_tokens)
+    seen = 0
+
+    def counted() -> Iterable[str]:
+        nonlocal seen
+        for text in texts:
+            seen += 1
+            yield text
+
+    try:
+        tokenizer.train_from_iterator(counted(), trainer=trainer)
+    except Exception as e:  # the Rust trainers raise bare Exceptions, e.g. a vocabulary too large for the sample
+        raise ValueError(f"training the {train.algorithm} tokenizer (tokenizer.train) failed: {e}") from e
+    if not seen:
+        raise ValueError("tokenizer.train: the sample is empty (no document was sampled); raise sample_size")
     return tokenizer

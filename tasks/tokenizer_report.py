@@ -1,0 +1,13 @@
+"""tokenizer_report: fertility of the dataset's tokenizer (and baselines) on the held-out sample."""
+
+from prefect import task
+
+from tokenmill import fertility
+from tokenmill.config import TokenmillConfig
+from tokenmill.tokenizer import TokenizerInfo
+
+
+@task(name="tokenizer_report")
+def tokenizer_report(config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict]) -> str:
+    """Write report/tokenizer.{json,md}; return the markdown (a few KB) for the flow's artifact."""
+    return fertility.markdown(fertility.tokenizer_report(config, tokenizer, samples))

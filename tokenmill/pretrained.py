@@ -1,0 +1,154 @@
+"""Pretrained tokenizer sources, each turned into one HF `tokenizer.json` and the tokenizer's own EOS/BOS.
+
+A source is a `tokenizer.json` file; a directory holding one (HF layout, whose `tokenizer_config.json` or
+`special_tokens_map.json` names the EOS/BOS tokens); a tiktoken rank file (converted, see
+`tiktoken_convert`); or `hf:org/name`, fetched with huggingface_hub into its cache (or found there offline).
+Local paths may be fsspec URLs (s3://...). Every failure names the source and says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import fsspec
+from tokenizers import Tokenizer
+
+from tokenmill.config import HubConfig, TiktokenConfig
+from tokenmill.tiktoken_convert import is_rank_file, rank_file_to_tokenizer_json
+
+HUB_PREFIX = "hf:"
+HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# Names that mean end / beginning of a document in common vocabularies, most specific first.
+EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<｜end▁of▁sentence｜>")
+BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "<|startoftext|>", "<｜begin▁of▁sentence｜>")
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    data: bytes  # the tokenizer.json
+    eos: str | None  # the tokenizer's own end-of-sequence token, where the source says
+    bos: str | None
+    origin: str  # the source as configured, for messages
+
+
+class TokenizerSourceError(ValueError):
+    """A tokenizer source that cannot be used; the message names it and says what to do."""
+
+
+def load_pretrained(source: str, hub: HubConfig | None = None, tiktoken: TiktokenConfig | None = None) -> Pretrained:
+    """The tokenizer at `source` (any of the kinds in the module docstring) as a tokenizer.json."""
+    hub, tiktoken = hub or HubConfig(), tiktoken or TiktokenConfig()
+    if source.startswith(HUB_PREFIX):
+        return _from_directory(download_from_hub(source[len(HUB_PREFIX) :], hub), source)
+    fs, path = fsspec.core.url_to_fs(source)
+    if not fs.exists(path):
+        raise TokenizerSourceError(f"tokenizer {source!r}: no such file or directory")
+    if fs.isdir(path):
+        return _from_directory(source, source)
+    with fs.open(path, "rb") as f:
+        data = f.read()
+    if is_rank_file(data):
+        try:
+            converted, preset = rank_file_to_tokenizer_json(data, source, tiktoken.pattern, tiktoken.special_tokens)
+        except Exception as e:  # a bad pattern surfaces from the Rust regex engine as a bare Exception
+            raise TokenizerSourceError(f"tokenizer {source!r}: cannot convert the tiktoken rank file: {e}") from e
+        return Pretrained(converted, preset.eos, preset.bos, source)
+    tokenizer = parse_tokenizer_json(data, source)
+    return Pretrained(data, *own_special_tokens(tokenizer, json.loads(data)), source)
+
+
+def parse_tokenizer_json(data: bytes, source: str) -> Tokenizer:
+    try:
+        return Tokenizer.from_str(data.decode())
+    except Exception as e:  # tokenizers raises a bare Exception on a malformed file
+        raise TokenizerSourceError(
+            f"tokenizer {source!r} is neither a tokenizer.json nor a tiktoken rank file ({str(e)[:200]})"
+        ) from e
+
+
+def _from_directory(directory: str, source: str) -> Pretrained:
+    """A HF tokenizer directory: tokenizer.json, and the EOS/BOS named by its config files."""
+    fs, path = fsspec.core.url_to_fs(directory)
+    files = {name: f"{path.rstrip('/')}/{name}" for name in HF_FILES}
+    if not fs.exists(files["tokenizer.json"]):
+        raise TokenizerSourceError(
+            f"tokenizer {source!r}: the directory has no tokenizer.json (only the fast tokenizer format is read; "
+            "convert slow tokenizers with transformers first)"
+        )
+    with fs.open(files["tokenizer.json"], "rb") as f:
+        data = f.read()
+    tokenizer = parse_tokenizer_json(data, source)
+    eos, bos = None, None
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):  # the first that names one wins
+        if fs.exists(files[name]):
+            with fs.open(files[name], "rb") as f:
+                config = json.load(f)
+            eos = eos or _token_content(config.get("eos_token"))
+            bos = bos or _token_content(config.get("bos_token"))
+    own_eos, own_bos = own_special_tokens(tokenizer, json.loads(data))
+    return Pretrained(data, eos or own_eos, bos or own_bos, source)
+
+
+def _token_content(value) -> str | None:
+    """`"</s>"` or `{"content": "</s>", ...}` (an AddedToken as transformers saves it)."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def own_special_tokens(tokenizer: Tokenizer, spec: dict) -> tuple[str | None, str | None]:
+    """(EOS, BOS) of a bare tokenizer.json: the special tokens its post-processor template puts after and
+    before a sequence, else special tokens with a conventional name."""
+    eos, bos = _template_tokens(spec.get("post_processor"))
+    specials = {t["content"] for t in spec.get("added_tokens", []) if t.get("special")}
+    eos = eos or next((n for n in EOS_NAMES if n in specials), None)
+    bos = bos or next((n for n in BOS_NAMES if n in specials), None)
+    return eos, bos
+
+
+def _template_tokens(processor: dict | None) -> tuple[str | None, str | None]:
+    if not processor:
+        return None, None
+    if processor.get("type") == "Sequence":
+        found = [_template_tokens(p) for p in processor.get("processors", [])]
+        return next((e for e, _ in found if e), None), next((b for _, b in found if b), None)
+    if processor.get("type") != "TemplateProcessing":
+        return None, None
+    pieces = processor.get("single", [])
+    at = next((i for i, p in enumerate(pieces) if "Sequence" in p), None)
+    if at is None:
+        return None, None
+    before = [p["SpecialToken"]["id"] for p in pieces[:at] if "SpecialToken" in p]
+    after = [p["SpecialToken"]["id"] for p in pieces[at + 1 :] if "SpecialToken" in p]
+    return (after[0] if after else None), (before[-1] if before else None)
+
+
+def download_from_hub(repo_id: str, hub: HubConfig) -> str:
+    """The local snapshot directory of a hub repo's tokenizer files: downloaded, or from the cache when
+    the hub cannot be reached (or `hub.offline`). Without network and cache it fails at once."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = hub.offline or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    try:
+        return snapshot_download(
+            repo_id,
+            revision=hub.revision,
+            cache_dir=hub.cache_dir,
+            token=os.environ.get(hub.token_env) or False,
+            allow_patterns=list(HF_FILES),
+            local_files_only=offline,
+            etag_timeout=hub.timeout,
+        )
+    except (LocalEntryNotFoundError, OSError) as e:
+        cache = hub.cache_dir or "the default huggingface_hub cache"
+        how = "offline mode is on" if offline else "the Hugging Face hub cannot be reached"
+        raise TokenizerSourceError(
+            f"tokenizer 'hf:{repo_id}': {how} and {cache} holds no copy of it"
+            f"{'' if hub.revision is None else f' at revision {hub.revision!r}'}; pass a local path instead "
+            "(tokenizer.path: a tokenizer.json or a directory holding one)"
+        ) from e
+    except HfHubHTTPError as e:  # not found, gated, unauthorised
+        raise TokenizerSourceError(f"tokenizer 'hf:{repo_id}': {e}") from e
