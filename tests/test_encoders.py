@@ -1,0 +1,176 @@
+"""Encoder backends against the reference: the encoding tokenmill chooses gives, for every document of every
+shared corpus and each of the GPT-2, GPT-NeoX, Llama-2-style and DeepSeek-V3 tokenizers, exactly the ids of
+`tokenizers.Tokenizer.encode(text, add_special_tokens=False)`.
+
+The reference ids cost minutes of HF time (about 100 MB of text, 4 tokenizers), so they are computed once
+and kept in pytest's cache directory, keyed by the `tokenizers` version and the tokenizer's and corpus's
+sha256; the first run on a machine takes the full time (about 10 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pytest
+from tokenizers import Tokenizer
+
+from tokenmill import encoders
+from tokenmill.encoders import EncoderChoice, GuardedEncoder, build_encoder, choose_encoder, new_backend
+
+from .conftest import CORPORA, TOKENIZERS
+
+TOKENIZER_NAMES = ["gpt2", "gpt-neox-20b", "llama2-dolma-pii", "deepseek-v3"]
+CORPUS_FILES = sorted(CORPORA.rglob("*.jsonl.gz"))
+BATCH_BYTES = 8 << 20
+
+
+def tokenizer_json(name: str) -> bytes:
+    return (TOKENIZERS / name / "tokenizer.json").read_bytes()
+
+
+def corpus_texts(path) -> list[str]:
+    with gzip.open(path, "rb") as f:
+        return [orjson.loads(line)["text"] for line in f if line.strip()]
+
+
+def batches(texts: list[str]) -> list[pa.Array]:
+    """Texts in batches of about BATCH_BYTES, as the readers hand them to the encoder."""
+    out, start, size = [], 0, 0
+    for i, text in enumerate(texts):
+        size += len(text)
+        if size >= BATCH_BYTES:
+            out.append(pa.array(texts[start : i + 1]))
+            start, size = i + 1, 0
+    if start < len(texts):
+        out.append(pa.array(texts[start:]))
+    return out
+
+
+@pytest.fixture(scope="session")
+def reference_ids(request):
+    """(tokenizer, corpus) -> (flat ids, lengths) from HF `encode`, cached across sessions."""
+    import tokenizers
+
+    folder = request.config.cache.mkdir("tokenmill-reference-ids")
+    loaded: dict = {}
+
+    def get(name: str, corpus) -> tuple[np.ndarray, np.ndarray]:
+        data = tokenizer_json(name)
+        key = "-".join(
+            [
+                tokenizers.__version__,
+                hashlib.sha256(data).hexdigest()[:16],
+                hashlib.sha256(corpus.read_bytes()).hexdigest()[:16],
+            ]
+        )
+        path = folder / f"{name}-{corpus.name}-{key}.npz"
+        if path.exists():
+            stored = np.load(path)
+            return stored["flat"], stored["lengths"]
+        reference = loaded.setdefault(name, Tokenizer.from_str(data.decode()))
+        ids = [reference.encode(t, add_special_tokens=False).ids for t in corpus_texts(corpus)]
+        lengths = np.array([len(i) for i in ids], dtype=np.int64)
+        flat = np.fromiter((t for doc in ids for t in doc), np.uint32, int(lengths.sum()))
+        np.savez(path, flat=flat, lengths=lengths)
+        return flat, lengths
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def chosen():
+    """The `auto` choice per tokenizer, verified on a sample drawn across every corpus."""
+    sample = [t for path in CORPUS_FILES for t in corpus_texts(path)[::50][:200]]
+    return {name: choose_encoder(tokenizer_json(name), "auto", sample, log=lambda _: None) for name in TOKENIZER_NAMES}
+
+
+def encode_all(encoder, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    parts = [encoder.encode_batch(batch) for batch in batches(texts)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def assert_same_ids(got: tuple[np.ndarray, np.ndarray], expected: tuple[np.ndarray, np.ndarray], what: str) -> None:
+    (flat, lengths), (ref_flat, ref_lengths) = got, expected
+    if np.array_equal(lengths, ref_lengths) and np.array_equal(flat, ref_flat):
+        return
+    starts, ref_starts = np.cumsum(lengths) - lengths, np.cumsum(ref_lengths) - ref_lengths
+    wrong = [
+        i
+        for i in range(len(ref_lengths))
+        if i >= len(lengths)
+        or not np.array_equal(
+            flat[starts[i] : starts[i] + lengths[i]], ref_flat[ref_starts[i] : ref_starts[i] + ref_lengths[i]]
+        )
+    ]
+    raise AssertionError(f"{what}: {len(wrong)} of {len(ref_lengths)} documents differ from hf, e.g. {wrong[:5]}")
+
+
+@pytest.mark.parametrize("corpus", CORPUS_FILES, ids=lambda p: p.name.removesuffix(".jsonl.gz"))
+@pytest.mark.parametrize("name", TOKENIZER_NAMES)
+def test_chosen_encoder_gives_the_reference_ids_for_every_document(name, corpus, chosen, reference_ids):
+    choice, _ = chosen[name]
+    encoder = build_encoder(tokenizer_json(name), choice)
+    assert_same_ids(encode_all(encoder, corpus_texts(corpus)), reference_ids(name, corpus), f"{choice.backend}")
+
+
+def test_auto_prefers_gigatoken_and_explains_the_others(chosen):
+    for name in TOKENIZER_NAMES:
+        choice, report = chosen[name]
+        assert choice.backend == "gigatoken", (name, report)
+        if name != "llama2-dolma-pii":  # a SentencePiece model splits on no Unicode property
+            assert choice.unsafe, "gigatoken's Unicode 17 letters must be routed to hf"
+        assert report["gigatoken"].startswith("chosen: identical to hf")
+    assert "normalizer" in chosen["gpt-neox-20b"][1]["tiktoken"]
+    assert "SentencePiece" in chosen["llama2-dolma-pii"][1]["tiktoken"]
+    assert "not one regex split" in chosen["deepseek-v3"][1]["tiktoken"]
+
+
+@pytest.mark.parametrize("corpus", CORPUS_FILES, ids=lambda p: p.name.removesuffix(".jsonl.gz"))
+def test_tiktoken_built_from_gpt2_json_gives_the_reference_ids(corpus, reference_ids):
+    choice, _ = choose_encoder(tokenizer_json("gpt2"), "tiktoken", [], log=lambda _: None)
+    encoder = build_encoder(tokenizer_json("gpt2"), choice)
+    assert_same_ids(encode_all(encoder, corpus_texts(corpus)), reference_ids("gpt2", corpus), "tiktoken")
+
+
+def test_a_letter_newer_than_the_reference_unicode_goes_to_the_reference():
+    """U+16EBB (Beria Erfe, Unicode 17) is a letter to gigatoken and not to `tokenizers`: unguarded the ids
+    differ, guarded the document is encoded by hf."""
+    data = tokenizer_json("gpt2")
+    reference = encoders.HFEncoder(Tokenizer.from_str(data.decode()))
+    fast = new_backend("gigatoken", data)
+    texts = ["plain text", "def f(x):\n    return '\U00016ebb's value'", "more plain text"]
+    expected = reference.encode_batch(texts)
+    unguarded = fast.encode_batch(texts)
+    assert not np.array_equal(unguarded[0], expected[0]), "gigatoken now agrees: the guard is untested"
+    unsafe = encoders.probe_code_points(fast, reference)
+    assert 0x16EBB in unsafe
+    guarded = GuardedEncoder(fast, reference, unsafe)
+    assert_same_ids(guarded.encode_batch(texts), expected, "guarded gigatoken")
+    assert guarded.rerouted == 1
+
+
+def test_unsafe_documents_are_found_in_sliced_arrays_of_every_utf8_width():
+    fast = new_backend("hf", tokenizer_json("gpt2"))
+    guard = GuardedEncoder(fast, fast, np.array([0xE9, 0x16EBB, 0x20AC]))
+    texts = pa.array(["skip", "abc", "caf\u00e9", "\u20ac5", "x\U00016ebb", "\U0001f600 ok", "plain"])[1:]
+    assert guard.documents_with_unsafe_code_points(texts).tolist() == [1, 2, 3]
+    assert GuardedEncoder(fast, fast, np.array([0x16EBB])).documents_with_unsafe_code_points(texts).tolist() == [3]
+
+
+def test_splice_replaces_only_the_given_documents():
+    flat, lengths = np.array([1, 2, 3, 4, 5, 6], np.uint32), np.array([2, 0, 3, 1])
+    out, out_lengths = encoders.splice(
+        flat, lengths, np.array([1, 3]), np.array([9, 9, 8], np.uint32), np.array([2, 1])
+    )
+    assert out.tolist() == [1, 2, 9, 9, 3, 4, 5, 8] and out_lengths.tolist() == [2, 2, 3, 1]
+
+
+def test_a_requested_backend_that_cannot_be_exact_is_an_error():
+    with pytest.raises(encoders.NotRepresentable, match="normalizer"):
+        choose_encoder(tokenizer_json("gpt-neox-20b"), "tiktoken", [], log=lambda _: None)
+    choice, _ = choose_encoder(tokenizer_json("gpt2"), "hf", [], log=lambda _: None)
+    assert choice == EncoderChoice("hf", choice.version, "requested in the config")
