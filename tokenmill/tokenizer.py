@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
@@ -197,4 +198,30 @@ def train_from_texts(texts: Iterable[str], train: TrainConfig, special_tokens: l
         raise ValueError(f"training the {train.algorithm} tokenizer (tokenizer.train) failed: {e}") from e
     if not seen:
         raise ValueError("tokenizer.train: the sample is empty (no document was sampled); raise sample_size")
-    return tokenizer
+    return canonical_ids(tokenizer, special_tokens) if train.algorithm != "bpe" else tokenizer
+
+
+def canonical_ids(tokenizer: Tokenizer, special_tokens: list[str]) -> Tokenizer:
+    """The same unigram / wordpiece vocabulary with ids in an order that does not depend on the process.
+
+    Their trainers (tokenizers 0.23) number some tokens in Rust HashMap order, which is seeded per process:
+    two runs on the same sample give the same tokens (and scores) under different ids. Neither model's
+    encoding depends on the ids (unigram scores pieces, wordpiece takes the longest match), so renumbering
+    changes nothing but the ids: special tokens first, then unigram pieces by score, wordpiece tokens by
+    length and text. (BPE needs no fix: its ids are its merge order, and its training is deterministic.)
+    """
+    spec = json.loads(tokenizer.to_str())
+    model = spec["model"]
+    rank = {token: i for i, token in enumerate(special_tokens)}
+    if model["type"] == "Unigram":
+        unk = model["vocab"][model["unk_id"]][0] if model.get("unk_id") is not None else None
+        model["vocab"].sort(key=lambda p: (rank.get(p[0], len(rank)), -p[1], p[0]))
+        if unk is not None:
+            model["unk_id"] = next(i for i, (piece, _) in enumerate(model["vocab"]) if piece == unk)
+        ids = {piece: i for i, (piece, _) in enumerate(model["vocab"])}
+    else:
+        order = sorted(model["vocab"], key=lambda t: (rank.get(t, len(rank)), len(t.removeprefix("##")), t))
+        ids = model["vocab"] = {token: i for i, token in enumerate(order)}
+    for added in spec["added_tokens"]:
+        added["id"] = ids[added["content"]]
+    return Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
