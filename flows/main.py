@@ -21,7 +21,7 @@ from tasks.publish import publish
 from tasks.sample import sample_shard
 from tasks.shuffle_documents import gather_shard, scatter_shard
 from tasks.shuffle_index import shuffle_index
-from tasks.tokenize import tokenize_shard
+from tasks.tokenize import choose_encoder, tokenize_shard
 from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
@@ -47,13 +47,15 @@ def batches(items: list, size: int) -> list[list]:
     return [items[start : start + size] for start in range(0, len(items), size)]
 
 
-def tokenize_and_pack(config: TokenmillConfig, shards: list[dict], tokenizer) -> tuple[list[dict], list[dict]]:
+def tokenize_and_pack(
+    config: TokenmillConfig, shards: list[dict], tokenizer, encoder=None
+) -> tuple[list[dict], list[dict]]:
     """tokenize[shard] then pack[shard], each shard's pack starting as soon as its tokenize ends; shards go
     in batches of `dask.shards_per_batch` so that no flow run holds more mapped tasks than Prefect handles well."""
     tokenized, packed = [], []
     for batch in batches(shards, config.dask.shards_per_batch):
         ids = [s["shard_id"] for s in batch]
-        tokenize_futures = tokenize_shard.map(unmapped(config), batch, unmapped(tokenizer))
+        tokenize_futures = tokenize_shard.map(unmapped(config), batch, unmapped(tokenizer), unmapped(encoder))
         pack_futures = pack_shard.map(unmapped(config), tokenize_futures, unmapped(tokenizer))
         tokenized += results_of("tokenize", tokenize_futures, ids)
         packed += results_of("pack", pack_futures, ids)
@@ -159,8 +161,9 @@ def build_dataset(config: TokenmillConfig) -> dict:
     # The report needs only the tokenizer and the held-out sample: it runs while the shards are tokenized.
     report = tokenizer_report.submit(config, tokenizer, samples) if config.fertility.enabled else None
 
+    encoder = choose_encoder(config, shards, tokenizer)  # once per run; shards get the small choice
     tokenize_started = time.perf_counter()
-    tokenized, packed = tokenize_and_pack(config, shards, tokenizer)
+    tokenized, packed = tokenize_and_pack(config, shards, tokenizer, encoder)
     tokenize_seconds = time.perf_counter() - tokenize_started
     reused = sum(r["reused"] for r in tokenized)
     if reused:

@@ -141,6 +141,21 @@ class TokenizerConfig(_Section):
     pad: str | None = Field(None, description="A padding token to add when training (its id is in the manifest).")
     append_eod: bool = Field(True, description="Append the EOD token after each document.")
     prepend_bos: bool = Field(False, description="Put the BOS token before each document (needs tokenizer.bos).")
+    encoder: Literal["auto", "hf", "gigatoken", "tiktoken"] = Field(
+        "auto",
+        description="auto: the fastest installed backend that reproduces HF tokenizers exactly on a verification "
+        "sample (else hf); hf: HF tokenizers, the reference; gigatoken, tiktoken: that backend (checked the same way).",
+    )
+    verify_documents: int = Field(
+        4000, ge=0, description="Documents drawn across shards on which the encoder is verified before any shard runs."
+    )
+    check_fraction: float = Field(
+        0.001, ge=0, le=1, description="validate: fraction of documents re-encoded with the reference and compared."
+    )
+    check_min_documents: int = Field(1000, ge=0, description="validate: re-encode at least this many documents.")
+    allowed_mismatch_rate: float = Field(
+        0.0, ge=0, le=1, description="validate: fraction of re-encoded documents allowed to differ (0: none)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TokenizerConfig:

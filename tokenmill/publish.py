@@ -10,6 +10,8 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import token_dtype
 from tokenmill.formats.packed import SUFFIXES
 from tokenmill.storage import Store
+from tokenmill.tokenize import ENCODER_CHOICE
+from tokenmill.validate import REFERENCE_CHECK
 from tokenmill.tokenizer import TokenizerInfo
 
 
@@ -51,6 +53,17 @@ def split_summary(table: pd.DataFrame, seq_len: int) -> dict:
     }
 
 
+def encoder_entry(store: Store) -> dict:
+    """The run's encoder backend and version, as the tokenize stage chose it (absent for older outputs)."""
+    if not store.exists(ENCODER_CHOICE):
+        return {}
+    choice = store.read_json(ENCODER_CHOICE)
+    entry = {"name": choice["backend"], **{k: choice[k] for k in ("version", "reason", "unsafe")}}
+    if store.exists(REFERENCE_CHECK):  # validate's re-encoded sample: documents, mismatches, allowed rate
+        entry["reference_check"] = store.read_json(REFERENCE_CHECK)
+    return {"encoder": entry}
+
+
 def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict:
     """Write `manifest.json` for the validated dataset and return it."""
     store = Store(config.output.path)
@@ -69,6 +82,7 @@ def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFra
             "pad_id": tokenizer.pad_id,
             "trained": tokenizer.trained,
         },
+        **encoder_entry(store),
         "dtype": token_dtype(tokenizer.vocab_size).name,
         "shards": int(len(shard_rows)),
         "counts": {

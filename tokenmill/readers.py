@@ -11,6 +11,7 @@ present and unique within the shard.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ import fsspec
 import orjson
 import pandas as pd
 import pandera.pandas as pa
+import pyarrow
+import pyarrow.compute as pc
+import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from tokenmill.storage import options_for
@@ -85,9 +89,14 @@ class Batch:
     texts: list[str] = field(default_factory=list)
     extra: dict[str, list] = field(default_factory=dict)
     nbytes: int = 0
+    text_array: pyarrow.Array | None = None  # the columnar fast path's texts (then `texts` stays empty)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def text_values(self) -> pyarrow.Array | list[str]:
+        """The texts as the fast path read them (a pyarrow string array), else the list."""
+        return self.text_array if self.text_array is not None else self.texts
 
 
 @dataclass
@@ -323,10 +332,16 @@ def _shorten(raw: bytes, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def read_documents(pieces: list[Piece], options: ReadOptions) -> Iterator[tuple[Batch, list[Reject]]]:
-    """Yield (batch of valid documents, rejects among the same records), batches of about BATCH_BYTES."""
+def read_documents(
+    pieces: list[Piece], options: ReadOptions, columnar: bool = False
+) -> Iterator[tuple[Batch, list[Reject]]]:
+    """Yield (batch of valid documents, rejects among the same records), batches of about BATCH_BYTES.
+    With `columnar`, plain JSONL is read by the fast path (`_fast_jsonl`) where it applies."""
     seen_ids: set[str] = set()
     for piece in pieces:
+        if columnar and _fast_path_applies(piece, options):
+            yield from _fast_jsonl(piece, options, seen_ids)
+            continue
         pending: list[Record] = []
         pending_bytes = 0
         stream = records(piece, options)
@@ -364,3 +379,105 @@ def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tu
             batch.extra[f].append(raw.extra.get(f))
         batch.nbytes += raw.size
     return batch, rejects
+
+
+# --- the columnar fast path -------------------------------------------------------------------------------
+# Plain (uncompressed) JSONL with top-level text and id fields is parsed by pyarrow a block of whole lines
+# at a time, and the batch schema's checks run vectorised on the columns. A block with any problem at all
+# (a parse error, a blank line, a missing or non-string text, a length out of bounds, a missing, non-string or
+# repeated id, an escaped surrogate) is read again by the careful path above, record by record, so every bad
+# record still becomes a reject naming its file, line and reason, exactly as without the fast path.
+
+_ESCAPED_SURROGATE = re.compile(rb"\\[uU][dD][89a-fA-F]")  # orjson and pyarrow disagree on these: careful path
+
+
+def _fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
+    kind = piece.format or (format_of(piece.path) if options.format == "auto" else options.format)
+    return (
+        kind == "jsonl"
+        and compression_of(piece.path) is None
+        and not options.fields
+        and "." not in options.text_field
+        and "." not in (options.id_field or "")
+    )
+
+
+def _fast_jsonl(piece: Piece, options: ReadOptions, seen_ids: set[str]) -> Iterator[tuple[Batch, list[Reject]]]:
+    name = display_name(piece.path)
+    columns = [(options.text_field, pyarrow.string())]
+    if options.id_field is not None:
+        columns.append((options.id_field, pyarrow.string()))
+    parse = pj.ParseOptions(explicit_schema=pyarrow.schema(columns), unexpected_field_behavior="ignore")
+    try:
+        with _open(piece, options) as f:
+            if piece.start:
+                f.seek(piece.start)
+            pos, line = piece.start, piece.first_line
+            while piece.end is None or pos < piece.end:
+                block = f.read(BATCH_BYTES if piece.end is None else min(BATCH_BYTES, piece.end - pos))
+                if block and not block.endswith(b"\n") and (piece.end is None or pos + len(block) < piece.end):
+                    block += f.readline()  # whole lines only
+                if not block:
+                    break
+                if piece.end is not None and pos + len(block) > piece.end:
+                    block = block[: piece.end - pos]
+                if pos == 0 and not block.strip():
+                    break  # an empty file: the careful path below says so
+                lines = block.count(b"\n") + (not block.endswith(b"\n"))
+                batch = _fast_batch(block, lines, line, name, options, parse, seen_ids)
+                yield (batch, []) if batch is not None else _careful_block(block, line, name, options, seen_ids)
+                pos, line = pos + len(block), line + lines
+    except FileNotFoundError as e:
+        raise InputError(f"{piece.path}: no such file") from e
+    if piece.start == 0 and pos == 0:
+        yield from read_documents([piece], options)
+
+
+def _fast_batch(
+    block: bytes, lines: int, first_line: int, name: str, options: ReadOptions, parse, seen_ids: set[str]
+) -> Batch | None:
+    """The block's documents if every record in it is a valid document, else None."""
+    if _ESCAPED_SURROGATE.search(block):
+        return None
+    try:
+        table = pj.read_json(
+            io.BytesIO(block),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
+            parse_options=parse,
+        )
+    except (pyarrow.ArrowInvalid, UnicodeDecodeError):
+        return None
+    texts = table.column(options.text_field).combine_chunks()
+    if table.num_rows != lines or texts.null_count:
+        return None
+    chars = pc.utf8_length(texts)
+    if pc.min(chars).as_py() < options.min_chars or (
+        options.max_chars is not None and pc.max(chars).as_py() > options.max_chars
+    ):
+        return None
+    if options.id_field is None:
+        ids = [f"{name}:{n}" for n in range(first_line, first_line + lines)]
+    else:
+        id_column = table.column(options.id_field)
+        if id_column.null_count:
+            return None
+        ids = id_column.to_pylist()
+    if len(set(ids)) != len(ids) or not seen_ids.isdisjoint(ids):
+        return None
+    seen_ids.update(ids)
+    # bytes as the careful path counts them: each line without its line ending
+    return Batch(ids=ids, nbytes=len(block) - block.count(b"\n") - block.count(b"\r\n"), text_array=texts)
+
+
+def _careful_block(
+    block: bytes, first_line: int, name: str, options: ReadOptions, seen_ids: set[str]
+) -> tuple[Batch, list[Reject]]:
+    """The block read record by record, as `_jsonl_records` and `_checked` read a file."""
+    records = []
+    for number, line in enumerate(block.split(b"\n"), start=first_line):
+        line = line.rstrip(b"\r")
+        if line.strip():
+            record = _parse_json_line(number, line, options, name)
+            record.file = name
+            records.append(record)
+    return _checked(records, options, seen_ids) if records else (Batch(), [])

@@ -3,12 +3,17 @@
 Output per split: `megatron/<split>/shard-NNNNN.bin/.idx` (one sequence per document, EOD included),
 written only for splits that received documents; `rejects/shard-NNNNN.jsonl` for records that are
 not documents. The commit marker written last holds the shard's counts.
+
+The data path is batch-wise numpy: the reader hands over a batch of texts (about 8 MB), the encoder chosen
+once for the run returns their ids as one flat array plus lengths, BOS/EOD go in with one `np.insert`, and
+each split's tokens are written as one slice. No Python runs per document or per token.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import ExitStack
+from dataclasses import asdict
 
 import numpy as np
 import orjson
@@ -16,29 +21,50 @@ import orjson
 from tokenmill import __version__, layout
 from tokenmill.commits import commit, committed
 from tokenmill.config import TokenmillConfig
+from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder
 from tokenmill.formats.megatron import BinWriter, token_dtype, write_index
 from tokenmill.hashing import assign_splits
 from tokenmill.partition import shard_pieces
 from tokenmill.readers import read_documents
 from tokenmill.storage import Store
-from tokenmill.tokenizer import TokenizerInfo, encode, load_tokenizer
+from tokenmill.tokenizer import TokenizerInfo
 
 STAGE = "tokenize"
+ENCODER_CHOICE = "_work/encoder.json"  # the run's encoder choice, for the manifest
 
 
 def stage_key(config: TokenmillConfig, tokenizer: TokenizerInfo) -> str:
     return f"{config.section_hash('input', 'partition', 'split', 'tokenizer')}-{tokenizer.sha256[:16]}-{__version__}"
 
 
-def tokenize_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo) -> dict:
-    """Tokenize one shard of the plan (or return its committed result)."""
+def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod_id: int | None):
+    """Each document's ids preceded by BOS and followed by EOD (when given), in one vectorised insert."""
+    ends = np.cumsum(lengths)
+    marks = [(ends - lengths, bos_id), (ends, eod_id)]
+    marks = [(positions, token) for positions, token in marks if token is not None]
+    if not marks:
+        return flat, lengths
+    # Interleaved per document (BOS_i, EOD_i, BOS_i+1, ...), the positions never decrease, so np.insert keeps
+    # that order where one document's end is the next one's start.
+    positions = np.stack([p for p, _ in marks], axis=1).ravel()
+    values = np.tile(np.array([t for _, t in marks], dtype=flat.dtype), len(lengths))
+    return np.insert(flat, positions, values), lengths + len(marks)
+
+
+def tokenize_shard(
+    config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo, encoder: EncoderChoice | None = None
+) -> dict:
+    """Tokenize one shard of the plan (or return its committed result) with the run's encoder choice
+    (None: the reference, HF tokenizers)."""
     store, shard_id = Store(config.output.path), shard["shard_id"]
     key = stage_key(config, tokenizer)
     if (done := committed(store, STAGE, shard_id, key)) is not None:
         return done | {"reused": True}
 
     started = time.perf_counter()
-    tok = load_tokenizer(store.url_of(layout.TOKENIZER), tokenizer.sha256)
+    choice = encoder or EncoderChoice("hf", "", "the reference")
+    encode = load_encoder(store.url_of(layout.TOKENIZER), tokenizer.sha256, choice)
+    rerouted_before = getattr(encode, "rerouted", 0)
     eod_id = tokenizer.eod_id if config.tokenizer.append_eod else None
     bos_id = tokenizer.bos_id if config.tokenizer.prepend_bos else None
     dtype = token_dtype(tokenizer.vocab_size)
@@ -48,28 +74,30 @@ def tokenize_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInf
     rejects: list[bytes] = []
     with ExitStack() as stack:
         writers: dict[str, tuple[BinWriter, object]] = {}
-        for batch, batch_rejects in read_documents(shard_pieces(shard), config.input.read_options()):
+        options = config.input.read_options()
+        for batch, batch_rejects in read_documents(shard_pieces(shard), options, columnar=True):
             documents_in += len(batch) + len(batch_rejects)
             bytes_in += batch.nbytes
             rejects.extend(orjson.dumps(r.to_dict()) + b"\n" for r in batch_rejects)
             if not len(batch):
                 continue
-            flat, lengths = encode(tok, batch.texts, eod_id, bos_id)
-            doc_split = assign_splits(batch.ids, config.split)
-            token_split = np.repeat(doc_split, lengths)
+            flat, lengths = with_specials(*encode.encode_batch(batch.text_values()), bos_id, eod_id)
+            # One split needs no hashing; otherwise each document's split by the stable hash of its id.
+            doc_split = assign_splits(batch.ids, config.split) if len(splits) > 1 else None
             for index, split in enumerate(splits):
-                chosen = doc_split == index
-                if not chosen.any():
+                chosen = slice(None) if doc_split is None else doc_split == index
+                split_lengths = lengths[chosen]
+                if not len(split_lengths):
                     continue
                 if split not in writers:
                     tmp = stack.enter_context(store.writing(layout.megatron_prefix(split, shard_id) + ".bin"))
                     writers[split] = (BinWriter(stack.enter_context(open(tmp, "wb")), dtype), tmp)
-                split_tokens = flat[token_split == index]
-                writers[split][0].add(split_tokens, lengths[chosen])
+                split_tokens = flat if doc_split is None else flat[np.repeat(chosen, lengths)]
+                writers[split][0].add(split_tokens, split_lengths)
                 c = counts[split]
-                c["documents"] += int(chosen.sum())
+                c["documents"] += len(split_lengths)
                 c["tokens"] += len(split_tokens)
-                c["max_token_id"] = max(c["max_token_id"], int(split_tokens.max()))
+                c["max_token_id"] = max(c["max_token_id"], int(split_tokens.max()) if len(split_tokens) else -1)
         bin_writers = {split: w for split, (w, _) in writers.items()}
     # The .bin files are committed; now their indexes, then the rejects, then the marker.
     for split, writer in bin_writers.items():
@@ -85,6 +113,38 @@ def tokenize_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInf
         "rejected": len(rejects),
         "bytes_in": bytes_in,
         "splits": counts,
+        "encoder": encode.name,
+        "rerouted_to_reference": getattr(encode, "rerouted", 0) - rerouted_before,
         "seconds": round(time.perf_counter() - started, 3),
     }
     return commit(store, STAGE, shard_id, key, result) | {"reused": False}
+
+
+def verification_sample(config: TokenmillConfig, shards: list[dict], documents: int) -> list[str]:
+    """About `documents` texts drawn across the shards: an equal share from the start of each shard (at least
+    one batch's worth is never read past, so this costs little however large the shards)."""
+    if not shards or not documents:
+        return []
+    share = max(1, -(-documents // len(shards)))
+    texts: list[str] = []
+    for shard in shards:
+        taken = 0
+        for batch, _ in read_documents(shard_pieces(shard), config.input.read_options(), columnar=True):
+            values = batch.text_values()
+            step = max(1, len(values) // share)
+            picked = values[::step][: share - taken]
+            texts += picked.to_pylist() if hasattr(picked, "to_pylist") else list(picked)
+            taken += len(picked)
+            if taken >= share:
+                break
+    return texts
+
+
+def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: TokenizerInfo, log=print):
+    """The run's encoder (tokenizer.encoder, verified on a sample across shards), recorded in `_work/`."""
+    store = Store(config.output.path)
+    data = store.read_bytes(layout.TOKENIZER)
+    sample = verification_sample(config, shards, config.tokenizer.verify_documents)
+    choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log=log)
+    store.write_json(ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report})
+    return choice

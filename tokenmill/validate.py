@@ -298,6 +298,76 @@ def _check_round_trip(config: TokenmillConfig, plan: dict, tokenizer: TokenizerI
     return problems
 
 
+# --- exactness of the encoder: stored ids against the reference's --------------------------------------
+
+REFERENCE_CHECK = "_work/reference_check.json"
+
+
+def reference_sample(config: TokenmillConfig, plan: dict, table: pd.DataFrame, seed: int = 1):
+    """(split, shard id, sequence index, text) of a random sample of at least `tokenizer.check_min_documents`
+    and `tokenizer.check_fraction` of all documents: shards are read in random order until they hold twice
+    that many (and at least 3 shards, when there are), and the sample is drawn uniformly from them."""
+    cfg, rng = config.tokenizer, np.random.default_rng(seed)
+    per_shard = table.groupby("shard_id").documents.sum()
+    total = int(per_shard.sum())
+    wanted = min(total, max(cfg.check_min_documents, int(np.ceil(cfg.check_fraction * total))))
+    shards = {s["shard_id"]: s for s in plan["shards"]}
+    read, held = [], 0
+    for shard_id in rng.permutation(per_shard.index[per_shard > 0].to_numpy()):
+        if held >= 2 * wanted and len(read) >= 3:
+            break
+        read.append(int(shard_id))
+        held += int(per_shard[shard_id])
+    # Positions are drawn first, over the documents of the shards read in shard order, so that only the
+    # sampled texts are kept while reading.
+    chosen = set(rng.choice(held, size=min(wanted, held), replace=False).tolist())
+    sample, position = [], 0  # (split, shard, index within the shard's split, text)
+    for shard_id in sorted(read):
+        counters = dict.fromkeys(config.split, 0)
+        names = list(config.split)
+        for batch, _ in read_documents(shard_pieces(shards[shard_id]), config.input.read_options(), columnar=True):
+            texts = batch.text_values()
+            for i, split in enumerate(assign_splits(batch.ids, config.split)):
+                if position + i in chosen:
+                    sample.append((names[split], shard_id, counters[names[split]], str(texts[i])))
+                counters[names[split]] += 1
+            position += len(batch)
+    return sample
+
+
+def check_reference_ids(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame):
+    """Re-encode a random sample of documents with the reference (HF tokenizers) and compare with the stored
+    ids; more mismatches than `tokenizer.allowed_mismatch_rate` fail the run, naming the shard files."""
+    store = Store(config.output.path)
+    sample = reference_sample(config, plan, table)
+    if not sample:
+        return []
+    tok = load_tokenizer(store.url_of(layout.TOKENIZER), tokenizer.sha256)
+    expected = tok.encode_batch_fast([text for *_, text in sample], add_special_tokens=False)
+    head = int(config.tokenizer.prepend_bos)
+    tail = int(config.tokenizer.append_eod)
+    wrong = []
+    with tempfile.TemporaryDirectory(prefix="tokenmill-") as tmp:
+        readers: dict[str, MegatronReader] = {}
+        for (split, shard_id, index, _), reference in zip(sample, expected, strict=True):
+            prefix = layout.megatron_prefix(split, shard_id)
+            if prefix not in readers:
+                local = Path(tmp) / prefix.replace("/", "-")
+                for ext in (".bin", ".idx"):
+                    with store.local_copies(prefix + ext) as (path,):
+                        shutil.copyfile(path, f"{local}{ext}")
+                readers[prefix] = MegatronReader(local)
+            stored = readers[prefix][index]
+            if stored[head : len(stored) - tail].tolist() != reference.ids:
+                wrong.append(f"{prefix}.bin: document {index} differs from the reference (hf) encoding")
+    rate, allowed = len(wrong) / len(sample), config.tokenizer.allowed_mismatch_rate
+    store.write_json(REFERENCE_CHECK, {"documents": len(sample), "mismatches": len(wrong), "allowed_rate": allowed})
+    if rate <= allowed:
+        return []
+    summary = f"{len(wrong)} of {len(sample)} documents re-encoded with hf differ (allowed rate {allowed})"
+    return [summary, *wrong[:10]]
+
+
 def validate(
     config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, tokenized: list[dict], packed: list[dict]
 ) -> pd.DataFrame:
@@ -328,6 +398,8 @@ def validate(
             problems += _check_shuffle(store, split, table[table.split == split])
     if not problems:  # decoding is only meaningful on sound files
         problems += _check_round_trip(config, plan, tokenizer, table)
+    if not problems:
+        problems += check_reference_ids(config, plan, tokenizer, table)
     if problems:
         raise ValidationFailed("dataset files failed validation:\n" + "\n".join(f"  - {p}" for p in problems))
     store.write_json(layout.STATS, table.to_dict(orient="records"))
