@@ -1,12 +1,20 @@
-"""Tokenization throughput: the raw encoder ceiling against tokenmill's tokenize stage and whole flow.
+"""Tokenization throughput: every installed encoder's single-core ceiling against a per-document HF
+multiprocessing baseline, tokenmill's tokenize stage and the whole flow, on the same documents in one run.
 
-Prints, on the same documents in one run: the HF `tokenizers` encoder alone in one process (texts already
-in memory; the ceiling is that rate times the worker count), tokenmill's tokenize stage alone (the library
-over every shard, one process per worker, no Prefect), and `tokenmill run` from start to exit (Prefect
-server already running, LocalCluster start-up included). MB/s are of input JSONL bytes.
+Rows, all in MB/s of input text (the JSONL's bytes) and Mtokens/s (GPT-2 ids, EOD included for the stage):
 
-    python bench/tokenize.py                       # enwiki_slice, GPT-2, 2 workers
-    python bench/tokenize.py --repeat 20 --workers 2 --shard-size 64MB
+- each installed encoder alone in one process, texts already in memory (hf and tiktoken on the first
+  `--encoder-mb` of the corpus: at 3-15 MB/s the whole of it would take minutes; gigatoken on all of it);
+- `preprocess_data.py`-style baseline: a `multiprocessing.Pool` of `--workers` processes, each line parsed
+  and encoded per document with HF (on the same prefix);
+- tokenmill's tokenize stage alone: the library over every shard, one process per worker, no Prefect;
+- `tokenmill run` from process start to exit (Prefect server already running, LocalCluster start-up included).
+
+The ceiling is `--workers` x the fastest single-core encoder rate. Peak RSS is the largest of the worker
+processes (`ru_maxrss`).
+
+    python bench/tokenize.py                                   # enwiki_slice once, GPT-2, 2 workers
+    python bench/tokenize.py --repeat 20 --shard-size 64MB     # the issue's 1.2 GB setup
 """
 
 from __future__ import annotations
@@ -20,11 +28,16 @@ import argparse  # noqa: E402
 import gzip  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
+from multiprocessing import Pool  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+import orjson  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -32,46 +45,91 @@ SHARED = REPO.parent / "shared"
 
 def make_corpus(source: Path, repeat: int, target: Path) -> int:
     """Write `source` `repeat` times over as one plain JSONL with unique ids; return its size."""
-    lines = gzip.open(source, "rt", encoding="utf-8").read().splitlines()
-    with open(target, "w", encoding="utf-8") as f:
+    docs = [orjson.loads(line) for line in gzip.open(source)]
+    with open(target, "wb") as f:
         for r in range(repeat):
-            for line in lines:
-                doc = json.loads(line)
-                doc["id"] = f"{doc['id']}#{r}"
-                f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+            f.write(b"".join(orjson.dumps({**d, "id": f"{d['id']}#{r}"}) + b"\n" for d in docs))
     return target.stat().st_size
 
 
-def raw_encoder(corpus: Path, tokenizer: str) -> tuple[float, int]:
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def read_texts(corpus: Path, limit: int | None) -> tuple[list[str], int]:
+    texts, size = [], 0
+    with open(corpus, "rb") as f:
+        for line in f:
+            texts.append(orjson.loads(line)["text"])
+            size += len(line)
+            if limit is not None and size >= limit:
+                break
+    return texts, size
+
+
+def _raw_encoder(args) -> tuple[str, float, int, int, float]:
+    """One encoder alone over texts in memory (run in a fresh process, so its peak RSS is its own)."""
+    backend, corpus, tokenizer, limit = args
+    from tokenmill.encoders import new_backend
+
+    texts, size = read_texts(corpus, limit)
+    encoder = new_backend(backend, Path(tokenizer).read_bytes())
+    started, tokens = time.perf_counter(), 0
+    for i in range(0, len(texts), 2000):
+        tokens += len(encoder.encode_batch(texts[i : i + 2000])[0])
+    return backend, time.perf_counter() - started, size, tokens, peak_rss_mb()
+
+
+_tok = None
+
+
+def _per_document_init(tokenizer: str) -> None:
+    global _tok
     from tokenizers import Tokenizer
 
-    texts = [json.loads(line)["text"] for line in open(corpus, encoding="utf-8")]
-    tok = Tokenizer.from_file(tokenizer)
+    _tok = Tokenizer.from_file(tokenizer)
+
+
+def _per_document(line: bytes) -> int:
+    """What preprocess_data.py's Encoder.encode does per line: parse, encode, append EOD."""
+    return len(_tok.encode(json.loads(line)["text"], add_special_tokens=False).ids) + 1
+
+
+def per_document_baseline(corpus: Path, tokenizer: str, limit: int, workers: int) -> tuple[float, int, int]:
+    with open(corpus, "rb") as f:
+        lines, size = [], 0
+        for line in f:
+            lines.append(line)
+            size += len(line)
+            if size >= limit:
+                break
     started = time.perf_counter()
-    tokens = 0
-    for i in range(0, len(texts), 1000):
-        tokens += sum(len(e.ids) for e in tok.encode_batch_fast(texts[i : i + 1000], add_special_tokens=False))
-    return time.perf_counter() - started, tokens
+    with Pool(workers, initializer=_per_document_init, initargs=(tokenizer,)) as pool:
+        tokens = sum(pool.imap(_per_document, lines, chunksize=25))
+    return time.perf_counter() - started, size, tokens
 
 
-def _tokenize_one(args):
+def _tokenize_one(args) -> tuple[dict, float]:
     from tokenmill.tokenize import tokenize_shard
 
-    config, shard, info = args
-    return tokenize_shard(config, shard, info)
+    config, shard, info, choice = args
+    return tokenize_shard(config, shard, info, choice), peak_rss_mb()
 
 
-def tokenize_stage(config, workers: int) -> tuple[float, int]:
+def tokenize_stage(config, workers: int) -> tuple[float, int, float, str]:
     from tokenmill.partition import plan_shards
+    from tokenmill.tokenize import choose_run_encoder
     from tokenmill.tokenizer import install_pretrained
 
     plan = plan_shards(config)
     info = install_pretrained(config)
+    choice = choose_run_encoder(config, plan["shards"], info, log=lambda _: None)
     started = time.perf_counter()
     with ProcessPoolExecutor(workers) as pool:
-        results = list(pool.map(_tokenize_one, [(config, s, info) for s in plan["shards"]]))
-    tokens = sum(c["tokens"] for r in results for c in r["splits"].values())
-    return time.perf_counter() - started, tokens
+        results = list(pool.map(_tokenize_one, [(config, s, info, choice) for s in plan["shards"]]))
+    seconds = time.perf_counter() - started
+    tokens = sum(c["tokens"] for r, _ in results for c in r["splits"].values())
+    return seconds, tokens, max(rss for _, rss in results), f"{choice.backend} {choice.version}"
 
 
 def main() -> None:
@@ -80,11 +138,13 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=str(SHARED / "tokenizers/gpt2/tokenizer.json"))
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--workers", type=int, default=os.cpu_count())
-    parser.add_argument("--shard-size", default="16MB")
+    parser.add_argument("--shard-size", default="64MB")
+    parser.add_argument("--encoder-mb", type=float, default=60, help="prefix for the slow encoders and baseline")
     args = parser.parse_args()
     os.environ["RAYON_NUM_THREADS"] = "1"  # one core per process, as in the flow's workers
 
     from tokenmill.config import TokenmillConfig
+    from tokenmill.encoders import BACKENDS, new_backend
 
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-") as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
@@ -94,34 +154,55 @@ def main() -> None:
             "input": {"paths": [str(corpus)], "id_field": "id"},
             "partition": {"shard_size": args.shard_size},
             "tokenizer": {"path": args.tokenizer},
+            "fertility": {"enabled": False},
             "pack": {"mode": "none"},
             "output": {"path": f"{tmp}/stage"},
             "dask": {"n_workers": args.workers},
         }
         config = TokenmillConfig.model_validate(settings)
-        print(
-            f"corpus: {size / 1e6:.1f} MB of JSONL ({args.repeat} x {Path(args.source).name}), {args.workers} workers"
-        )
+        cpu = platform.processor() or platform.machine()
+        print(f"corpus: {size / 1e6:.1f} MB of JSONL ({args.repeat} x {Path(args.source).name}), "
+              f"{args.workers} workers; {os.cpu_count()} cores {cpu}, Python {platform.python_version()}")  # fmt: skip
 
-        rows = []
-        seconds, tokens = raw_encoder(corpus, args.tokenizer)
-        ceiling = size / 1e6 / seconds * args.workers
-        rows.append(("HF tokenizers, 1 process, texts in memory", seconds, tokens))
-        rows.append(("tokenmill tokenize stage (library, no Prefect)", *tokenize_stage(config, args.workers)))
+        rows = []  # (what, seconds, bytes, tokens, peak RSS MB per worker)
+        limit = int(args.encoder_mb * 1e6)
+        tokenizer_json = Path(args.tokenizer).read_bytes()
+        for backend in BACKENDS:
+            try:
+                new_backend(backend, tokenizer_json)
+            except Exception as e:  # not installed, or cannot represent this tokenizer
+                print(f"  {backend}: skipped ({type(e).__name__}: {e})")
+                continue
+            whole = None if backend == "gigatoken" else limit
+            with ProcessPoolExecutor(1) as pool:
+                name, seconds, nbytes, tokens, rss = pool.submit(
+                    _raw_encoder, (backend, corpus, args.tokenizer, whole)
+                ).result()
+            rows.append((f"{name} encoder alone, 1 process, texts in memory", seconds, nbytes, tokens, rss))
+        best = max(nbytes / seconds for _, seconds, nbytes, _, _ in rows)
+        ceiling = args.workers * best / 1e6
+
+        seconds, nbytes, tokens = per_document_baseline(corpus, args.tokenizer, limit, args.workers)
+        rows.append((f"hf per document, Pool({args.workers}) (preprocess_data.py)", seconds, nbytes, tokens, None))
+        seconds, tokens, rss, backend = tokenize_stage(config, args.workers)
+        rows.append((f"tokenmill tokenize stage ({backend}, no Prefect)", seconds, size, tokens, rss))
 
         config_file = Path(tmp) / "flow.yaml"
         config_file.write_text(json.dumps(settings | {"output": {"path": f"{tmp}/flow"}}))
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "tokenmill", "run", str(config_file)], check=True, capture_output=True)
-        rows.append(("tokenmill run (whole flow, process start to exit)", time.perf_counter() - started, tokens))
+        rows.append(
+            ("tokenmill run (whole flow, process start to exit)", time.perf_counter() - started, size, tokens, None)
+        )
 
-        print(f"\nceiling = {args.workers} x single-process encoder rate = {ceiling:.1f} MB/s\n")
-        print(f"| {'what':<52} | seconds | MB/s | Mtokens/s | of ceiling |")
-        print(f"|{'-' * 54}|---------|------|-----------|------------|")
-        for name, seconds, tokens in rows:
-            rate = size / 1e6 / seconds
-            mtok = tokens / 1e6 / seconds
-            print(f"| {name:<52} | {seconds:7.1f} | {rate:4.1f} | {mtok:9.2f} | {rate / ceiling:10.0%} |")
+        print(f"\nceiling = {args.workers} x fastest single-core encoder = {ceiling:.0f} MB/s\n")
+        print(f"| {'what':<58} | MB in | seconds |   MB/s | Mtokens/s | of ceiling | peak RSS/worker |")
+        print(f"|{'-' * 60}|------:|--------:|-------:|----------:|-----------:|----------------:|")
+        for name, seconds, nbytes, tokens, rss in rows:
+            rate, mtok = nbytes / 1e6 / seconds, tokens / 1e6 / seconds
+            memory = f"{rss:,.0f} MB" if rss else "-"
+            print(f"| {name:<58} | {nbytes / 1e6:5.0f} | {seconds:7.1f} | {rate:6.1f} | {mtok:9.2f} "
+                  f"| {rate / ceiling:10.1%} | {memory:>15} |")  # fmt: skip
 
 
 if __name__ == "__main__":
