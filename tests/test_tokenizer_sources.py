@@ -1,0 +1,180 @@
+"""Pretrained sources load offline from ../shared/tokenizers and give the ids the reference gives: HF
+`tokenizers` for tokenizer.json files and directories, `tiktoken` for rank files (converted to tokenizer.json).
+EOD/BOS are the configured tokens or the tokenizer's own, and a missing one is an error naming the key."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from tokenmill.config import HubConfig, TiktokenConfig, TokenizerConfig
+from tokenmill.pretrained import TokenizerSourceError, load_pretrained
+from tokenmill.tiktoken_convert import PRESETS, parse_ranks
+from tokenmill.tokenizer import describe_tokenizer, encode
+
+from .conftest import CORPORA, TOKENIZERS, read_jsonl
+
+tiktoken = pytest.importorskip("tiktoken")
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    """Documents in many scripts, code, DNA, web text, and the odd whitespace and digit runs."""
+    picked = []
+    for pattern in ("multilingual/*.jsonl.gz", "code/*.jsonl.gz", "web_trafilatura_pages/*.jsonl.gz",
+                    "enwiki_slice/*.jsonl.gz", "dna/*.jsonl.gz"):  # fmt: skip
+        for path in sorted(CORPORA.glob(pattern)):
+            picked += [d["text"][:4000] for d in read_jsonl(path)[:40]]
+    return picked + ["", " ", "  two  spaces\n\n\n tabs\t\tand 1234567 digits 3.14159 ’curly’ \r\n"]
+
+
+def tokenizer_of(source, **options) -> tuple[Tokenizer, object]:
+    pretrained = load_pretrained(str(source), **options) if options else _converted(str(source))
+    return Tokenizer.from_str(pretrained.data.decode()), pretrained
+
+
+@functools.cache
+def _converted(source: str):
+    """Converting a large rank file takes seconds: once per test session per file."""
+    return load_pretrained(source)
+
+
+def ids(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    return [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt-neox-20b", "deepseek-v3", "llama2-dolma-pii"])
+def test_tokenizer_json_file_gives_the_reference_ids(name, texts):
+    reference = Tokenizer.from_file(str(TOKENIZERS / name / "tokenizer.json"))
+    tok, _ = tokenizer_of(TOKENIZERS / name / "tokenizer.json")
+    assert ids(tok, texts) == ids(reference, texts)
+
+
+@pytest.mark.parametrize(
+    "rank_file",
+    [
+        "llama3/tokenizer.model",
+        "tiktoken/cl100k_base.tiktoken",
+        "tiktoken/o200k_base.tiktoken",
+        "tiktoken/r50k_base.tiktoken",
+    ],  # fmt: skip
+)
+def test_tiktoken_rank_file_converts_to_the_same_ids(rank_file, texts):
+    data = (TOKENIZERS / rank_file).read_bytes()
+    tok, pretrained = tokenizer_of(TOKENIZERS / rank_file)
+    preset = PRESETS[hashlib.sha256(data).hexdigest()]
+    reference = tiktoken.Encoding(preset.name, pat_str=preset.pattern, mergeable_ranks=parse_ranks(data, rank_file),
+                                  special_tokens=preset.special_tokens)  # fmt: skip
+    assert ids(tok, texts) == reference.encode_ordinary_batch(texts)
+    for token, token_id in preset.special_tokens.items():  # whole, never split, at tiktoken's id
+        assert tok.encode(f"x{token}y", add_special_tokens=False).ids == reference.encode(
+            f"x{token}y", allowed_special="all"
+        )
+        assert tok.token_to_id(token) == token_id
+    info = describe_tokenizer(pretrained.data, TokenizerConfig(path="x", eod="auto"), False, pretrained.eos)
+    assert info.vocab_size == reference.n_vocab  # the largest id + 1, even with gaps (cl100k)
+    assert info.eod_id == reference.eot_token if preset.name != "llama3" else info.eod_id == 128001
+    assert tok.decode(ids(tok, texts[:1])[0]) == texts[0]
+
+
+def test_llama3_own_eos_and_bos(tmp_path):
+    _, pretrained = tokenizer_of(TOKENIZERS / "llama3" / "tokenizer.model")
+    assert load_pretrained(str(TOKENIZERS / "llama3" / "tokenizer.model")).data == pretrained.data  # deterministic
+    info = describe_tokenizer(pretrained.data, TokenizerConfig(path="x", eod="auto", bos="auto"), False,
+                              pretrained.eos, pretrained.bos)  # fmt: skip
+    assert (pretrained.eos, pretrained.bos, info.eod_id, info.bos_id) == ("<|end_of_text|>", "<|begin_of_text|>",
+                                                                          128001, 128000)  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"tokenizer.eod '<\|endoftext\|>' is not in the vocabulary.*'<\|end_of_text\|>'"
+    ):
+        describe_tokenizer(pretrained.data, TokenizerConfig(path="x"), False, pretrained.eos, source="llama3")
+
+
+def test_unknown_rank_file_needs_a_pattern(tmp_path):
+    lines = (TOKENIZERS / "tiktoken" / "r50k_base.tiktoken").read_bytes().splitlines()[:300]
+    path = tmp_path / "small.tiktoken"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(TokenizerSourceError, match="does not know.*tokenizer.tiktoken.pattern"):
+        load_pretrained(str(path))
+    pattern = PRESETS["306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"].pattern
+    options = TiktokenConfig(pattern=pattern, special_tokens={"<|eot|>": 300})
+    tok, _ = tokenizer_of(path, tiktoken=options)
+    reference = tiktoken.Encoding("small", pat_str=pattern, mergeable_ranks=parse_ranks(path.read_bytes(), "x"),
+                                  special_tokens={"<|eot|>": 300})  # fmt: skip
+    text = "the other thing that is in there <|eot|>"
+    assert tok.encode(text, add_special_tokens=False).ids == reference.encode(text, allowed_special="all")
+
+
+def test_hf_directory_names_its_own_eos_and_bos(tmp_path, texts):
+    directory = tmp_path / "llama2"
+    directory.mkdir()
+    shutil.copy(TOKENIZERS / "llama2-dolma-pii" / "tokenizer.json", directory)
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "</s>"}, "bos_token": "<s>"}))
+    tok, pretrained = tokenizer_of(directory)
+    assert (pretrained.eos, pretrained.bos) == ("</s>", "<s>")
+    reference = Tokenizer.from_file(str(TOKENIZERS / "llama2-dolma-pii" / "tokenizer.json"))
+    assert ids(tok, texts) == ids(reference, texts)
+    # without the config files: BOS from the post-processor template, EOS by its conventional name
+    bare = load_pretrained(str(TOKENIZERS / "llama2-dolma-pii" / "tokenizer.json"))
+    assert (bare.eos, bare.bos) == ("</s>", "<s>")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TokenizerSourceError, match="has no tokenizer.json"):
+        load_pretrained(str(tmp_path / "empty"))
+
+
+def test_missing_special_tokens_are_clear_errors():
+    gpt2 = load_pretrained(str(TOKENIZERS / "gpt2" / "tokenizer.json"))
+    assert (gpt2.eos, gpt2.bos) == ("<|endoftext|>", None)
+    with pytest.raises(ValueError, match="tokenizer.bos is auto, but 'gpt2' does not say which token is its BOS"):
+        describe_tokenizer(gpt2.data, TokenizerConfig(path="x", bos="auto"), False, gpt2.eos, gpt2.bos, "'gpt2'")
+    with pytest.raises(ValueError, match="tokenizer.pad '<pad>' is not in the vocabulary"):
+        describe_tokenizer(gpt2.data, TokenizerConfig(path="x", pad="<pad>"), False)
+    with pytest.raises(TokenizerSourceError, match="no such file"):
+        load_pretrained("/nonexistent/tokenizer.json")
+    with pytest.raises(TokenizerSourceError, match="neither a tokenizer.json nor a tiktoken rank file"):
+        load_pretrained(str(CORPORA / "README.md"))
+
+
+def test_hub_id_without_network_fails_at_once_saying_to_pass_a_local_path(tmp_path):
+    for offline in (False, True):
+        started = time.perf_counter()
+        with pytest.raises(TokenizerSourceError, match="pass a local path"):
+            load_pretrained("hf:openai-community/gpt2", hub=HubConfig(cache_dir=str(tmp_path), offline=offline))
+        assert time.perf_counter() - started < 10
+
+
+def test_hub_id_resolves_from_a_local_cache_offline(tmp_path):
+    # huggingface_hub's cache layout: models--org--name/refs/<branch> holds a commit; snapshots/<commit>/ the files
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "models--openai-community--gpt2"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    shutil.copy(TOKENIZERS / "gpt2" / "tokenizer.json", snapshot)
+    (snapshot / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    for offline in (False, True):  # unreachable hub, then offline mode: both find the cached copy
+        pretrained = load_pretrained(
+            "hf:openai-community/gpt2", hub=HubConfig(cache_dir=str(tmp_path), offline=offline)
+        )
+        assert pretrained.data == (TOKENIZERS / "gpt2" / "tokenizer.json").read_bytes()
+        assert pretrained.eos == "<|endoftext|>"
+
+
+def test_encode_puts_bos_before_and_eod_after_each_document():
+    tok = Tokenizer.from_file(str(TOKENIZERS / "gpt2" / "tokenizer.json"))
+    docs = ["Hello world", "", "a b c"]
+    plain = ids(tok, docs)
+    flat, lengths = encode(tok, docs, eod_id=50256, bos_id=7)
+    assert lengths.tolist() == [len(p) + 2 for p in plain]
+    assert flat.tolist() == [t for p in plain for t in [7, *p, 50256]]
+    flat, lengths = encode(tok, docs, eod_id=None)
+    assert flat.tolist() == [t for p in plain for t in p] and flat.dtype == np.int64
+    assert encode(tok, [], eod_id=1)[0].size == 0
