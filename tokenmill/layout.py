@@ -9,6 +9,7 @@ TOKENIZER = "tokenizer/tokenizer.json"
 TOKENIZER_REPORT = ("report/tokenizer.md", "report/tokenizer.json")  # fertility, see tokenmill.fertility
 STATS = "stats.json"
 MANIFEST = "manifest.json"
+LATEST = "LATEST"  # beside the versions of a dataset: the name of the newest complete one
 PRIVATE = ("_commits/", "_work/")  # bookkeeping, not part of the published dataset
 
 

@@ -46,9 +46,10 @@ def expand_paths(patterns: list[str], storage_options: dict | None = None) -> li
 class Store:
     """A directory (local or remote) addressed by relative paths."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, storage_options: dict | None = None):
         self.url = str(root).rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.storage_options = options_for(self.url, storage_options)
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.storage_options)
         self.is_local = isinstance(self.fs, LocalFileSystem)
 
     def path(self, rel: str) -> str:
