@@ -174,52 +174,32 @@ def build_dataset(config: TokenmillConfig) -> dict:
     stats = validate(config, plan, tokenizer, tokenized, packed)
     if report is not None:
         create_markdown_artifact(report.result(), key="tokenizer-report", description="Tokenizer fertility")
-    manifest = publish(config, tokenizer, stats)
     bytes_in = sum(r["bytes_in"] for r in tokenized)
-    summary = {
-        "output": config.output.path,
-        "shards": len(shards),
-        "shards_reused": reused,
-        **manifest["counts"],
-        "splits": manifest["splits"],
-        "packing": manifest["packing"],
+    run = {
         "bytes_in": bytes_in,
         "tokenize_mb_per_s": round(bytes_in / 1e6 / tokenize_seconds, 2),
         "tokenize_seconds": round(tokenize_seconds, 2),
         "shuffle_seconds": None if shuffle_seconds is None else round(shuffle_seconds, 2),
         "flow_seconds": round(time.perf_counter() - started, 2),
     }
+    published = publish(config, tokenizer, stats, run)
+    manifest = published["manifest"]
+    summary = {
+        "output": config.output.path,
+        "published": published["published"],
+        "shards": len(shards),
+        "shards_reused": reused,
+        **manifest["counts"],
+        "splits": manifest["splits"],
+        "packing": manifest["packing"],
+        **run,
+    }
     logger.info(
-        "published %s: %d documents in, %d tokenized, %d rejected, %d tokens, %d shards in %.1f s",
-        config.output.path, summary["documents_in"], summary["documents_out"], summary["documents_rejected"],
-        summary["tokens"], len(shards), summary["flow_seconds"],
+        "published %s (%d files copied, %d already there): %d documents in, %d tokenized, %d rejected, "
+        "%d tokens, %d shards in %.1f s",
+        published["published"]["url"], published["published"]["copied"], published["published"]["skipped"],
+        summary["documents_in"], summary["documents_out"], summary["documents_rejected"], summary["tokens"],
+        len(shards), summary["flow_seconds"],
     )  # fmt: skip
-    create_markdown_artifact(summary_markdown(summary), key="tokenmill-summary", description="Run summary")
+    create_markdown_artifact(published["report"], key="tokenmill-summary", description="Run summary")
     return summary
-
-
-def summary_markdown(summary: dict) -> str:
-    lines = [
-        f"# {summary['output']}",
-        f"{summary['shards']} shards ({summary['shards_reused']} reused); {summary['documents_in']:,} documents in, "
-        f"{summary['documents_out']:,} tokenized, {summary['documents_rejected']:,} rejected; "
-        f"{summary['tokens']:,} tokens; tokenize stage {summary['tokenize_mb_per_s']} MB/s, "
-        f"flow {summary['flow_seconds']} s.",
-        "",
-        "| split | documents | tokens | sequences | real tokens | pad tokens | utilization "
-        "| padded layout: sequences | padded layout: utilization |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    everything = {"documents": summary["documents_out"], "tokens": summary["tokens"], "packing": summary["packing"]}
-    for split, s in [*summary["splits"].items(), ("all", everything)]:
-        p, padded = s["packing"], s["packing"]["padded_layout"]
-        lines.append(
-            f"| {split} | {s['documents']:,} | {s['tokens']:,} | {p['sequences']:,} | {p['real_tokens']:,} "
-            f"| {p['pad_tokens']:,} | {percent(p['utilization'])} | {padded['sequences']:,} "
-            f"| {percent(padded['utilization'])} |"
-        )
-    return "\n".join(lines)
-
-
-def percent(fraction: float | None) -> str:
-    return "-" if fraction is None else f"{fraction:.2%}"

@@ -79,7 +79,12 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
 
 
 def print_summary(summary: dict) -> None:
-    console.print(f"\n[bold]Dataset written to {summary['output']}[/bold]")
+    published = summary["published"]
+    console.print(f"\n[bold]Dataset published to {published['url']}[/bold]", highlight=False)
+    console.print(
+        f"({published['copied']} files copied, {published['skipped']} already there; built in {summary['output']})",
+        highlight=False,
+    )
     console.print(
         f"{summary['shards']} shards ({summary['shards_reused']} reused), "
         f"{summary['documents_in']:,} documents in, {summary['documents_out']:,} tokenized, "
@@ -165,6 +170,33 @@ def serve(
         ),
         rerun_shards.to_deployment(name=name, parameters={"output": cfg.output.path}, entrypoint_type=module),
     )
+
+
+@app.command()
+def inspect(
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="A published version, the directory of a dataset's versions "
+            "(LATEST is followed), or a build directory; local or s3://."
+        ),
+    ],
+    verify: Annotated[bool, typer.Option("--verify", help="Check every file's size and sha256.")] = False,
+) -> None:
+    """Print what a published dataset holds; with --verify, check it against its manifest."""
+    from tokenmill.verify import NotADataset, open_dataset, summary_lines
+    from tokenmill.verify import verify as check
+
+    try:
+        dataset = open_dataset(path)
+    except NotADataset as e:
+        raise _fail(str(e)) from None
+    for line in summary_lines(dataset):
+        console.print(line, highlight=False)
+    if verify:
+        if problems := check(dataset):
+            raise _fail("verification failed:\n" + "\n".join(f"  - {p}" for p in problems))
+        console.print(f"verified: all {len(dataset.manifest['files'])} files match the manifest", highlight=False)
 
 
 @server_app.command("start")

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from tokenmill.readers import ReadOptions
+from tokenmill.storage import Store
 
 
 class _Section(BaseModel):
@@ -231,8 +232,27 @@ class PackConfig(_Section):
         return self
 
 
+class PublishConfig(_Section):
+    path: str | None = Field(
+        None,
+        description="Root the finished dataset is published under, as <path>/<name>/<version>/ with a LATEST "
+        "pointer beside the versions (local or s3://); null: output.path.",
+    )
+    version: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Version name; null: the dataset hash."
+    )
+    storage: StorageConfig = StorageConfig()
+
+    @field_validator("path")
+    @classmethod
+    def _absolute_if_local(cls, path: str | None) -> str | None:
+        return path if path is None or "://" in path else str(Path(path).expanduser().absolute())
+
+
 class OutputConfig(_Section):
-    path: str = Field(description="Local directory or s3://bucket/prefix receiving the dataset.")
+    path: str = Field(description="Local directory or s3://bucket/prefix where the run builds the dataset.")
+    storage: StorageConfig = StorageConfig()
+    publish: PublishConfig = PublishConfig()
     formats: list[Literal["megatron", "packed", "llmc"]] = Field(
         default_factory=lambda: ["megatron", "packed"],
         description="megatron: .bin/.idx per shard and split (always written: every other format is made "
@@ -248,6 +268,10 @@ class OutputConfig(_Section):
     def _absolute_if_local(cls, path: str) -> str:
         # Dask workers may run elsewhere: a relative path means the one seen from where the run starts.
         return path if "://" in path else str(Path(path).expanduser().absolute())
+
+    def store(self) -> Store:
+        """The build directory, where every stage writes."""
+        return Store(self.path, self.storage.fsspec_options())
 
     @field_validator("formats")
     @classmethod
@@ -309,6 +333,15 @@ class TokenmillConfig(_Section):
 
     def dataset_hash(self) -> str:
         return self.section_hash(*self.dataset_config())
+
+    def version(self) -> str:
+        """The published version's name: `output.publish.version`, else the dataset hash."""
+        return self.output.publish.version or self.dataset_hash()
+
+    def publish_root(self) -> Store:
+        """`<publish path>/<name>`: the versions of this dataset and their LATEST pointer."""
+        root = self.output.publish.path or self.output.path
+        return Store(f"{root}/{self.name}", self.output.publish.storage.fsspec_options())
 
     def section_hash(self, *sections: str) -> str:
         """A short hash of the named config sections: the cache key of a stage that depends on them."""

@@ -18,7 +18,6 @@ from tokenmill import layout
 from tokenmill.config import TokenmillConfig
 from tokenmill.pretrained import load_pretrained
 from tokenmill.sampling import group_name, holdout_records
-from tokenmill.storage import Store
 from tokenmill.tokenizer import TokenizerInfo, load_tokenizer
 
 DATASET = "dataset"  # the report's name for the dataset's own tokenizer
@@ -84,7 +83,7 @@ def flagged(report: dict, name: str = DATASET) -> list[str]:
 
 def tokenizer_report(config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict]) -> dict:
     """Measure the held-out sample and write `report/tokenizer.{json,md}`; return the report."""
-    store = Store(config.output.path)
+    store = config.output.store()
     tokenizers = {DATASET: load_tokenizer(store.url_of(layout.TOKENIZER), tokenizer.sha256)}
     for source in config.fertility.baselines:
         pretrained = load_pretrained(source, config.tokenizer.hub, config.tokenizer.tiktoken)

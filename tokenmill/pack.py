@@ -23,7 +23,6 @@ from tokenmill.formats.llmc import llmc_dtype, shard_bounds, write_llmc
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import SUFFIXES, write_packed, write_shuffle_index
 from tokenmill.packing import global_shuffle_index, pack, padded_layout_rows
-from tokenmill.storage import Store
 from tokenmill.tokenize import stage_key as tokenize_key
 from tokenmill.tokenizer import TokenizerInfo
 
@@ -47,7 +46,7 @@ def stage_key(config: TokenmillConfig, tokenizer: TokenizerInfo) -> str:
 
 def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInfo) -> dict:
     """Pack one tokenized shard (`tokenized` is the tokenize stage's result for it)."""
-    store, shard_id = Store(config.output.path), tokenized["shard_id"]
+    store, shard_id = config.output.store(), tokenized["shard_id"]
     key = stage_key(config, tokenizer)
     if (done := committed(store, STAGE, shard_id, key)) is not None:
         return done | {"reused": True}
@@ -86,7 +85,7 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
 def write_shuffle_indexes(config: TokenmillConfig, packed: list[dict]) -> dict[str, int]:
     """Write each split's shuffle index over all its packed rows (from the pack results of every shard);
     return the rows per split. Cheap and deterministic, so it is simply rewritten on every run."""
-    store = Store(config.output.path)
+    store = config.output.store()
     by_shard = sorted(packed, key=lambda r: r["shard_id"])
     rows = {}
     for split in config.split:

@@ -19,7 +19,7 @@ import zstandard
 from tokenmill import layout
 from tokenmill.config import TokenmillConfig
 from tokenmill.readers import Piece, compression_of, format_of
-from tokenmill.storage import Store, expand_paths, options_for
+from tokenmill.storage import expand_paths, options_for
 
 SCAN_CHUNK = 16 << 20
 ZSTD_RATIO_GUESS = 4  # when a zstd frame does not record its content size
@@ -136,7 +136,7 @@ def plan_key(config: TokenmillConfig) -> str:
 def load_or_plan(config: TokenmillConfig) -> tuple[dict, bool]:
     """The plan already in the output for this input and partition config (so reruns see the same shards
     even if files were added since), or a new one written there. Returns (plan, reused)."""
-    store = Store(config.output.path)
+    store = config.output.store()
     if store.exists(layout.PLAN):
         plan = store.read_json(layout.PLAN)
         if plan.get("key") == plan_key(config):

@@ -3,6 +3,9 @@ sha256, and the counts and packing stats. Its presence is the proof that the dat
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pandas as pd
 
 from tokenmill import __version__, layout
@@ -11,8 +14,8 @@ from tokenmill.formats.megatron import token_dtype
 from tokenmill.formats.packed import SUFFIXES
 from tokenmill.storage import Store
 from tokenmill.tokenize import ENCODER_CHOICE
-from tokenmill.validate import REFERENCE_CHECK
 from tokenmill.tokenizer import TokenizerInfo
+from tokenmill.validate import REFERENCE_CHECK
 
 
 def dataset_files(table: pd.DataFrame) -> list[str]:
@@ -66,10 +69,11 @@ def encoder_entry(store: Store) -> dict:
 
 def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict:
     """Write `manifest.json` for the validated dataset and return it."""
-    store = Store(config.output.path)
+    store = config.output.store()
     shard_rows = table.drop_duplicates("shard_id")
     manifest = {
         "name": config.name,
+        "version": config.version(),
         "tokenmill_version": __version__,
         "dataset_hash": config.dataset_hash(),
         "config": config.dataset_config(),
@@ -100,3 +104,49 @@ def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFra
     }
     store.write_json(layout.MANIFEST, manifest)
     return manifest
+
+
+def publish_version(config: TokenmillConfig, manifest: dict, extra_files: list[str] = ()) -> dict:
+    """Copy the dataset to `<publish path>/<name>/<version>/`, then its manifest, then point LATEST at it.
+
+    A file already there with the manifest's size and sha256 is not copied again, so publishing twice
+    copies nothing and a publish interrupted halfway (no manifest yet) is completed by the next one.
+    Locally files are hard-linked where possible; between two object stores they are copied server-side.
+    """
+    source, root = config.output.store(), config.publish_root()
+    target = Store(f"{root.url}/{manifest['version']}", root.storage_options)
+    copied = skipped = 0
+    for entry in manifest["files"]:
+        if _already_there(source, target, entry):
+            skipped += 1
+        else:
+            _copy(source, target, entry["path"])
+            copied += 1
+    for rel in extra_files:  # the report: small, about the run, not part of the data
+        _copy(source, target, rel)
+    target.write_json(layout.MANIFEST, manifest)
+    root.write_bytes(layout.LATEST, f"{manifest['version']}\n".encode())
+    return {"url": target.url, "copied": copied, "skipped": skipped}
+
+
+def _already_there(source: Store, target: Store, entry: dict) -> bool:
+    rel = entry["path"]
+    if not target.exists(rel) or target.size(rel) != entry["bytes"]:
+        return False
+    if source.is_local and target.is_local and os.path.samefile(source.path(rel), target.path(rel)):
+        return True
+    return target.sha256(rel) == entry["sha256"]
+
+
+def _copy(source: Store, target: Store, rel: str) -> None:
+    if source.is_local and target.is_local:
+        with target.writing(rel) as tmp:
+            try:
+                os.link(source.path(rel), tmp)  # free, and safe: every writer replaces files, never edits them
+            except OSError:
+                shutil.copyfile(source.path(rel), tmp)
+    elif type(source.fs) is type(target.fs) and source.storage_options == target.storage_options:
+        target.fs.copy(source.path(rel), target.path(rel))  # server-side, nothing through this process
+    else:
+        with source.local_copies(rel) as (path,):
+            target.put(path, rel)

@@ -25,6 +25,7 @@ PLOTS = {
     "tokens_per_shard": "report/tokens_per_shard.png",
     "utilization": "report/utilization.png",
 }
+FILES = [SUMMARY, *PLOTS.values()]
 
 
 def percent(fraction: float | None) -> str:
@@ -119,7 +120,7 @@ def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]
     ax.bar(x + 0.2, padded, 0.4, label="one document per padded row")
     ax.set_xticks(x, splits)
     ax.set(title="Packing utilization", ylabel="real tokens / token slots", ylim=(0, 1.05))
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
     return {"document_lengths": document_plot, "tokens_per_shard": shard_plot, "utilization": _png(figure)}
 
 

@@ -14,7 +14,7 @@ SHARD_STAGES = ("tokenize", "pack")  # the per-shard stages a rerun redoes (samp
 
 def save_run_config(config: TokenmillConfig) -> None:
     """Record the run's full config in its output (secrets masked: reruns take them from the environment)."""
-    Store(config.output.path).write_json(RUN_CONFIG, config.model_dump(mode="json"))
+    config.output.store().write_json(RUN_CONFIG, config.model_dump(mode="json"))
 
 
 def load_run_config(output: str) -> TokenmillConfig:
@@ -30,7 +30,7 @@ def load_run_config(output: str) -> TokenmillConfig:
 
 def forget_shards(config: TokenmillConfig, shard_ids: list[int]) -> int:
     """Remove the commit markers of these shards so the next run redoes them; returns how many went."""
-    store = Store(config.output.path)
+    store = config.output.store()
     plan = store.read_json(layout.PLAN)
     known = range(plan.get("shuffled_shards") or len(plan["shards"]))
     if unknown := sorted(set(shard_ids) - set(known)):

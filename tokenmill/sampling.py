@@ -81,7 +81,7 @@ def stage_key(config: TokenmillConfig, f: float, g: float) -> str:
 def sample_shard(config: TokenmillConfig, shard: dict, f: float, g: float) -> dict:
     """Write this shard's training sample, held-out sample (and reserve) under `_work/`; return their
     paths and sizes (per group too, when stratified)."""
-    store, shard_id = Store(config.output.path), shard["shard_id"]
+    store, shard_id = config.output.store(), shard["shard_id"]
     key = stage_key(config, f, g)
     if (done := committed(store, STAGE, shard_id, key)) is not None:
         return done
@@ -173,7 +173,7 @@ def training_files(samples: list[dict]) -> list[str]:
 
 def training_texts(config: TokenmillConfig, samples: list[dict]) -> Iterator[str]:
     """The training sample's texts: shard by shard, then the stratification top-ups, in a fixed order."""
-    store = Store(config.output.path)
+    store = config.output.store()
     for s in samples:
         with store.open(s["path"]) as f:
             for line in f:
@@ -191,7 +191,7 @@ def training_texts(config: TokenmillConfig, samples: list[dict]) -> Iterator[str
 
 def holdout_records(config: TokenmillConfig, samples: list[dict]) -> Iterator[dict]:
     """The held-out documents, `{"text": ..., <group_by fields>...}`, shard by shard."""
-    store = Store(config.output.path)
+    store = config.output.store()
     for s in samples:
         with store.open(s["holdout"]) as f:
             for line in f:

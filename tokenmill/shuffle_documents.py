@@ -19,7 +19,6 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.hashing import unit_interval
 from tokenmill.partition import plan_key, shard_pieces
 from tokenmill.readers import Piece, Record, records
-from tokenmill.storage import Store
 
 
 def _routing_key(doc_id, problem, file: str, line: int) -> str:
@@ -32,7 +31,7 @@ def _routing_keys(batch: list[Record]) -> list[str]:
 
 def scatter_shard(config: TokenmillConfig, shard: dict, n_outputs: int) -> dict:
     """Split one input shard into `n_outputs` bucket files, one per output shard (empty ones too)."""
-    store, source = Store(config.output.path), shard["shard_id"]
+    store, source = config.output.store(), shard["shard_id"]
     key = plan_key(config)
     if (done := committed(store, "scatter", source, key)) is not None:
         return done
@@ -63,7 +62,7 @@ def scatter_shard(config: TokenmillConfig, shard: dict, n_outputs: int) -> dict:
 
 def gather_shard(config: TokenmillConfig, target: int, n_sources: int) -> dict:
     """Write output shard `target`: every source's bucket for it, in a seeded random order."""
-    store = Store(config.output.path)
+    store = config.output.store()
     key = plan_key(config)
     if (done := committed(store, "gather", target, key)) is not None:
         return done
@@ -85,7 +84,7 @@ def gather_shard(config: TokenmillConfig, target: int, n_sources: int) -> dict:
 
 def shuffled_shards(config: TokenmillConfig, gathered: list[dict]) -> list[dict]:
     """The shards tokenize reads after the shuffle (shaped like the plan's shards)."""
-    store = Store(config.output.path)
+    store = config.output.store()
     return [
         {
             "shard_id": g["shard_id"],

@@ -26,7 +26,6 @@ from tokenmill.formats.megatron import BinWriter, token_dtype, write_index
 from tokenmill.hashing import assign_splits
 from tokenmill.partition import shard_pieces
 from tokenmill.readers import read_documents
-from tokenmill.storage import Store
 from tokenmill.tokenizer import TokenizerInfo
 
 STAGE = "tokenize"
@@ -56,7 +55,7 @@ def tokenize_shard(
 ) -> dict:
     """Tokenize one shard of the plan (or return its committed result) with the run's encoder choice
     (None: the reference, HF tokenizers)."""
-    store, shard_id = Store(config.output.path), shard["shard_id"]
+    store, shard_id = config.output.store(), shard["shard_id"]
     key = stage_key(config, tokenizer)
     if (done := committed(store, STAGE, shard_id, key)) is not None:
         return done | {"reused": True}
@@ -142,7 +141,7 @@ def verification_sample(config: TokenmillConfig, shards: list[dict], documents: 
 
 def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: TokenizerInfo, log=print):
     """The run's encoder (tokenizer.encoder, verified on a sample across shards), recorded in `_work/`."""
-    store = Store(config.output.path)
+    store = config.output.store()
     data = store.read_bytes(layout.TOKENIZER)
     sample = verification_sample(config, shards, config.tokenizer.verify_documents)
     choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log=log)

@@ -99,13 +99,13 @@ def install_pretrained(config: TokenmillConfig) -> TokenizerInfo:
     cfg = config.tokenizer
     pretrained = load_pretrained(cfg.path, cfg.hub, cfg.tiktoken)
     info = describe_tokenizer(pretrained.data, cfg, False, pretrained.eos, pretrained.bos, repr(cfg.path))
-    install(Store(config.output.path), pretrained.data)
+    install(config.output.store(), pretrained.data)
     return info
 
 
 def train_on_sample(config: TokenmillConfig, samples: list[dict]) -> TokenizerInfo:
     """Train on the sample (in shard order); reuse the trained file if the sample and config are unchanged."""
-    store, cfg = Store(config.output.path), config.tokenizer
+    store, cfg = config.output.store(), config.tokenizer
     sample_digest = hashlib.sha256("".join(store.sha256(rel) for rel in training_files(samples)).encode())
     key = f"{sample_digest.hexdigest()[:16]}-{config.section_hash('tokenizer')}"
     if (done := committed(store, "train_tokenizer", 0, key)) is not None and store.exists(layout.TOKENIZER):

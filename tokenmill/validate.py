@@ -272,7 +272,7 @@ def sampled_documents(config: TokenmillConfig, plan: dict, table: pd.DataFrame, 
 def _check_round_trip(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> list[str]:
     """Decoding sampled documents' stored tokens gives back their source text (after the tokenizer's own
     normalization). Documents that the tokenizer itself cannot round-trip (lossy tokenizers) are skipped."""
-    store = Store(config.output.path)
+    store = config.output.store()
     tok = load_tokenizer(store.url_of(layout.TOKENIZER), tokenizer.sha256)
     normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
     skip_head = int(bool(getattr(config.tokenizer, "prepend_bos", False)))
@@ -338,7 +338,7 @@ def reference_sample(config: TokenmillConfig, plan: dict, table: pd.DataFrame, s
 def check_reference_ids(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame):
     """Re-encode a random sample of documents with the reference (HF tokenizers) and compare with the stored
     ids; more mismatches than `tokenizer.allowed_mismatch_rate` fail the run, naming the shard files."""
-    store = Store(config.output.path)
+    store = config.output.store()
     sample = reference_sample(config, plan, table)
     if not sample:
         return []
@@ -381,7 +381,7 @@ def validate(
         schema.validate(table, lazy=True)
     except pa.errors.SchemaErrors as e:
         raise ValidationFailed(f"stats table failed validation:\n{_failure_report(e, table)}") from None
-    store = Store(config.output.path)
+    store = config.output.store()
     dtype = token_dtype(tokenizer.vocab_size)
     eod_id = tokenizer.eod_id if config.tokenizer.append_eod else None
     pad_id = pack_pad_id(config, tokenizer)
