@@ -9,6 +9,7 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.storage import Store
 
 RUN_CONFIG = "_work/config.json"
+MASKED = "**********"  # how pydantic writes a SecretStr
 SHARD_STAGES = ("tokenize", "pack")  # the per-shard stages a rerun redoes (sample and shuffle feed others)
 
 
@@ -21,11 +22,16 @@ def load_run_config(output: str) -> TokenmillConfig:
     store = Store(output)
     if not store.exists(RUN_CONFIG):
         raise FileNotFoundError(f"{output}: no {RUN_CONFIG}; is this the output of a tokenmill run?")
-    data = store.read_json(RUN_CONFIG)
-    for section in ("input", "output"):
-        data.get(section, {}).pop("storage", None)  # masked secrets are no secrets; the environment has them
+    data = _without_masked_secrets(store.read_json(RUN_CONFIG))
     data["output"]["path"] = output
     return TokenmillConfig.model_validate(data)
+
+
+def _without_masked_secrets(data):
+    """The recorded config with its masked secrets removed: a rerun takes them from the environment."""
+    if isinstance(data, dict):
+        return {k: _without_masked_secrets(v) for k, v in data.items() if v != MASKED}
+    return data
 
 
 def forget_shards(config: TokenmillConfig, shard_ids: list[int]) -> int:
