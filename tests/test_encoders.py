@@ -124,9 +124,16 @@ def test_auto_prefers_gigatoken_and_explains_the_others(chosen):
         if name != "llama2-dolma-pii":  # a SentencePiece model splits on no Unicode property
             assert choice.unsafe, "gigatoken's Unicode 17 letters must be routed to hf"
         assert report["gigatoken"].startswith("chosen: identical to hf")
-    assert "normalizer" in chosen["gpt-neox-20b"][1]["tiktoken"]
-    assert "SentencePiece" in chosen["llama2-dolma-pii"][1]["tiktoken"]
-    assert "not one regex split" in chosen["deepseek-v3"][1]["tiktoken"]
+    assert set(report) == {"gigatoken"}, "auto stops at the first exact backend"
+
+
+@pytest.mark.parametrize(
+    "name, why",
+    [("gpt-neox-20b", "normalizer"), ("llama2-dolma-pii", "SentencePiece"), ("deepseek-v3", "normalizer|one regex")],
+)
+def test_tiktoken_says_why_it_cannot_represent_a_tokenizer(name, why):
+    with pytest.raises(encoders.NotRepresentable, match=why):
+        encoders.tiktoken_parts(tokenizer_json(name))
 
 
 @pytest.mark.parametrize("corpus", CORPUS_FILES, ids=lambda p: p.name.removesuffix(".jsonl.gz"))
