@@ -39,7 +39,8 @@ format: setup
 	$(BIN)/ruff check --fix .
 
 bench: setup
-	$(BIN)/python bench/flow.py
+	$(BIN)/python bench/tokenize.py
+	$(BIN)/python bench/pack.py
 
 clean:
 	rm -rf out .pytest_cache .ruff_cache

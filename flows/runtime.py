@@ -21,7 +21,7 @@ logging.getLogger("distributed").setLevel(logging.WARNING)
 
 def task_runner_for(dask_config: DaskConfig) -> DaskTaskRunner:
     """A DaskTaskRunner for an existing scheduler, or a LocalCluster of worker processes on 127.0.0.1."""
-    address = dask_config.address or os.environ.get("TOKENMILL_DASK_ADDRESS")
+    address = dask_config.scheduler()
     if address:
         return DaskTaskRunner(address=address)
     cores = os.cpu_count() or 1

@@ -22,7 +22,7 @@ app = typer.Typer(
 )
 server_app = typer.Typer(help="The local Prefect server tokenmill starts when PREFECT_API_URL is not set.")
 app.add_typer(server_app, name="server")
-console = Console()
+console = Console(soft_wrap=True)  # messages name paths: never break them across lines
 
 SetOption = Annotated[
     list[str],
@@ -67,7 +67,7 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     from flows.server import ensure_api
 
     api_url = ensure_api()
-    console.print(f"Prefect API: {api_url.removesuffix('/api')} (UI), Dask: {cfg.dask.address or 'LocalCluster'}")
+    console.print(f"Prefect API: {api_url.removesuffix('/api')} (UI), Dask: {cfg.dask.scheduler() or 'LocalCluster'}")
     from flows.main import corpus_to_tokens
 
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -298,6 +299,10 @@ class DaskConfig(_Section):
     shards_per_batch: int = Field(
         1000, ge=1, description="Most shard tasks mapped at once per stage (Prefect slows near 2,000 per map)."
     )
+
+    def scheduler(self) -> str | None:
+        """The scheduler to use: `address`, else $TOKENMILL_DASK_ADDRESS; None means a LocalCluster."""
+        return self.address or os.environ.get("TOKENMILL_DASK_ADDRESS") or None
 
 
 class TokenmillConfig(_Section):

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import io
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")  # files only, never a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from tokenmill.formats.megatron import MegatronIndex  # noqa: E402
-from tokenmill.storage import Store  # noqa: E402
+from tokenmill.formats.megatron import MegatronIndex
+from tokenmill.storage import Store
 
 SUMMARY = "report/summary.md"
 PLOTS = {
@@ -73,6 +69,8 @@ def summary_markdown(manifest: dict, run: dict | None = None) -> str:
 
 
 def _png(figure) -> bytes:
+    import matplotlib.pyplot as plt
+
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight", metadata={"Software": None})
     plt.close(figure)
@@ -90,6 +88,11 @@ def document_lengths(store: Store, manifest: dict) -> np.ndarray:
 
 
 def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]:
+    import matplotlib  # half a second to import: only the process that publishes pays it
+
+    matplotlib.use("Agg")  # files only, never a display
+    import matplotlib.pyplot as plt
+
     lengths = document_lengths(store, manifest)
     figure, ax = plt.subplots(figsize=(6, 3.2))
     if len(lengths):

@@ -113,7 +113,7 @@ def stats_schema(n_shards: int, splits: list[str], vocab_size: int, pack: PackCo
     )
 
 
-def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None) -> list[str]:
+def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None, bos_id: int | None) -> list[str]:
     prefix = layout.megatron_prefix(row.split, row.shard_id)
     files = [prefix + ".bin", prefix + ".idx"]
     if row.documents == 0:
@@ -136,10 +136,11 @@ def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None) -> l
             return [f"{prefix}.idx: document indices are not 0..{len(index)}"]
         if not np.array_equal(index.pointers[1:], np.cumsum(index.lengths[:-1], dtype=np.int64) * dtype.itemsize):
             return [f"{prefix}.idx: pointers disagree with lengths"]
-        if eod_id is not None:
-            last = reader.tokens[index.pointers // dtype.itemsize + index.lengths - 1]
-            if bad := int((last != eod_id).sum()):
-                return [f"{prefix}.bin: {bad} documents do not end with EOD id {eod_id}"]
+        starts = index.pointers // dtype.itemsize
+        if eod_id is not None and (bad := int((reader.tokens[starts + index.lengths - 1] != eod_id).sum())):
+            return [f"{prefix}.bin: {bad} documents do not end with EOD id {eod_id}"]
+        if bos_id is not None and (bad := int((reader.tokens[starts] != bos_id).sum())):
+            return [f"{prefix}.bin: {bad} documents do not start with BOS id {bos_id}"]
     return []
 
 
@@ -275,7 +276,7 @@ def _check_round_trip(config: TokenmillConfig, plan: dict, tokenizer: TokenizerI
     store = config.output.store()
     tok = load_tokenizer(store.url_of(layout.TOKENIZER), tokenizer.sha256)
     normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
-    skip_head = int(bool(getattr(config.tokenizer, "prepend_bos", False)))
+    skip_head = int(config.tokenizer.prepend_bos)
     skip_tail = int(config.tokenizer.append_eod)
     readers: dict[str, MegatronReader] = {}
     problems = []
@@ -384,11 +385,12 @@ def validate(
     store = config.output.store()
     dtype = token_dtype(tokenizer.vocab_size)
     eod_id = tokenizer.eod_id if config.tokenizer.append_eod else None
+    bos_id = tokenizer.bos_id if config.tokenizer.prepend_bos else None
     pad_id = pack_pad_id(config, tokenizer)
     llmc, cap = "llmc" in config.output.formats, config.output.llmc_shard_tokens
     problems = []
     for row in table.itertuples():
-        problems += _check_megatron(store, row, dtype, eod_id)
+        problems += _check_megatron(store, row, dtype, eod_id, bos_id)
         if packing:
             problems += _check_packed(store, row, config.pack, pad_id)
         if llmc:
