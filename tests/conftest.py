@@ -6,8 +6,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -45,23 +48,71 @@ def prefect_api(tmp_path_factory) -> str:
             os.environ[key] = value
 
 
-@pytest.fixture(scope="session")
-def run_cli(prefect_api):
-    """Run `tokenmill ...` as a user would, against the session's Prefect server."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+
+@pytest.fixture(scope="session")
+def dask_cluster(s3_server):
+    """A real Dask cluster for the session: `dask scheduler` and two `dask worker` processes on 127.0.0.1,
+    kept warm across runs as a team's shared cluster is (runs with a LocalCluster ask for one). Its workers
+    hold the S3 server's credentials in their environment, as a cluster's nodes would."""
+    bin_dir, port = Path(sys.executable).parent, free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
+    loopback = ["--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"]
+    worker = [bin_dir / "dask", "worker", address, "--nthreads", "1", "--memory-limit", "4GiB", *loopback]
+    processes = [subprocess.Popen([bin_dir / "dask", "scheduler", "--port", str(port), *loopback], **quiet)]
+    processes += [
+        subprocess.Popen(worker, cwd=REPO, env={**os.environ, "RAYON_NUM_THREADS": "1"}, **quiet) for _ in range(2)
+    ]
+    from distributed import Client
+
+    with Client(address, timeout=60) as client:
+        client.wait_for_workers(2, timeout=60)
+    yield address
+    for process in reversed(processes):
+        os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:  # a worker's nanny may need a second signal
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+
+
+@pytest.fixture(scope="session")
+def run_cli(prefect_api, dask_cluster):
+    """Run `tokenmill ...` as a user would, against the session's Prefect server and Dask cluster
+    (`local_cluster=True`: the config's own `dask:` section, a LocalCluster by default)."""
+
+    def run(*args: str, check: bool = True, local_cluster: bool = False) -> subprocess.CompletedProcess:
         env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+        if not local_cluster:
+            env["TOKENMILL_DASK_ADDRESS"] = dask_cluster
+        started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "tokenmill", *args],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         if check and result.returncode != 0:
             raise AssertionError(
-                f"tokenmill {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+                f"tokenmill {' '.join(args)} exited {result.returncode} after {time.monotonic() - started:.0f} s:\n"
+                f"{result.stdout}\n{result.stderr}"
             )
         return result
 
     return run
+
+
+@pytest.fixture(scope="session")
+def gpt2_run(run_cli, tmp_path_factory) -> Path:
+    """examples/gpt2.yaml in four shards, run once for the tests that read it (copy it before changing it)."""
+    out = tmp_path_factory.mktemp("gpt2-run") / "out"
+    run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB")
+    return out
 
 
 def dataset_files(root: Path) -> dict[str, bytes]:

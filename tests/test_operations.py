@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,13 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, dataset_files
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .conftest import REPO, dataset_files, free_port
 
 
 @pytest.fixture
@@ -66,13 +59,13 @@ def markers(out: Path, stage: str) -> dict[str, int]:
 
 
 def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
-    run_cli, prefect_api, prefect_client, tmp_path
+    gpt2_run, prefect_api, prefect_client, dask_cluster, tmp_path
 ):
-    out, clean = tmp_path / "out", tmp_path / "clean"
+    out = tmp_path / "out"
     overrides = ["--set", "partition.shard_size=1MB"]
     blocked = out / "megatron/train/shard-00001.bin"
     block(blocked)
-    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
     server = subprocess.Popen(
         [sys.executable, "-m", "tokenmill", "serve", "examples/gpt2.yaml", *overrides, "--set", f"output.path={out}",
          "--name", "ops", "--cron", "0 3 * * *"],
@@ -117,15 +110,15 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
     logs = prefect_client.read_logs()
     assert any("reused 3 of 4 committed tokenize shards" in log.message for log in logs)
 
-    run_cli("run", "examples/gpt2.yaml", *overrides, "--set", f"output.path={clean}")
-    retried, fresh = dataset_files(out), dataset_files(clean)
+    # the retried run equals a clean run
+    retried, fresh = dataset_files(out), dataset_files(gpt2_run)
     assert json.loads(retried.pop("manifest.json")) == json.loads(fresh.pop("manifest.json"))
     assert retried == fresh
 
 
-def test_rerun_shards_redoes_exactly_the_named_shards(run_cli, tmp_path):
+def test_rerun_shards_redoes_exactly_the_named_shards(run_cli, gpt2_run, tmp_path):
     out = tmp_path / "out"
-    run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB")
+    shutil.copytree(gpt2_run, out)
     before_files, before = dataset_files(out), {s: markers(out, s) for s in ("tokenize", "pack")}
     result = run_cli("rerun", str(out), "--shard", "1", "--shard", "3")
     assert "4 shards (2 reused)" in result.stdout
@@ -139,52 +132,20 @@ def test_rerun_shards_redoes_exactly_the_named_shards(run_cli, tmp_path):
     assert missing.returncode == 1 and "no shards [9]" in missing.stdout
 
 
-def test_flow_runs_on_an_external_dask_cluster(run_cli, prefect_client, tmp_path):
-    port = free_port()
-    bin_dir = Path(sys.executable).parent
-    scheduler = subprocess.Popen(
-        [bin_dir / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
-         "--dashboard-address", "127.0.0.1:0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    workers = [
-        subprocess.Popen(
-            [
-                bin_dir / "dask",
-                "worker",
-                f"tcp://127.0.0.1:{port}",
-                "--host",
-                "127.0.0.1",
-                "--nthreads",
-                "1",
-                "--dashboard-address",
-                "127.0.0.1:0",
-                "--memory-limit",
-                "4GiB",
-            ],
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
-        for _ in range(2)
-    ]
-    try:
-        out = tmp_path / "out"
-        run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB",
-                "--set", f"dask.address=tcp://127.0.0.1:{port}")  # fmt: skip
-        manifest = json.loads((out / "manifest.json").read_text())
-        assert manifest["counts"]["documents_rejected"] == 0 and manifest["counts"]["tokens"] > 0
-        # the tasks ran on the external workers and reported to the Prefect API from there
-        from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+def test_flow_runs_on_an_external_dask_cluster(gpt2_run, dask_cluster, prefect_client):
+    """gpt2_run ran on the session's `dask scheduler` + `dask worker` processes: the shard tasks ran there
+    (each worker holds the encoder it loaded) and reported to the Prefect API from there."""
+    from distributed import Client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
 
-        names = TaskRunFilter(name=TaskRunFilterName(like_="tokenize[shard-"))
-        runs = prefect_client.read_task_runs(task_run_filter=names)
-        assert sum(r.state.is_completed() for r in runs) >= 4
-    finally:
-        for process in (*workers, scheduler):
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(30)
+    manifest = json.loads((gpt2_run / "manifest.json").read_text())
+    assert manifest["counts"]["documents_rejected"] == 0 and manifest["counts"]["tokens"] > 0
+    with Client(dask_cluster) as client:
+        loaded = client.run(lambda: __import__("tokenmill.encoders").encoders.load_encoder.cache_info().currsize)
+    assert len(loaded) == 2 and sum(loaded.values()) >= 1, loaded
+    runs = prefect_client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="tokenize[shard-")))
+    assert sum(r.state.is_completed() for r in runs) >= 4
+    assert prefect_client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["demo-gpt2"])))
 
 
 def test_prefect_server_on_postgresql(tmp_path):

@@ -5,6 +5,7 @@ credentials given in the config appear nowhere."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import boto3
 import pytest
@@ -24,14 +25,27 @@ def objects(s3, prefix: str) -> dict[str, object]:
     return {o["Key"].removeprefix(prefix): o["LastModified"] for o in listing}
 
 
-def test_publish_republish_interrupted_and_verify(run_cli, s3, tmp_path):
-    build = tmp_path / "build"
+@pytest.fixture(scope="module")
+def published(run_cli, s3, gpt2_run, tmp_path_factory):
+    """gpt2_run's build published to s3://datasets/root with credentials in the config, and a server-side
+    copy of what was published under pristine/ for the tests that damage it."""
+    build = tmp_path_factory.mktemp("publish") / "build"
+    shutil.copytree(gpt2_run, build)  # the shards are reused: this run builds nothing, it publishes
     run = [
         "run", "examples/gpt2.yaml", "--set", f"output.path={build}", "--set", "partition.shard_size=1MB",
         "--set", "output.publish.path=s3://datasets/root", "--set", "output.publish.storage.key=testing",
         "--set", f"output.publish.storage.secret={SECRET}",
     ]  # fmt: skip
     first = run_cli(*run)
+    for key in objects(s3, "root/"):
+        s3.copy_object(
+            Bucket="datasets", Key=f"pristine/{key}", CopySource={"Bucket": "datasets", "Key": f"root/{key}"}
+        )
+    return build, run, first
+
+
+def test_publish_republish_interrupted_and_verify(run_cli, s3, published):
+    build, run, first = published
     manifest = json.loads((build / "manifest.json").read_text())
     version, files = manifest["version"], manifest["files"]
     prefix = f"root/demo-gpt2/{version}/"
@@ -72,15 +86,6 @@ def test_publish_republish_interrupted_and_verify(run_cli, s3, tmp_path):
     assert not any(SECRET in text for text in recorded)
 
 
-@pytest.fixture(scope="module")
-def published_once(run_cli, s3, tmp_path_factory):
-    """One dataset published to s3://datasets/pristine/; each damage test works on a server-side copy."""
-    build = tmp_path_factory.mktemp("damage") / "build"
-    run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={build}", "--set", "partition.shard_size=1MB",
-            "--set", "output.publish.path=s3://datasets/pristine")  # fmt: skip
-    return "pristine/demo-gpt2/"
-
-
 @pytest.mark.parametrize(
     "case, damage, message",
     [
@@ -89,10 +94,11 @@ def published_once(run_cli, s3, tmp_path_factory):
         ("delete", "packed/train/shard-00002.tokens.npy", "packed/train/shard-00002.tokens.npy: missing"),
     ],
 )
-def test_inspect_verify_names_the_damaged_file(run_cli, s3, published_once, case, damage, message):
-    for key in objects(s3, published_once):
+def test_inspect_verify_names_the_damaged_file(run_cli, s3, published, case, damage, message):
+    pristine = "pristine/demo-gpt2/"
+    for key in objects(s3, pristine):
         s3.copy_object(Bucket="datasets", Key=f"{case}/demo-gpt2/{key}",
-                       CopySource={"Bucket": "datasets", "Key": published_once + key})  # fmt: skip
+                       CopySource={"Bucket": "datasets", "Key": pristine + key})  # fmt: skip
     version = s3.get_object(Bucket="datasets", Key=f"{case}/demo-gpt2/LATEST")["Body"].read().decode().strip()
     key = f"{case}/demo-gpt2/{version}/{damage}"
     data = s3.get_object(Bucket="datasets", Key=key)["Body"].read()
@@ -102,6 +108,6 @@ def test_inspect_verify_names_the_damaged_file(run_cli, s3, published_once, case
         s3.put_object(Bucket="datasets", Key=key, Body=data[:-2])
     else:
         s3.delete_object(Bucket="datasets", Key=key)
-    assert "verified" in run_cli("inspect", f"s3://datasets/{published_once}", "--verify").stdout
+    assert "verified" in run_cli("inspect", f"s3://datasets/{pristine}", "--verify").stdout
     result = run_cli("inspect", f"s3://datasets/{case}/demo-gpt2", "--verify", check=False)
     assert result.returncode == 1 and message in result.stdout

@@ -9,18 +9,16 @@ import boto3
 from .conftest import EXAMPLES
 
 
-def test_flow_reads_and_writes_s3(run_cli, s3_server, tmp_path):
+def test_flow_reads_and_writes_s3(run_cli, s3_server, gpt2_run):
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="corpus")
     s3.create_bucket(Bucket="datasets")
     for path in (EXAMPLES / "data").glob("*.jsonl*"):
         s3.upload_file(str(path), "corpus", f"demo/{path.name}")
 
-    local = tmp_path / "local"
-    common = ["--set", "partition.shard_size=1MB"]
-    run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={local}", *common)
+    local = gpt2_run  # the same config, read and written locally
     run_cli(
-        "run", "examples/gpt2.yaml", *common,
+        "run", "examples/gpt2.yaml", "--set", "partition.shard_size=1MB",
         "--set", "input.paths=[s3://corpus/demo/*.jsonl*]", "--set", "output.path=s3://datasets/gpt2",
     )  # fmt: skip
 

@@ -14,18 +14,11 @@ from tokenmill.validate import ValidationFailed, validate
 from .conftest import EXAMPLES
 
 
-@pytest.fixture(scope="module")
-def published(run_cli, tmp_path_factory):
-    out = tmp_path_factory.mktemp("validate") / "demo"
-    run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB")
-    return out
-
-
 @pytest.fixture
-def dataset(published, tmp_path):
+def dataset(gpt2_run, tmp_path):
     """A private copy of the published dataset and the inputs validate needs, to damage at will."""
     out = tmp_path / "copy"
-    shutil.copytree(published, out)
+    shutil.copytree(gpt2_run, out)
     config = load_config(EXAMPLES / "gpt2.yaml", [f"output.path={out}", "partition.shard_size=1MB"])
     plan = json.loads((out / "plan.json").read_text())
     manifest = json.loads((out / "manifest.json").read_text())
@@ -86,3 +79,15 @@ def test_token_ids_beyond_the_vocabulary_fail(dataset):
     small = TokenizerInfo(tokenizer.sha256, 1000, tokenizer.eod_id, False)
     with pytest.raises(ValidationFailed, match="vocab size"):
         validate(config, plan, small, tokenized, packed)
+
+
+def test_documents_without_their_bos_fail(dataset):
+    """The run wrote no BOS; a config that asks for one (<|endoftext|> as BOS) must not validate it."""
+    out, config, plan, tokenizer, tokenized, packed = dataset
+    config = load_config(
+        EXAMPLES / "gpt2.yaml",
+        [f"output.path={out}", "partition.shard_size=1MB", "tokenizer.bos=<|endoftext|>", "tokenizer.prepend_bos=true"],
+    )
+    with_bos = TokenizerInfo(tokenizer.sha256, tokenizer.vocab_size, tokenizer.eod_id, False, bos_id=tokenizer.eod_id)
+    with pytest.raises(ValidationFailed, match=r"megatron/\w+/shard-\d+\.bin: \d+ documents do not start with BOS"):
+        validate(config, plan, with_bos, tokenized, packed)
