@@ -26,7 +26,7 @@ from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
-from tokenmill.pack import writes_packed
+from tokenmill.pack import skipped, writes_files, writes_packed
 from tokenmill.runs import save_run_config
 from tokenmill.sampling import fractions as sample_fractions
 from tokenmill.shuffle_documents import check_counts, shuffled_shards
@@ -50,17 +50,20 @@ def batches(items: list, size: int) -> list[list]:
 def tokenize_and_pack(
     config: TokenmillConfig, shards: list[dict], tokenizer, encoder=None
 ) -> tuple[list[dict], list[dict]]:
-    """tokenize[shard] then pack[shard], each shard's pack starting as soon as its tokenize ends; shards go
-    in batches of `dask.shards_per_batch` so that no flow run holds more mapped tasks than Prefect handles well."""
+    """tokenize[shard] then pack[shard], each shard's pack starting as soon as its tokenize ends (no pack
+    tasks when there is nothing to pack); shards go in batches of `dask.shards_per_batch` so that no flow run
+    holds more mapped tasks than Prefect handles well."""
     tokenized, packed = [], []
+    packs = writes_files(config)
     for batch in batches(shards, config.dask.shards_per_batch):
         ids = [s["shard_id"] for s in batch]
         tokenize_futures = tokenize_shard.map(unmapped(config), batch, unmapped(tokenizer), unmapped(encoder))
-        pack_futures = pack_shard.map(unmapped(config), tokenize_futures, unmapped(tokenizer))
+        pack_futures = pack_shard.map(unmapped(config), tokenize_futures, unmapped(tokenizer)) if packs else []
         tokenized += results_of("tokenize", tokenize_futures, ids)
-        packed += results_of("pack", pack_futures, ids)
+        packed += results_of("pack", pack_futures, ids) if packs else [skipped(r) for r in tokenized[-len(ids) :]]
     stage_artifact("tokenize", tokenized)
-    stage_artifact("pack", packed)
+    if packs:
+        stage_artifact("pack", packed)
     return tokenized, packed
 
 
@@ -77,11 +80,18 @@ def map_shards(stage: str, task, items: list, ids: list[int], config: TokenmillC
     return results
 
 
-def announce_dashboard() -> None:
-    """Log the Dask dashboard's address and leave it as a link artifact on the run."""
+async def import_tasks() -> None:
+    """Run on each worker: unpickling this function imports this module, and with it every task's."""
+
+
+def prepare_cluster() -> None:
+    """Log the Dask dashboard's address (and leave it as a link artifact on the run), and have every worker
+    import the shard tasks now, while this process partitions and chooses the encoder: a fresh worker
+    spends about 2 s importing Prefect when its first shard arrives."""
     client = getattr(get_run_context().task_runner, "client", None)
     if client is None:
         return
+    client.run(import_tasks, wait=False)
     link = client.dashboard_link
     get_run_logger().info("Dask dashboard: %s", link)
     create_link_artifact(link, link_text="Dask dashboard", key="dask-dashboard", description="Watch the shards")
@@ -135,7 +145,7 @@ def build_dataset(config: TokenmillConfig) -> dict:
     """The DAG of DESIGN.md, on the task runner it was given."""
     logger = get_run_logger()
     started = time.perf_counter()
-    announce_dashboard()
+    prepare_cluster()
     save_run_config(config)
     plan = partition(config)
     shards = plan["shards"]

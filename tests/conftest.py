@@ -54,6 +54,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# One core per worker; glibc's adaptive malloc (see flows/runtime.py), as infra/ sets them.
+WORKER_ENV = {
+    "RAYON_NUM_THREADS": "1",
+    "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}",
+}
+
+
 @pytest.fixture(scope="session")
 def dask_cluster(s3_server):
     """A real Dask cluster for the session: `dask scheduler` and two `dask worker` processes on 127.0.0.1,
@@ -65,9 +72,7 @@ def dask_cluster(s3_server):
     loopback = ["--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"]
     worker = [bin_dir / "dask", "worker", address, "--nthreads", "1", "--memory-limit", "4GiB", *loopback]
     processes = [subprocess.Popen([bin_dir / "dask", "scheduler", "--port", str(port), *loopback], **quiet)]
-    processes += [
-        subprocess.Popen(worker, cwd=REPO, env={**os.environ, "RAYON_NUM_THREADS": "1"}, **quiet) for _ in range(2)
-    ]
+    processes += [subprocess.Popen(worker, cwd=REPO, env={**os.environ, **WORKER_ENV}, **quiet) for _ in range(2)]
     from distributed import Client
 
     with Client(address, timeout=60) as client:

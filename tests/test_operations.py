@@ -148,7 +148,7 @@ def test_flow_runs_on_an_external_dask_cluster(gpt2_run, dask_cluster, prefect_c
     assert prefect_client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["demo-gpt2"])))
 
 
-def test_prefect_server_on_postgresql(tmp_path, dask_cluster):
+def test_prefect_server_on_postgresql(tmp_path):
     """A whole run against a Prefect server backed by PostgreSQL (Debian's server, started here)."""
     binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
     if not binaries:
@@ -173,7 +173,6 @@ def test_prefect_server_on_postgresql(tmp_path, dask_cluster):
             **os.environ,
             "PREFECT_HOME": str(tmp_path / "home"),
             "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://postgres@127.0.0.1:{port}/prefect",
-            "TOKENMILL_DASK_ADDRESS": dask_cluster,
         }
         env.pop("PREFECT_API_URL", None)
         prefect_server = subprocess.Popen(

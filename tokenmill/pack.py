@@ -34,6 +34,19 @@ def writes_packed(config: TokenmillConfig) -> bool:
     return config.pack.mode != "none" and "packed" in config.output.formats
 
 
+NOTHING_PACKED = {"rows": 0, "real_tokens": 0, "pad_tokens": 0, "padded_layout_rows": 0, "llmc_files": 0}
+
+
+def writes_files(config: TokenmillConfig) -> bool:
+    """The pack stage has something to write (packed rows or llm.c files); without it the stage is skipped."""
+    return writes_packed(config) or "llmc" in config.output.formats
+
+
+def skipped(tokenized: dict) -> dict:
+    """A shard's pack result where the stage has nothing to write (see `writes_files`)."""
+    return {"shard_id": tokenized["shard_id"], "splits": dict.fromkeys(tokenized["splits"], NOTHING_PACKED)}
+
+
 def pad_id(config: TokenmillConfig, tokenizer: TokenizerInfo) -> int:
     return tokenizer.eod_id if config.pack.pad_id is None else config.pack.pad_id
 
@@ -54,7 +67,7 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
     packing, llmc = writes_packed(config), "llmc" in config.output.formats
     splits = {}
     for split, counts in tokenized["splits"].items():
-        stats = {"rows": 0, "real_tokens": 0, "pad_tokens": 0, "padded_layout_rows": 0, "llmc_files": 0}
+        stats = dict(NOTHING_PACKED)
         splits[split] = stats
         if counts["documents"] == 0 or not (packing or llmc):
             continue

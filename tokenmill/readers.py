@@ -333,14 +333,14 @@ def _shorten(raw: bytes, limit: int = 2000) -> str:
 
 
 def read_documents(
-    pieces: list[Piece], options: ReadOptions, columnar: bool = False
+    pieces: list[Piece], options: ReadOptions, columnar: bool = False, batch_bytes: int = BATCH_BYTES
 ) -> Iterator[tuple[Batch, list[Reject]]]:
-    """Yield (batch of valid documents, rejects among the same records), batches of about BATCH_BYTES.
+    """Yield (batch of valid documents, rejects among the same records), batches of about `batch_bytes`.
     With `columnar`, plain JSONL is read by the fast path (`_fast_jsonl`) where it applies."""
     seen_ids: set[str] = set()
     for piece in pieces:
         if columnar and _fast_path_applies(piece, options):
-            yield from _fast_jsonl(piece, options, seen_ids)
+            yield from _fast_jsonl(piece, options, seen_ids, batch_bytes)
             continue
         pending: list[Record] = []
         pending_bytes = 0
@@ -350,7 +350,7 @@ def read_documents(
             if raw is not None:
                 pending.append(raw)
                 pending_bytes += raw.size
-                if pending_bytes < BATCH_BYTES:
+                if pending_bytes < batch_bytes:
                     continue
             if pending:
                 yield _checked(pending, options, seen_ids)
@@ -402,7 +402,9 @@ def _fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
     )
 
 
-def _fast_jsonl(piece: Piece, options: ReadOptions, seen_ids: set[str]) -> Iterator[tuple[Batch, list[Reject]]]:
+def _fast_jsonl(
+    piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int
+) -> Iterator[tuple[Batch, list[Reject]]]:
     name = display_name(piece.path)
     columns = [(options.text_field, pyarrow.string())]
     if options.id_field is not None:
@@ -414,7 +416,7 @@ def _fast_jsonl(piece: Piece, options: ReadOptions, seen_ids: set[str]) -> Itera
                 f.seek(piece.start)
             pos, line = piece.start, piece.first_line
             while piece.end is None or pos < piece.end:
-                block = f.read(BATCH_BYTES if piece.end is None else min(BATCH_BYTES, piece.end - pos))
+                block = f.read(batch_bytes if piece.end is None else min(batch_bytes, piece.end - pos))
                 if block and not block.endswith(b"\n") and (piece.end is None or pos + len(block) < piece.end):
                     block += f.readline()  # whole lines only
                 if not block:

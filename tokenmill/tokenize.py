@@ -30,6 +30,7 @@ from tokenmill.tokenizer import TokenizerInfo
 
 STAGE = "tokenize"
 ENCODER_CHOICE = "_work/encoder.json"  # the run's encoder choice, for the manifest
+SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of every shard, not 8 MB of each
 
 
 def stage_key(config: TokenmillConfig, tokenizer: TokenizerInfo) -> str:
@@ -120,15 +121,15 @@ def tokenize_shard(
 
 
 def verification_sample(config: TokenmillConfig, shards: list[dict], documents: int) -> list[str]:
-    """About `documents` texts drawn across the shards: an equal share from the start of each shard (at least
-    one batch's worth is never read past, so this costs little however large the shards)."""
+    """About `documents` texts drawn across the shards: an equal share from the start of each shard, read in
+    small batches (so this costs little however large the shards)."""
     if not shards or not documents:
         return []
     share = max(1, -(-documents // len(shards)))
     texts: list[str] = []
     for shard in shards:
         taken = 0
-        for batch, _ in read_documents(shard_pieces(shard), config.input.read_options(), columnar=True):
+        for batch, _ in read_documents(shard_pieces(shard), config.input.read_options(), True, SAMPLE_BATCH_BYTES):
             values = batch.text_values()
             step = max(1, len(values) // share)
             picked = values[::step][: share - taken]
