@@ -14,7 +14,7 @@ The ceiling is `--workers` x the fastest single-core encoder rate. Peak RSS is t
 processes (`ru_maxrss`).
 
     python bench/tokenize.py                                   # enwiki_slice once, GPT-2, 2 workers
-    python bench/tokenize.py --repeat 20 --shard-size 64MB     # the issue's 1.2 GB setup
+    python bench/tokenize.py --repeat 20 --shard-size 64MB --runs 5   # the issue's 1.2 GB setup
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -140,6 +142,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--shard-size", default="64MB")
     parser.add_argument("--encoder-mb", type=float, default=60, help="prefix for the slow encoders and baseline")
+    parser.add_argument("--runs", type=int, default=1, help="whole-flow runs (from scratch); the median is shown")
     args = parser.parse_args()
     os.environ["RAYON_NUM_THREADS"] = "1"  # one core per process, as in the flow's workers
 
@@ -189,11 +192,18 @@ def main() -> None:
 
         config_file = Path(tmp) / "flow.yaml"
         config_file.write_text(json.dumps(settings | {"output": {"path": f"{tmp}/flow"}}))
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "tokenmill", "run", str(config_file)], check=True, capture_output=True)
-        rows.append(
-            ("tokenmill run (whole flow, process start to exit)", time.perf_counter() - started, size, tokens, None)
-        )
+        times = []
+        for _ in range(args.runs):  # each from scratch
+            shutil.rmtree(f"{tmp}/flow", ignore_errors=True)
+            started = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-m", "tokenmill", "run", str(config_file)], check=True, capture_output=True
+            )
+            times.append(time.perf_counter() - started)
+        print("whole flow runs: " + ", ".join(f"{t:.1f} s" for t in times))
+        median = f", median of {args.runs}" if args.runs > 1 else ""
+        what = f"tokenmill run (whole flow, process start to exit{median})"
+        rows.append((what, statistics.median(times), size, tokens, None))
 
         print(f"\nceiling = {args.workers} x fastest single-core encoder = {ceiling:.0f} MB/s\n")
         print(f"| {'what':<58} | MB in | seconds |   MB/s | Mtokens/s | of ceiling | peak RSS/worker |")

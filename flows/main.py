@@ -7,6 +7,7 @@ partition ─► [scatter[shard] ─► gather[shard]]          (partition.shuff
 
 from __future__ import annotations
 
+import threading
 import time
 
 from prefect import flow, get_run_logger, unmapped
@@ -21,7 +22,7 @@ from tasks.publish import publish
 from tasks.sample import sample_shard
 from tasks.shuffle_documents import gather_shard, scatter_shard
 from tasks.shuffle_index import shuffle_index
-from tasks.tokenize import choose_encoder, tokenize_shard
+from tasks.tokenize import choose_encoder, tokenize_shard, warm_up
 from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
@@ -80,18 +81,15 @@ def map_shards(stage: str, task, items: list, ids: list[int], config: TokenmillC
     return results
 
 
-async def import_tasks() -> None:
-    """Run on each worker: unpickling this function imports this module, and with it every task's."""
-
-
 def prepare_cluster() -> None:
     """Log the Dask dashboard's address (and leave it as a link artifact on the run), and have every worker
-    import the shard tasks now, while this process partitions and chooses the encoder: a fresh worker
-    spends about 2 s importing Prefect when its first shard arrives."""
+    import the shard tasks and encoders now, while this process partitions and chooses the encoder: a fresh
+    worker spends about 2 s importing them when its first shard arrives."""
     client = getattr(get_run_context().task_runner, "client", None)
     if client is None:
         return
-    client.run(import_tasks, wait=False)
+    # In a thread: a worker answers only once the import is done, and the flow has other work meanwhile.
+    threading.Thread(target=client.run, args=(warm_up,), daemon=True).start()
     link = client.dashboard_link
     get_run_logger().info("Dask dashboard: %s", link)
     create_link_artifact(link, link_text="Dask dashboard", key="dask-dashboard", description="Watch the shards")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 
@@ -16,6 +17,8 @@ from tokenmill.storage import Store
 from tokenmill.tokenize import ENCODER_CHOICE
 from tokenmill.tokenizer import TokenizerInfo
 from tokenmill.validate import REFERENCE_CHECK
+
+HASH_THREADS = 8  # files hashed at once: all cores locally, and overlapping requests on object stores
 
 
 def dataset_files(table: pd.DataFrame) -> list[str]:
@@ -71,6 +74,9 @@ def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFra
     """Write `manifest.json` for the validated dataset and return it."""
     store = config.output.store()
     shard_rows = table.drop_duplicates("shard_id")
+    files = sorted(dataset_files(table) + [r for r in layout.TOKENIZER_REPORT if store.exists(r)])
+    with ThreadPoolExecutor(HASH_THREADS) as pool:  # hashlib and file or object reads release the GIL
+        hashes = list(pool.map(store.sha256, files))
     manifest = {
         "name": config.name,
         "version": config.version(),
@@ -98,8 +104,8 @@ def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFra
         "splits": split_summary(table, config.pack.seq_len),
         "packing": packing_summary(table.sum(numeric_only=True), config.pack.seq_len),
         "files": [
-            {"path": rel, **layout.describe(rel), "bytes": store.size(rel), "sha256": store.sha256(rel)}
-            for rel in sorted(dataset_files(table) + [r for r in layout.TOKENIZER_REPORT if store.exists(r)])
+            {"path": rel, **layout.describe(rel), "bytes": store.size(rel), "sha256": digest}
+            for rel, digest in zip(files, hashes, strict=True)
         ],
     }
     store.write_json(layout.MANIFEST, manifest)
