@@ -7,9 +7,9 @@ partition ─► [scatter[shard] ─► gather[shard]]          (partition.shuff
 
 from __future__ import annotations
 
-import threading
 import time
 
+from distributed import fire_and_forget
 from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.context import get_run_context
@@ -61,10 +61,12 @@ def tokenize_and_pack(
         tokenize_futures = tokenize_shard.map(unmapped(config), batch, unmapped(tokenizer), unmapped(encoder))
         pack_futures = pack_shard.map(unmapped(config), tokenize_futures, unmapped(tokenizer)) if packs else []
         tokenized += results_of("tokenize", tokenize_futures, ids)
-        packed += results_of("pack", pack_futures, ids) if packs else [skipped(r) for r in tokenized[-len(ids) :]]
+        if packs:
+            packed += results_of("pack", pack_futures, ids)
     stage_artifact("tokenize", tokenized)
-    if packs:
-        stage_artifact("pack", packed)
+    if not packs:
+        return tokenized, [skipped(r) for r in tokenized]
+    stage_artifact("pack", packed)
     return tokenized, packed
 
 
@@ -88,8 +90,8 @@ def prepare_cluster() -> None:
     client = getattr(get_run_context().task_runner, "client", None)
     if client is None:
         return
-    # In a thread: a worker answers only once the import is done, and the flow has other work meanwhile.
-    threading.Thread(target=client.run, args=(warm_up,), daemon=True).start()
+    for worker in client.scheduler_info()["workers"]:  # not awaited: the flow has other work meanwhile
+        fire_and_forget(client.submit(warm_up, workers=[worker], pure=False))
     link = client.dashboard_link
     get_run_logger().info("Dask dashboard: %s", link)
     create_link_artifact(link, link_text="Dask dashboard", key="dask-dashboard", description="Watch the shards")

@@ -46,7 +46,8 @@ def running_server() -> dict | None:
     return state if healthy(state["api_url"]) else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -56,7 +57,7 @@ def start_server(port: int | None = None) -> dict:
     """Start `prefect server start` on 127.0.0.1 in the background and wait until it is healthy."""
     home = prefect_home()
     home.mkdir(parents=True, exist_ok=True)
-    port = port or _free_port()
+    port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     log_path = home / "tokenmill-server.log"
     prefect = Path(sys.executable).with_name("prefect")

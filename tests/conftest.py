@@ -7,13 +7,14 @@ import gzip
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from flows.server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -46,12 +47,6 @@ def prefect_api(tmp_path_factory) -> str:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # One core per worker; glibc's adaptive malloc (see flows/runtime.py), as infra/ sets them.

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, dataset_files, free_port
+from flows.server import free_port
+
+from .conftest import REPO, dataset_files
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ def writes_files(config: TokenmillConfig) -> bool:
 
 def skipped(tokenized: dict) -> dict:
     """A shard's pack result where the stage has nothing to write (see `writes_files`)."""
-    return {"shard_id": tokenized["shard_id"], "splits": dict.fromkeys(tokenized["splits"], NOTHING_PACKED)}
+    return {"shard_id": tokenized["shard_id"], "splits": {split: dict(NOTHING_PACKED) for split in tokenized["splits"]}}
 
 
 def pad_id(config: TokenmillConfig, tokenizer: TokenizerInfo) -> int:
@@ -69,7 +69,7 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
     for split, counts in tokenized["splits"].items():
         stats = dict(NOTHING_PACKED)
         splits[split] = stats
-        if counts["documents"] == 0 or not (packing or llmc):
+        if counts["documents"] == 0 or not writes_files(config):
             continue
         source = layout.megatron_prefix(split, shard_id)
         with store.local_copies(source + ".bin", source + ".idx") as (bin_path, idx_path):
