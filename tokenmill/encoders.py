@@ -273,8 +273,8 @@ class GuardedEncoder:
         leads = leads[leads >= offsets[0]]
         if not len(leads):
             return np.zeros(0, np.int64)
-        padded = np.concatenate([data, np.zeros(3, np.uint8)]).astype(np.uint32)
-        b0, b1, b2, b3 = (padded[leads + k] for k in range(4))
+        last = len(data) - 1  # only the bytes at and after the leads are widened, not the whole batch
+        b0, b1, b2, b3 = (data[np.minimum(leads + k, last)].astype(np.uint32) for k in range(4))
         code_points = np.where(
             b0 < 0x80,
             b0,

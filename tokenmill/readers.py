@@ -431,8 +431,11 @@ def _fast_jsonl(
                     block = block[: piece.end - pos]
                 if pos == 0 and not block.strip():
                     break  # an empty file: the careful path below says so
-                lines = block.count(b"\n") + (not block.endswith(b"\n"))
-                batch = _fast_batch(block, lines, line, name, options, parse, seen_ids)
+                newlines = block.count(b"\n")
+                lines = newlines + (not block.endswith(b"\n"))
+                # bytes as the careful path counts them: each line without its line ending
+                nbytes = len(block) - newlines - (block.count(b"\r\n") if b"\r" in block else 0)
+                batch = _fast_batch(block, lines, line, nbytes, name, options, parse, seen_ids)
                 yield (batch, []) if batch is not None else _careful_block(block, line, name, options, seen_ids)
                 pos, line = pos + len(block), line + lines
     except FileNotFoundError as e:
@@ -442,7 +445,7 @@ def _fast_jsonl(
 
 
 def _fast_batch(
-    block: bytes, lines: int, first_line: int, name: str, options: ReadOptions, parse, seen_ids: set[str]
+    block: bytes, lines: int, first_line: int, nbytes: int, name: str, options: ReadOptions, parse, seen_ids: set[str]
 ) -> Batch | None:
     """The block's documents if every record in it is a valid document, else None."""
     if _ESCAPED_SURROGATE.search(block):
@@ -473,8 +476,7 @@ def _fast_batch(
     if len(set(ids)) != len(ids) or not seen_ids.isdisjoint(ids):
         return None
     seen_ids.update(ids)
-    # bytes as the careful path counts them: each line without its line ending
-    return Batch(ids=ids, nbytes=len(block) - block.count(b"\n") - block.count(b"\r\n"), text_array=texts)
+    return Batch(ids=ids, nbytes=nbytes, text_array=texts)
 
 
 def _careful_block(
