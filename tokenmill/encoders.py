@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import orjson
 import pyarrow as pa
 from tokenizers import Tokenizer
 
@@ -130,7 +131,7 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 def tiktoken_parts(tokenizer_json: bytes) -> tuple[str, dict[bytes, int], dict[str, int], np.ndarray]:
     """What a `tiktoken.Encoding` equal to this byte-level BPE needs: split pattern, mergeable ranks, special
     tokens, and the map from tiktoken's ranks to the tokenizer's ids. Raises NotRepresentable otherwise."""
-    spec = json.loads(tokenizer_json)
+    spec = orjson.loads(tokenizer_json)
     model = spec["model"]
     if model.get("type") != "BPE":
         raise NotRepresentable(f"a {model.get('type')} model is not a BPE")
@@ -448,7 +449,7 @@ def cached_unsafe_code_points(tokenizer_json: bytes, fast: Encoder, reference: H
 
 def special_case_texts(tokenizer_json: bytes) -> list[str]:
     """The tokenizer's own special cases: each added token alone, inside words, doubled and among spaces."""
-    added = [t["content"] for t in json.loads(tokenizer_json).get("added_tokens") or []]
+    added = [t["content"] for t in orjson.loads(tokenizer_json).get("added_tokens") or []]
     edges = ["", " ", "  ", "\n", "x y", "  \n\t", "ünïcödé", "日本語", "1234567", "'s 'LL", "\r\n", "a\u0301"]
     texts = edges + [f"{a}{tok}{b}" for tok in added for a, b in (("", ""), ("a", "b"), (" ", " "), (tok, "\n"))]
     return texts

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 
 import fsspec
+import orjson
 from tokenizers import Tokenizer
 
 from tokenmill.config import HubConfig, TiktokenConfig
@@ -56,7 +57,7 @@ def load_pretrained(source: str, hub: HubConfig | None = None, tiktoken: Tiktoke
             raise TokenizerSourceError(f"tokenizer {source!r}: cannot convert the tiktoken rank file: {e}") from e
         return Pretrained(converted, preset.eos, preset.bos, source)
     tokenizer = parse_tokenizer_json(data, source)
-    return Pretrained(data, *own_special_tokens(tokenizer, json.loads(data)), source)
+    return Pretrained(data, *own_special_tokens(tokenizer, orjson.loads(data)), source)
 
 
 def parse_tokenizer_json(data: bytes, source: str) -> Tokenizer:
@@ -87,7 +88,7 @@ def _from_directory(directory: str, source: str) -> Pretrained:
                 config = json.load(f)
             eos = eos or _token_content(config.get("eos_token"))
             bos = bos or _token_content(config.get("bos_token"))
-    own_eos, own_bos = own_special_tokens(tokenizer, json.loads(data))
+    own_eos, own_bos = own_special_tokens(tokenizer, orjson.loads(data))
     return Pretrained(data, eos or own_eos, bos or own_bos, source)
 
 
