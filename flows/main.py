@@ -15,7 +15,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.context import get_run_context
 from prefect.futures import PrefectFuture
 
-from flows.runtime import task_runner_for
+from flows.runtime import QuickExit, task_runner_for
 from tasks.pack import pack_shard
 from tasks.partition import partition
 from tasks.publish import publish
@@ -84,12 +84,14 @@ def map_shards(stage: str, task, items: list, ids: list[int], config: TokenmillC
 
 
 def prepare_cluster() -> None:
-    """Log the Dask dashboard's address (and leave it as a link artifact on the run), and have every worker
-    import the shard tasks and encoders now, while this process partitions and chooses the encoder: a fresh
-    worker spends about 2 s importing them when its first shard arrives."""
+    """Log the Dask dashboard's address (and leave it as a link artifact on the run), make the workers quick
+    to exit (`QuickExit`), and have every worker import the shard tasks and encoders now, while this process
+    partitions and chooses the encoder: a fresh worker spends about 2 s importing them when its first shard
+    arrives."""
     client = getattr(get_run_context().task_runner, "client", None)
     if client is None:
         return
+    client.register_plugin(QuickExit())
     for worker in client.scheduler_info()["workers"]:  # not awaited: the flow has other work meanwhile
         fire_and_forget(client.submit(warm_up, workers=[worker], pure=False))
     link = client.dashboard_link

@@ -13,10 +13,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import pandera.pandas as pa
 
 from tokenmill import layout
 from tokenmill.config import PackConfig, TokenmillConfig
@@ -30,6 +30,10 @@ from tokenmill.partition import shard_pieces
 from tokenmill.readers import read_documents
 from tokenmill.storage import Store
 from tokenmill.tokenizer import TokenizerInfo, load_tokenizer
+
+if TYPE_CHECKING:
+    import pandera.pandas as pa
+    from pandera.errors import SchemaErrors
 
 COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens", "max_token_id",
            "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files"]  # fmt: skip
@@ -67,6 +71,8 @@ def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
 
 
 def stats_schema(n_shards: int, splits: list[str], vocab_size: int, pack: PackConfig | None) -> pa.DataFrameSchema:
+    import pandera.pandas as pa  # a fifth of a second to import: not in every worker that unpickles the flow
+
     """`pack` is None when no packed rows are written."""
 
     def per_shard_reconciles(df: pd.DataFrame) -> pd.Series:
@@ -336,9 +342,11 @@ def validate(
     schema = stats_schema(
         len(plan["shards"]), list(config.split), tokenizer.vocab_size, config.pack if packing else None
     )
+    from pandera.errors import SchemaErrors
+
     try:
         schema.validate(table, lazy=True)
-    except pa.errors.SchemaErrors as e:
+    except SchemaErrors as e:
         raise ValidationFailed(f"stats table failed validation:\n{_failure_report(e, table)}") from None
     store = config.output.store()
     dtype = token_dtype(tokenizer.vocab_size)
@@ -364,7 +372,7 @@ def validate(
     return table
 
 
-def _failure_report(error: pa.errors.SchemaErrors, table: pd.DataFrame) -> str:
+def _failure_report(error: SchemaErrors, table: pd.DataFrame) -> str:
     """One line per failed check, naming the shards and splits (not pandera's cell-by-cell dump)."""
     lines = []
     for check, cases in error.failure_cases.groupby("check", sort=False):
