@@ -15,7 +15,8 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.context import get_run_context
 from prefect.futures import PrefectFuture
 
-from flows.runtime import QuickExit, task_runner_for
+from flows.cluster import QuickExit
+from flows.runtime import task_runner_for
 from tasks.pack import pack_shard
 from tasks.partition import partition
 from tasks.publish import publish

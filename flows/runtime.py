@@ -1,62 +1,16 @@
-"""Where the flow runs: the Dask task runner built from `dask:` config, with the settings measured to
-matter here (loopback-only dashboard, one thread per worker, no encoder thread oversubscription, no
-hang when a worker dies)."""
+"""Where the flow runs: the Dask task runner built from `dask:` config (the cluster's settings are in
+`flows.cluster`)."""
 
 from __future__ import annotations
 
-import gc
-import logging
-import os
-
-import dask
-from distributed.diagnostics.plugin import WorkerPlugin
 from prefect_dask import DaskTaskRunner
 
+from flows.cluster import adapt_kwargs, local_cluster_kwargs
 from tokenmill.config import DaskConfig
-
-# LocalCluster closes a dead worker's slot for good after 15 s, and Prefect then waits forever on
-# "Lost all workers"; a long timeout lets the nanny bring the worker back instead.
-dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"})
-# Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which also turns off glibc's adaptive mmap
-# threshold: every buffer over 128 KiB is then a fresh mmap, page-faulted in and returned at once. The tokenize
-# stage, which reads and encodes 8 MB batches, ran 33% slower so (0.73 against 0.55 s per 64 MB shard); its
-# memory is bounded by batch size anyway. External workers take the same setting from the environment:
-# DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON="{'MALLOC_TRIM_THRESHOLD_': None}" (see infra/).
-dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
-# The cluster's start/stop chatter would drown the flow's own log lines; warnings still show.
-logging.getLogger("distributed").setLevel(logging.WARNING)
-
-
-class QuickExit(WorkerPlugin):
-    """Workers that have imported Prefect, pandas and the encoders spent 0.3-0.7 s in the garbage collector's
-    passes over the whole heap as they exited, which every run waited for when closing its cluster; frozen
-    objects are skipped (their exit handlers still run)."""
-
-    name = "tokenmill-quick-exit"
-
-    def teardown(self, worker) -> None:
-        gc.freeze()
 
 
 def task_runner_for(dask_config: DaskConfig) -> DaskTaskRunner:
     """A DaskTaskRunner for an existing scheduler, or a LocalCluster of worker processes on 127.0.0.1."""
-    address = dask_config.scheduler()
-    if address:
+    if address := dask_config.scheduler():
         return DaskTaskRunner(address=address)
-    cores = os.cpu_count() or 1
-    n_workers = dask_config.n_workers or cores
-    adaptive = dask_config.adaptive
-    return DaskTaskRunner(
-        cluster_kwargs={
-            "n_workers": adaptive.minimum if adaptive else n_workers,
-            "threads_per_worker": 1,
-            "processes": True,
-            "host": "127.0.0.1",
-            "dashboard_address": "127.0.0.1:0",
-            "silence_logs": logging.ERROR,
-            "memory_limit": dask_config.memory_limit,
-            # The encoder's own thread pool gets this worker's share of the cores, no more.
-            "env": {"RAYON_NUM_THREADS": str(max(1, cores // (adaptive.maximum if adaptive else n_workers)))},
-        },
-        adapt_kwargs={"minimum": adaptive.minimum, "maximum": adaptive.maximum} if adaptive else None,
-    )
+    return DaskTaskRunner(cluster_kwargs=local_cluster_kwargs(dask_config), adapt_kwargs=adapt_kwargs(dask_config))

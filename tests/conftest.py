@@ -49,7 +49,7 @@ def prefect_api(tmp_path_factory) -> str:
             os.environ[key] = value
 
 
-# One core per worker; glibc's adaptive malloc (see flows/runtime.py), as infra/ sets them.
+# One core per worker; glibc's adaptive malloc (see flows/cluster.py), as infra/ sets them.
 WORKER_ENV = {
     "RAYON_NUM_THREADS": "1",
     "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}",

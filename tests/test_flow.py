@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import numpy as np
@@ -16,7 +20,7 @@ from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import PackedReader
 from tokenmill.hashing import assign_splits
 
-from .conftest import EXAMPLES, TOKENIZERS, dataset_files, read_jsonl
+from .conftest import EXAMPLES, REPO, TOKENIZERS, dataset_files, read_jsonl
 
 DEMO_FILES = sorted(p for p in (EXAMPLES / "data").iterdir() if ".jsonl" in p.name)
 
@@ -75,6 +79,32 @@ def test_recomputing_from_scratch_on_two_workers_gives_the_one_worker_bytes(demo
     result = run_cli("run", "examples/demo.yaml", "--set", f"output.path={out}")
     assert "(0 reused)" in result.stdout
     assert dataset_files(out) == before
+
+
+def test_a_flow_given_no_scheduler_starts_its_own_local_cluster(prefect_api):
+    """What a served deployment does when `dask:` names no scheduler (`tokenmill run` starts its LocalCluster
+    itself, before the flow: the demo run above): the task runs in a worker process of that cluster."""
+    script = textwrap.dedent("""
+        import os
+        from prefect import flow, task
+        from flows.runtime import task_runner_for
+        from tokenmill.config import DaskConfig
+
+        @task
+        def where() -> int:
+            return os.getpid()
+
+        @flow
+        def which_process() -> int:
+            return where.submit().result()
+
+        if __name__ == "__main__":
+            runner = task_runner_for(DaskConfig(n_workers=1))
+            print("worker" if which_process.with_options(task_runner=runner)() != os.getpid() else "flow")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"PREFECT_API_URL": prefect_api}
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.stdout.strip() == "worker", result.stderr[-2000:]
 
 
 def test_gpt2_token_ids_equal_the_reference_for_every_document(gpt2_run):

@@ -65,17 +65,21 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     cfg = _load(config, overrides)
     if _interactive():  # the bars replace Prefect's per-task log lines on the terminal (the UI keeps them)
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    from flows.cluster import local_cluster_started_early
     from flows.server import ensure_api
 
-    api_url = ensure_api()
-    console.print(f"Prefect API: {api_url.removesuffix('/api')} (UI), Dask: {cfg.dask.scheduler() or 'LocalCluster'}")
-    from flows.main import corpus_to_tokens
+    with local_cluster_started_early(cfg.dask) as connect:
+        api_url = ensure_api()
+        scheduler = cfg.dask.scheduler() or "LocalCluster"
+        console.print(f"Prefect API: {api_url.removesuffix('/api')} (UI), Dask: {scheduler}")
+        from flows.main import corpus_to_tokens
 
-    try:
-        with progress_bars(cfg.output.path):
-            summary = corpus_to_tokens(config=cfg)
-    except Exception as e:  # the flow's logs above hold the details; end with the reason, not a traceback
-        raise _fail(f"run failed: {e}") from None
+        try:
+            connect()
+            with progress_bars(cfg.output.path):
+                summary = corpus_to_tokens(config=cfg)
+        except Exception as e:  # the flow's logs above hold the details; end with the reason, not a traceback
+            raise _fail(f"run failed: {e}") from None
     print_summary(summary)
     # With Prefect, Dask, pandas and matplotlib loaded, the garbage collector's passes over the whole heap
     # at interpreter exit took 0.6-1 s; frozen objects are skipped (exit handlers and flushing still run).
