@@ -14,8 +14,9 @@ from tokenmill.tokenizer import TokenizerInfo
 
 def warm_up() -> None:
     """Run on each worker before its first shard: unpickling this function imports this module (Prefect,
-    the library), and the fast encoders' own modules are imported here, once."""
-    for module in ("gigatoken", "awkward", "tiktoken"):
+    the library); the flow (which every task's Prefect context refers to) and the fast encoders' own modules
+    are imported here, once."""
+    for module in ("flows.main", "gigatoken", "awkward", "tiktoken"):
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
 
