@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -277,19 +278,29 @@ def reference_sample(config: TokenmillConfig, plan: dict, table: pd.DataFrame, s
         held += int(per_shard[shard_id])
     # Positions are drawn first, over the documents of the shards read in shard order, so that only the
     # sampled texts are kept while reading.
-    chosen = set(rng.choice(held, size=min(wanted, held), replace=False).tolist())
-    sample, position = [], 0  # (split, shard, index within the shard's split, text)
-    for shard_id in sorted(read):
-        counters = dict.fromkeys(config.split, 0)
-        names = list(config.split)
+    read.sort()
+    chosen = np.sort(rng.choice(held, size=min(wanted, held), replace=False))
+    starts = np.cumsum([0] + [int(per_shard[s]) for s in read])
+    names = list(config.split)
+
+    def sampled_from(k: int) -> list[tuple[str, int, int, str]]:
+        """(split, shard, index within the shard's split, text) of the chosen documents of shard `read[k]`."""
+        shard_id, position, found = read[k], int(starts[k]), []
+        mine = chosen[(chosen >= starts[k]) & (chosen < starts[k + 1])]
+        counters = np.zeros(len(names), np.int64)
         for batch, _ in read_documents(shard_pieces(shards[shard_id]), config.input.read_options(), columnar=True):
+            splits = assign_splits(batch.ids, config.split)
             texts = batch.text_values()
-            for i, split in enumerate(assign_splits(batch.ids, config.split)):
-                if position + i in chosen:
-                    sample.append((names[split], shard_id, counters[names[split]], str(texts[i])))
-                counters[names[split]] += 1
+            for i in mine[(mine >= position) & (mine < position + len(batch))] - position:
+                split = splits[i]
+                index = counters[split] + np.count_nonzero(splits[:i] == split)
+                found.append((names[split], shard_id, int(index), str(texts[i])))
+            counters += np.bincount(splits, minlength=len(names))
             position += len(batch)
-    return sample
+        return found
+
+    with ThreadPoolExecutor(len(read)) as pool:  # pyarrow parses with the GIL released: one shard per thread
+        return [document for part in pool.map(sampled_from, range(len(read))) for document in part]
 
 
 def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame):
