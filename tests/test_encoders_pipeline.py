@@ -1,14 +1,22 @@
-"""The tokenize stage's batch path around the encoder: BOS/EOD insertion and the JSONL columnar fast path,
-which must give exactly what the careful record-by-record path gives, rejects included."""
+"""The tokenize stage's batch path around the encoder: BOS/EOD insertion, the JSONL columnar fast path,
+which must give exactly what the careful record-by-record path gives, rejects included, and a document of
+5 million characters."""
 
 from __future__ import annotations
 
 import numpy as np
 import orjson
+from tokenizers import Tokenizer
 
 from tokenmill import readers
+from tokenmill.config import TokenmillConfig
+from tokenmill.formats.megatron import MegatronReader
+from tokenmill.partition import load_or_plan
 from tokenmill.readers import Piece, ReadOptions, read_documents
-from tokenmill.tokenize import with_specials
+from tokenmill.tokenize import choose_run_encoder, tokenize_shard, with_specials
+from tokenmill.tokenizer import install_pretrained
+
+from .conftest import CORPORA, TOKENIZERS, read_jsonl
 
 
 def test_bos_and_eod_wrap_every_document_even_empty_ones():
@@ -55,3 +63,32 @@ def test_fast_path_gives_what_the_careful_path_gives(tmp_path):
             results.setdefault(repr(options), []).append(careful[2])
     # bytes in are the records' bytes, whichever line endings they had
     assert all(lf == crlf for lf, crlf in results.values())
+
+
+def test_a_five_million_character_document_is_tokenized_exactly(tmp_path):
+    """Batches are sized in bytes, not documents: a 5-million-character document (real Wikipedia prose) among
+    ordinary ones goes through the run's encoder choice (gigatoken, guarded) and comes out with hf's ids."""
+    texts = [doc["text"] for doc in read_jsonl(CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz")[:5000]]
+    huge = "\n\n".join(texts)[:5_000_000]
+    assert len(huge) == 5_000_000
+    documents = [texts[0], huge, texts[1], texts[2]]
+    path = tmp_path / "corpus.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": t}) + b"\n" for i, t in enumerate(documents)))
+    tokenizer_path = TOKENIZERS / "gpt2" / "tokenizer.json"
+    config = TokenmillConfig.model_validate(
+        {
+            "name": "huge",
+            "input": {"paths": [str(path)], "id_field": "id"},
+            "tokenizer": {"path": str(tokenizer_path)},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+    plan, _ = load_or_plan(config)
+    tokenizer = install_pretrained(config)
+    choice = choose_run_encoder(config, plan["shards"], tokenizer, log=lambda _: None)
+    assert choice.backend == "gigatoken"
+    (shard,) = plan["shards"]
+    assert tokenize_shard(config, shard, tokenizer, choice)["splits"]["train"]["documents"] == 4
+    reader = MegatronReader(tmp_path / "out" / "megatron" / "train" / "shard-00000")
+    reference = Tokenizer.from_file(str(tokenizer_path)).encode_batch_fast(documents, add_special_tokens=False)
+    assert [reader[i].tolist() for i in range(4)] == [e.ids + [tokenizer.eod_id] for e in reference]
