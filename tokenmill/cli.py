@@ -65,13 +65,14 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     cfg = _load(config, overrides)
     if _interactive():  # the bars replace Prefect's per-task log lines on the terminal (the UI keeps them)
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    from flows.cluster import local_cluster_started_early
     from flows.server import ensure_api
 
+    api_url = ensure_api()  # first: the cluster's workers inherit PREFECT_API_URL
+    scheduler = cfg.dask.scheduler() or "LocalCluster"
+    console.print(f"Prefect API: {api_url.removesuffix('/api')} (UI), Dask: {scheduler}")
+    from flows.cluster import local_cluster_started_early
+
     with local_cluster_started_early(cfg.dask) as connect:
-        api_url = ensure_api()
-        scheduler = cfg.dask.scheduler() or "LocalCluster"
-        console.print(f"Prefect API: {api_url.removesuffix('/api')} (UI), Dask: {scheduler}")
         from flows.main import corpus_to_tokens
 
         try:
