@@ -58,14 +58,16 @@ def adapt_kwargs(dask_config: DaskConfig) -> dict | None:
 
 # Worker processes fork from a server that has imported what every worker needs, instead of each starting a
 # fresh interpreter and importing it all again (about 3 s of CPU per worker: Prefect, the flow, the encoders).
-dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+FORKSERVER = "forkserver" in multiprocessing.get_all_start_methods()  # Linux and macOS; not Windows
+if FORKSERVER:
+    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
 WORKER_MODULES = ["flows.main", "gigatoken", "awkward", "tiktoken"]  # the optional ones may be missing
 
 
 def start_local_cluster(dask_config: DaskConfig) -> LocalCluster:
-    forkserver = multiprocessing.get_context("forkserver")
-    forkserver.set_forkserver_preload(WORKER_MODULES)
-    multiprocessing.forkserver.ensure_running()  # now, with these; Dask's own preload list would replace them
+    if FORKSERVER:
+        multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
+        multiprocessing.forkserver.ensure_running()  # now, with these: Dask's own preload list would replace them
     cluster = LocalCluster(**local_cluster_kwargs(dask_config))
     if adapt := adapt_kwargs(dask_config):
         cluster.adapt(**adapt)
