@@ -1,7 +1,7 @@
 """The Dask side of where the flow runs, with the settings measured to matter here (loopback-only dashboard,
 one thread per worker, no encoder thread oversubscription, glibc's adaptive malloc, no hang when a worker
-dies, quick worker exits). Imports Dask only, so `tokenmill run` can start its LocalCluster while Prefect is
-still being imported."""
+dies, workers forked from a preloaded forkserver, quick worker exits). Imports Dask only, so `tokenmill run`
+can start its LocalCluster while Prefect is still being imported."""
 
 from __future__ import annotations
 
