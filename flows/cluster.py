@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import logging
 import multiprocessing
 import multiprocessing.forkserver
@@ -62,6 +63,14 @@ FORKSERVER = "forkserver" in multiprocessing.get_all_start_methods()  # Linux an
 if FORKSERVER:
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
 WORKER_MODULES = ["flows.main", "gigatoken", "awkward", "tiktoken"]  # the optional ones may be missing
+
+
+def warm_up() -> None:
+    """Run on each worker as a run starts, for workers that no preloaded forkserver made (any cluster tokenmill
+    did not start): import what the shard tasks need now, not when the first shard arrives."""
+    for module in WORKER_MODULES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
 
 
 def start_local_cluster(dask_config: DaskConfig) -> LocalCluster:

@@ -15,7 +15,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.context import get_run_context
 from prefect.futures import PrefectFuture
 
-from flows.cluster import QuickExit
+from flows.cluster import QuickExit, warm_up
 from flows.runtime import task_runner_for
 from tasks.pack import pack_shard
 from tasks.partition import partition
@@ -23,7 +23,7 @@ from tasks.publish import publish
 from tasks.sample import sample_shard
 from tasks.shuffle_documents import gather_shard, scatter_shard
 from tasks.shuffle_index import shuffle_index
-from tasks.tokenize import choose_encoder, tokenize_shard, warm_up
+from tasks.tokenize import choose_encoder, tokenize_shard
 from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate

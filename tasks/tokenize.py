@@ -1,24 +1,12 @@
 """tokenize[shard]: one shard to Megatron `.bin/.idx` per split, plus rejects and counts; and the run's
 encoder choice, made once before any shard (verified on a sample across shards)."""
 
-import contextlib
-import importlib
-
 from prefect import get_run_logger, task
 
 from tokenmill import tokenize
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
 from tokenmill.tokenizer import TokenizerInfo
-
-
-def warm_up() -> None:
-    """Run on each worker before its first shard: unpickling this function imports this module (Prefect,
-    the library); the flow (which every task's Prefect context refers to) and the fast encoders' own modules
-    are imported here, once."""
-    for module in ("flows.main", "gigatoken", "awkward", "tiktoken"):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(module)
 
 
 @task(name="choose_encoder")

@@ -72,9 +72,8 @@ def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
 
 
 def stats_schema(n_shards: int, splits: list[str], vocab_size: int, pack: PackConfig | None) -> pa.DataFrameSchema:
-    import pandera.pandas as pa  # a fifth of a second to import: not in every worker that unpickles the flow
-
     """`pack` is None when no packed rows are written."""
+    import pandera.pandas as pa  # a fifth of a second to import: not in every worker that unpickles the flow
 
     def per_shard_reconciles(df: pd.DataFrame) -> pd.Series:
         g = df.groupby("shard_id")
