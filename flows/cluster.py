@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import dask
-from distributed import LocalCluster
+from distributed import Client, LocalCluster, fire_and_forget
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from tokenmill.config import DaskConfig
@@ -62,7 +62,11 @@ def adapt_kwargs(dask_config: DaskConfig) -> dict | None:
 FORKSERVER = "forkserver" in multiprocessing.get_all_start_methods()  # Linux and macOS; not Windows
 if FORKSERVER:
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
-WORKER_MODULES = ["flows.main", "gigatoken", "awkward", "tiktoken"]  # the optional ones may be missing
+# The shard stages' library modules (workers run them without Prefect) and the encoders (optional: may be missing).
+WORKER_MODULES = [
+    *("tokenmill.tokenize", "tokenmill.pack", "tokenmill.sampling", "tokenmill.shuffle_documents"),
+    *("gigatoken", "awkward", "tiktoken"),
+]
 
 
 def warm_up() -> None:
@@ -81,6 +85,24 @@ def start_local_cluster(dask_config: DaskConfig) -> LocalCluster:
     if adapt := adapt_kwargs(dask_config):
         cluster.adapt(**adapt)
     return cluster
+
+
+@contextlib.contextmanager
+def dask_client(dask_config: DaskConfig) -> Iterator[Client]:
+    """A client of the scheduler `dask_config` names, or of a LocalCluster started (and closed) here; it is the
+    process's default client, which the shard stages submit to."""
+    with contextlib.ExitStack() as stack:
+        address = dask_config.scheduler() or stack.enter_context(start_local_cluster(dask_config))
+        yield stack.enter_context(Client(address, set_as_default=True))
+
+
+def prepare_cluster(client: Client) -> None:
+    """Make the workers quick to exit (`QuickExit`) and have every worker import the shard stages and encoders
+    now, while the flow partitions and chooses the encoder: a fresh worker spends about 2 s importing them
+    when its first shard arrives."""
+    client.register_plugin(QuickExit())
+    for worker in client.scheduler_info()["workers"]:  # not awaited: the flow has other work meanwhile
+        fire_and_forget(client.submit(warm_up, workers=[worker], pure=False))
 
 
 @contextlib.contextmanager

@@ -11,8 +11,7 @@ from tokenmill.tokenizer import TokenizerInfo
 
 
 @task(name="publish")
-def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, stats: list[dict], run: dict) -> dict:
-    table = pd.DataFrame(stats)
+def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFrame, run: dict) -> dict:
     manifest = library.publish(config, tokenizer, table)
     markdown = report.write_report(config.output.store(), manifest, table, run)
     published = library.publish_version(config, manifest, extra_files=report.FILES)

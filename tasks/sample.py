@@ -1,11 +1,6 @@
-"""sample[shard]: each shard's proportional part of the tokenizer training sample and of the held-out sample."""
+"""sample[shards]: each shard's proportional part of the tokenizer training sample and of the held-out sample."""
 
-from prefect import task
-
+from tasks.shards import shard_task
 from tokenmill import sampling
-from tokenmill.config import TokenmillConfig
 
-
-@task(name="sample", task_run_name="sample[shard-{shard[shard_id]:05d}]", retries=2)
-def sample_shard(config: TokenmillConfig, shard: dict, train_fraction: float, holdout_fraction: float) -> dict:
-    return sampling.sample_shard(config, shard, train_fraction, holdout_fraction)
+sample_shards = shard_task("sample", sampling.sample_shard)  # (config, shards, train fraction, held-out fraction)

@@ -1,16 +1,7 @@
-"""scatter[input shard] and gather[output shard]: the optional global document shuffle."""
+"""scatter[input shards] and gather[output shards]: the optional global document shuffle."""
 
-from prefect import task
-
+from tasks.shards import shard_task
 from tokenmill import shuffle_documents
-from tokenmill.config import TokenmillConfig
 
-
-@task(name="scatter", task_run_name="scatter[shard-{shard[shard_id]:05d}]", retries=2)
-def scatter_shard(config: TokenmillConfig, shard: dict, n_outputs: int) -> dict:
-    return shuffle_documents.scatter_shard(config, shard, n_outputs)
-
-
-@task(name="gather", task_run_name="gather[shard-{target:05d}]", retries=2)
-def gather_shard(config: TokenmillConfig, target: int, n_sources: int) -> dict:
-    return shuffle_documents.gather_shard(config, target, n_sources)
+scatter_shards = shard_task("scatter", shuffle_documents.scatter_shard)  # (config, shards, n_outputs)
+gather_shards = shard_task("gather", shuffle_documents.gather_shard)  # (config, targets, n_sources)

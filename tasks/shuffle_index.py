@@ -1,5 +1,6 @@
 """shuffle_index: after every pack[shard], each split's global shuffle index over its packed rows."""
 
+import pandas as pd
 from prefect import task
 
 from tokenmill import pack
@@ -7,5 +8,5 @@ from tokenmill.config import TokenmillConfig
 
 
 @task(name="shuffle_index", retries=2)
-def shuffle_index(config: TokenmillConfig, packed: list[dict]) -> dict[str, int]:
-    return pack.write_shuffle_indexes(config, packed)
+def shuffle_index(config: TokenmillConfig, table: pd.DataFrame) -> dict[str, int]:
+    return pack.write_shuffle_indexes(config, table)

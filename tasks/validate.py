@@ -1,5 +1,6 @@
 """validate: counts reconcile and files are sound, or the run fails with a readable report."""
 
+import pandas as pd
 from prefect import task
 
 from tokenmill import validate as library
@@ -8,7 +9,5 @@ from tokenmill.tokenizer import TokenizerInfo
 
 
 @task(name="validate")
-def validate(
-    config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, tokenized: list[dict], packed: list[dict]
-) -> list[dict]:
-    return library.validate(config, plan, tokenizer, tokenized, packed).to_dict(orient="records")
+def validate(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> pd.DataFrame:
+    return library.validate(config, plan, tokenizer, table)

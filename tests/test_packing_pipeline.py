@@ -20,7 +20,7 @@ from tokenmill.partition import load_or_plan
 from tokenmill.publish import publish
 from tokenmill.tokenize import tokenize_shard
 from tokenmill.tokenizer import install_pretrained
-from tokenmill.validate import ValidationFailed, validate
+from tokenmill.validate import ValidationFailed, stats_table, validate
 
 from .conftest import EXAMPLES, TOKENIZERS
 
@@ -53,9 +53,10 @@ def build_dataset(config: TokenmillConfig) -> tuple:
     tokenizer = install_pretrained(config)
     tokenized = [tokenize_shard(config, shard, tokenizer) for shard in plan["shards"]]
     packed = [pack_shard(config, t, tokenizer) for t in tokenized]
-    write_shuffle_indexes(config, packed)
-    manifest = publish(config, tokenizer, validate(config, plan, tokenizer, tokenized, packed))
-    return manifest, (config, plan, tokenizer, tokenized, packed)
+    table = stats_table(tokenized, packed)
+    write_shuffle_indexes(config, table)
+    manifest = publish(config, tokenizer, validate(config, plan, tokenizer, table))
+    return manifest, (config, plan, tokenizer, table), (tokenized, packed)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,7 @@ def rows_and_cuts(out: Path, split: str, shard: int) -> list[tuple[np.ndarray, n
 
 @pytest.mark.parametrize("mode", ["concat", "concat_extra_token"])
 def test_concat_rows_hold_the_document_stream(datasets, mode):
-    out, manifest, _ = datasets[mode]
+    out, manifest, *_ = datasets[mode]
     seq_len = 1024
     for split, shard in packed_shards(manifest):
         docs = documents(out, split, shard)
@@ -99,7 +100,7 @@ def test_concat_rows_hold_the_document_stream(datasets, mode):
 
 
 def test_bfd_rows_hold_every_document_whole_or_in_row_sized_pieces(datasets):
-    out, manifest, _ = datasets["bfd"]
+    out, manifest, *_ = datasets["bfd"]
     for split, shard in packed_shards(manifest):
         docs = documents(out, split, shard)
         found = [row[a:b] for row, cu in rows_and_cuts(out, split, shard) for a, b in zip(cu[:-1], cu[1:], strict=True)]
@@ -110,7 +111,7 @@ def test_bfd_rows_hold_every_document_whole_or_in_row_sized_pieces(datasets):
 
 
 def test_window_rows_hold_each_document_with_the_overlap(datasets):
-    out, manifest, _ = datasets["window"]
+    out, manifest, *_ = datasets["window"]
     stride = 64
     for split, shard in packed_shards(manifest):
         rows = iter(rows_and_cuts(out, split, shard))
@@ -129,7 +130,7 @@ def test_window_rows_hold_each_document_with_the_overlap(datasets):
 
 
 def test_llmc_files_hold_each_split_stream_under_the_cap(datasets):
-    out, manifest, _ = datasets["bfd"]
+    out, manifest, *_ = datasets["bfd"]
     llmc = [f for f in manifest["files"] if f["kind"] == "llmc"]
     assert any(f["path"].endswith("-0001.bin") for f in llmc)  # the 100k cap cut a shard in parts
     for split, shard in {(f["split"], f["shard"]) for f in llmc}:
@@ -140,7 +141,7 @@ def test_llmc_files_hold_each_split_stream_under_the_cap(datasets):
 
 
 def test_shuffle_index_is_a_permutation_of_every_packed_row(datasets):
-    out, manifest, _ = datasets["concat"]
+    out, manifest, *_ = datasets["concat"]
     for split in ("train", "val"):
         index = np.load(out / f"packed/{split}/shuffle.npy")
         rows = {(shard, r) for s, shard in packed_shards(manifest) if s == split
@@ -151,7 +152,7 @@ def test_shuffle_index_is_a_permutation_of_every_packed_row(datasets):
 
 
 def test_manifest_reports_packing_stats_beside_the_padded_layout(datasets):
-    for name, (out, manifest, _) in datasets.items():
+    for name, (out, manifest, *_) in datasets.items():
         kinds = {f["path"]: f["kind"] for f in manifest["files"]}
         assert kinds["packed/train/shuffle.npy"] == "packed-shuffle"
         assert {"packed-tokens", "packed-cu-seqlens", "packed-row-offsets", "llmc"} <= set(kinds.values())
@@ -177,7 +178,7 @@ def test_manifest_reports_packing_stats_beside_the_padded_layout(datasets):
 def test_repacking_with_another_mode_reuses_the_tokenized_shards(datasets, tmp_path):
     out = tmp_path / "repack"
     shutil.copytree(datasets["concat"][0], out)
-    manifest, (_, _, _, tokenized, packed) = build_dataset(dataset_config(out, MODES["bfd"], llmc_shard_tokens=100_000))
+    manifest, _, (tokenized, packed) = build_dataset(dataset_config(out, MODES["bfd"], llmc_shard_tokens=100_000))
     assert all(t["reused"] for t in tokenized) and not any(p["reused"] for p in packed)
     assert manifest["packing"] == datasets["bfd"][1]["packing"]
 
@@ -187,7 +188,7 @@ def damaged(datasets, tmp_path):
     """A private copy of the bfd dataset and validate's arguments for it, to damage at will."""
     out = tmp_path / "copy"
     shutil.copytree(datasets["bfd"][0], out)
-    _, _, (config, *rest) = datasets["bfd"]
+    _, _, (config, *rest), _ = datasets["bfd"]
     return out, (config.model_copy(update={"output": config.output.model_copy(update={"path": str(out)})}), *rest)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from tokenmill.config import load_config
 from tokenmill.tokenizer import TokenizerInfo
-from tokenmill.validate import ValidationFailed, validate
+from tokenmill.validate import ValidationFailed, stats_table, validate
 
 from .conftest import EXAMPLES
 
@@ -27,13 +27,13 @@ def dataset(gpt2_run, tmp_path):
     def results(stage):
         return [json.loads(p.read_text())["result"] for p in sorted((out / "_commits" / stage).glob("*.json"))]
 
-    return out, config, plan, tokenizer, results("tokenize"), results("pack")
+    return out, config, plan, tokenizer, stats_table(results("tokenize"), results("pack"))
 
 
 def test_intact_dataset_validates(dataset):
     out, *args = dataset
     table = validate(*args)
-    assert len(table) == len(args[1]["shards"]) * 2
+    assert len(table) == len(args[1]["shards"]) * 2 and table.equals(args[3])
 
 
 def test_one_corrupted_idx_byte_fails_naming_the_file(dataset):
@@ -62,32 +62,32 @@ def test_deleted_shard_file_fails_naming_it(dataset):
 
 
 def test_a_document_missing_from_the_stats_fails(dataset):
-    out, config, plan, tokenizer, tokenized, packed = dataset
-    tokenized[0]["documents_in"] += 1
-    with pytest.raises(ValidationFailed, match="documents_in != documents out \\+ rejected"):
-        validate(config, plan, tokenizer, tokenized, packed)
+    out, config, plan, tokenizer, table = dataset
+    table.loc[table.shard_id == 1, "documents_in"] += 1
+    with pytest.raises(ValidationFailed, match="documents_in != documents out \\+ rejected: shard 00001/train"):
+        validate(config, plan, tokenizer, table)
 
 
 def test_a_missing_shard_fails(dataset):
-    out, config, plan, tokenizer, tokenized, packed = dataset
+    out, config, plan, tokenizer, table = dataset
     with pytest.raises(ValidationFailed, match="missing or duplicated"):
-        validate(config, plan, tokenizer, tokenized[1:], packed[1:])
+        validate(config, plan, tokenizer, table[table.shard_id != 0].reset_index(drop=True))
 
 
 def test_token_ids_beyond_the_vocabulary_fail(dataset):
-    out, config, plan, tokenizer, tokenized, packed = dataset
+    out, config, plan, tokenizer, table = dataset
     small = TokenizerInfo(tokenizer.sha256, 1000, tokenizer.eod_id, False)
     with pytest.raises(ValidationFailed, match="vocab size"):
-        validate(config, plan, small, tokenized, packed)
+        validate(config, plan, small, table)
 
 
 def test_documents_without_their_bos_fail(dataset):
     """The run wrote no BOS; a config that asks for one (<|endoftext|> as BOS) must not validate it."""
-    out, config, plan, tokenizer, tokenized, packed = dataset
+    out, config, plan, tokenizer, table = dataset
     config = load_config(
         EXAMPLES / "gpt2.yaml",
         [f"output.path={out}", "partition.shard_size=1MB", "tokenizer.bos=<|endoftext|>", "tokenizer.prepend_bos=true"],
     )
     with_bos = TokenizerInfo(tokenizer.sha256, tokenizer.vocab_size, tokenizer.eod_id, False, bos_id=tokenizer.eod_id)
     with pytest.raises(ValidationFailed, match=r"megatron/\w+/shard-\d+\.bin: \d+ documents do not start with BOS"):
-        validate(config, plan, with_bos, tokenized, packed)
+        validate(config, plan, with_bos, table)

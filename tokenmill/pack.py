@@ -16,6 +16,8 @@ import json
 import time
 from contextlib import ExitStack
 
+import pandas as pd
+
 from tokenmill import layout
 from tokenmill.commits import commit, committed
 from tokenmill.config import TokenmillConfig
@@ -95,15 +97,15 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
     return commit(store, STAGE, shard_id, key, result) | {"reused": False}
 
 
-def write_shuffle_indexes(config: TokenmillConfig, packed: list[dict]) -> dict[str, int]:
-    """Write each split's shuffle index over all its packed rows (from the pack results of every shard);
-    return the rows per split. Cheap and deterministic, so it is simply rewritten on every run."""
+def write_shuffle_indexes(config: TokenmillConfig, table: pd.DataFrame) -> dict[str, int]:
+    """Write each split's shuffle index over all its packed rows (`table`: the stats table, a row per shard and
+    split with its `packed_rows`); return the rows per split. Cheap and deterministic, so it is simply
+    rewritten on every run."""
     store = config.output.store()
-    by_shard = sorted(packed, key=lambda r: r["shard_id"])
     rows = {}
     for split in config.split:
-        rows_per_shard = [(r["shard_id"], r["splits"][split]["rows"]) for r in by_shard if split in r["splits"]]
-        rows_per_shard = [(shard, n) for shard, n in rows_per_shard if n]
+        packed = table[(table.split == split) & (table.packed_rows > 0)].sort_values("shard_id")
+        rows_per_shard = list(zip(packed.shard_id.tolist(), packed.packed_rows.tolist(), strict=True))
         rows[split] = sum(n for _, n in rows_per_shard)
         if not rows[split]:
             store.remove(layout.shuffle_file(split))

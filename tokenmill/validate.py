@@ -343,11 +343,9 @@ def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: Toke
     return problems
 
 
-def validate(
-    config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, tokenized: list[dict], packed: list[dict]
-) -> pd.DataFrame:
-    """Check stats and files; write `stats.json` and return the table, or raise ValidationFailed."""
-    table = stats_table(tokenized, packed)
+def validate(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> pd.DataFrame:
+    """Check the stats table (`stats_table` of the tokenize and pack results) and the files; write `stats.json`
+    and return the table, or raise ValidationFailed."""
     packing = writes_packed(config)
     schema = stats_schema(
         len(plan["shards"]), list(config.split), tokenizer.vocab_size, config.pack if packing else None

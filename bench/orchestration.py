@@ -1,0 +1,192 @@
+"""What orchestration costs per shard: `tokenmill run` (default config, GPT-2) over a corpus cut into many
+tiny shards, so that nearly all of a run's time is orchestration.
+
+The corpus: the shared corpora (all but DNA) cut into documents of about `--doc-chars` characters, one plain
+JSONL; `partition.shard_size` is set so the plan has about `--shards` shards. A fresh Prefect server (SQLite,
+its own PREFECT_HOME) is started before each run, so its database holds that run only. Printed per run:
+
+- wall time from process start to exit, per shard, and orchestration per shard: (wall - encoder alone) /
+  shards, where "encoder alone" is gigatoken over every text in memory in one process, divided by the workers;
+- CPU seconds per shard of each process: the flow process (which also hosts the LocalCluster's scheduler),
+  the Dask workers, the Prefect server;
+- the flow process's peak RSS, Prefect task runs and flow runs, the database's size, files per shard.
+
+    python bench/orchestration.py --shards 1000             # a quick look
+    python bench/orchestration.py --shards 100000           # the 100,000-shard run (about 100 MB)
+
+`PYTHONPATH=<another checkout> python bench/orchestration.py ...` measures that checkout's code with this venv.
+"""
+
+# ruff: noqa: E402 (the imports follow the sys.path fix below)
+from __future__ import annotations
+
+import sys
+
+# bench/tokenize.py shares its name with the stdlib's `tokenize`: keep bench/ off the import path.
+sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+SOURCES = ["enwiki_slice", "wikitext", "web_scrapinghub_aeb", "web_dclm_annotated", "web_trafilatura_pages",
+           "multilingual", "code"]  # fmt: skip
+
+
+def make_corpus(target: Path, doc_chars: int) -> tuple[int, int]:
+    """The shared corpora (DNA aside) cut into documents of about `doc_chars` characters; (documents, bytes)."""
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target.with_suffix(".tmp"), "wb") as out:
+            for source in SOURCES:
+                for path in sorted((SHARED / "corpora" / source).glob("*.jsonl.gz")):
+                    for line in gzip.open(path):
+                        doc = orjson.loads(line)
+                        text = doc["text"]
+                        for part, start in enumerate(range(0, len(text), doc_chars)):
+                            piece = {"id": f"{doc['id']}#{part}", "text": text[start : start + doc_chars]}
+                            out.write(orjson.dumps(piece) + b"\n")
+        target.with_suffix(".tmp").rename(target)
+    with open(target, "rb") as f:
+        return sum(1 for _ in f), target.stat().st_size
+
+
+def encoder_alone_seconds(corpus: Path, tokenizer: Path) -> float:
+    """gigatoken over every text of the corpus, in memory, in one process (as the flow's encoder choice takes)."""
+    from tokenmill.encoders import new_backend
+
+    texts = [orjson.loads(line)["text"] for line in open(corpus, "rb")]
+    encoder = new_backend("gigatoken", tokenizer.read_bytes())
+    encoder.encode_batch(texts[:1000])  # warm its caches, as a worker's first shard does
+    started = time.perf_counter()
+    for start in range(0, len(texts), 20_000):
+        encoder.encode_batch(texts[start : start + 20_000])
+    return time.perf_counter() - started
+
+
+class ProcessWatch:
+    """Peak RSS of one process and the CPU seconds of process groups, polled (exited processes keep their
+    last reading)."""
+
+    def __init__(self, flow_pid: int, server_pid: int):
+        self.flow, self.server_pid = psutil.Process(flow_pid), server_pid
+        self.peak_rss, self.cpu = 0, {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.stop.wait(0.25):
+            try:
+                self.peak_rss = max(self.peak_rss, self.flow.memory_info().rss)
+                roles = {self.flow.pid: "flow"} | {p.pid: "worker" for p in self.flow.children(recursive=True)}
+                server = psutil.Process(self.server_pid)
+                roles |= {server.pid: "server"} | {p.pid: "server" for p in server.children(recursive=True)}
+                for pid, role in roles.items():
+                    times = psutil.Process(pid).cpu_times()
+                    self.cpu[pid] = (role, times.user + times.system)
+            except psutil.Error:
+                continue
+
+    def close(self) -> dict[str, float]:
+        self.stop.set()
+        self.thread.join()
+        totals: dict[str, float] = {}
+        for role, seconds in self.cpu.values():
+            totals[role] = totals.get(role, 0.0) + seconds
+        return totals
+
+
+def count(api: str, what: str) -> int:
+    return httpx.post(f"{api}/{what}/count", json={}, timeout=60).json()
+
+
+def run_once(corpus: Path, shard_size: int, work: Path, python: str) -> dict:
+    home, out = work / "prefect-home", work / "out"
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "TOKENMILL_DASK_ADDRESS")}
+    env |= {"PREFECT_HOME": str(home), "CI": "1"}
+    started = subprocess.run([python, "-m", "tokenmill", "server", "start"], env=env, capture_output=True, text=True)
+    api = started.stdout.strip().split("=", 1)[1]
+    server_pid = json.loads((home / "tokenmill-server.json").read_text())["pid"]
+    config = work / "config.yaml"
+    config.write_text(
+        f"name: orchestration\ninput: {{paths: [{corpus}]}}\npartition: {{shard_size: {shard_size}}}\n"
+        f"tokenizer: {{path: {SHARED / 'tokenizers/gpt2/tokenizer.json'}}}\noutput: {{path: {out}}}\n"
+    )
+    env["PREFECT_API_URL"] = api
+    began = time.perf_counter()
+    process = subprocess.Popen([python, "-m", "tokenmill", "run", str(config)], env=env, cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    watch = ProcessWatch(process.pid, server_pid)
+    output, _ = process.communicate()
+    wall = time.perf_counter() - began
+    cpu = watch.close()
+    if process.returncode:
+        raise SystemExit(f"tokenmill run failed:\n{output[-3000:]}")
+    plan = json.loads((out / "plan.json").read_text())
+    shards = plan.get("shuffled_shards") or len(plan["shards"])
+    published = json.loads((out / "manifest.json").read_text())
+    published_copy = out / "orchestration"  # <output.path>/<name>/<version>/: links to the built files
+    built = sum(len(files) for root, _, files in os.walk(out) if not Path(root).is_relative_to(published_copy))
+    result = {
+        "shards": shards,
+        "documents": published["counts"]["documents_in"],
+        "wall_s": round(wall, 1),
+        "cpu_s": {role: round(seconds, 1) for role, seconds in sorted(cpu.items())},
+        "flow_peak_rss_mb": round(watch.peak_rss / 2**20),
+        "task_runs": count(api, "task_runs"),
+        "flow_runs": count(api, "flow_runs"),
+        "db_mb": round(sum(p.stat().st_size for p in home.glob("prefect.db*")) / 2**20, 1),
+        "files_per_shard": round(built / shards, 2),
+        "manifest_files": len(published["files"]),
+    }
+    subprocess.run([python, "-m", "tokenmill", "server", "stop"], env=env, capture_output=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shards", type=int, default=1000, help="about this many shards")
+    parser.add_argument("--doc-chars", type=int, default=700, help="characters per document")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="the LocalCluster's workers")
+    parser.add_argument("--work", type=Path, default=REPO / "out" / "bench-orchestration")
+    args = parser.parse_args()
+
+    corpus = args.work / f"corpus-{args.doc_chars}.jsonl"
+    documents, size = make_corpus(corpus, args.doc_chars)
+    shard_size = max(1, size // args.shards)
+    encoder = encoder_alone_seconds(corpus, SHARED / "tokenizers/gpt2/tokenizer.json") / args.workers
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; corpus "
+          f"{documents:,} documents, {size / 1e6:.0f} MB, shard_size {shard_size} B; encoder alone "
+          f"{encoder:.1f} s on {args.workers} workers", flush=True)  # fmt: skip
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory(dir=args.work) as work:
+            r = run_once(corpus, shard_size, Path(work), sys.executable)
+        n = r["shards"]
+        per_shard = {role: f"{1000 * s / n:.1f} ms" for role, s in r["cpu_s"].items()}
+        print(json.dumps(r))
+        print(f"{n:,} shards in {r['wall_s']} s: {1000 * r['wall_s'] / n:.1f} ms per shard, orchestration "
+              f"{1000 * (r['wall_s'] - encoder) / n:.1f} ms per shard; CPU per shard {per_shard}; flow peak RSS "
+              f"{r['flow_peak_rss_mb']} MB; {r['task_runs']} task runs, {r['flow_runs']} flow runs, "
+              f"database {r['db_mb']} MB, {r['files_per_shard']} files per shard", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
