@@ -1,6 +1,13 @@
 """sample[shards]: each shard's proportional part of the tokenizer training sample and of the held-out sample."""
 
-from tasks.shards import shard_task
-from tokenmill import sampling
+from prefect import task
 
-sample_shards = shard_task("sample", sampling.sample_shard)  # (config, shards, train fraction, held-out fraction)
+from tasks.shards import GROUP_TASK, Stage, run_on_dask
+from tokenmill import sampling
+from tokenmill.config import TokenmillConfig
+
+
+@task(name="sample", **GROUP_TASK)
+def sample_shards(config: TokenmillConfig, items: list[dict], train_fraction: float, holdout_fraction: float) -> list:
+    stage = Stage("sample", sampling.sample_shard, (train_fraction, holdout_fraction))
+    return [r[0] for r in run_on_dask(config, items, [stage])]

@@ -1,12 +1,14 @@
 """Shard stages as Prefect tasks over groups of shards, each group's shards run as plain Dask futures.
 
-A Prefect task run costs about 0.2 s of orchestration on 2 cores (flow, worker and server together; README
-"Orchestration"), a plain Dask future about 2 ms. So a shard stage is one Prefect task run per *group* of
-consecutive shards (one per shard while a run has at most `MAX_GROUPS` shards), and the group's shards go to
-the cluster as Dask futures of the library's shard function, named `<stage>-shard-NNNNN` (what the Dask
-dashboard shows), each with its own retries. The group tasks run in the flow's process; the workers run
-library code only, and shard work never talks to the Prefect server. A group fails naming every shard of it
-that failed; the others are committed (their markers), so Retry of the flow run redoes only the failed ones.
+A Prefect task run costs about 0.2 s of CPU on 2 cores (the flow's task engine and the server's events, logs and
+state writes; README "Orchestration"), a Dask future about 2 ms. So a shard stage is at most
+`dask.groups_per_stage` Prefect task runs, each over a group of consecutive shards (one per shard in a run with
+no more shards than that). A group sends its shards to the cluster as Dask futures of the library's shard
+functions, named `<stage>-shard-NNNNN` (what the Dask dashboard shows), each with its own retries, a bounded
+number at a time; consecutive stages chain per shard on the cluster (a shard's pack starts when its tokenize
+ends, and its result goes from worker to worker). The group tasks run in the flow's process; the workers run
+library code only, so shard work never talks to the Prefect server. A group fails naming every shard of it that
+failed and the stage it failed in; the others are committed (their markers), so Retry redoes only the failed.
 """
 
 from __future__ import annotations
@@ -15,14 +17,25 @@ import math
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from distributed import default_client, wait
-from prefect import get_run_logger, task
+from distributed import as_completed, default_client
+from prefect import get_run_logger
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-MAX_GROUPS = 250  # task runs per stage: a flow run stays far below the ~2,000 where Prefect's server struggles
-SHARD_RETRIES = 2  # per shard, by Dask, on the worker that runs it
+SHARD_RETRIES = 2  # per shard and stage, by Dask, on the worker that runs it
+WINDOW_PER_THREAD = 4  # a group keeps at most this many shards per cluster thread on the cluster at once
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a shard's work: `work(config, item, *args)`, where the item is the shard (first stage) or
+    the previous stage's result for it."""
+
+    name: str
+    work: Callable
+    args: tuple = ()
 
 
 class ShardsFailed(RuntimeError):
@@ -34,17 +47,26 @@ class ShardsFailed(RuntimeError):
         super().__init__(f"{stage}: {len(failures)} of {total} shards failed\n" + "\n".join(lines))
 
 
-def group_size(n_shards: int) -> int:
-    return max(1, math.ceil(n_shards / MAX_GROUPS))
+class GroupFailed(RuntimeError):
+    """A group's failed shards, per stage (a shard counts in the first stage it failed in)."""
+
+    def __init__(self, failures: dict[str, dict[int, str]]):
+        self.failures = failures
+        super().__init__("\n".join(str(ShardsFailed(stage, f, len(f))) for stage, f in failures.items() if f))
 
 
-def in_groups(items: list, size: int) -> list:
-    """`items` cut into consecutive groups of `size`, each wrapped so Prefect does not walk its contents."""
+def group_size(n_shards: int, groups_per_stage: int) -> int:
+    return max(1, math.ceil(n_shards / groups_per_stage))
+
+
+def in_groups(items: list, groups_per_stage: int) -> list[quote]:
+    """`items` cut into consecutive groups, each wrapped so that Prefect does not walk its contents."""
+    size = group_size(len(items), groups_per_stage)
     return [quote(items[start : start + size]) for start in range(0, len(items), size)]
 
 
 def shard_id(item) -> int:
-    """The shard an item of a stage stands for: a shard of the plan, a shard's result, or a bare shard id."""
+    """The shard an item stands for: a shard of the plan, a shard's result, or a bare shard id."""
     return item["shard_id"] if isinstance(item, dict) else int(item)
 
 
@@ -53,6 +75,7 @@ def group_label(ids: list[int]) -> str:
 
 
 def _run_name(parameters: dict) -> str:
+    """`<task name>[shard-00007]` or `<task name>[shards 00000-00099]`."""
     from prefect.runtime import task_run
 
     items = parameters["items"]
@@ -60,28 +83,55 @@ def _run_name(parameters: dict) -> str:
     return f"{task_run.task_name}[{group_label([shard_id(i) for i in items])}]"
 
 
-def run_on_dask(stage: str, work: Callable, items: list, *shared) -> list:
-    """`work(config, item, *rest)` for every item on the Dask cluster (`shared` = config, *rest is sent to the
-    workers once); the results in item order, or ShardsFailed naming each shard that failed."""
+def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
+    """Every item through `stages` on the Dask cluster (the config and each stage's arguments are sent to the
+    workers once); each item's results, one per stage, in item order; or GroupFailed."""
     client = default_client()
     started = time.perf_counter()
-    ids = [shard_id(i) for i in items]
     run = uuid.uuid4().hex[:8]  # keys unique per submission: a shared cluster may hold an earlier run's
-    config, *rest = [[future] * len(items) for future in client.scatter(list(shared), hash=False)]
-    futures = client.map(
-        work, config, items, *rest,
-        key=[f"{stage}-shard-{sid:05d}-{run}" for sid in ids], retries=SHARD_RETRIES, pure=False,
-    )  # fmt: skip
-    wait(futures)
-    failures = {sid: _error(f) for sid, f in zip(ids, futures, strict=True) if f.status != "finished"}
-    if failures:
-        client.cancel(futures)
-        raise ShardsFailed(stage, failures, len(items))
-    results = client.gather(futures)
-    reused = sum(bool(r.get("reused")) for r in results if isinstance(r, dict))
+    config_future = client.scatter(config, hash=False)
+    shared = [client.scatter(list(stage.args), hash=False) if stage.args else [] for stage in stages]
+    window = max(8, WINDOW_PER_THREAD * sum(client.nthreads().values()))
+    queue = iter(enumerate(items))
+    chains = as_completed()
+    running: dict[str, tuple[int, list]] = {}
+    results: list[tuple | None] = [None] * len(items)
+    failures: dict[str, dict[int, str]] = {stage.name: {} for stage in stages}
+
+    def submit_next() -> None:
+        if (entry := next(queue, None)) is None:
+            return
+        index, item = entry
+        sid, futures, argument = shard_id(item), [], item
+        for stage, args in zip(stages, shared, strict=True):
+            argument = client.submit(
+                stage.work, config_future, argument, *args,
+                key=f"{stage.name}-shard-{sid:05d}-{run}", retries=SHARD_RETRIES, pure=False,
+            )  # fmt: skip
+            futures.append(argument)
+        running[futures[-1].key] = (index, futures)
+        chains.add(futures[-1])
+
+    for _ in range(window):
+        submit_next()
+    for last in chains:
+        index, futures = running.pop(last.key)
+        sid = shard_id(items[index])
+        failed = next((i for i, f in enumerate(futures) if f.status != "finished"), None)
+        if failed is not None:
+            failures[stages[failed].name][sid] = _error(futures[failed])
+        else:
+            results[index] = tuple(f.result() for f in futures)
+        for future in futures:
+            future.release()
+        submit_next()
+    if any(failures.values()):
+        raise GroupFailed(failures)
+    reused = sum(bool(r[0].get("reused")) for r in results if isinstance(r[0], dict))
+    ids = [shard_id(i) for i in items]
     get_run_logger().info(
-        "%s %s: %d shards (%d reused) in %.2f s", stage, group_label(ids), len(ids), reused,
-        time.perf_counter() - started,
+        "%s %s: %d shards (%d reused) in %.2f s", "+".join(s.name for s in stages), group_label(ids), len(ids),
+        reused, time.perf_counter() - started,
     )  # fmt: skip
     return results
 
@@ -93,12 +143,6 @@ def _error(future) -> str:
     return f"Dask future {future.status}"
 
 
-def shard_task(stage: str, work: Callable):
-    """The Prefect task of a shard stage: `work` over a group of items on Dask. Its result lives in the flow's
-    memory only (the commit markers are the durable record), and it is never cached by Prefect."""
-
-    @task(name=stage, task_run_name=_run_name, cache_policy=NO_CACHE, persist_result=False)
-    def run_group(config, items: list, *rest) -> list:
-        return run_on_dask(stage, work, items, config, *rest)
-
-    return run_group
+# The options of every shard stage's task: its result lives in the flow's memory only (the commit markers are the
+# durable record), Prefect never caches it, and its runs are named by their shards.
+GROUP_TASK = {"task_run_name": _run_name, "cache_policy": NO_CACHE, "persist_result": False}

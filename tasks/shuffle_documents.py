@@ -1,7 +1,17 @@
 """scatter[input shards] and gather[output shards]: the optional global document shuffle."""
 
-from tasks.shards import shard_task
-from tokenmill import shuffle_documents
+from prefect import task
 
-scatter_shards = shard_task("scatter", shuffle_documents.scatter_shard)  # (config, shards, n_outputs)
-gather_shards = shard_task("gather", shuffle_documents.gather_shard)  # (config, targets, n_sources)
+from tasks.shards import GROUP_TASK, Stage, run_on_dask
+from tokenmill import shuffle_documents
+from tokenmill.config import TokenmillConfig
+
+
+@task(name="scatter", **GROUP_TASK)
+def scatter_shards(config: TokenmillConfig, items: list[dict], n_outputs: int) -> list[dict]:
+    return [r[0] for r in run_on_dask(config, items, [Stage("scatter", shuffle_documents.scatter_shard, (n_outputs,))])]
+
+
+@task(name="gather", **GROUP_TASK)
+def gather_shards(config: TokenmillConfig, items: list[int], n_sources: int) -> list[dict]:
+    return [r[0] for r in run_on_dask(config, items, [Stage("gather", shuffle_documents.gather_shard, (n_sources,))])]

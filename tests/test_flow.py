@@ -81,28 +81,21 @@ def test_recomputing_from_scratch_on_two_workers_gives_the_one_worker_bytes(demo
     assert dataset_files(out) == before
 
 
-def test_a_flow_given_no_scheduler_starts_its_own_local_cluster(prefect_api):
-    """What a served deployment does when `dask:` names no scheduler (`tokenmill run` starts its LocalCluster
-    itself, before the flow: the demo run above): the task runs in a worker process of that cluster."""
+def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
+    """What a served deployment's run does when `dask:` names no scheduler (`tokenmill run` starts its
+    LocalCluster itself, before the flow: the demo run above): the shard work runs in a worker process of a
+    LocalCluster started for the run, which the stages find as the default client."""
     script = textwrap.dedent("""
         import os
-        from prefect import flow, task
-        from flows.runtime import task_runner_for
+        from distributed import default_client
+        from flows.cluster import dask_client
         from tokenmill.config import DaskConfig
 
-        @task
-        def where() -> int:
-            return os.getpid()
-
-        @flow
-        def which_process() -> int:
-            return where.submit().result()
-
         if __name__ == "__main__":
-            runner = task_runner_for(DaskConfig(n_workers=1))
-            print("worker" if which_process.with_options(task_runner=runner)() != os.getpid() else "flow")
+            with dask_client(DaskConfig(n_workers=1)):
+                print("worker" if default_client().submit(os.getpid).result() != os.getpid() else "flow")
     """)
-    env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"PREFECT_API_URL": prefect_api}
+    env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"}
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True)
     assert result.stdout.strip() == "worker", result.stderr[-2000:]
 
