@@ -85,6 +85,8 @@ class ProcessWatch:
     def __init__(self, flow_pid: int, server_pid: int):
         self.flow, self.server_pid = psutil.Process(flow_pid), server_pid
         self.peak_rss, self.cpu = 0, {}
+        server = psutil.Process(server_pid)
+        self.baseline = sum(sum(p.cpu_times()[:2]) for p in [server, *server.children(recursive=True)])
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
@@ -108,6 +110,7 @@ class ProcessWatch:
         totals: dict[str, float] = {}
         for role, seconds in self.cpu.values():
             totals[role] = totals.get(role, 0.0) + seconds
+        totals["server"] -= self.baseline  # the server started before the run
         return totals
 
 
