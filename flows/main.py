@@ -101,17 +101,24 @@ def corpus_to_tokens(config: TokenmillConfig) -> dict:
         link = client.dashboard_link
         get_run_logger().info("Dask dashboard: %s", link)
         create_link_artifact(link, link_text="Dask dashboard", key="dask-dashboard", description="Watch the shards")
-        return build_dataset(config)
+        return build_dataset(config, cluster_threads(client, config))
 
 
-def build_dataset(config: TokenmillConfig) -> dict:
+def cluster_threads(client, config: TokenmillConfig) -> int:
+    """The threads the shards will have (an adaptive LocalCluster's at its maximum), for `shard_size: auto`."""
+    threads = sum(client.nthreads().values())
+    adaptive = config.dask.adaptive
+    return max(threads, adaptive.maximum) if adaptive and not config.dask.scheduler() else max(threads, 1)
+
+
+def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
     """The DAG of DESIGN.md."""
     logger = get_run_logger()
     started = time.perf_counter()
     save_run_config(config)
-    plan = partition(config)
+    plan = partition(config, cluster_threads)
     shards = plan["shards"]
-    logger.info("planned %d shards over %d input files", len(shards), len(plan["files"]))
+    logger.info("planned %d shards of %d MB over %d files", len(shards), plan["shard_size"] / 1e6, len(plan["files"]))
     shuffle_seconds = None
     if config.partition.shuffle:
         shards, shuffle_seconds = shuffle(config, plan)

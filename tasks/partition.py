@@ -7,8 +7,8 @@ from tokenmill.partition import load_or_plan
 
 
 @task(name="partition")
-def partition(config: TokenmillConfig) -> dict:
-    plan, reused = load_or_plan(config)
+def partition(config: TokenmillConfig, cluster_threads: int) -> dict:
+    plan, reused = load_or_plan(config, cluster_threads)
     if reused:
         get_run_logger().info("reusing plan.json: %d shards", len(plan["shards"]))
     return plan

@@ -74,8 +74,10 @@ class InputConfig(_Section):
 
 
 class PartitionConfig(_Section):
-    shard_size: ByteSize = Field(
-        ByteSize(64_000_000), description="Target uncompressed text bytes per shard, e.g. 64MB or 1GiB."
+    shard_size: ByteSize | Literal["auto"] = Field(
+        "auto",
+        description="Target uncompressed text bytes per shard, e.g. 64MB or 1GiB; auto: the corpus over 8 shards "
+        "per cluster thread, between 16 MB and 1 GB (see the README's Sizing shards).",
     )
     shuffle: bool = Field(
         False, description="Shuffle documents across all input files before tokenizing (on the Dask cluster)."
