@@ -123,7 +123,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str) -> dict:
     shutil.rmtree(home, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "TOKENMILL_DASK_ADDRESS")}
-    env |= {"PREFECT_HOME": str(home), "CI": "1"}
+    env |= {"PREFECT_HOME": str(home), "CI": "1", "PREFECT_LOGGING_LEVEL": "INFO"}
     started = subprocess.run([python, "-m", "tokenmill", "server", "start"], env=env, capture_output=True, text=True)
     api = started.stdout.strip().split("=", 1)[1]
     server_pid = json.loads((home / "tokenmill-server.json").read_text())["pid"]
@@ -140,6 +140,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str) -> dict:
     output, _ = process.communicate()
     wall = time.perf_counter() - began
     cpu = watch.close()
+    (work.parent / "last-run.log").write_text(output)  # the run's log: where its time went
     if process.returncode:
         raise SystemExit(f"tokenmill run failed:\n{output[-3000:]}")
     plan = json.loads((out / "plan.json").read_text())

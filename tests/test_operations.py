@@ -38,6 +38,16 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def served(client, name: str):
+    """The deployment `name`, once the serving process has registered it."""
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        return client.read_deployment_by_name(name)
+    except ObjectNotFound:
+        return None
+
+
 def final_state(client, flow_run_id, timeout=240):
     def done():
         state = client.read_flow_run(flow_run_id).state
@@ -118,6 +128,76 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
     assert retried == fresh
 
 
+def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one(
+    run_cli, prefect_api, prefect_client, dask_cluster, tmp_path
+):
+    """More shards than Prefect task runs (dask.groups_per_stage=3: each task run covers a group of 3 or 4
+    shards, each shard its own Dask task): the output equals the one-task-run-per-shard run's byte for byte; a
+    shard failing on purpose is named by its id in its group's task run and in the flow run's state; Retry
+    redoes that shard alone."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    small_shards = ["--set", "partition.shard_size=200KB"]
+    single = tmp_path / "single"
+    run_cli("run", "examples/gpt2.yaml", *small_shards, "--set", f"output.path={single}")
+    n_shards = len(json.loads((single / "plan.json").read_text())["shards"])
+    assert n_shards >= 9
+
+    out = tmp_path / "grouped"
+    blocked = out / "megatron/train/shard-00004.bin"
+    block(blocked)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tokenmill", "serve", "examples/gpt2.yaml", *small_shards, "--set",
+         f"output.path={out}", "--set", "dask.groups_per_stage=3", "--name", "grouped"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deployment = wait_for(
+            lambda: (
+                prefect_client.read_deployments() and prefect_client.read_deployment_by_name("corpus-to-tokens/grouped")
+            ),
+            120,
+            "the served deployment",
+        )
+        run = prefect_client.create_flow_run_from_deployment(deployment.id, parameters=deployment.parameters)
+        state = final_state(prefect_client, run.id)
+        assert state.is_failed()
+        assert f"tokenize: 1 of {n_shards} shards failed" in state.message and "shard 00004" in state.message
+
+        def tokenize_runs():
+            runs = prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+            runs = [r for r in runs if r.name.startswith("tokenize[")]
+            return runs if len(runs) == 3 and all(r.state and r.state.is_final() for r in runs) else None
+
+        groups = {r.name: r.state for r in wait_for(tokenize_runs, 60, "the tokenize task runs")}
+        assert len(groups) == 3 and all(name.startswith("tokenize[shards ") for name in groups)
+        failed = [name for name, state in groups.items() if state.is_failed()]
+        assert len(failed) == 1 and "shard 00004" in groups[failed[0]].message, groups
+        first, last = (int(n) for n in failed[0].removeprefix("tokenize[shards ").rstrip("]").split("-"))
+        assert first <= 4 <= last
+        committed_before = markers(out, "tokenize")
+        assert len(committed_before) == n_shards - 1 and "shard-00004.json" not in committed_before
+
+        unblock(blocked)
+        prefect_client.set_flow_run_state(
+            run.id, State(type=StateType.SCHEDULED, name="AwaitingRetry", message="Retry from the UI"), force=True
+        )
+        assert final_state(prefect_client, run.id).is_completed()
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        server.wait(30)
+
+    committed_after = markers(out, "tokenize")
+    assert set(committed_after) - set(committed_before) == {"shard-00004.json"}
+    assert {k: committed_after[k] for k in committed_before} == committed_before  # reused, not recomputed
+    grouped, one_per_shard = dataset_files(out), dataset_files(single)
+    assert json.loads(grouped.pop("manifest.json")) == json.loads(one_per_shard.pop("manifest.json"))
+    assert grouped == one_per_shard
+
+
 def test_rerun_shards_redoes_exactly_the_named_shards(run_cli, gpt2_run, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(gpt2_run, out)
@@ -135,8 +215,8 @@ def test_rerun_shards_redoes_exactly_the_named_shards(run_cli, gpt2_run, tmp_pat
 
 
 def test_flow_runs_on_an_external_dask_cluster(gpt2_run, dask_cluster, prefect_client):
-    """gpt2_run ran on the session's `dask scheduler` + `dask worker` processes: the shard tasks ran there
-    (each worker holds the encoder it loaded) and reported to the Prefect API from there."""
+    """gpt2_run ran on the session's `dask scheduler` + `dask worker` processes: the shard work ran there (each
+    worker holds the encoder it loaded), and the Prefect API has a task run per shard (4 shards: one per group)."""
     from distributed import Client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
 
