@@ -1,8 +1,10 @@
-"""validate: counts reconcile and files are sound, or the run fails with a readable report."""
+"""validate: counts reconcile and files are sound, or the run fails with a readable report. Each shard's files
+are checked on the cluster (`check[shard]`), the rest here."""
 
 import pandas as pd
 from prefect import task
 
+from tasks.shards import Stage, run_on_dask
 from tokenmill import validate as library
 from tokenmill.config import TokenmillConfig
 from tokenmill.tokenizer import TokenizerInfo
@@ -10,4 +12,5 @@ from tokenmill.tokenizer import TokenizerInfo
 
 @task(name="validate")
 def validate(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> pd.DataFrame:
-    return library.validate(config, plan, tokenizer, table)
+    checks = run_on_dask(config, library.shard_rows(table), [Stage("check", library.check_shard, (tokenizer,))])
+    return library.validate(config, plan, tokenizer, table, [p for (problems,) in checks for p in problems])

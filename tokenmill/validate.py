@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -343,9 +344,43 @@ def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: Toke
     return problems
 
 
-def validate(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> pd.DataFrame:
+def shard_rows(table: pd.DataFrame) -> list[dict]:
+    """The stats table as one item per shard, `{"shard_id", "rows": [a dict per split]}`, for `check_shard`."""
+    return [{"shard_id": int(sid), "rows": rows.to_dict(orient="records")} for sid, rows in table.groupby("shard_id")]
+
+
+def check_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo) -> list[str]:
+    """Every file of one shard (an item of `shard_rows`) against its stats: what is wrong, naming the files."""
+    store = config.output.store()
+    dtype = token_dtype(tokenizer.vocab_size)
+    eod_id = tokenizer.eod_id if config.tokenizer.append_eod else None
+    bos_id = tokenizer.bos_id if config.tokenizer.prepend_bos else None
+    pad_id = pack_pad_id(config, tokenizer)
+    packing, llmc = writes_packed(config), "llmc" in config.output.formats
+    problems = []
+    for row in (SimpleNamespace(**{k: _plain(v) for k, v in r.items()}) for r in shard["rows"]):
+        problems += _check_megatron(store, row, dtype, eod_id, bos_id)
+        if packing:
+            problems += _check_packed(store, row, config.pack, pad_id)
+        if llmc:
+            problems += _check_llmc(store, row, config.output.llmc_shard_tokens, llmc_dtype(tokenizer.vocab_size))
+    return problems
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def validate(
+    config: TokenmillConfig,
+    plan: dict,
+    tokenizer: TokenizerInfo,
+    table: pd.DataFrame,
+    shard_problems: list[str] | None = None,
+) -> pd.DataFrame:
     """Check the stats table (`stats_table` of the tokenize and pack results) and the files; write `stats.json`
-    and return the table, or raise ValidationFailed."""
+    and return the table, or raise ValidationFailed. `shard_problems`: what `check_shard` found over every
+    shard, where the caller ran it (on the cluster); None: checked here."""
     packing = writes_packed(config)
     schema = stats_schema(
         len(plan["shards"]), list(config.split), tokenizer.vocab_size, config.pack if packing else None
@@ -356,19 +391,10 @@ def validate(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, tabl
         schema.validate(table, lazy=True)
     except SchemaErrors as e:
         raise ValidationFailed(f"stats table failed validation:\n{_failure_report(e, table)}") from None
+    if shard_problems is None:
+        shard_problems = [p for shard in shard_rows(table) for p in check_shard(config, shard, tokenizer)]
+    problems = list(shard_problems)
     store = config.output.store()
-    dtype = token_dtype(tokenizer.vocab_size)
-    eod_id = tokenizer.eod_id if config.tokenizer.append_eod else None
-    bos_id = tokenizer.bos_id if config.tokenizer.prepend_bos else None
-    pad_id = pack_pad_id(config, tokenizer)
-    llmc, cap = "llmc" in config.output.formats, config.output.llmc_shard_tokens
-    problems = []
-    for row in table.itertuples():
-        problems += _check_megatron(store, row, dtype, eod_id, bos_id)
-        if packing:
-            problems += _check_packed(store, row, config.pack, pad_id)
-        if llmc:
-            problems += _check_llmc(store, row, cap, llmc_dtype(tokenizer.vocab_size))
     if packing:
         for split in config.split:
             problems += _check_shuffle(store, split, table[table.split == split])
