@@ -1,14 +1,15 @@
 """Shard stages as Prefect tasks over groups of shards, each group's shards run as plain Dask futures.
 
 A Prefect task run costs about 0.2 s of CPU on 2 cores (the flow's task engine and the server's events, logs and
-state writes; README "Orchestration"), a Dask future about 2 ms. So a shard stage is at most
+state writes; README "Orchestration"), a Dask task a few ms. So a shard stage is at most
 `dask.groups_per_stage` Prefect task runs, each over a group of consecutive shards (one per shard in a run with
-no more shards than that). A group sends its shards to the cluster as Dask futures of the library's shard
-functions, named `<stage>-shard-NNNNN` (what the Dask dashboard shows), each with its own retries, a bounded
-number at a time; consecutive stages chain per shard on the cluster (a shard's pack starts when its tokenize
-ends, and its result goes from worker to worker). The group tasks run in the flow's process; the workers run
-library code only, so shard work never talks to the Prefect server. A group fails naming every shard of it that
-failed and the stage it failed in; the others are committed (their markers), so Retry redoes only the failed.
+no more shards than that). A group sends its shards to the cluster as Dask tasks of the library's shard
+functions, keyed `(<stage>-shard-<run>, shard id)` (the Dask dashboard shows `<stage>-shard`), each with its own
+retries, a bounded window at a time; consecutive stages chain per shard on the cluster (a shard's pack starts
+when its tokenize ends, and the result goes from worker to worker). The group tasks run in the flow's process;
+the workers run library code only, so shard work never talks to the Prefect server. A group fails naming every
+shard of it that failed and the stage it failed in; the others are committed (their markers), so Retry redoes
+only the failed ones.
 """
 
 from __future__ import annotations
@@ -85,50 +86,54 @@ def _run_name(parameters: dict) -> str:
 
 def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
     """Every item through `stages` on the Dask cluster (the config and each stage's arguments are sent to the
-    workers once); each item's results, one per stage, in item order; or GroupFailed."""
+    workers once); each item's results, one per stage, in item order; or GroupFailed. Items are submitted and
+    collected in batches (one message to the scheduler per batch and stage), at most a window at a time."""
     client = default_client()
     started = time.perf_counter()
     run = uuid.uuid4().hex[:8]  # keys unique per submission: a shared cluster may hold an earlier run's
     config_future = client.scatter(config, hash=False)
     shared = [client.scatter(list(stage.args), hash=False) if stage.args else [] for stage in stages]
     window = max(8, WINDOW_PER_THREAD * sum(client.nthreads().values()))
-    queue = iter(enumerate(items))
-    chains = as_completed()
-    running: dict[str, tuple[int, list]] = {}
+    ids = [shard_id(i) for i in items]
     results: list[tuple | None] = [None] * len(items)
     failures: dict[str, dict[int, str]] = {stage.name: {} for stage in stages}
+    chains, running, submitted = as_completed(), {}, 0
 
-    def submit_next() -> None:
-        if (entry := next(queue, None)) is None:
+    def submit(count: int) -> None:
+        nonlocal submitted
+        batch = range(submitted, min(submitted + count, len(items)))
+        submitted = batch.stop
+        if not batch:
             return
-        index, item = entry
-        sid, futures, argument = shard_id(item), [], item
+        arguments, per_stage = [items[i] for i in batch], []
         for stage, args in zip(stages, shared, strict=True):
-            argument = client.submit(
-                stage.work, config_future, argument, *args,
-                key=f"{stage.name}-shard-{sid:05d}-{run}", retries=SHARD_RETRIES, pure=False,
+            arguments = client.map(
+                stage.work, [config_future] * len(batch), arguments, *[[a] * len(batch) for a in args],
+                key=[(f"{stage.name}-shard-{run}", ids[i]) for i in batch], retries=SHARD_RETRIES, pure=False,
             )  # fmt: skip
-            futures.append(argument)
-        running[futures[-1].key] = (index, futures)
-        chains.add(futures[-1])
+            per_stage.append(arguments)
+        for index, *futures in zip(batch, *per_stage, strict=True):
+            running[futures[-1].key] = (index, futures)
+        chains.update(per_stage[-1])
 
-    for _ in range(window):
-        submit_next()
-    for last in chains:
-        index, futures = running.pop(last.key)
-        sid = shard_id(items[index])
-        failed = next((i for i, f in enumerate(futures) if f.status != "finished"), None)
-        if failed is not None:
-            failures[stages[failed].name][sid] = _error(futures[failed])
-        else:
-            results[index] = tuple(f.result() for f in futures)
-        for future in futures:
-            future.release()
-        submit_next()
+    submit(window)
+    for done in chains.batches():
+        finished = []
+        for last in done:
+            index, futures = running.pop(last.key)
+            failed = next((i for i, f in enumerate(futures) if f.status != "finished"), None)
+            if failed is None:
+                finished.append((index, futures))
+            else:
+                failures[stages[failed].name][ids[index]] = _error(futures[failed])
+        values = iter(client.gather([f for _, futures in finished for f in futures]))  # one round trip
+        for index, futures in finished:
+            results[index] = tuple(next(values) for _ in futures)
+        del finished, done
+        submit(window - len(running))
     if any(failures.values()):
         raise GroupFailed(failures)
     reused = sum(bool(r[0].get("reused")) for r in results if isinstance(r[0], dict))
-    ids = [shard_id(i) for i in items]
     get_run_logger().info(
         "%s %s: %d shards (%d reused) in %.2f s", "+".join(s.name for s in stages), group_label(ids), len(ids),
         reused, time.perf_counter() - started,

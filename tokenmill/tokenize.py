@@ -30,7 +30,8 @@ from tokenmill.tokenizer import TokenizerInfo
 
 STAGE = "tokenize"
 ENCODER_CHOICE = "_work/encoder.json"  # the run's encoder choice, for the manifest
-SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of every shard, not 8 MB of each
+SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of each shard, not 8 MB of each
+VERIFY_SHARDS = 256  # shards the verification sample is drawn from, evenly spaced across the run
 
 
 def stage_key(config: TokenmillConfig, tokenizer: TokenizerInfo) -> str:
@@ -121,10 +122,12 @@ def tokenize_shard(
 
 
 def verification_sample(config: TokenmillConfig, shards: list[dict], documents: int) -> list[str]:
-    """About `documents` texts drawn across the shards: an equal share from the start of each shard, read in
-    small batches (so this costs little however large the shards)."""
+    """About `documents` texts drawn across the shards: an equal share from the start of each of at most
+    VERIFY_SHARDS evenly spaced shards, read in small batches (so this costs little however large the shards,
+    and however many)."""
     if not shards or not documents:
         return []
+    shards = shards[:: -(-len(shards) // VERIFY_SHARDS)]
     share = max(1, -(-documents // len(shards)))
     texts: list[str] = []
     for shard in shards:
