@@ -14,7 +14,7 @@ its own PREFECT_HOME) is started before each run, so its database holds that run
     python bench/orchestration.py --shards 1000             # a quick look
     python bench/orchestration.py --shards 100000           # the 100,000-shard run (about 100 MB)
 
-`PYTHONPATH=<another checkout> python bench/orchestration.py ...` measures that checkout's code with this venv.
+`--code <another checkout>` measures that checkout's tokenmill with this venv (e.g. the commit before a change).
 """
 
 # ruff: noqa: E402 (the imports follow the sys.path fix below)
@@ -118,12 +118,12 @@ def count(api: str, what: str) -> int:
     return httpx.post(f"{api}/{what}/count", json={}, timeout=60).json()
 
 
-def run_once(corpus: Path, shard_size: int, work: Path, python: str) -> dict:
+def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path) -> dict:
     home, out = work / "prefect-home", work / "out"
     shutil.rmtree(home, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "TOKENMILL_DASK_ADDRESS")}
-    env |= {"PREFECT_HOME": str(home), "CI": "1", "PREFECT_LOGGING_LEVEL": "INFO"}
+    env |= {"PREFECT_HOME": str(home), "CI": "1", "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(code)}
     started = subprocess.run([python, "-m", "tokenmill", "server", "start"], env=env, capture_output=True, text=True)
     api = started.stdout.strip().split("=", 1)[1]
     server_pid = json.loads((home / "tokenmill-server.json").read_text())["pid"]
@@ -134,7 +134,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str) -> dict:
     )
     env["PREFECT_API_URL"] = api
     began = time.perf_counter()
-    process = subprocess.Popen([python, "-m", "tokenmill", "run", str(config)], env=env, cwd=REPO,
+    process = subprocess.Popen([python, "-m", "tokenmill", "run", str(config)], env=env, cwd=code,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     watch = ProcessWatch(process.pid, server_pid)
     output, _ = process.communicate()
@@ -171,6 +171,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="the LocalCluster's workers")
     parser.add_argument("--work", type=Path, default=REPO / "out" / "bench-orchestration")
+    parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose tokenmill runs")
     args = parser.parse_args()
 
     corpus = args.work / f"corpus-{args.doc_chars}.jsonl"
@@ -182,7 +183,7 @@ def main() -> None:
           f"{encoder:.1f} s on {args.workers} workers", flush=True)  # fmt: skip
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(dir=args.work) as work:
-            r = run_once(corpus, shard_size, Path(work), sys.executable)
+            r = run_once(corpus, shard_size, Path(work), sys.executable, args.code.resolve())
         n = r["shards"]
         per_shard = {role: f"{1000 * s / n:.1f} ms" for role, s in r["cpu_s"].items()}
         print(json.dumps(r))

@@ -24,8 +24,8 @@ FROM prefect-base AS tokenmill
 WORKDIR /opt/tokenmill
 COPY . .
 RUN uv pip install --no-cache . \
-        "prefect==3.8.8" "prefect-dask==0.3.7" "fastapi==0.150.0" "sqlalchemy[asyncio]==2.0.58" \
+        "prefect==3.8.8" "fastapi==0.150.0" "sqlalchemy[asyncio]==2.0.58" \
         "dask[distributed]==2026.8.0" \
-    && python -c "import tokenmill, prefect_dask, distributed, bokeh; print('tokenmill image ok')"
+    && python -c "import tokenmill, distributed, bokeh; print('tokenmill image ok')"
 # The pull step of deployments/prefect.yaml changes into this directory before each flow run.
 ENV TOKENMILL_ROOT=/opt/tokenmill
