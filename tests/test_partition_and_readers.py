@@ -6,8 +6,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from tokenmill import partition
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import load_or_plan, plan_shards, shard_pieces
+from tokenmill.partition import auto_shard_size, load_or_plan, plan_shards, shard_pieces
 from tokenmill.readers import InputError, Piece, ReadOptions, read_documents
 
 from .conftest import CORPUS
@@ -109,6 +110,30 @@ def test_plan_is_deterministic_and_reused_by_later_runs(tmp_path):
     write_jsonl(tmp_path / "y.jsonl", 10)  # a file that appears later does not change a rerun's shards
     again, reused = load_or_plan(config)
     assert reused and again == first
+
+
+def test_auto_shard_size_follows_corpus_and_cluster_within_its_bounds():
+    assert auto_shard_size(1_180_000_000, 2) == 73_750_000  # 8 shards per thread
+    assert auto_shard_size(100 * 10**12, 1000) == 10**9  # not 1.6 million shards of 64 MB
+    assert auto_shard_size(64_000_000, 64) == 16_000_000  # not below the floor
+    assert auto_shard_size(0, 4) == 16_000_000
+
+
+def test_auto_shard_size_is_kept_by_later_plans_of_the_same_output(tmp_path, monkeypatch):
+    monkeypatch.setattr(partition, "MIN_AUTO_SHARD", 1_000)  # small files, as if large
+    write_jsonl(tmp_path / "x.jsonl", 2000)
+    size = (tmp_path / "x.jsonl").stat().st_size
+    config = make_config([str(tmp_path / "*.jsonl")], "auto", tmp_path)
+    first, _ = load_or_plan(config, cluster_threads=2)
+    assert first["shard_size"] == -(-size // 16) and len(first["shards"]) == 16
+    # the partition config changes (a new plan), and the run has 4 threads now: the size stays
+    changed = config.model_copy(update={"partition": config.partition.model_copy(update={"seed": 1})})
+    second, reused = load_or_plan(changed, cluster_threads=4)
+    assert not reused and second["shard_size"] == first["shard_size"] and second["shards"] == first["shards"]
+    # an explicit size is used as given
+    explicit = config.model_copy(update={"partition": config.partition.model_copy(update={"shard_size": 50_000})})
+    third, _ = load_or_plan(explicit, cluster_threads=4)
+    assert third["shard_size"] == 50_000
 
 
 def test_same_corpus_as_jsonl_gz_zst_and_parquet_gives_identical_tokens(tmp_path, gpt2_info):

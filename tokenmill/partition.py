@@ -103,9 +103,8 @@ def _split_large_file(url: str, size: int, shard_size: int, storage_options: dic
 
 
 def auto_shard_size(total_bytes: int, cluster_threads: int) -> int:
-    """`shard_size: auto`: the corpus over SHARDS_PER_THREAD shards per thread, within the bounds, in whole MB."""
-    size = total_bytes // max(1, SHARDS_PER_THREAD * cluster_threads)
-    return -(-min(max(size, MIN_AUTO_SHARD), MAX_AUTO_SHARD) // 1_000_000) * 1_000_000
+    """`shard_size: auto`: the corpus over SHARDS_PER_THREAD shards per thread, within the bounds."""
+    return min(max(-(-total_bytes // max(1, SHARDS_PER_THREAD * cluster_threads)), MIN_AUTO_SHARD), MAX_AUTO_SHARD)
 
 
 def plan_shards(config: TokenmillConfig, cluster_threads: int = 1, shard_size: int | None = None) -> dict:
