@@ -7,6 +7,7 @@ the workers run. Used by the CLI when stdout is a terminal.
 from __future__ import annotations
 
 import threading
+import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -16,6 +17,7 @@ from tokenmill.storage import Store
 
 STAGES = ("scatter", "gather", "sample", "tokenize", "pack")
 POLL_SECONDS = 1.0
+POLL_SHARE = 0.05  # listing the markers may take at most this share of the time (100,000 markers: ~1 s a listing)
 
 
 def committed_counts(store: Store) -> tuple[dict[str, int], dict[str, int]]:
@@ -55,11 +57,14 @@ class ShardProgress:
             self.progress.update(self.bars[stage], completed=count)
 
     def _watch(self) -> None:
-        while not self.stop.wait(POLL_SECONDS):
+        interval = POLL_SECONDS
+        while not self.stop.wait(interval):
+            started = time.perf_counter()
             try:
                 self._refresh()
             except Exception:  # a listing racing a write: the next poll sees it
                 continue
+            interval = max(POLL_SECONDS, (time.perf_counter() - started) / POLL_SHARE)
 
     def __enter__(self) -> ShardProgress:
         self.progress.start()
