@@ -145,7 +145,7 @@ def _error(future) -> str:
     if future.status == "error":
         error = future.exception()
         return f"{type(error).__name__}: {error}"
-    return f"Dask future {future.status}"
+    return f"its Dask task was {future.status} (the connection to the scheduler was lost, or the cluster closed)"
 
 
 # The options of every shard stage's task: its result lives in the flow's memory only (the commit markers are the
