@@ -14,7 +14,13 @@ import time
 
 import pandas as pd
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.cluster import dask_client, prepare_cluster
@@ -56,8 +62,11 @@ def map_stage(stage_task, config: TokenmillConfig, items: list, *args) -> list:
     groups = in_groups(items, config.dask.groups_per_stage)
     futures = [stage_task.submit(config, group, *args) for group in groups]
     failures: dict[str, dict[int, str]] = {}
+    progress, done = create_progress_artifact(0.0, description=f"{stage_task.name}: shards done, in percent"), 0
     for future, group in zip(futures, groups, strict=True):
         future.wait()
+        done += len(group.unwrap())
+        update_progress_artifact(progress, 100 * done / len(items))
         if future.state.is_completed():
             continue
         error = future.state.result(raise_on_failure=False)
