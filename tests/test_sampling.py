@@ -1,4 +1,5 @@
-"""The sample stage: proportional, deterministic, held-out part disjoint, stratification tops up rare groups."""
+"""The sample stage: proportional, deterministic, held-out part disjoint, stratification tops up rare groups;
+on plain JSONL it reads a few percent of the corpus, the same whatever the shards."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tokenmill import sampling
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import plan_shards
 
-from .conftest import CORPORA, read_jsonl
+from .conftest import CORPORA, TOKENIZERS, read_jsonl
 
 INPUTS = [str(CORPORA / "multilingual" / "*.jsonl.gz"), str(CORPORA / "enwiki_slice" / "*.jsonl.gz")]
 
@@ -102,3 +103,42 @@ def test_stratification_represents_a_group_the_proportional_sample_misses(tmp_pa
     assert sizes["wikipedia-en"]["sample_bytes"] > 0.6 * sum(s["sample_bytes"] for s in sizes.values())
     # every other group keeps its proportional sample; the tops-ups only add
     assert set(plain_texts) <= set(texts)
+
+
+@pytest.fixture(scope="module")
+def plain_enwiki(tmp_path_factory):
+    """enwiki_slice as one plain JSONL file (60 MB): the input that the sample reads in blocks."""
+    path = tmp_path_factory.mktemp("plain") / "enwiki.jsonl"
+    with open(path, "wb") as f:
+        f.writelines(orjson.dumps(d) + b"\n" for d in read_jsonl(CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz"))
+    return path
+
+
+def held_out(out, path, shard_size: str, id_field: str | None) -> tuple[list[dict], list[str]]:
+    """The held-out sample for a pretrained tokenizer's fertility report (no training sample)."""
+    config = TokenmillConfig.model_validate({
+        "name": "holdout-test",
+        "input": {"paths": [str(path)], "id_field": id_field},
+        "partition": {"shard_size": shard_size},
+        "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json")},
+        "fertility": {"holdout_size": "500KB"},
+        "output": {"path": str(out)},
+    })  # fmt: skip
+    samples = run_sample(config)
+    return samples, [r["text"] for r in sampling.holdout_records(config, samples)]
+
+
+@pytest.mark.parametrize("id_field", ["id", None])
+def test_held_out_sample_of_plain_jsonl_reads_a_few_percent_the_same_whatever_the_shards(
+    tmp_path, plain_enwiki, id_field
+):
+    corpus = plain_enwiki.stat().st_size
+    small, small_texts = held_out(tmp_path / "small", plain_enwiki, "8MB", id_field)
+    large, large_texts = held_out(tmp_path / "large", plain_enwiki, "25MB", id_field)
+    assert len(small) == 8 and len(large) == 3
+    for samples in (small, large):
+        assert sum(s["bytes_read"] for s in samples) < 0.05 * corpus  # 1 block of 64 KiB in 30 (+ line ends)
+        assert all(s["holdout_documents"] > 0 for s in samples)  # every shard contributes
+        assert 0.7 * 500_000 < sum(s["holdout_bytes"] for s in samples) < 1.1 * 500_000
+    assert not any(s["documents"] for s in small)  # no training sample for a pretrained tokenizer
+    assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100

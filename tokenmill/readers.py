@@ -154,7 +154,8 @@ def _field(record, dotted: str):
 
 
 @contextmanager
-def _open(piece: Piece, options: ReadOptions) -> Iterator[BinaryIO]:
+def open_piece(piece: Piece, options: ReadOptions) -> Iterator[BinaryIO]:
+    """The piece's file as a binary stream, decompressed (positions are uncompressed offsets)."""
     storage = options_for(piece.path, options.storage_options)
     codec = compression_of(piece.path)
     with fsspec.open(piece.path, "rb", compression=codec, **storage) as f:
@@ -163,7 +164,7 @@ def _open(piece: Piece, options: ReadOptions) -> Iterator[BinaryIO]:
 
 
 def _jsonl_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
-    with _open(piece, options) as f:
+    with open_piece(piece, options) as f:
         if piece.start:
             f.seek(piece.start)
         pos, number = piece.start, piece.first_line
@@ -216,7 +217,7 @@ def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[
 
 
 def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
-    with _open(piece, options) as f:
+    with open_piece(piece, options) as f:
         data = f.read()
     try:
         text = data.decode("utf-8")
@@ -237,14 +238,34 @@ def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Rec
 
 def _shuffled_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
     """Records as the global shuffle wrote them, each still naming its original file and line."""
-    with _open(piece, options) as f:
+    with open_piece(piece, options) as f:
         for line in f:
-            r = orjson.loads(line)
-            raw = r["raw"].encode() if r["problem"] else orjson.dumps({"id": r["id"], "text": r["text"]}, default=str)
-            yield Record(r["line"], r["id"], r["text"], r["extra"], raw, r["problem"], r["file"], r["size"])
+            yield _shuffled_record(line)
+
+
+def _shuffled_record(line: bytes) -> Record:
+    r = orjson.loads(line)
+    raw = r["raw"].encode() if r["problem"] else orjson.dumps({"id": r["id"], "text": r["text"]}, default=str)
+    return Record(r["line"], r["id"], r["text"], r["extra"], raw, r["problem"], r["file"], r["size"])
 
 
 READERS = {"jsonl": _jsonl_records, "parquet": _parquet_records, "text": _text_records, "shuffled": _shuffled_records}
+LINE_KINDS = ("jsonl", "shuffled")  # one record per line: a block of whole lines can be read on its own
+
+
+def kind_of(piece: Piece, options: ReadOptions) -> str:
+    """The piece's reader: `jsonl`, `parquet`, `text` or `shuffled`."""
+    return piece.format or (format_of(piece.path) if options.format == "auto" else options.format)
+
+
+def read_lines(
+    block: bytes, first_line: int, name: str, kind: str, options: ReadOptions, seen_ids: set[str]
+) -> tuple[Batch, list[Reject]]:
+    """The documents and rejects of a block of whole lines of a line-based input (`LINE_KINDS`) whose first
+    is line `first_line` of file `name`."""
+    if kind == "jsonl":
+        return jsonl_block(block, first_line, name, options, seen_ids)
+    return _checked([_shuffled_record(line) for line in block.split(b"\n") if line.strip()], options, seen_ids)
 
 
 def records(piece: Piece, options: ReadOptions) -> Iterator[Record]:
@@ -252,8 +273,7 @@ def records(piece: Piece, options: ReadOptions) -> Iterator[Record]:
     name = display_name(piece.path)
     count = 0
     try:
-        kind = piece.format or (format_of(piece.path) if options.format == "auto" else options.format)
-        for raw in READERS[kind](piece, options, name):
+        for raw in READERS[kind_of(piece, options)](piece, options, name):
             count += 1
             raw.file = raw.file or name
             yield raw
@@ -388,7 +408,7 @@ def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tu
 
 
 # --- the columnar fast path -------------------------------------------------------------------------------
-# Plain (uncompressed) JSONL with top-level text and id fields is parsed by pyarrow a block of whole lines
+# Plain (uncompressed) JSONL with top-level text, id and extra fields is parsed by pyarrow a block of whole lines
 # at a time, and the batch schema's checks run vectorised on the columns. A block with any problem at all
 # (a parse error, a blank line, a missing or non-string text, a length out of bounds, a missing, non-string or
 # repeated id, an escaped surrogate) is read again by the careful path above, record by record, so every bad
@@ -398,26 +418,16 @@ _ESCAPED_SURROGATE = re.compile(rb"\\[uU][dD][89a-fA-F]")  # orjson and pyarrow 
 
 
 def _fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
-    kind = piece.format or (format_of(piece.path) if options.format == "auto" else options.format)
-    return (
-        kind == "jsonl"
-        and compression_of(piece.path) is None
-        and not options.fields
-        and "." not in options.text_field
-        and "." not in (options.id_field or "")
-    )
+    dotted = any("." in n for n in (options.text_field, options.id_field or "", *options.fields))
+    return kind_of(piece, options) == "jsonl" and compression_of(piece.path) is None and not dotted
 
 
 def _fast_jsonl(
     piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     name = display_name(piece.path)
-    columns = [(options.text_field, pyarrow.string())]
-    if options.id_field is not None:
-        columns.append((options.id_field, pyarrow.string()))
-    parse = pj.ParseOptions(explicit_schema=pyarrow.schema(columns), unexpected_field_behavior="ignore")
     try:
-        with _open(piece, options) as f:
+        with open_piece(piece, options) as f:
             if piece.start:
                 f.seek(piece.start)
             pos, line = piece.start, piece.first_line
@@ -431,33 +441,44 @@ def _fast_jsonl(
                     block = block[: piece.end - pos]
                 if pos == 0 and not block.strip():
                     break  # an empty file: the careful path below says so
-                newlines = block.count(b"\n")
-                lines = newlines + (not block.endswith(b"\n"))
-                # bytes as the careful path counts them: each line without its line ending
-                nbytes = len(block) - newlines - (block.count(b"\r\n") if b"\r" in block else 0)
-                batch = _fast_batch(block, lines, line, nbytes, name, options, parse, seen_ids)
-                yield (batch, []) if batch is not None else _careful_block(block, line, name, options, seen_ids)
-                pos, line = pos + len(block), line + lines
+                yield jsonl_block(block, line, name, options, seen_ids)
+                pos, line = pos + len(block), line + line_count(block)
     except FileNotFoundError as e:
         raise InputError(f"{piece.path}: no such file") from e
     if piece.start == 0 and pos == 0:
         yield from read_documents([piece], options)
 
 
-def _fast_batch(
-    block: bytes, lines: int, first_line: int, nbytes: int, name: str, options: ReadOptions, parse, seen_ids: set[str]
-) -> Batch | None:
+def line_count(block: bytes) -> int:
+    """Lines in a block of whole lines (the last one may lack its line ending)."""
+    return block.count(b"\n") + (not block.endswith(b"\n"))
+
+
+def jsonl_block(
+    block: bytes, first_line: int, name: str, options: ReadOptions, seen_ids: set[str]
+) -> tuple[Batch, list[Reject]]:
+    """The documents and rejects of a block of whole JSONL lines whose first is line `first_line` of file
+    `name`: parsed by pyarrow when every record in it is valid, else record by record."""
+    batch = _fast_batch(block, first_line, name, options, seen_ids)
+    return (batch, []) if batch is not None else _careful_block(block, first_line, name, options, seen_ids)
+
+
+def _fast_batch(block: bytes, first_line: int, name: str, options: ReadOptions, seen_ids: set[str]) -> Batch | None:
     """The block's documents if every record in it is a valid document, else None."""
-    if _ESCAPED_SURROGATE.search(block):
-        return None
+    names = (options.text_field, options.id_field, *options.fields)
+    if any(n is not None and "." in n for n in names) or _ESCAPED_SURROGATE.search(block):
+        return None  # nested fields: the careful path
+    columns = dict.fromkeys(n for n in names if n is not None)  # extra fields as strings, else the careful path
+    schema = pyarrow.schema([(n, pyarrow.string()) for n in columns])
     try:
         table = pj.read_json(
             io.BytesIO(block),
             read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
-            parse_options=parse,
+            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
         )
     except (pyarrow.ArrowInvalid, UnicodeDecodeError):
         return None
+    lines = line_count(block)
     texts = table.column(options.text_field).combine_chunks()
     if table.num_rows != lines or texts.null_count:
         return None
@@ -476,7 +497,11 @@ def _fast_batch(
     if len(set(ids)) != len(ids) or not seen_ids.isdisjoint(ids):
         return None
     seen_ids.update(ids)
-    return Batch(ids=ids, nbytes=nbytes, text_array=texts)
+    newlines = block.count(b"\n")
+    # bytes as the careful path counts them: each line without its line ending
+    nbytes = len(block) - newlines - (block.count(b"\r\n") if b"\r" in block else 0)
+    extra = {f: table.column(f).to_pylist() for f in options.fields}
+    return Batch(ids=ids, nbytes=nbytes, text_array=texts, extra=extra)
 
 
 def _careful_block(

@@ -1,16 +1,29 @@
 """The sample stage: per shard, a deterministic proportional sample for training the tokenizer, and a
-disjoint held-out sample for the fertility report.
+disjoint held-out sample for the fertility report, drawn from a bounded part of the corpus.
 
 Each document gets a seeded hash h of its id, uniform in [0, 1). With f = sample_size / corpus bytes and
 g = holdout_size / corpus bytes, a document is in the training sample when h < f and held out when
 f <= h < f + g: every shard, source and language contributes in proportion, whatever the shard count or
 worker, and no document is in both. Sizes are measured like the plan's shards (uncompressed input bytes).
 
+Reading the whole corpus for a sample of a few MB would cost a pass over the corpus, so line-based inputs
+(JSONL, plain or compressed, and the global shuffle's files) are read in blocks: each file is cut into
+blocks of `BLOCK_BYTES` at fixed offsets, a document belongs to the block its line starts in, and the
+sample reads one block in every `stride` of each file (at a seeded phase per file), parsed by the columnar
+reader, where the thresholds above scale by `stride`: h < f * stride, f * stride <= h < (f + g) * stride.
+Each document is still in the training sample with probability f and held out with probability g, and the
+blocks do not depend on how the file is cut into shards, so the sample does not either. `stride` is chosen
+so that the blocks read hold `OVERSAMPLE` times the sample's bytes (a quarter of each block's documents is
+taken: runs of neighbouring documents stay short) and every stretch of `stride` blocks of every file gives
+one. Parquet and plain-text pieces are read whole (stride 1).
+
 With `stratify_by`, every value of that field (a source, a language) also gets at least `min_group_size`
 bytes of text, or all of its documents if it has fewer: each shard keeps, per value, its lowest-hash
 documents beyond f + g until they reach that size (a "reserve"), and `training_texts` tops up, in hash
 order across all shards, the values whose proportional share fell short. A value rare in the corpus is
-then represented, and the others keep their corpus proportions.
+then represented, and the others keep their corpus proportions. Finding every value takes every document,
+so a stratified sample reads every block; the proportional part still comes from the same blocks, so
+stratifying only adds documents to the plain sample.
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 import orjson
@@ -27,11 +41,23 @@ from tokenmill.commits import commit, committed
 from tokenmill.config import TokenmillConfig
 from tokenmill.hashing import unit_interval
 from tokenmill.partition import shard_pieces
-from tokenmill.readers import read_documents
+from tokenmill.readers import (
+    LINE_KINDS,
+    Batch,
+    Piece,
+    ReadOptions,
+    display_name,
+    kind_of,
+    open_piece,
+    read_documents,
+    read_lines,
+)
 from tokenmill.storage import Store
 
 STAGE = "sample"
 NO_VALUE = "(none)"  # the group of a document that lacks the field
+BLOCK_BYTES = 64 << 10  # a run of neighbouring documents (about 40 Wikipedia articles)
+OVERSAMPLE = 4  # the blocks read hold this many times the sample's bytes
 
 
 def fractions(config: TokenmillConfig, plan: dict) -> tuple[float, float]:
@@ -41,6 +67,14 @@ def fractions(config: TokenmillConfig, plan: dict) -> tuple[float, float]:
     f = min(1.0, int(train.sample_size) / total) if train is not None else 0.0
     g = min(1.0 - f, int(config.fertility.holdout_size) / total) if config.fertility.enabled else 0.0
     return f, g
+
+
+def stride(f: float, g: float) -> int:
+    """The sample draws from one block in this many of each line-based file (1: all of it, when the sample
+    is more than 1 / OVERSAMPLE of the corpus)."""
+    if f + g <= 0:
+        return 1
+    return max(1, int(1 / (OVERSAMPLE * (f + g))))
 
 
 def record_fields(config: TokenmillConfig) -> tuple[str, ...]:
@@ -75,12 +109,71 @@ def stage_key(config: TokenmillConfig, f: float, g: float) -> str:
     train = config.tokenizer.train
     stratify = (train.stratify_by, int(train.min_group_size)) if train and train.stratify_by else None
     seed = train.seed if train else 0
-    return f"{config.section_hash('input', 'partition')}-{f!r}-{g!r}-{seed}-{record_fields(config)}-{stratify}"
+    blocks = f"blocks-{BLOCK_BYTES}-{stride(f, g)}"
+    return f"{config.section_hash('input', 'partition')}-{f!r}-{g!r}-{seed}-{record_fields(config)}-{stratify}-{blocks}"
+
+
+def _skip_to(f: BinaryIO, position: int, target: int) -> int:
+    """Move forward to `target` (reading and dropping where the stream cannot seek); return the position."""
+    if f.seekable():
+        f.seek(target)
+        return target
+    while position < target and (data := f.read(min(target - position, 1 << 20))):
+        position += len(data)
+    return position
+
+
+def line_blocks(piece: Piece, options: ReadOptions, every: int, phase: int) -> Iterator[tuple[int, bytes]]:
+    """(block number, its whole lines) for the blocks b = phase (mod every) of the piece's file that start
+    in the piece: the lines starting at offsets [b * BLOCK_BYTES, (b + 1) * BLOCK_BYTES), the last one read
+    to its end. The same lines whatever the piece's bounds, so the sample does not depend on the shards."""
+    first = -(-piece.start // BLOCK_BYTES)  # the first block starting in the piece
+    b = first + (phase - first) % every
+    with open_piece(piece, options) as f:
+        position = 0
+        while piece.end is None or b * BLOCK_BYTES < piece.end:
+            lo, hi = b * BLOCK_BYTES, (b + 1) * BLOCK_BYTES
+            if position < lo:  # the first line start at or after lo follows the first newline at or after lo - 1
+                position = _skip_to(f, position, max(lo - 1, 0))
+                head = f.read(hi - position)
+                position += len(head)
+                if not head:
+                    return
+                cut = head.find(b"\n") + 1 if lo else 0
+                lines = head[cut:] if cut or not lo else b""
+            else:  # a line of an earlier block ended at or after lo: `position` is a line start
+                lines = f.read(hi - position) if position < hi else b""
+                position += len(lines)
+            if lines and not lines.endswith(b"\n"):
+                tail = f.readline()
+                lines, position = lines + tail, position + len(tail)
+            if lines:
+                yield b, lines
+            b += every
+
+
+def _documents(
+    shard: dict, options: ReadOptions, every: int, salt: str, read_all: bool
+) -> Iterator[tuple[int, Batch, list[str], int]]:
+    """(scale, documents, their sampling keys, bytes read) for what the sample reads of the shard: the
+    blocks of line-based pieces that the sample draws from (scale `every`), with `read_all` the other blocks
+    too (scale 0: only for the stratification's reserve), and the whole of other pieces (scale 1). A key is
+    the document's id, or without an id field its file, block and line in the block."""
+    for piece in shard_pieces(shard):
+        kind, name = kind_of(piece, options), display_name(piece.path)
+        if kind not in LINE_KINDS:
+            for batch, _ in read_documents([piece], options, columnar=True):
+                yield 1, batch, batch.ids, batch.nbytes
+            continue
+        phase = int(unit_interval([name], f"block:{salt}")[0] * every)
+        for block, lines in line_blocks(piece, options, 1 if read_all else every, 0 if read_all else phase):
+            batch, _ = read_lines(lines, 1, f"{name}#{block}", kind, options, set())
+            yield (every if block % every == phase else 0), batch, batch.ids, len(lines)
 
 
 def sample_shard(config: TokenmillConfig, shard: dict, f: float, g: float) -> dict:
     """Write this shard's training sample, held-out sample (and reserve) under `_work/`; return their
-    paths and sizes (per group too, when stratified)."""
+    paths and sizes (per group too, when stratified) and the bytes read."""
     store, shard_id = config.output.store(), shard["shard_id"]
     key = stage_key(config, f, g)
     if (done := committed(store, STAGE, shard_id, key)) is not None:
@@ -91,32 +184,37 @@ def sample_shard(config: TokenmillConfig, shard: dict, f: float, g: float) -> di
     salt = f"sample:{train.seed if train else 0}:"
     sample: list[bytes] = []
     holdout: list[bytes] = []
-    sizes = {"documents": 0, "bytes": 0, "holdout_documents": 0, "holdout_bytes": 0}
+    sizes = {"documents": 0, "bytes": 0, "holdout_documents": 0, "holdout_bytes": 0, "bytes_read": 0}
     groups: dict[str, dict[str, int]] = defaultdict(lambda: {"bytes": 0, "sample_bytes": 0})
     reserves: dict[str, _Reserve] = {}
 
-    for batch, _ in read_documents(shard_pieces(shard), config.input.read_options(fields)):
-        hashes = unit_interval(batch.ids, salt)
-        chosen = np.arange(len(batch)) if stratify else np.flatnonzero(hashes < f + g)
-        for i in chosen.tolist():
-            h, text = float(hashes[i]), batch.texts[i]
+    documents = _documents(shard, config.input.read_options(fields), stride(f, g), salt, read_all=bool(stratify))
+    for scale, batch, keys, nbytes_read in documents:
+        sizes["bytes_read"] += nbytes_read
+        hashes = unit_interval(keys, salt)
+        train_below, holdout_below = f * scale, (f + g) * scale
+        chosen = np.arange(len(batch)) if stratify else np.flatnonzero(hashes < holdout_below)
+        texts = batch.text_values()
+        texts = texts.take(chosen).to_pylist() if batch.text_array is not None else [texts[i] for i in chosen]
+        for i, text in zip(chosen.tolist(), texts, strict=True):
+            h = float(hashes[i])
             values = {name: batch.extra[name][i] for name in fields}
-            line = orjson.dumps({"text": text, **values}) + b"\n" if h < f + g else b""
+            line = orjson.dumps({"text": text, **values}) + b"\n" if h < holdout_below else b""
             nbytes = len(text.encode())
-            if h < f:
+            if h < train_below:
                 sample.append(line)
                 sizes["documents"] += 1
                 sizes["bytes"] += nbytes
-            elif h < f + g:
+            elif h < holdout_below:
                 holdout.append(line)
                 sizes["holdout_documents"] += 1
                 sizes["holdout_bytes"] += nbytes
             if stratify:
                 group = group_name(values[stratify])
                 groups[group]["bytes"] += nbytes
-                if h < f:
+                if h < train_below:
                     groups[group]["sample_bytes"] += nbytes
-                elif h >= f + g:
+                elif h >= holdout_below:  # in neither sample: a candidate for the group's reserve
                     reserve = reserves.setdefault(group, _Reserve(int(train.min_group_size)))
                     if reserve.wants(h):
                         record = {"h": h, "group": group, "bytes": nbytes, "text": text, **values}
