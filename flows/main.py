@@ -142,10 +142,9 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
     else:
         tokenizer = pretrained_tokenizer(config)
     logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
-    # The report needs only the tokenizer and the held-out sample: it runs while the shards are tokenized.
-    report = tokenizer_report.submit(config, tokenizer, samples) if config.fertility.enabled else None
-
     encoder = choose_encoder(config, shards, tokenizer)  # once per run; shards get the small choice
+    # The report needs the tokenizer, its encoder and the held-out sample: it runs while the shards are tokenized.
+    report = tokenizer_report.submit(config, tokenizer, samples, encoder) if config.fertility.enabled else None
     tokenize_started = time.perf_counter()
     table, totals = tokenize_and_pack(config, shards, tokenizer, encoder)
     tokenize_seconds = time.perf_counter() - tokenize_started

@@ -4,10 +4,13 @@ from prefect import task
 
 from tokenmill import fertility
 from tokenmill.config import TokenmillConfig
+from tokenmill.encoders import EncoderChoice
 from tokenmill.tokenizer import TokenizerInfo
 
 
 @task(name="tokenizer_report")
-def tokenizer_report(config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict]) -> str:
+def tokenizer_report(
+    config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict], encoder: EncoderChoice | None = None
+) -> str:
     """Write report/tokenizer.{json,md}; return the markdown (a few KB) for the flow's artifact."""
-    return fertility.markdown(fertility.tokenizer_report(config, tokenizer, samples))
+    return fertility.markdown(fertility.tokenizer_report(config, tokenizer, samples, encoder))

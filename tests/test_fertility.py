@@ -11,7 +11,8 @@ import pytest
 from tokenmill import fertility, layout, sampling
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import plan_shards
-from tokenmill.tokenizer import train_on_sample
+from tokenmill.tokenize import choose_run_encoder
+from tokenmill.tokenizer import install_pretrained, train_on_sample
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
 
@@ -92,3 +93,24 @@ def test_the_report_counts_and_compares_with_the_baseline(reports):
         assert m["tokens_per_word"] == round(m["tokens"] / overall["words"], 4)
         assert m["bytes_per_token"] == round(overall["bytes"] / m["tokens"], 4)
     assert "| gpt2/tokenizer.json | 50,257 |" in md and "## By source" in md
+
+
+def test_the_runs_encoder_counts_exactly_what_hf_counts(tmp_path):
+    # The flow counts the dataset's tokens with the encoder it chose (gigatoken here), verified against hf.
+    write_corpus(tmp_path / "mixed.jsonl.gz", 1_000_000, 300_000)
+    config = TokenmillConfig.model_validate({
+        "name": "mixed",
+        "input": {"paths": [str(tmp_path / "mixed.jsonl.gz")], "id_field": "id"},
+        "tokenizer": {"path": GPT2},
+        "fertility": {"holdout_size": "400KB", "group_by": ["source"]},
+        "output": {"path": str(tmp_path / "out")},
+    })  # fmt: skip
+    plan = plan_shards(config)
+    f, g = sampling.fractions(config, plan)
+    samples = [sampling.sample_shard(config, shard, f, g) for shard in plan["shards"]]
+    info = install_pretrained(config)
+    choice = choose_run_encoder(config, plan["shards"], info, log=lambda _: None)
+    assert choice.backend != "hf"
+    by_encoder = fertility.tokenizer_report(config, info, samples, choice)
+    by_hf = fertility.tokenizer_report(config, info, samples)
+    assert by_encoder == by_hf and by_hf["groups"]["source"][CODE]["documents"] > 0

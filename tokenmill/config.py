@@ -150,8 +150,10 @@ class TokenizerConfig(_Section):
         description="auto: the fastest installed backend that reproduces HF tokenizers exactly on a verification "
         "sample (else hf); hf: HF tokenizers, the reference; gigatoken, tiktoken: that backend (checked the same way).",
     )
+    # 1,000 documents (about 1.7 MB of Wikipedia) cost hf about 0.7 s of CPU; 4,000 cost 2.7 s of every run. The
+    # code-point probes guard what differs in rare characters; these catch anything systematic.
     verify_documents: int = Field(
-        4000, ge=0, description="Documents drawn across shards on which the encoder is verified before any shard runs."
+        1000, ge=0, description="Documents drawn across shards on which the encoder is verified before any shard runs."
     )
     check_fraction: float = Field(
         0.001, ge=0, le=1, description="validate: fraction of documents re-encoded with the reference and compared."

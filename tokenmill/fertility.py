@@ -10,12 +10,13 @@ and `report/tokenizer.md`, the same markdown the flow shows as a Prefect artifac
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from tokenizers import Tokenizer
 
 from tokenmill import layout
 from tokenmill.config import TokenmillConfig
+from tokenmill.encoders import EncoderChoice, load_encoder
 from tokenmill.pretrained import load_pretrained
 from tokenmill.sampling import group_name, holdout_records
 from tokenmill.tokenizer import TokenizerInfo, load_tokenizer
@@ -34,17 +35,23 @@ def _metrics(words: int, chars: int, nbytes: int, tokens: int) -> dict:
     }
 
 
-def measure(tokenizers: dict[str, Tokenizer], records: Iterable[dict], group_by: list[str]) -> dict:
-    """Counts and fertility of every tokenizer over `records` (`{"text": ..., field: value}`), overall and
-    per value of each `group_by` field."""
+TokenCounter = Callable[[list[str]], list[int]]  # texts -> tokens per text
+
+
+def hf_counter(tokenizer: Tokenizer) -> TokenCounter:
+    return lambda texts: [len(e.ids) for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def measure(tokenizers: dict[str, TokenCounter], records: Iterable[dict], group_by: list[str]) -> dict:
+    """Counts and fertility of every tokenizer (its token counter) over `records` (`{"text": ..., field:
+    value}`), overall and per value of each `group_by` field."""
     sizes: dict[tuple, dict[str, int]] = defaultdict(lambda: {"documents": 0, "words": 0, "chars": 0, "bytes": 0})
     tokens: dict[tuple, dict[str, int]] = defaultdict(lambda: dict.fromkeys(tokenizers, 0))
     records = list(records)
     for start in range(0, len(records), BATCH):
         batch = records[start : start + BATCH]
         texts = [r["text"] for r in batch]
-        counts = {name: [len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
-                  for name, tok in tokenizers.items()}  # fmt: skip
+        counts = {name: count(texts) for name, count in tokenizers.items()}
         for i, record in enumerate(batch):
             text = texts[i]
             keys = [()] + [(field, group_name(record.get(field))) for field in group_by]
@@ -81,14 +88,22 @@ def flagged(report: dict, name: str = DATASET) -> list[str]:
     return notes
 
 
-def tokenizer_report(config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict]) -> dict:
-    """Measure the held-out sample and write `report/tokenizer.{json,md}`; return the report."""
+def tokenizer_report(
+    config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict], encoder: EncoderChoice | None = None
+) -> dict:
+    """Measure the held-out sample and write `report/tokenizer.{json,md}`; return the report. The dataset's
+    tokenizer is counted by the run's `encoder` when given (verified to give hf's ids: the same counts, at
+    the fast backend's speed), else by hf."""
     store = config.output.store()
-    tokenizers = {DATASET: load_tokenizer(store.url_of(layout.TOKENIZER), tokenizer.sha256)}
+    url = store.url_of(layout.TOKENIZER)
+    tokenizers = {DATASET: load_tokenizer(url, tokenizer.sha256)}
     for source in config.fertility.baselines:
         pretrained = load_pretrained(source, config.tokenizer.hub, config.tokenizer.tiktoken)
         tokenizers[source] = Tokenizer.from_str(pretrained.data.decode())
-    report = measure(tokenizers, holdout_records(config, samples), config.fertility.group_by)
+    counters = {name: hf_counter(tok) for name, tok in tokenizers.items()}
+    if encoder is not None:
+        counters[DATASET] = lambda texts: load_encoder(url, tokenizer.sha256, encoder).encode_batch(texts)[1].tolist()
+    report = measure(counters, holdout_records(config, samples), config.fertility.group_by)
     train = config.tokenizer.train
     report["tokenizers"] = {
         name: {

@@ -1,0 +1,271 @@
+"""tokenmill against Megatron-LM's `tools/preprocess_data_fast.py --use-gigatoken`, side by side on one file.
+
+Both tools turn the same plain JSONL (enwiki_slice written `--repeat` times, unique ids) into GPT-2 ids with
+EOD appended, as Megatron `.bin/.idx`. Rounds alternate the two tools (Megatron first in odd rounds,
+tokenmill first in even ones), each from scratch, and every round records:
+
+- wall time from spawn to exit (`tokenmill run`: the CLI with its default config, `pack.mode: none` since
+  Megatron's tool does not pack; the Prefect server it reports to is started once before the rounds, as a
+  user's is);
+- the largest process's peak RSS and the peak RSS of the whole process tree, polled every 20 ms with psutil
+  (a watchdog kills a tool whose tree passes `--memory-cap`, and reports that it ran out);
+- the tokens written (from the `.idx` files), which must be equal;
+- the 1-minute load average when the round started (other work on the host slows both tools).
+
+With `--big-repeat N` it then runs once on enwiki_slice x N (x200: 12 GB): tokenmill's throughput against the
+2-core gigatoken ceiling measured just before (gigatoken alone, one process per core, texts in memory: the
+`--ceiling-mb` prefix), the largest worker's memory, and what Megatron's tool does with it.
+
+Megatron-LM is not part of tokenmill: fetch NVIDIA/Megatron-LM, export its `megatron/` and `tools/`, make a
+venv that sees this project's packages plus Megatron's imports, and a transformers tokenizer directory whose
+eos is the EOD (the recipe is `../shared/peers/README.md`), then:
+
+    MEGATRON_LM_DIR=/tmp/megatron-lm MEGATRON_PYTHON=/tmp/megfast/bin/python MEGATRON_TOKDIR=/tmp/gpt2-hfdir \\
+        .venv/bin/python bench/megatron.py --rounds 5 [--big-repeat 200]
+"""
+
+from __future__ import annotations
+
+import sys
+
+# bench/tokenize.py shares its name with the stdlib's `tokenize`: keep bench/ off the import path.
+# ruff: noqa: E402
+sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+POLL_S = 0.02
+
+
+def _bench_tokenize():
+    """bench/tokenize.py (its corpus writer and single-encoder timing), loaded by path: its name is the
+    stdlib's `tokenize`."""
+    spec = importlib.util.spec_from_file_location("bench_tokenize", REPO / "bench" / "tokenize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Watched:
+    """A command run to its exit while a thread polls its process tree: the wall time, the largest
+    process's and the whole tree's peak RSS, and whether the watchdog killed it past `cap` bytes."""
+
+    def __init__(self, command: list[str], env: dict, cap: int, log: Path):
+        self.peak_process = self.peak_tree = 0
+        self.killed = False
+        with open(log, "wb") as out:
+            started = time.perf_counter()
+            self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+            watcher = threading.Thread(target=self._watch, args=(cap,), daemon=True)
+            watcher.start()
+            self.returncode = self.process.wait()
+            self.wall = time.perf_counter() - started
+            watcher.join()
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def _watch(self, cap: int) -> None:
+        while self.process.poll() is None:
+            sizes = []
+            for p in self._tree():
+                with contextlib.suppress(psutil.Error):
+                    sizes.append(p.memory_info().rss)
+            if sizes:
+                self.peak_process = max(self.peak_process, max(sizes))
+                self.peak_tree = max(self.peak_tree, sum(sizes))
+            if sum(sizes) > cap:
+                self.killed = True
+                for p in reversed(self._tree()):
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+            time.sleep(POLL_S)
+
+
+def idx_tokens(prefixes: list[Path]) -> tuple[int, int]:
+    """(documents, tokens) of Megatron `.idx` files, from their headers and length arrays."""
+    from tokenmill.formats.megatron import MegatronIndex
+
+    documents = tokens = 0
+    for prefix in prefixes:
+        index = MegatronIndex(f"{prefix}.idx")
+        documents += len(index.document_indices) - 1
+        tokens += int(index.lengths.sum(dtype=np.int64))
+    return documents, tokens
+
+
+def run_megatron(args, corpus: Path, out: Path, cap: int) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    env = os.environ | {
+        "MEGATRON_LM_DIR": args.megatron_dir,
+        "PYTHON": args.megatron_python,
+        "CORPUS": str(corpus),
+        "TOKDIR": args.megatron_tokdir,
+        "OUT": str(out),
+    }
+    run = Watched(["bash", args.megatron_script], env, cap, out.parent / f"{out.name}.log")
+    prefixes = [p.with_suffix("") for p in out.glob("*.idx")]
+    counted = idx_tokens(prefixes) if run.returncode == 0 else (None, None)
+    return {"tool": "megatron", **_numbers(run), "documents": counted[0], "tokens": counted[1]}
+
+
+def run_tokenmill(args, corpus: Path, out: Path, cap: int) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    config = out.parent / f"{out.name}.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "name": "bench",
+                "input": {"paths": [str(corpus)], "id_field": "id"},
+                "tokenizer": {"path": args.tokenizer},
+                "pack": {"mode": "none"},
+                "output": {"path": str(out)},
+            }
+        )  # fmt: skip
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}
+    command = [sys.executable, "-m", "tokenmill", "run", str(config)]
+    run = Watched(command, env, cap, out.parent / f"{out.name}.log")
+    counted = (None, None)
+    if run.returncode == 0:
+        counted = idx_tokens([p.with_suffix("") for p in sorted((out / "megatron").glob("*/shard-*.idx"))])
+    return {"tool": "tokenmill", **_numbers(run), "documents": counted[0], "tokens": counted[1]}
+
+
+def _numbers(run: Watched) -> dict:
+    return {
+        "wall_s": round(run.wall, 2),
+        "peak_process_gb": round(run.peak_process / 1e9, 2),
+        "peak_tree_gb": round(run.peak_tree / 1e9, 2),
+        "exit": run.returncode,
+        "killed_at_cap": run.killed,
+    }
+
+
+def ceiling_mb_s(bench_tokenize, corpus: Path, tokenizer: str, prefix_mb: float, workers: int) -> float:
+    """The 2-core (`workers`-core) gigatoken ceiling now: gigatoken alone, one process, one thread, texts in
+    memory, times `workers`."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    try:
+        with ProcessPoolExecutor(1) as pool:
+            _, seconds, nbytes, _, _ = pool.submit(
+                bench_tokenize._raw_encoder, ("gigatoken", corpus, tokenizer, int(prefix_mb * 1e6))
+            ).result()
+    finally:
+        os.environ.pop("RAYON_NUM_THREADS")
+    return workers * nbytes / seconds / 1e6
+
+
+def print_rounds(rows: list[dict]) -> None:
+    print("| round | tool | load | wall s | largest process GB | process tree GB | documents | tokens |")
+    print("|--:|---|--:|--:|--:|--:|--:|--:|")
+    for r in rows:
+        wall = f"{r['wall_s']:.1f}" + (" (killed)" if r["killed_at_cap"] else "" if r["exit"] == 0 else " (failed)")
+        counts = " | ".join("-" if r[k] is None else f"{r[k]:,}" for k in ("documents", "tokens"))
+        print(f"| {r['round']} | {r['tool']} | {r['load']:.1f} | {wall} | {r['peak_process_gb']:.2f} "
+              f"| {r['peak_tree_gb']:.2f} | {counts} |")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--megatron-dir", default=os.environ.get("MEGATRON_LM_DIR"))
+    parser.add_argument("--megatron-python", default=os.environ.get("MEGATRON_PYTHON"))
+    parser.add_argument("--megatron-tokdir", default=os.environ.get("MEGATRON_TOKDIR"))
+    parser.add_argument("--megatron-script", default=str(SHARED / "peers" / "megatron_fast.sh"))
+    parser.add_argument("--source", default=str(SHARED / "corpora/enwiki_slice/enwiki_slice.jsonl.gz"))
+    parser.add_argument("--tokenizer", default=str(SHARED / "tokenizers/gpt2/tokenizer.json"))
+    parser.add_argument("--repeat", type=int, default=20, help="enwiki_slice copies in the side-by-side file")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--big-repeat", type=int, default=0, help="then one run on this many copies (200: 12 GB)")
+    parser.add_argument("--memory-cap", type=float, default=20.0, help="GB: the watchdog kills a tool's tree past it")
+    parser.add_argument("--ceiling-mb", type=float, default=300)
+    parser.add_argument("--work", default=None, help="directory for corpora and outputs (default: a temp dir)")
+    args = parser.parse_args()
+    missing = [n for n in ("megatron_dir", "megatron_python", "megatron_tokdir") if not getattr(args, n)]
+    if missing:
+        parser.error("set " + ", ".join("--" + n.replace("_", "-") for n in missing) + " (see the docstring)")
+    cap = int(args.memory_cap * 1e9)
+    bench_tokenize = _bench_tokenize()
+    workers = os.cpu_count() or 1
+
+    from flows.server import ensure_api
+
+    os.environ["PREFECT_API_URL"] = ensure_api()  # a user's server is up before the run, as Megatron needs none
+    with tempfile.TemporaryDirectory(prefix="tokenmill-vs-megatron-", dir=args.work) as tmp:
+        work = Path(tmp)
+        corpus = work / "corpus.jsonl"
+        size = bench_tokenize.make_corpus(Path(args.source), args.repeat, corpus)
+        cpu = platform.processor() or platform.machine()
+        print(f"corpus: {size / 1e9:.2f} GB of JSONL ({args.repeat} x {Path(args.source).name}); "
+              f"{workers} cores {cpu}, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+              f"Python {platform.python_version()}")  # fmt: skip
+        rows = []
+        for round_ in range(1, args.rounds + 1):
+            order = (run_megatron, run_tokenmill) if round_ % 2 else (run_tokenmill, run_megatron)
+            for run in order:
+                load = os.getloadavg()[0]
+                row = run(args, corpus, work / run.__name__.removeprefix("run_"), cap)
+                rows.append({"round": round_, "load": load, **row})
+                print(json.dumps(rows[-1]), flush=True)
+        print()
+        print_rounds(rows)
+        by_tool = {t: [r for r in rows if r["tool"] == t and r["exit"] == 0] for t in ("megatron", "tokenmill")}
+        medians = {t: statistics.median(r["wall_s"] for r in rs) for t, rs in by_tool.items() if rs}
+        largest = {t: max(r["peak_process_gb"] for r in rs) for t, rs in by_tool.items() if rs}
+        if len(medians) == 2:
+            print(f"\nmedian wall: tokenmill {medians['tokenmill']:.1f} s, Megatron {medians['megatron']:.1f} s: "
+                  f"ratio {medians['tokenmill'] / medians['megatron']:.2f}; largest process: tokenmill "
+                  f"{largest['tokenmill']:.2f} GB, Megatron {largest['megatron']:.2f} GB: "
+                  f"ratio {largest['tokenmill'] / largest['megatron']:.2f}")  # fmt: skip
+            tokens = {r["tokens"] for rs in by_tool.values() for r in rs}
+            same = "equal" if len(tokens) == 1 else "DIFFER"
+            print(f"tokens written: {', '.join(f'{t:,}' for t in sorted(tokens))} ({same})")
+        for tool in ("megatron", "tokenmill"):
+            shutil.rmtree(work / tool, ignore_errors=True)
+
+        if args.big_repeat:
+            corpus.unlink()
+            big = work / "big.jsonl"
+            size = bench_tokenize.make_corpus(Path(args.source), args.big_repeat, big)
+            print(f"\nbig corpus: {size / 1e9:.2f} GB ({args.big_repeat} x {Path(args.source).name})")
+            ceiling = ceiling_mb_s(bench_tokenize, big, args.tokenizer, args.ceiling_mb, workers)
+            load = os.getloadavg()[0]
+            mill = run_tokenmill(args, big, work / "tokenmill", cap)
+            rate = size / 1e6 / mill["wall_s"]
+            print(json.dumps({"load": load, "ceiling_mb_s": round(ceiling), **mill}))
+            print(f"tokenmill: {mill['wall_s']:.1f} s = {rate:.0f} MB/s = {rate / ceiling:.1%} of the "
+                  f"{ceiling:.0f} MB/s 2-core gigatoken ceiling measured just before; largest process "
+                  f"{mill['peak_process_gb']:.2f} GB, tree {mill['peak_tree_gb']:.2f} GB")  # fmt: skip
+            shutil.rmtree(work / "tokenmill", ignore_errors=True)
+            load = os.getloadavg()[0]
+            meg = run_megatron(args, big, work / "megatron", cap)
+            print(json.dumps({"load": load, **meg}))
+            outcome = (f"killed by the watchdog at {args.memory_cap:.0f} GB" if meg["killed_at_cap"]
+                       else f"exit {meg['exit']}")  # fmt: skip
+            print(f"Megatron: {meg['wall_s']:.1f} s, {outcome}; largest process {meg['peak_process_gb']:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()
