@@ -441,29 +441,29 @@ def _fast_jsonl(
                     block = block[: piece.end - pos]
                 if pos == 0 and not block.strip():
                     break  # an empty file: the careful path below says so
-                yield jsonl_block(block, line, name, options, seen_ids)
-                pos, line = pos + len(block), line + line_count(block)
+                newlines = block.count(b"\n")  # once per block: it is a pass over 8 MB
+                yield jsonl_block(block, line, name, options, seen_ids, newlines)
+                pos, line = pos + len(block), line + newlines + (not block.endswith(b"\n"))
     except FileNotFoundError as e:
         raise InputError(f"{piece.path}: no such file") from e
     if piece.start == 0 and pos == 0:
         yield from read_documents([piece], options)
 
 
-def line_count(block: bytes) -> int:
-    """Lines in a block of whole lines (the last one may lack its line ending)."""
-    return block.count(b"\n") + (not block.endswith(b"\n"))
-
-
 def jsonl_block(
-    block: bytes, first_line: int, name: str, options: ReadOptions, seen_ids: set[str]
+    block: bytes, first_line: int, name: str, options: ReadOptions, seen_ids: set[str], newlines: int | None = None
 ) -> tuple[Batch, list[Reject]]:
-    """The documents and rejects of a block of whole JSONL lines whose first is line `first_line` of file
-    `name`: parsed by pyarrow when every record in it is valid, else record by record."""
-    batch = _fast_batch(block, first_line, name, options, seen_ids)
+    """The documents and rejects of a block of whole JSONL lines (holding `newlines` line endings, when the
+    caller counted them) whose first is line `first_line` of file `name`: parsed by pyarrow when every record
+    in it is valid, else record by record."""
+    newlines = block.count(b"\n") if newlines is None else newlines
+    batch = _fast_batch(block, newlines, first_line, name, options, seen_ids)
     return (batch, []) if batch is not None else _careful_block(block, first_line, name, options, seen_ids)
 
 
-def _fast_batch(block: bytes, first_line: int, name: str, options: ReadOptions, seen_ids: set[str]) -> Batch | None:
+def _fast_batch(
+    block: bytes, newlines: int, first_line: int, name: str, options: ReadOptions, seen_ids: set[str]
+) -> Batch | None:
     """The block's documents if every record in it is a valid document, else None."""
     names = (options.text_field, options.id_field, *options.fields)
     if any(n is not None and "." in n for n in names) or _ESCAPED_SURROGATE.search(block):
@@ -478,7 +478,7 @@ def _fast_batch(block: bytes, first_line: int, name: str, options: ReadOptions, 
         )
     except (pyarrow.ArrowInvalid, UnicodeDecodeError):
         return None
-    lines = line_count(block)
+    lines = newlines + (not block.endswith(b"\n"))
     texts = table.column(options.text_field).combine_chunks()
     if table.num_rows != lines or texts.null_count:
         return None
@@ -497,7 +497,6 @@ def _fast_batch(block: bytes, first_line: int, name: str, options: ReadOptions, 
     if len(set(ids)) != len(ids) or not seen_ids.isdisjoint(ids):
         return None
     seen_ids.update(ids)
-    newlines = block.count(b"\n")
     # bytes as the careful path counts them: each line without its line ending
     nbytes = len(block) - newlines - (block.count(b"\r\n") if b"\r" in block else 0)
     extra = {f: table.column(f).to_pylist() for f in options.fields}
