@@ -7,9 +7,12 @@ tokenmill first in even ones), each from scratch, and every round records:
 - wall time from spawn to exit (`tokenmill run`: the CLI with its default config, `pack.mode: none` since
   Megatron's tool does not pack; the Prefect server it reports to is started once before the rounds, as a
   user's is);
-- the largest process's peak RSS and the peak RSS of the whole process tree, polled every 20 ms with psutil
+- the largest process's peak RSS and the peak RSS of the whole process tree, polled every 50 ms with psutil
   (a watchdog kills a tool whose tree passes `--memory-cap`, and reports that it ran out);
+- the CPU seconds the tool's process tree used (`wait4`) and, for tokenmill, those of the Prefect server
+  during the run: on a host shared with other work, wall time follows CPU time;
 - the tokens written (from the `.idx` files), which must be equal;
+- for tokenmill, the seconds of each phase of the run, from its log's time stamps;
 - the 1-minute load average when the round started (other work on the host slows both tools).
 
 With `--big-repeat N` it then runs once on enwiki_slice x N (x200: 12 GB): tokenmill's throughput against the
@@ -34,10 +37,12 @@ sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
 
 import argparse
 import contextlib
+import datetime
 import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -52,7 +57,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
-POLL_S = 0.02
+POLL_S = 0.05
 
 
 def _bench_tokenize():
@@ -72,13 +77,17 @@ class Watched:
         self.peak_process = self.peak_tree = 0
         self.killed = False
         with open(log, "wb") as out:
-            started = time.perf_counter()
+            self.spawned, started = time.time(), time.perf_counter()
             self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
             watcher = threading.Thread(target=self._watch, args=(cap,), daemon=True)
             watcher.start()
-            self.returncode = self.process.wait()
+            _, status, usage = os.wait4(self.process.pid, 0)  # with the CPU time of the tree it reaped
             self.wall = time.perf_counter() - started
+            self.process.returncode = self.returncode = os.waitstatus_to_exitcode(status)
+            self.cpu = usage.ru_utime + usage.ru_stime
+            self.ended = time.time()
             watcher.join()
+        self.log = log.read_text(errors="replace")
 
     def _tree(self) -> list[psutil.Process]:
         try:
@@ -116,6 +125,36 @@ def idx_tokens(prefixes: list[Path]) -> tuple[int, int]:
     return documents, tokens
 
 
+PHASES = [  # (phase, the log line that ends it); Prefect stamps its lines with the local time of day
+    ("start-up: imports, server, cluster", r"Beginning flow run"),
+    ("partition", r"planned \d+ shards"),
+    ("sample, tokenizer", r"tokenizer: vocab"),
+    ("encoder choice", r"encoder: "),
+    ("tokenize", r"tokenize shards? [^:]*: \d+ shards"),
+    ("validate", r"Task run 'validate-\w+' - Finished"),
+    ("publish", r" - published "),
+    ("flow end", r"Flow run .* - Finished in state"),
+]
+
+
+def phases(log: str, spawned: float, ended: float) -> dict[str, float]:
+    """Seconds per phase of a `tokenmill run`, from its log's time stamps (the last line of each kind)."""
+    day = datetime.datetime.fromtimestamp(spawned).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    marks = {}
+    for line in log.splitlines():
+        stamp = re.match(r"(\d\d):(\d\d):(\d\d\.\d+) \|", line)
+        for name, pattern in PHASES:
+            if stamp and re.search(pattern, line):
+                h, m, sec = stamp.groups()
+                marks[name] = day + int(h) * 3600 + int(m) * 60 + float(sec)
+    times, previous = {}, spawned
+    for name, _ in PHASES:
+        if name in marks:
+            times[name], previous = round(marks[name] - previous, 2), marks[name]
+    times["exit"] = round(ended - previous, 2)
+    return times
+
+
 def run_megatron(args, corpus: Path, out: Path, cap: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     env = os.environ | {
@@ -128,6 +167,8 @@ def run_megatron(args, corpus: Path, out: Path, cap: int) -> dict:
     run = Watched(["bash", args.megatron_script], env, cap, out.parent / f"{out.name}.log")
     prefixes = [p.with_suffix("") for p in out.glob("*.idx")]
     counted = idx_tokens(prefixes) if run.returncode == 0 else (None, None)
+    if run.returncode != 0 and not run.killed:
+        print(run.log[-3000:], file=sys.stderr)
     return {"tool": "megatron", **_numbers(run), "documents": counted[0], "tokens": counted[1]}
 
 
@@ -147,11 +188,33 @@ def run_tokenmill(args, corpus: Path, out: Path, cap: int) -> dict:
     )
     env = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}
     command = [sys.executable, "-m", "tokenmill", "run", str(config)]
+    server = prefect_server()
+    server_cpu = _cpu(server)
     run = Watched(command, env, cap, out.parent / f"{out.name}.log")
+    server_cpu = round(_cpu(server) - server_cpu, 1)
     counted = (None, None)
     if run.returncode == 0:
         counted = idx_tokens([p.with_suffix("") for p in sorted((out / "megatron").glob("*/shard-*.idx"))])
-    return {"tool": "tokenmill", **_numbers(run), "documents": counted[0], "tokens": counted[1]}
+    else:
+        print(run.log[-3000:], file=sys.stderr)
+    row = {"tool": "tokenmill", **_numbers(run), "documents": counted[0], "tokens": counted[1]}
+    return row | {"server_cpu_s": server_cpu, "phases": phases(run.log, run.spawned, run.ended)}
+
+
+def prefect_server() -> psutil.Process | None:
+    """The local Prefect server tokenmill started (it runs apart from the run's process tree)."""
+    from flows.server import running_server
+
+    with contextlib.suppress(psutil.Error, KeyError, TypeError):
+        return psutil.Process((running_server() or {})["pid"])
+    return None
+
+
+def _cpu(process: psutil.Process | None) -> float:
+    with contextlib.suppress(psutil.Error, AttributeError):
+        times = process.cpu_times()
+        return times.user + times.system + times.children_user + times.children_system
+    return 0.0
 
 
 def _numbers(run: Watched) -> dict:
@@ -159,6 +222,7 @@ def _numbers(run: Watched) -> dict:
         "wall_s": round(run.wall, 2),
         "peak_process_gb": round(run.peak_process / 1e9, 2),
         "peak_tree_gb": round(run.peak_tree / 1e9, 2),
+        "cpu_s": round(run.cpu, 1),
         "exit": run.returncode,
         "killed_at_cap": run.killed,
     }
@@ -179,12 +243,13 @@ def ceiling_mb_s(bench_tokenize, corpus: Path, tokenizer: str, prefix_mb: float,
 
 
 def print_rounds(rows: list[dict]) -> None:
-    print("| round | tool | load | wall s | largest process GB | process tree GB | documents | tokens |")
-    print("|--:|---|--:|--:|--:|--:|--:|--:|")
+    print("| round | tool | load | wall s | CPU s | largest process GB | process tree GB | documents | tokens |")
+    print("|--:|---|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
         wall = f"{r['wall_s']:.1f}" + (" (killed)" if r["killed_at_cap"] else "" if r["exit"] == 0 else " (failed)")
         counts = " | ".join("-" if r[k] is None else f"{r[k]:,}" for k in ("documents", "tokens"))
-        print(f"| {r['round']} | {r['tool']} | {r['load']:.1f} | {wall} | {r['peak_process_gb']:.2f} "
+        cpu = f"{r['cpu_s']:.1f}" + (f" + {r['server_cpu_s']:.1f} server" if "server_cpu_s" in r else "")
+        print(f"| {r['round']} | {r['tool']} | {r['load']:.1f} | {wall} | {cpu} | {r['peak_process_gb']:.2f} "
               f"| {r['peak_tree_gb']:.2f} | {counts} |")  # fmt: skip
 
 
@@ -242,6 +307,10 @@ def main() -> None:
             tokens = {r["tokens"] for rs in by_tool.values() for r in rs}
             same = "equal" if len(tokens) == 1 else "DIFFER"
             print(f"tokens written: {', '.join(f'{t:,}' for t in sorted(tokens))} ({same})")
+        if by_tool["tokenmill"]:
+            names = list(by_tool["tokenmill"][0]["phases"])
+            medians = {n: statistics.median(r["phases"].get(n, 0) for r in by_tool["tokenmill"]) for n in names}
+            print("tokenmill, median seconds per phase: " + ", ".join(f"{n} {v:.1f}" for n, v in medians.items()))
         for tool in ("megatron", "tokenmill"):
             shutil.rmtree(work / tool, ignore_errors=True)
 
