@@ -97,11 +97,18 @@ class Watched:
             return []
 
     def _watch(self, cap: int) -> None:
+        self.cpu_by_process: dict[int, tuple[str, float]] = {}  # pid -> (what, CPU seconds when last seen)
         while self.process.poll() is None:
             sizes = []
             for p in self._tree():
                 with contextlib.suppress(psutil.Error):
                     sizes.append(p.memory_info().rss)
+                    if p.pid not in self.cpu_by_process:
+                        what = "main" if p.pid == self.process.pid else _role(p)
+                    else:
+                        what = self.cpu_by_process[p.pid][0]
+                    times = p.cpu_times()
+                    self.cpu_by_process[p.pid] = (what, times.user + times.system)
             if sizes:
                 self.peak_process = max(self.peak_process, max(sizes))
                 self.peak_tree = max(self.peak_tree, sum(sizes))
@@ -111,6 +118,17 @@ class Watched:
                     with contextlib.suppress(psutil.Error):
                         p.kill()
             time.sleep(POLL_S)
+
+
+def _role(process: psutil.Process) -> str:
+    """What a process of a run's tree is, for the CPU breakdown: forkserver, Dask nanny or worker, ..."""
+    command = " ".join(process.cmdline())
+    if "forkserver" in command and process.parent() and "forkserver" in " ".join(process.parent().cmdline()):
+        return "dask worker or nanny"
+    for name in ("forkserver", "resource_tracker", "prefect"):
+        if name in command:
+            return name
+    return process.name()
 
 
 def idx_tokens(prefixes: list[Path]) -> tuple[int, int]:
@@ -130,7 +148,7 @@ PHASES = [  # (phase, the log line that ends it); Prefect stamps its lines with 
     ("partition", r"planned \d+ shards"),
     ("sample, tokenizer", r"tokenizer: vocab"),
     ("encoder choice", r"encoder: "),
-    ("tokenize", r"tokenize shards? [^:]*: \d+ shards"),
+    ("tokenize", r" - tokenize [^:]*: \d+ shards"),
     ("validate", r"Task run 'validate-\w+' - Finished"),
     ("publish", r" - published "),
     ("flow end", r"Flow run .* - Finished in state"),
@@ -198,7 +216,14 @@ def run_tokenmill(args, corpus: Path, out: Path, cap: int) -> dict:
     else:
         print(run.log[-3000:], file=sys.stderr)
     row = {"tool": "tokenmill", **_numbers(run), "documents": counted[0], "tokens": counted[1]}
-    return row | {"server_cpu_s": server_cpu, "phases": phases(run.log, run.spawned, run.ended)}
+    by_role: dict[str, float] = {}
+    for what, cpu in run.cpu_by_process.values():
+        by_role[what] = round(by_role.get(what, 0) + cpu, 1)
+    return row | {
+        "server_cpu_s": server_cpu,
+        "cpu_by_process": by_role,
+        "phases": phases(run.log, run.spawned, run.ended),
+    }
 
 
 def prefect_server() -> psutil.Process | None:
