@@ -8,9 +8,10 @@ tokenmill first in even ones), each from scratch, and every round records:
   Megatron's tool does not pack; the Prefect server it reports to is started once before the rounds, as a
   user's is);
 - the largest process's peak RSS and the peak RSS of the whole process tree, polled every 50 ms with psutil
-  (a watchdog kills a tool whose tree passes `--memory-cap`, and reports that it ran out);
-- the CPU seconds the tool's process tree used (`wait4`) and, for tokenmill, those of the Prefect server
-  during the run: on a host shared with other work, wall time follows CPU time;
+  (a watchdog kills a tool whose tree passes `--memory-cap`, or when the host has under 1.5 GB left, and
+  reports that it ran out);
+- the CPU seconds of the tool's processes (polled, or `wait4`'s if more) and, for tokenmill, those of the
+  Prefect server during the run: on a host shared with other work, wall time follows CPU time;
 - the tokens written (from the `.idx` files), which must be equal;
 - for tokenmill, the seconds of each phase of the run, from its log's time stamps;
 - the 1-minute load average when the round started (other work on the host slows both tools).
@@ -58,6 +59,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 POLL_S = 0.05
+RESERVE = int(1.5e9)  # the watchdog also kills a tool when the host has less memory than this left
 
 
 def _bench_tokenize():
@@ -76,14 +78,17 @@ class Watched:
     def __init__(self, command: list[str], env: dict, cap: int, log: Path):
         self.peak_process = self.peak_tree = 0
         self.killed = False
+        self.cpu_by_process: dict[int, tuple[str, float]] = {}  # pid -> (what, CPU seconds when last seen)
         with open(log, "wb") as out:
             self.spawned, started = time.time(), time.perf_counter()
             self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.done = threading.Event()  # the watcher must not poll(): that could reap the child before wait4
             watcher = threading.Thread(target=self._watch, args=(cap,), daemon=True)
             watcher.start()
             _, status, usage = os.wait4(self.process.pid, 0)  # with the CPU time of the tree it reaped
             self.wall = time.perf_counter() - started
             self.process.returncode = self.returncode = os.waitstatus_to_exitcode(status)
+            self.done.set()
             self.cpu = usage.ru_utime + usage.ru_stime
             self.ended = time.time()
             watcher.join()
@@ -97,8 +102,7 @@ class Watched:
             return []
 
     def _watch(self, cap: int) -> None:
-        self.cpu_by_process: dict[int, tuple[str, float]] = {}  # pid -> (what, CPU seconds when last seen)
-        while self.process.poll() is None:
+        while not self.done.is_set():
             sizes = []
             for p in self._tree():
                 with contextlib.suppress(psutil.Error):
@@ -112,7 +116,7 @@ class Watched:
             if sizes:
                 self.peak_process = max(self.peak_process, max(sizes))
                 self.peak_tree = max(self.peak_tree, sum(sizes))
-            if sum(sizes) > cap:
+            if sum(sizes) > cap or psutil.virtual_memory().available < RESERVE:
                 self.killed = True
                 for p in reversed(self._tree()):
                     with contextlib.suppress(psutil.Error):
@@ -247,7 +251,8 @@ def _numbers(run: Watched) -> dict:
         "wall_s": round(run.wall, 2),
         "peak_process_gb": round(run.peak_process / 1e9, 2),
         "peak_tree_gb": round(run.peak_tree / 1e9, 2),
-        "cpu_s": round(run.cpu, 1),
+        # each process's CPU time when last polled (workers forked by a server are not reaped into wait4's)
+        "cpu_s": round(max(run.cpu, sum(cpu for _, cpu in run.cpu_by_process.values())), 1),
         "exit": run.returncode,
         "killed_at_cap": run.killed,
     }
