@@ -28,6 +28,7 @@ stratifying only adds documents to the plain sample.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import defaultdict
 from collections.abc import Iterator
@@ -188,7 +189,10 @@ def sample_shard(config: TokenmillConfig, shard: dict, f: float, g: float) -> di
     groups: dict[str, dict[str, int]] = defaultdict(lambda: {"bytes": 0, "sample_bytes": 0})
     reserves: dict[str, _Reserve] = {}
 
-    documents = _documents(shard, config.input.read_options(fields), stride(f, g), salt, read_all=bool(stratify))
+    # Bad records are the tokenize stage's to report (it names their file and line; a block read here cannot
+    # know its line numbers): the sample only leaves them out.
+    options = dataclasses.replace(config.input.read_options(fields), on_invalid="quarantine")
+    documents = _documents(shard, options, stride(f, g), salt, read_all=bool(stratify))
     for scale, batch, keys, nbytes_read in documents:
         sizes["bytes_read"] += nbytes_read
         hashes = unit_interval(keys, salt)
