@@ -67,6 +67,7 @@ def _bench_tokenize():
     stdlib's `tokenize`."""
     spec = importlib.util.spec_from_file_location("bench_tokenize", REPO / "bench" / "tokenize.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its functions run in worker processes: pickled by module name
     spec.loader.exec_module(module)
     return module
 
@@ -311,7 +312,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tokenmill-vs-megatron-", dir=args.work) as tmp:
         work = Path(tmp)
         corpus = work / "corpus.jsonl"
-        size = bench_tokenize.make_corpus(Path(args.source), args.repeat, corpus)
+        size = bench_tokenize.make_corpus(Path(args.source), args.repeat if args.rounds else 0, corpus)
         cpu = platform.processor() or platform.machine()
         print(f"corpus: {size / 1e9:.2f} GB of JSONL ({args.repeat} x {Path(args.source).name}); "
               f"{workers} cores {cpu}, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
