@@ -74,7 +74,7 @@ def _bench_tokenize():
 
 class Watched:
     """A command run to its exit while a thread polls its process tree: the wall time, the largest
-    process's and the whole tree's peak RSS, and whether the watchdog killed it past `cap` bytes."""
+    process's and the whole tree's peak RSS, and why the watchdog killed it, if it did."""
 
     def __init__(self, command: list[str], env: dict, cap: int, log: Path):
         self.peak_process = self.peak_tree = 0
@@ -117,8 +117,9 @@ class Watched:
             if sizes:
                 self.peak_process = max(self.peak_process, max(sizes))
                 self.peak_tree = max(self.peak_tree, sum(sizes))
-            if sum(sizes) > cap or psutil.virtual_memory().available < RESERVE:
-                self.killed = True
+            short = psutil.virtual_memory().available < RESERVE
+            if sum(sizes) > cap or short:
+                self.killed = "the host ran short of memory" if short else "its processes passed the cap"
                 for p in reversed(self._tree()):
                     with contextlib.suppress(psutil.Error):
                         p.kill()
@@ -255,7 +256,7 @@ def _numbers(run: Watched) -> dict:
         # each process's CPU time when last polled (workers forked by a server are not reaped into wait4's)
         "cpu_s": round(max(run.cpu, sum(cpu for _, cpu in run.cpu_by_process.values())), 1),
         "exit": run.returncode,
-        "killed_at_cap": run.killed,
+        "killed": run.killed,
     }
 
 
@@ -277,7 +278,7 @@ def print_rounds(rows: list[dict]) -> None:
     print("| round | tool | load | wall s | CPU s | largest process GB | process tree GB | documents | tokens |")
     print("|--:|---|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
-        wall = f"{r['wall_s']:.1f}" + (" (killed)" if r["killed_at_cap"] else "" if r["exit"] == 0 else " (failed)")
+        wall = f"{r['wall_s']:.1f}" + (" (killed)" if r["killed"] else "" if r["exit"] == 0 else " (failed)")
         counts = " | ".join("-" if r[k] is None else f"{r[k]:,}" for k in ("documents", "tokens"))
         cpu = f"{r['cpu_s']:.1f}" + (f" + {r['server_cpu_s']:.1f} server" if "server_cpu_s" in r else "")
         print(f"| {r['round']} | {r['tool']} | {r['load']:.1f} | {wall} | {cpu} | {r['peak_process_gb']:.2f} "
@@ -362,8 +363,7 @@ def main() -> None:
             load = os.getloadavg()[0]
             meg = run_megatron(args, big, work / "megatron", cap)
             print(json.dumps({"load": load, **meg}))
-            outcome = (f"killed by the watchdog at {args.memory_cap:.0f} GB" if meg["killed_at_cap"]
-                       else f"exit {meg['exit']}")  # fmt: skip
+            outcome = f"killed by the watchdog: {meg['killed']}" if meg["killed"] else f"exit {meg['exit']}"
             print(f"Megatron: {meg['wall_s']:.1f} s, {outcome}; largest process {meg['peak_process_gb']:.2f} GB")
 
 
