@@ -9,5 +9,5 @@ from tokenmill.tokenizer import TokenizerInfo
 
 @task(name="tokenizer_report")
 def tokenizer_report(config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict]) -> str:
-    """Write report/tokenizer.{json,md}; return the markdown (a few KB) for the flow's artifact."""
+    """Write report/fertility.{json,md}; return the markdown (a few KB) for the flow's artifact."""
     return fertility.markdown(fertility.tokenizer_report(config, tokenizer, samples))

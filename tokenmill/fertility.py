@@ -3,8 +3,8 @@
 For the dataset's tokenizer and each baseline (`fertility.baselines`), over the held-out documents (never
 in the training sample) overall and per value of each `fertility.group_by` field: tokens per word
 (fertility; words are whitespace-separated, so scripts written without spaces count a run as one word),
-bytes per token and characters per token (comparable across scripts). Written as `report/tokenizer.json`
-and `report/tokenizer.md`, the same markdown the flow shows as a Prefect artifact.
+bytes per token and characters per token (comparable across scripts). Written as `report/fertility.json`
+and `report/fertility.md`, the same markdown the flow shows as a Prefect artifact.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def flagged(report: dict, name: str = DATASET) -> list[str]:
 
 
 def tokenizer_report(config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict]) -> dict:
-    """Measure the held-out sample and write `report/tokenizer.{json,md}`; return the report."""
+    """Measure the held-out sample and write `report/fertility.{json,md}`; return the report."""
     store = config.output.store()
     tokenizers = {DATASET: load_tokenizer(store.url_of(layout.TOKENIZER), tokenizer.sha256)}
     for source in config.fertility.baselines:
@@ -99,8 +99,8 @@ def tokenizer_report(config: TokenmillConfig, tokenizer: TokenizerInfo, samples:
     }
     report["tokenizers"][DATASET]["sha256"] = tokenizer.sha256
     report["flagged"] = flagged(report)
-    store.write_json(layout.TOKENIZER_REPORT[1], report)
-    store.write_bytes(layout.TOKENIZER_REPORT[0], markdown(report).encode())
+    store.write_json(layout.FERTILITY_REPORT[1], report)
+    store.write_bytes(layout.FERTILITY_REPORT[0], markdown(report).encode())
     return report
 
 
