@@ -20,15 +20,6 @@ from flows.server import free_port
 from .conftest import REPO, dataset_files
 
 
-@pytest.fixture
-def prefect_client(prefect_api):
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
-        yield client
-
-
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
