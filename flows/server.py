@@ -100,6 +100,23 @@ def _server_process(pid: int) -> psutil.Process | None:
         return None
 
 
+def _wait_until_ended(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of `processes` still running after `timeout` seconds (an exited one not yet reaped has ended)."""
+    deadline = time.monotonic() + timeout
+    while running := [p for p in processes if _running(p)]:
+        if time.monotonic() > deadline:
+            return running
+        time.sleep(0.2)
+    return []
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def stop_server() -> bool:
     """Stop the server tokenmill started (its whole process group: uvicorn and the services), wait until it
     has exited; False if none was running."""
@@ -114,10 +131,9 @@ def stop_server() -> bool:
     processes = [process, *process.children(recursive=True)]
     group = os.getpgid(process.pid)
     os.killpg(group, signal.SIGTERM)
-    _, alive = psutil.wait_procs(processes, STOP_TIMEOUT_S)
-    if alive:  # uvicorn gives open connections a grace period; the state is in the database, not in memory
+    if _wait_until_ended(processes, STOP_TIMEOUT_S):  # uvicorn lets open connections finish; the state is in the DB
         os.killpg(group, signal.SIGKILL)
-        psutil.wait_procs(alive, STOP_TIMEOUT_S)
+        _wait_until_ended(processes, STOP_TIMEOUT_S)
     _state_file().unlink(missing_ok=True)
     return True
 
