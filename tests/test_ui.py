@@ -103,6 +103,10 @@ def test_run_page_that_tokenmill_run_prints_shows_the_state_shard_tasks_and_summ
     page.get_by_text("tokenmill-summary", exact=True).click()
     manifest = json.loads((gpt2_run / "manifest.json").read_text())
     page.get_by_text(f"{manifest['counts']['tokens']:,} tokens", exact=False).first.wait_for()
+    # its three plots are drawn (inline: the report file's relative links would lead nowhere here)
+    drawn = "() => Array.from(document.images).filter(i => i.complete && i.naturalWidth > 0).map(i => i.alt)"
+    page.wait_for_function(f"({drawn})().length >= 3")
+    assert set(page.evaluate(drawn)) >= {"document_lengths", "tokens_per_shard", "utilization"}
     ui.shot("summary-artifact")
 
 
