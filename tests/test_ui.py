@@ -84,7 +84,7 @@ def test_run_page_that_tokenmill_run_prints_shows_the_state_shard_tasks_and_summ
     assert re.fullmatch(re.escape(ui_url(prefect_api)) + r"/runs/flow-run/[0-9a-f-]{36}", link), link
     page = ui.page
     page.goto(link)
-    page.get_by_text("demo-gpt2", exact=True).first.wait_for()  # the run that builds the dataset, by its name
+    page.get_by_text("corpus-to-tokens", exact=True).first.wait_for()  # the flow's run
     page.get_by_text("Completed", exact=True).first.wait_for()
     page.locator(".flow-run-graphs canvas").first.wait_for()
     page.wait_for_timeout(2000)  # the graph draws its nodes after the page has loaded
@@ -110,11 +110,15 @@ def test_run_page_that_tokenmill_run_prints_shows_the_state_shard_tasks_and_summ
     ui.shot("summary-artifact")
 
 
-def dashboard_link(client, run_name: str) -> str | None:
-    """The Dask dashboard the run left as its link artifact, once it has."""
+def dashboard_link(client, output: Path) -> str | None:
+    """The Dask dashboard that the run building `output` left as its link artifact, once it has."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
-    runs = client.read_flow_runs(flow_run_filter=by_name(run_name))
+    runs = [
+        r
+        for r in client.read_flow_runs()
+        if r.parameters.get("config", {}).get("output", {}).get("path") == str(output)
+    ]
     if not runs:
         return None
     of_runs = ArtifactFilterFlowRunId(any_=[r.id for r in runs])
@@ -143,15 +147,15 @@ def test_dask_dashboard_of_a_running_flow_shows_workers_and_shard_progress_and_c
 ):
     """The LocalCluster's scheduler, and so the dashboard's Bokeh server, lives in the `tokenmill run` process:
     closing the dashboard's tab used to print two Bokeh AssertionError tracebacks into its terminal."""
-    out, name = tmp_path / "out", "dashboard-watch"
+    out = tmp_path / "out"
     stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     command = [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={out}",
-               "--set", f"name={name}", "--set", "partition.shard_size=32KB", "--set", "dask.n_workers=2"]  # fmt: skip
+               "--set", "partition.shard_size=32KB", "--set", "dask.n_workers=2"]  # fmt: skip
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
     with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
         run = subprocess.Popen(command, cwd=REPO, env=env, stdout=out_file, stderr=err_file, start_new_session=True)
     try:
-        link = wait_for(lambda: dashboard_link(prefect_client, name) or run.poll() is not None, 180, "the dashboard")
+        link = wait_for(lambda: dashboard_link(prefect_client, out) or run.poll() is not None, 180, "the dashboard")
         assert run.poll() is None, f"the run ended before its dashboard could be watched:\n{stderr.read_text()}"
         tab = ui.context.new_page()
         tab.goto(link)
