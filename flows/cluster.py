@@ -52,8 +52,10 @@ class ClosedDashboardTab(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         if not isinstance(error, AssertionError):
             return True
-        raised_in = traceback.extract_tb(error.__traceback__)[-1]
-        return not (raised_in.name == "session" and Path(raised_in.filename).parts[-3:] == BOKEH_CONNECTION)
+        frames = traceback.extract_tb(error.__traceback__)
+        if not frames:
+            return True
+        return not (frames[-1].name == "session" and Path(frames[-1].filename).parts[-3:] == BOKEH_CONNECTION)
 
 
 for _name in ("tornado.application", "bokeh.server.protocol_handler", "bokeh.server.views.ws"):

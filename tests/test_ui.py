@@ -184,6 +184,37 @@ def test_dask_dashboard_of_a_running_flow_shows_workers_and_shard_progress_and_c
     assert {n for n in content["name"] if "tokenize" in n}, content
 
 
+def test_dashboard_filter_drops_only_bokehs_assertion_on_a_detached_session():
+    """The record the dashboard test provokes, made deterministically: Bokeh's own `ServerConnection.session` on a
+    connection whose session was detached raises the AssertionError; any other error passes the filter."""
+    import logging
+
+    from bokeh.server.connection import ServerConnection
+
+    from flows.cluster import ClosedDashboardTab
+
+    def record_of(action) -> logging.LogRecord:
+        try:
+            action()
+        except AssertionError:
+            return logging.LogRecord("tornado.application", logging.ERROR, __file__, 0, "Uncaught", (), sys.exc_info())
+        raise AssertionError("no error raised")
+
+    detached = ServerConnection.__new__(ServerConnection)
+    detached._session = None  # what client_lost() leaves behind
+    filter_ = ClosedDashboardTab()
+    assert not filter_.filter(record_of(lambda: detached.session))
+
+    def elsewhere():
+        raise AssertionError("another error of the dashboard")
+
+    assert filter_.filter(record_of(elsewhere))
+    assert filter_.filter(
+        logging.LogRecord("tornado.application", logging.ERROR, __file__, 0, "no exception", (), None)
+    )
+    assert ClosedDashboardTab in {type(f) for f in logging.getLogger("tornado.application").filters}
+
+
 @pytest.fixture(scope="module")
 def served(prefect_api, dask_cluster, tmp_path_factory):
     """`tokenmill serve` of examples/gpt2.yaml (4 shards) as deployment `ui`, its runs on the session's cluster."""

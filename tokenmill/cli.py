@@ -102,7 +102,7 @@ def outcome(state, what: str) -> tuple[dict, str | None]:
 
 def run_page(flow_run_id) -> str | None:
     """The UI page of the flow run that holds the DAG's tasks, logs and artifacts: the run's one subflow run where
-    it has one (a flow that wraps the DAG in a subflow), else the run itself."""
+    it has one (rerun-shards runs corpus-to-tokens as its subflow), else the run itself."""
     if flow_run_id is None:
         return None
     from prefect import get_client
