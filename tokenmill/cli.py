@@ -194,9 +194,10 @@ def serve(
     """Serve CONFIG as Prefect deployments from this process until interrupted: `corpus-to-tokens/NAME`
     (on the cron schedule, with CONFIG as its parameter) and `rerun-shards/NAME` (for targeted reruns)."""
     cfg = _load(config, overrides)
-    from flows.server import ensure_api
+    from flows.server import ensure_api, ui_url
 
-    console.print(f"Prefect API: {ensure_api()}", highlight=False)
+    ui = ui_url(ensure_api())
+    console.print(f"Prefect UI: {ui}; the deployments (Run, Custom run, Retry): {ui}/deployments", highlight=False)
     from prefect import serve as serve_deployments
     from prefect.deployments.runner import EntrypointType
 
