@@ -288,9 +288,11 @@ def test_custom_run_form_shows_the_config_and_runs_it_with_a_changed_field(
     page.get_by_role("button", name="Run", exact=True).click()
     page.get_by_text("Custom run", exact=True).click()
     # The config parameter as a form: a field per setting, with the model's descriptions and the served values.
-    labels = ("Dataset name.", "Target uncompressed text bytes per shard, e.g. 64MB or 1GiB.", "Seq Len (Optional)")
-    for label in labels:
-        page.get_by_text(label, exact=True).first.wait_for()
+    from tokenmill.config import InputConfig, PartitionConfig, TokenmillConfig
+
+    for model, field in ((TokenmillConfig, "name"), (InputConfig, "paths"), (PartitionConfig, "shard_size")):
+        page.get_by_text(model.model_fields[field].description, exact=True).first.wait_for()
+    page.get_by_text("Seq Len (Optional)", exact=True).wait_for()
     texts = page.locator("textarea")
     fields = {texts.nth(i).input_value(): texts.nth(i) for i in range(texts.count())}
     assert {"demo-gpt2", "examples/data/*.jsonl*", str(served)} <= set(fields), sorted(fields)
