@@ -155,7 +155,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
         shuffle_index(config, table)
     stats = validate(config, plan, tokenizer, table)
     if report is not None:
-        create_markdown_artifact(report.result(), key="tokenizer-report", description="Tokenizer fertility")
+        create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
     bytes_in = totals["bytes_in"]
     run = {
         "bytes_in": bytes_in,

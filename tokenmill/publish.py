@@ -74,7 +74,7 @@ def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFra
     """Write `manifest.json` for the validated dataset and return it."""
     store = config.output.store()
     shard_rows = table.drop_duplicates("shard_id")
-    files = sorted(dataset_files(table) + [r for r in layout.TOKENIZER_REPORT if store.exists(r)])
+    files = sorted(dataset_files(table) + [r for r in layout.FERTILITY_REPORT if store.exists(r)])
     with ThreadPoolExecutor(HASH_THREADS) as pool:  # hashlib and file or object reads release the GIL
         hashes = list(pool.map(store.sha256, files))
     manifest = {
