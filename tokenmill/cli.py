@@ -99,6 +99,8 @@ def print_summary(summary: dict) -> None:
         f"{summary['documents_in']:,} documents in, {summary['documents_out']:,} tokenized, "
         f"{summary['documents_rejected']:,} rejected, {summary['tokens']:,} tokens"
     )
+    for reason in summary.get("shards_redone", []):
+        console.print(f"[yellow]redone:[/yellow] {reason}", highlight=False)
     # Metrics down, splits across: stays readable in 80 columns, however many stats there are.
     everything = {"documents": summary["documents_out"], "tokens": summary["tokens"], "packing": summary["packing"]}
     columns = {**summary["splits"], "all": everything}
