@@ -71,8 +71,9 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     scheduler = cfg.dask.scheduler() or "LocalCluster"
     console.print(f"Prefect API: {api_url.removesuffix('/api')} (UI), Dask: {scheduler}")
     from flows.cluster import local_cluster_started_early
+    from flows.server import supervised
 
-    with local_cluster_started_early(cfg.dask) as connect:
+    with local_cluster_started_early(cfg.dask) as connect, supervised(api_url):
         from flows.main import corpus_to_tokens
 
         try:
@@ -80,11 +81,28 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
             with progress_bars(cfg.output.path):
                 summary = corpus_to_tokens(config=cfg)
         except Exception as e:  # the flow's logs above hold the details; end with the reason, not a traceback
-            raise _fail(f"run failed: {e}") from None
+            raise _fail(f"run failed: {failure_message(e, api_url)}") from None
     print_summary(summary)
     # With Prefect, Dask, pandas and matplotlib loaded, the garbage collector's passes over the whole heap
     # at interpreter exit took 0.6-1 s; frozen objects are skipped (exit handlers and flushing still run).
     gc.freeze()
+
+
+def failure_message(error: Exception, api_url: str) -> str:
+    """The reason a run failed; an unreachable Prefect API is said as such, with its URL."""
+    import httpx
+
+    chain, cause = [], error
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if unreachable := next((c for c in chain if isinstance(c, httpx.TransportError)), None):
+        reason = f"{type(unreachable).__name__}: {str(unreachable) or 'no answer'}"
+        return (
+            f"the Prefect API at {api_url} was unreachable ({reason}); "
+            "the shards committed so far are kept: run the same command again and it reuses every one of them"
+        )
+    return str(error)
 
 
 def print_summary(summary: dict) -> None:
