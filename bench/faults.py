@@ -20,6 +20,7 @@ Fault kinds (a trial = one faulted run, then one clean rerun of the same output)
   corruption    a finished build, then one random committed shard file bit-flipped, truncated or deleted
   server        the Prefect server SIGKILLed at a random moment and restarted on the same port and database
                 after a random 1-15 s
+  server_outage the Prefect server SIGKILLed at a random moment and restarted only once the run has ended
 
 Per trial: the faulted run's outcome (completed / failed with a message / hung: still running after
 `--hang-s`), whether its message names a shard or object and the cause, the rerun's outcome, whether the
@@ -58,7 +59,7 @@ from tests.fault_proxy import FaultProxy
 
 SHARED = REPO.parent / "shared"
 ENWIKI = SHARED / "corpora" / "enwiki_slice" / "enwiki_slice.jsonl.gz"
-KINDS = ["worker_kill", "flow_kill", "publish_kill", "s3", "disk_full", "oom", "corruption", "server"]
+KINDS = ["worker_kill", "flow_kill", "publish_kill", "s3", "disk_full", "oom", "corruption", "server", "server_outage"]
 # What a clear failure message looks like: it names a shard, a file or object, or the server's URL, and a cause.
 NAMES_WHAT = re.compile(r"shard[ -]\d{5}|s3://\S+|/\S+\.(bin|idx|npy|json|jsonl)\b|http://127\.0\.0\.1:\d+")
 
@@ -190,12 +191,15 @@ class Campaign:
         process.log.write(out)
         process.log.close()
         text = out.decode(errors="replace")
-        errors = [line for line in text.splitlines() if line.startswith("error:") or "error:" in line[:12]]
+        # The CLI's last words: its `error:` line and the indented lines under it (one per failed shard).
+        lines = text.splitlines()
+        starts = [i for i, line in enumerate(lines) if line.startswith("error:")]
+        message = "\n".join(lines[starts[-1] :]) if starts else ""
         return {
             "rc": process.returncode,
             "hung": hung,
             "seconds": round(time.monotonic() - started, 1),
-            "message": errors[-1] if errors else "",
+            "message": message,
             "tail": text[-3000:],
         }
 
@@ -292,7 +296,7 @@ class Campaign:
         return result | {"detail": detail}
 
     def _random_moment(self, rng) -> float:
-        return rng.uniform(1.0, self.clean_seconds)
+        return rng.uniform(1.0, 0.9 * self.clean_seconds)
 
     def inject_worker_kill(self, rng, out):
         at = self._random_moment(rng)
@@ -403,6 +407,18 @@ class Campaign:
             return {"at": round(at, 1), "down_s": round(down, 1)}
 
         result = self._faulted_run(out, act)
+        return result, (), result.pop("detail")
+
+    def inject_server_outage(self, rng, out):
+        at = self._random_moment(rng)
+
+        def act(process, started):
+            _sleep_until(started + at, process)
+            self.kill_server()
+            return {"at": round(at, 1)}
+
+        result = self._faulted_run(out, act)
+        self.restart_server()
         return result, (), result.pop("detail")
 
 
@@ -520,7 +536,7 @@ def main(argv=None) -> int:
                 faulted = record["faulted"]
                 print(
                     f"{kind} #{index}: {outcome(record)} in {faulted.get('seconds')} s {record['detail']} "
-                    f"{faulted.get('message', '')[:300]!r}; rerun rc {record['rerun']['rc']}"
+                    f"{faulted.get('message', '')[:400]!r}; rerun rc {record['rerun']['rc']}"
                     f" in {record['rerun']['seconds']} s; identical {record['identical']}"
                     f"{' differing ' + str(record['differing']) if not record['identical'] else ''}"
                     f"{' ' + str(record['redone_lines']) if record['redone_lines'] else ''}",
