@@ -12,7 +12,7 @@ Fault kinds (a trial = one faulted run, then one clean rerun of the same output)
   worker_kill   a Dask worker process SIGKILLed at a random moment of the run
   flow_kill     the `tokenmill run` process SIGKILLed at a random moment (its workers die with it)
   publish_kill  the `tokenmill run` process SIGKILLed while it publishes (after the build's manifest appears)
-  s3            output on S3 through the proxy: a random share (5-30%) of all requests fail (reset, reset after
+  s3            output on S3 through the proxy: a random share (2-10%) of all requests fail (reset, reset after
                 the server acted, 503 SlowDown, 500, cut-off answer, stall); the rerun has no faults
   disk_full     output on a tmpfs too small for it (a random size); the rerun gets enough space
   oom           dask.memory_limit far below what one large document needs, so its worker is killed for
@@ -42,6 +42,7 @@ sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != 
 import argparse
 import gzip
 import json
+import logging
 import os
 import random
 import re
@@ -133,6 +134,7 @@ class Campaign:
     def start_s3(self) -> None:
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
         self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
         self.moto.start()
         host, port = self.moto.get_host_and_port()
@@ -344,7 +346,7 @@ class Campaign:
     def inject_s3(self, rng, out):
         if self.proxy is None:
             self.start_s3()
-        rate = round(rng.uniform(0.05, 0.3), 3)
+        rate = round(rng.uniform(0.02, 0.1), 3)
         self.proxy.configure(rate, stall_s=2.5)
         self.proxy.injected.clear()
         remote = f"s3://faults/{Path(out).name}"

@@ -28,7 +28,7 @@ def test_a_few_trials_of_each_flow_level_fault(tmp_path):
     status = faults.main(
         [
             "--trials", "1", "--kinds", "worker_kill,publish_kill,server", "--seed", "15",
-            "--corpus-mb", "1", "--shard-size", "64KB", "--work", str(tmp_path / "work"), "--report", str(report),
+            "--corpus-mb", "0.6", "--shard-size", "48KB", "--work", str(tmp_path / "work"), "--report", str(report),
             "--hang-s", "300",
         ]
     )  # fmt: skip
