@@ -14,7 +14,8 @@ Fault kinds (a trial = one faulted run, then one clean rerun of the same output)
   publish_kill  the `tokenmill run` process SIGKILLed while it publishes (after the build's manifest appears)
   s3            output on S3 through the proxy: a random share (2-10%) of all requests fail (reset, reset after
                 the server acted, 503 SlowDown, 500, cut-off answer, stall); the rerun has no faults
-  disk_full     output on a tmpfs too small for it (a random size); the rerun gets enough space
+  disk_full     the build (or, half the trials, the publish path) on a tmpfs too small for it (a random size);
+                the rerun gets enough space
   oom           dask.memory_limit far below what one large document needs, so its worker is killed for
                 memory; the rerun has the default limit
   corruption    a finished build, then one random committed shard file bit-flipped, truncated or deleted
@@ -265,6 +266,9 @@ class Campaign:
         counts = json.loads(files["manifest.json"])["counts"]
         self.clean_documents = counts["documents_out"] + counts["documents_rejected"]
         self.clean_seconds = result["seconds"]
+        self.dataset_bytes = sum(len(v) for v in self.clean_files.values())
+        build = Path(out)
+        self.build_bytes = sum(p.stat().st_size for p in build.rglob("*") if p.is_file() and "demo-gpt2" not in p.parts)
         self.shards = json.loads(files["manifest.json"])["shards"]
         print(f"clean run: {self.shards} shards, {counts['documents_in']} documents, {result['seconds']} s", flush=True)
 
@@ -281,7 +285,7 @@ class Campaign:
         rerun = self.run(out, *rerun_extra)
         record["rerun"] = {k: rerun[k] for k in ("rc", "hung", "seconds", "message")}
         record["redone_lines"] = [line for line in rerun["tail"].splitlines() if line.startswith("redone:")]
-        record |= self.compare(out)
+        record |= self.compare(faulted.get("publish_root") or out)
         if kind == "disk_full":
             subprocess.run(["umount", "-l", detail["mount"]], check=False)
         elif not out.startswith("s3://") and not self.args.keep:
@@ -356,15 +360,22 @@ class Campaign:
         return result, (), {"rate": rate, "injected": sum(self.proxy.injected.values())}
 
     def inject_disk_full(self, rng, out):
-        mount = Path(out)
+        """Half the trials fill the build's disk (mid-shard), half the publish path's (mid-publish)."""
+        during_publish = rng.random() < 0.5
+        mount = Path(out + "-publish" if during_publish else out)
         mount.mkdir(parents=True, exist_ok=True)
-        need = sum(len(v) for v in self.clean_files.values()) * 2 + 4_000_000  # build + published copy (links)
-        size_kb = int(rng.uniform(3_700_000, need) / 1024)  # from just the tokenizer to almost enough
+        if during_publish:  # room for part of the dataset
+            low, high, extra = 50_000, self.dataset_bytes, ("--set", f"output.publish.path={mount}")
+        else:  # from just the tokenizer (3.6 MB) to almost all the build needs
+            low, high, extra = 3_700_000, self.build_bytes, ()
+        size_kb = int(rng.uniform(low, high) / 1024)
         if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(mount)]).returncode:
             raise SystemExit("disk_full needs `mount -t tmpfs` (root)")
-        result = self._faulted_run(out, lambda p, s: None)
-        subprocess.run(["mount", "-o", "remount,size=512m", str(mount)], check=True)
-        return result, (), {"size_kb": size_kb, "mount": str(mount)}
+        result = self._faulted_run(out, lambda p, s: None, *extra)
+        subprocess.run(["mount", "-o", "remount,size=512m", str(mount)], check=True)  # space freed
+        result["publish_root"] = str(mount) if during_publish else None
+        detail = {"size_kb": size_kb, "mount": str(mount), "during": "publish" if during_publish else "build"}
+        return result, extra, detail
 
     def inject_oom(self, rng, out):
         # The big document is in the corpus for every run of this kind (and only this kind's runs): its clean
@@ -525,14 +536,16 @@ def main(argv=None) -> int:
     kinds = [k for k in args.kinds.split(",") if k]
     if unknown := set(kinds) - set(KINDS):
         parser.error(f"unknown kinds {sorted(unknown)}")
-    kinds.sort(key=lambda k: k == "oom")  # oom changes the corpus: last
+    # oom adds its large document to the corpus (and remakes the clean reference): last in each round.
+    kinds.sort(key=lambda k: k == "oom")
     campaign = Campaign(args)
     records = []
     try:
         campaign.start_server()
         campaign.clean()
-        for kind in kinds:
-            for index in range(args.trials):
+        # Round by round (one trial of every kind, then the next), so a campaign stopped early covers all kinds.
+        for index in range(args.trials):
+            for kind in kinds:
                 record = campaign.trial(kind, index)
                 records.append(record)
                 faulted = record["faulted"]
@@ -544,12 +557,13 @@ def main(argv=None) -> int:
                     f"{' ' + str(record['redone_lines']) if record['redone_lines'] else ''}",
                     flush=True,
                 )
+                if args.report:  # after every trial: a campaign cut short still leaves its table
+                    report = {"table": summarize(records), "trials": records}
+                    Path(args.report).write_text(json.dumps(report, indent=1, default=str))
     finally:
         campaign.stop()
     rows = summarize(records)
     print_table(rows)
-    if args.report:
-        Path(args.report).write_text(json.dumps({"table": rows, "trials": records}, indent=1, default=str))
     bad = any(
         r["hung"] or r["byte_identical"] < r["trials"] or r["documents lost or duplicated"]
         or r["failed with a clear error"] < r["failed"] for r in rows
