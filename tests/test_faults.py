@@ -3,6 +3,7 @@ byte-identically; a full disk fails the write naming the file and leaves nothing
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -124,3 +125,25 @@ def test_disk_full_mid_shard_names_the_file_leaves_no_partial_file_and_the_rerun
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)  # space freed
     build(small_config(out), shard_ids={0, 1})
     assert data_files(out) == data_files(built)
+
+
+def test_the_local_server_tokenmill_started_comes_back_on_the_same_port_if_it_dies(tmp_path, monkeypatch):
+    import signal
+    import time
+
+    from flows import server
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    state = server.start_server()
+    monkeypatch.setenv("TOKENMILL_LOCAL_SERVER", state["api_url"])
+    try:
+        with server.supervised(state["api_url"]):
+            os.killpg(state["pid"], signal.SIGKILL)
+            deadline = time.monotonic() + server.START_TIMEOUT_S + 10
+            while not server.healthy(state["api_url"]) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert server.healthy(state["api_url"])  # same URL: same port, same database
+            assert server.running_server()["pid"] != state["pid"]
+    finally:
+        server.stop_server()
