@@ -195,14 +195,11 @@ class Campaign:
         process.log.close()
         text = out.decode(errors="replace")
         # The CLI's last words: its `error:` line and the indented lines under it (one per failed shard).
-        lines = text.splitlines()
-        starts = [i for i, line in enumerate(lines) if line.startswith("error:")]
-        message = "\n".join(lines[starts[-1] :]) if starts else ""
         return {
             "rc": process.returncode,
             "hung": hung,
             "seconds": round(time.monotonic() - started, 1),
-            "message": message,
+            "message": last_error(text),
             "tail": text[-3000:],
         }
 
@@ -256,8 +253,8 @@ class Campaign:
 
     # --- the campaign ----------------------------------------------------------------------------------
 
-    def clean(self) -> None:
-        out = str(self.work / "clean")
+    def clean(self, name: str = "clean") -> None:
+        out = str(self.work / name)
         result = self.run(out)
         if result["rc"] != 0:
             raise SystemExit(f"the clean run failed:\n{result['tail']}")
@@ -266,6 +263,7 @@ class Campaign:
         counts = json.loads(files["manifest.json"])["counts"]
         self.clean_documents = counts["documents_out"] + counts["documents_rejected"]
         self.clean_seconds = result["seconds"]
+        self.clean_dir = Path(out)
         self.dataset_bytes = sum(len(v) for v in self.clean_files.values())
         build = Path(out)
         self.build_bytes = sum(p.stat().st_size for p in build.rglob("*") if p.is_file() and "demo-gpt2" not in p.parts)
@@ -383,13 +381,13 @@ class Campaign:
         big = self.work / "corpus" / "zz-big.jsonl"
         if not big.exists():
             shutil.copy(big_document(self.work, self.args.big_mb), big)
-            self.clean()  # the reference now includes it
+            self.clean("clean-with-big-document")  # a new reference (a new output: plan.json is reused)
         limit = f"{rng.randint(600, 900)}MiB"
         result = self._faulted_run(out, lambda p, s: None, "--set", f"dask.memory_limit={limit}")
         return result, (), {"memory_limit": limit}
 
     def inject_corruption(self, rng, out):
-        shutil.copytree(self.work / "clean", out, symlinks=True)
+        shutil.copytree(self.clean_dir, out, symlinks=True)
         shutil.rmtree(Path(out) / "demo-gpt2")  # published copy: the rerun publishes again
         committed = sorted(
             rel for stage in ("tokenize", "pack") for m in sorted((Path(out) / "_commits" / stage).glob("*.json"))
@@ -433,6 +431,17 @@ class Campaign:
         result = self._faulted_run(out, act)
         self.restart_server()
         return result, (), result.pop("detail")
+
+
+def last_error(output: str) -> str:
+    """The CLI's last words: its `error:` line (Prefect's own stderr may precede it on the same line) and the
+    indented lines under it, one per failed shard."""
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if "error: " in line]
+    if not starts:
+        return ""
+    first = lines[starts[-1]]
+    return "\n".join([first[first.index("error: ") :], *lines[starts[-1] + 1 :]])
 
 
 def _sleep_until(deadline: float, process: subprocess.Popen) -> None:
