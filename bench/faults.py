@@ -16,7 +16,7 @@ Fault kinds (a trial = one faulted run, then one clean rerun of the same output)
                 the server acted, 503 SlowDown, 500, cut-off answer, stall); the rerun has no faults
   disk_full     the build (or, half the trials, the publish path) on a tmpfs too small for it (a random size);
                 the rerun gets enough space
-  oom           dask.memory_limit far below what one large document needs, so its worker is killed for
+  oom           dask.memory_limit (350-500 MiB) far below what one large document needs, so its worker is killed for
                 memory; the rerun has the default limit
   corruption    a finished build, then one random committed shard file bit-flipped, truncated or deleted
   server        the Prefect server SIGKILLed at a random moment and restarted on the same port and database
@@ -382,7 +382,7 @@ class Campaign:
         if not big.exists():
             shutil.copy(big_document(self.work, self.args.big_mb), big)
             self.clean("clean-with-big-document")  # a new reference (a new output: plan.json is reused)
-        limit = f"{rng.randint(600, 900)}MiB"
+        limit = f"{rng.randint(350, 500)}MiB"  # a worker idles at ~110 MB and tokenizes a 96 KB shard well under it
         result = self._faulted_run(out, lambda p, s: None, "--set", f"dask.memory_limit={limit}")
         return result, (), {"memory_limit": limit}
 
