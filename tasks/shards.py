@@ -153,6 +153,11 @@ def _error(future) -> str:
                 "dask.memory_limit allows; raise the limit or make the shard smaller, then rerun"
             )
         return f"{type(error).__name__}: {error}"
+    if future.status == "cancelled":  # seen when workers were restarted for memory (campaign, oom kind)
+        return (
+            "its Dask task was cancelled after the workers running it died (most often for memory: raise "
+            "dask.memory_limit or make the shards smaller), then rerun"
+        )
     return f"Dask future {future.status}"
 
 
