@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 
 import argparse
+import contextlib
 import gzip
 import json
 import logging
@@ -113,9 +114,8 @@ class Campaign:
     # --- the services the runs use ---------------------------------------------------------------------
 
     def start_server(self, port: int | None = None) -> None:
-        os.environ["PREFECT_HOME"] = str(self.home)
-        os.environ.pop("PREFECT_API_URL", None)
-        self.server = prefect_server.start_server(port)
+        with _environ(PREFECT_HOME=str(self.home), PREFECT_API_URL=None):  # this process's own env is left as it was
+            self.server = prefect_server.start_server(port)
         self.env["PREFECT_API_URL"] = self.server["api_url"]
 
     def kill_server(self) -> None:
@@ -141,13 +141,13 @@ class Campaign:
         host, port = self.moto.get_host_and_port()
         upstream = f"http://{host}:{port}"
         creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-        os.environ.update(creds)
         self.env.update(creds)
         self.proxy = FaultProxy(upstream, seed=self.args.seed).start()
         self.env["AWS_ENDPOINT_URL"] = self.proxy.endpoint
         import boto3
 
-        self.s3 = boto3.client("s3", endpoint_url=upstream)
+        self.s3 = boto3.client("s3", endpoint_url=upstream, region_name="us-east-1",
+                               aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
         self.s3.create_bucket(Bucket="faults")
 
     def stop(self) -> None:
@@ -431,6 +431,25 @@ class Campaign:
         result = self._faulted_run(out, act)
         self.restart_server()
         return result, (), result.pop("detail")
+
+
+@contextlib.contextmanager
+def _environ(**changes):
+    """Environment variables set (None: removed) for the block, then restored."""
+    saved = {k: os.environ.get(k) for k in changes}
+    try:
+        for k, v in changes.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def last_error(output: str) -> str:
