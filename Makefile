@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup postgres chromium demo test lint format bench clean
+.PHONY: setup postgres chromium demo test lint format bench faults clean
 
 $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,12 @@ format: setup
 bench: setup
 	$(BIN)/python bench/tokenize.py
 	$(BIN)/python bench/pack.py
+
+# The fault campaign (bench/faults.py): every fault kind, TRIALS trials each, against a clean run; slow (hours
+# with 20 trials on 2 shared cores). FAULTS_ARGS adds options, e.g. FAULTS_ARGS="--kinds worker_kill,s3".
+TRIALS ?= 20
+faults: setup
+	$(BIN)/python bench/faults.py --trials $(TRIALS) --report out/faults.json $(FAULTS_ARGS)
 
 clean:
 	rm -rf out .pytest_cache .ruff_cache

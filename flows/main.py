@@ -92,9 +92,10 @@ def tokenize_and_pack(config: TokenmillConfig, shards: list[dict], tokenizer, en
     groups = map_stage(tokenize_shards, config, shards, tokenizer, encoder)
     rows = [totals for _, totals in groups]
     reused = sum(r["reused"] for r in rows)
+    redone = [reason for r in rows for reason in r.pop("redone")]
     create_table_artifact(rows, key="tokenize-shards", description=f"tokenize: {len(shards)} shards, {reused} reused")
     table = pd.concat([t for t, _ in groups], ignore_index=True).sort_values(["shard_id", "split"], ignore_index=True)
-    return table, {"bytes_in": sum(r["bytes_in"] for r in rows), "reused": reused}
+    return table, {"bytes_in": sum(r["bytes_in"] for r in rows), "reused": reused, "redone": redone}
 
 
 @flow(
@@ -150,6 +151,8 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
     tokenize_seconds = time.perf_counter() - tokenize_started
     if totals["reused"]:
         logger.info("reused %d of %d committed tokenize shards", totals["reused"], len(shards))
+    for reason in totals["redone"]:  # files damaged after their commit
+        logger.warning(reason)
 
     if writes_packed(config):
         shuffle_index(config, table)
@@ -171,6 +174,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
         "published": published["published"],
         "shards": len(shards),
         "shards_reused": totals["reused"],
+        "shards_redone": totals["redone"],
         **manifest["counts"],
         "splits": manifest["splits"],
         "packing": manifest["packing"],

@@ -15,7 +15,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -144,4 +147,56 @@ def ensure_api() -> str:
         return url
     state = running_server() or start_server()
     os.environ["PREFECT_API_URL"] = state["api_url"]
+    os.environ["TOKENMILL_LOCAL_SERVER"] = state["api_url"]  # started by tokenmill: `supervised` may restart it
     return state["api_url"]
+
+
+CHECK_EVERY_S = 2
+
+
+@contextmanager
+def supervised(api_url: str) -> Iterator[None]:
+    """While the block runs, restart the local server tokenmill started if it dies (same port, same database),
+    as a deployment's orchestrator restarts a server pod: the run's Prefect client retries its calls with
+    backoff (about a minute in all) and goes on. Servers named by PREFECT_API_URL are someone else's to run."""
+    if os.environ.get("TOKENMILL_LOCAL_SERVER") != api_url:
+        yield
+        return
+    stop = threading.Event()
+    port = int(api_url.rsplit(":", 1)[1].split("/")[0])
+
+    def watch() -> None:
+        while not stop.wait(CHECK_EVERY_S):
+            state = _recorded()
+            if state and _alive(state["pid"]) or healthy(api_url):
+                continue
+            try:
+                start_server(port)
+            except RuntimeError:
+                pass  # tried again at the next check; the run's own calls report the outage
+
+    thread = threading.Thread(target=watch, name="tokenmill-server-supervisor", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+def _recorded() -> dict | None:
+    try:
+        return json.loads(_state_file().read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a killed child not yet reaped is a zombie, not alive
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False

@@ -71,8 +71,9 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     scheduler = cfg.dask.scheduler() or "LocalCluster"
     console.print(f"Prefect UI: {ui_url(api_url)}, Dask: {scheduler}", highlight=False)
     from flows.cluster import local_cluster_started_early
+    from flows.server import supervised
 
-    with local_cluster_started_early(cfg.dask) as connect:
+    with local_cluster_started_early(cfg.dask) as connect, supervised(api_url):
         from flows.main import corpus_to_tokens
 
         try:
@@ -80,15 +81,32 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
             with progress_bars(cfg.output.path):
                 state = corpus_to_tokens(config=cfg, return_state=True)
         except Exception as e:  # the flow's logs above hold the details; end with the reason, not a traceback
-            raise _fail(f"run failed: {e}") from None
-        summary, link = outcome(state, "run")
+            raise _fail(f"run failed: {failure_message(e, api_url)}") from None
+        summary, link = outcome(state, "run", api_url)
     print_summary(summary, link)
     # With Prefect, Dask, pandas and matplotlib loaded, the garbage collector's passes over the whole heap
     # at interpreter exit took 0.6-1 s; frozen objects are skipped (exit handlers and flushing still run).
     gc.freeze()
 
 
-def outcome(state, what: str) -> tuple[dict, str | None]:
+def failure_message(error: Exception, api_url: str) -> str:
+    """The reason a run failed; an unreachable Prefect API is said as such, with its URL."""
+    import httpx
+
+    chain, cause = [], error
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if unreachable := next((c for c in chain if isinstance(c, httpx.TransportError)), None):
+        reason = f"{type(unreachable).__name__}: {str(unreachable) or 'no answer'}"
+        return (
+            f"the Prefect API at {api_url} was unreachable ({reason}); "
+            "the shards committed so far are kept: run the same command again and it reuses every one of them"
+        )
+    return str(error)
+
+
+def outcome(state, what: str, api_url: str) -> tuple[dict, str | None]:
     """The flow's summary and the run's page in the Prefect UI; a failed run ends the command with its reason
     and that page, last, where a person looks."""
     link = run_page(state.state_details.flow_run_id)
@@ -97,7 +115,7 @@ def outcome(state, what: str) -> tuple[dict, str | None]:
     except Exception as e:
         again = "Fix the cause and run the same command again: committed shards are reused."
         page = f"\nThe run in the Prefect UI: {link}" if link else ""
-        raise _fail(f"{what} failed: {e}\n{again}{page}") from None
+        raise _fail(f"{what} failed: {failure_message(e, api_url)}\n{again}{page}") from None
 
 
 def run_page(flow_run_id) -> str | None:
@@ -105,14 +123,18 @@ def run_page(flow_run_id) -> str | None:
     it has one (rerun-shards runs corpus-to-tokens as its subflow), else the run itself."""
     if flow_run_id is None:
         return None
+    import httpx
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
     from prefect.utilities.urls import url_for
 
-    with get_client(sync_client=True) as client:
-        children = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))
-        )
+    try:
+        with get_client(sync_client=True) as client:
+            children = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))
+            )
+    except httpx.TransportError:  # the API is gone: the failure message says so
+        return None
     return url_for("flow-run", obj_id=str(children[0].id if len(children) == 1 else flow_run_id))
 
 
@@ -128,6 +150,8 @@ def print_summary(summary: dict, link: str | None) -> None:
         f"{summary['documents_in']:,} documents in, {summary['documents_out']:,} tokenized, "
         f"{summary['documents_rejected']:,} rejected, {summary['tokens']:,} tokens"
     )
+    for reason in summary.get("shards_redone", []):
+        console.print(f"[yellow]redone:[/yellow] {reason}", highlight=False)
     # Metrics down, splits across: stays readable in 80 columns, however many stats there are.
     everything = {"documents": summary["documents_out"], "tokens": summary["tokens"], "packing": summary["packing"]}
     columns = {**summary["splits"], "all": everything}
@@ -174,14 +198,14 @@ def rerun(
     """Redo shards of an earlier run, then validate and publish again (the run's config is read from OUTPUT)."""
     from flows.server import ensure_api
 
-    ensure_api()
+    api_url = ensure_api()
     from flows.rerun import rerun_shards
 
     try:
         state = rerun_shards(output=output, shard_ids=shards or None, return_state=True)
     except Exception as e:
-        raise _fail(f"rerun failed: {e}") from None
-    print_summary(*outcome(state, "rerun"))
+        raise _fail(f"rerun failed: {failure_message(e, api_url)}") from None
+    print_summary(*outcome(state, "rerun", api_url))
 
 
 @app.command()
