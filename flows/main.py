@@ -99,6 +99,7 @@ def tokenize_and_pack(config: TokenmillConfig, shards: list[dict], tokenizer, en
 
 @flow(
     name="corpus-to-tokens",
+    flow_run_name="{config.name}",  # the UI's run lists show which dataset each run builds
     validate_parameters=True,
     task_runner=ThreadPoolTaskRunner(max_workers=GROUP_THREADS),
 )

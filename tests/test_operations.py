@@ -39,6 +39,16 @@ def served(client, name: str):
         return None
 
 
+def deployment_named(client, name: str):
+    """The deployment, once it exists (other tests' deployments may already be there)."""
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        return client.read_deployment_by_name(name)
+    except ObjectNotFound:
+        return None
+
+
 def final_state(client, flow_run_id, timeout=240):
     def done():
         state = client.read_flow_run(flow_run_id).state
@@ -76,11 +86,7 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
     )  # fmt: skip
     try:
         deployment = wait_for(
-            lambda: (
-                prefect_client.read_deployments() and prefect_client.read_deployment_by_name("corpus-to-tokens/ops")
-            ),
-            120,
-            "the served deployment",
+            lambda: deployment_named(prefect_client, "corpus-to-tokens/ops"), 120, "the served deployment"
         )
         # the cron schedule produces scheduled runs
         assert wait_for(lambda: prefect_client.read_flow_runs(limit=5), 60, "scheduled runs")
@@ -147,11 +153,7 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
     )  # fmt: skip
     try:
         deployment = wait_for(
-            lambda: (
-                prefect_client.read_deployments() and prefect_client.read_deployment_by_name("corpus-to-tokens/grouped")
-            ),
-            120,
-            "the served deployment",
+            lambda: deployment_named(prefect_client, "corpus-to-tokens/grouped"), 120, "the served deployment"
         )
         run = prefect_client.create_flow_run_from_deployment(deployment.id, parameters=deployment.parameters)
         state = final_state(prefect_client, run.id)

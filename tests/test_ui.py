@@ -21,7 +21,7 @@ import pytest
 from flows.server import ui_url
 
 from .conftest import REPO, dataset_files
-from .test_operations import block, final_state, markers, unblock, wait_for
+from .test_operations import block, deployment_named, final_state, markers, unblock, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Headless and quiet: without the background-networking flags Chromium keeps calling Google's services, which
@@ -110,15 +110,20 @@ def test_run_page_that_tokenmill_run_prints_shows_the_state_shard_tasks_and_summ
     ui.shot("summary-artifact")
 
 
-def dashboard_link(client, output: Path) -> str | None:
-    """The Dask dashboard that the run building `output` left as its link artifact, once it has."""
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
-
-    runs = [
+def runs_building(client, output: Path) -> list:
+    """The flow runs whose config builds in `output`."""
+    return [
         r
         for r in client.read_flow_runs()
         if r.parameters.get("config", {}).get("output", {}).get("path") == str(output)
     ]
+
+
+def dashboard_link(client, output: Path) -> str | None:
+    """The Dask dashboard that the run building `output` left as its link artifact, once it has."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    runs = runs_building(client, output)
     if not runs:
         return None
     of_runs = ArtifactFilterFlowRunId(any_=[r.id for r in runs])
@@ -230,18 +235,8 @@ def served(prefect_api, dask_cluster, tmp_path_factory):
     server.wait(60)
 
 
-def by_name(name: str):
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
-
-    return FlowRunFilter(name=FlowRunFilterName(any_=[name]))
-
-
 def served_deployment(client):
-    return wait_for(
-        lambda: client.read_deployments() and client.read_deployment_by_name("corpus-to-tokens/ui"),
-        120,
-        "the served deployment",
-    )
+    return wait_for(lambda: deployment_named(client, "corpus-to-tokens/ui"), 120, "the served deployment")
 
 
 def test_retry_pressed_in_the_ui_redoes_only_the_failed_shard(served, gpt2_run, prefect_api, prefect_client, ui):
@@ -261,7 +256,7 @@ def test_retry_pressed_in_the_ui_redoes_only_the_failed_shard(served, gpt2_run, 
     ui.shot("failed-run")
     page.get_by_role("button", name="Retry", exact=True).first.click()
     dialog = page.locator(".p-modal")
-    dialog.get_by_text(f"Retry {run.name}?").wait_for()
+    dialog.get_by_text(f"Retry {prefect_client.read_flow_run(run.id).name}?").wait_for()
     ui.shot("retry-dialog")
     dialog.get_by_role("button", name="Retry", exact=True).click()
 
@@ -300,10 +295,8 @@ def test_custom_run_form_shows_the_config_and_runs_it_with_a_changed_field(
 
     elsewhere = tmp_path / "custom"
     fields[str(served)].fill(str(elsewhere))  # one changed field: where the dataset is built
-    page.locator("xpath=//*[normalize-space(text())='Run Name']/following::input[1]").fill("custom-from-the-form")
     page.get_by_role("button", name="Submit", exact=True).click()
-    runs = wait_for(lambda: prefect_client.read_flow_runs(flow_run_filter=by_name("custom-from-the-form")), 60, "it")
-    run = runs[0]
+    run = wait_for(lambda: runs_building(prefect_client, elsewhere), 60, "the run submitted from the form")[0]
     assert run.parameters["config"]["output"]["path"] == str(elsewhere)
     assert final_state(prefect_client, run.id).is_completed()
     page.goto(f"{ui_url(prefect_api)}/runs/flow-run/{run.id}")
