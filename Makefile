@@ -1,21 +1,27 @@
 # tokenmill: `make demo` runs the whole flow on the bundled sample; `make test` runs the test suite.
-# Both create .venv and install the project first (once; again when pyproject.toml changes).
+# Both create .venv and install what they need first (once; again when pyproject.toml changes): the demo
+# tokenmill alone, as `pip install tokenmill` does; the tests also the test tools and megatron-core (torch).
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup postgres demo test lint format bench clean
+.PHONY: setup postgres chromium demo test lint format bench faults clean
 
-$(STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $(DEMO_STAMP)
+
+$(TEST_STAMP): $(DEMO_STAMP)
 	# torch==2.13.0 (CPU) for megatron-core comes from the machine's local wheel store.
 	$(BIN)/python -m pip install -q -e '.[test,megatron]'
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
-setup: $(STAMP)
+setup: $(TEST_STAMP)
 
 # Debian's PostgreSQL server, for the test that runs a Prefect server on it (skipped where it cannot install).
 postgres:
@@ -23,10 +29,17 @@ postgres:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } || \
 	  echo "note: PostgreSQL could not be installed; its test will be skipped"
 
-demo: setup
+# Debian's Chromium, for the tests that drive the Prefect UI and the Dask dashboard in a real browser
+# (Playwright's own browser download is not used; skipped where it cannot install).
+chromium:
+	@test -x /usr/bin/chromium || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "note: Chromium could not be installed; the browser tests will be skipped"
+
+demo: $(DEMO_STAMP)
 	$(BIN)/tokenmill run examples/demo.yaml
 
-test: setup postgres
+test: setup postgres chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
@@ -41,6 +54,12 @@ format: setup
 bench: setup
 	$(BIN)/python bench/tokenize.py
 	$(BIN)/python bench/pack.py
+
+# The fault campaign (bench/faults.py): every fault kind, TRIALS trials each, against a clean run; slow (hours
+# with 20 trials on 2 shared cores). FAULTS_ARGS adds options, e.g. FAULTS_ARGS="--kinds worker_kill,s3".
+TRIALS ?= 20
+faults: setup
+	$(BIN)/python bench/faults.py --trials $(TRIALS) --report out/faults.json $(FAULTS_ARGS)
 
 clean:
 	rm -rf out .pytest_cache .ruff_cache

@@ -12,8 +12,10 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import dask
 from distributed import Client, LocalCluster, fire_and_forget
@@ -32,6 +34,32 @@ dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"})
 dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
 # The cluster's start/stop chatter would drown the flow's own log lines; warnings still show.
 logging.getLogger("distributed").setLevel(logging.WARNING)
+
+
+BOKEH_CONNECTION = ("bokeh", "server", "connection.py")
+
+
+class ClosedDashboardTab(logging.Filter):
+    """Drops the traceback Bokeh (3.9) logs when a browser tab showing the Dask dashboard closes, which lands in
+    the terminal of the process running the LocalCluster's scheduler (`tokenmill run`). Bokeh races itself:
+    its keep-alive ping (every 500 ms in Dask's settings) finds the closing socket and detaches the session;
+    then a message the page sent just before closing, and the socket's `on_close`, read the detached session
+    (`ServerConnection.session` asserts it is set): bokeh logs "error handling message" and tornado
+    "Uncaught exception GET /status/ws", each with the AssertionError's traceback. The connection is cleaned
+    up either way; other errors of the dashboard still show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, AssertionError):
+            return True
+        frames = traceback.extract_tb(error.__traceback__)
+        if not frames:
+            return True
+        return not (frames[-1].name == "session" and Path(frames[-1].filename).parts[-3:] == BOKEH_CONNECTION)
+
+
+for _name in ("tornado.application", "bokeh.server.protocol_handler", "bokeh.server.views.ws"):
+    logging.getLogger(_name).addFilter(ClosedDashboardTab())
 
 
 def local_cluster_kwargs(dask_config: DaskConfig) -> dict:

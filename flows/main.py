@@ -92,13 +92,15 @@ def tokenize_and_pack(config: TokenmillConfig, shards: list[dict], tokenizer, en
     groups = map_stage(tokenize_shards, config, shards, tokenizer, encoder)
     rows = [totals for _, totals in groups]
     reused = sum(r["reused"] for r in rows)
+    redone = [reason for r in rows for reason in r.pop("redone")]
     create_table_artifact(rows, key="tokenize-shards", description=f"tokenize: {len(shards)} shards, {reused} reused")
     table = pd.concat([t for t, _ in groups], ignore_index=True).sort_values(["shard_id", "split"], ignore_index=True)
-    return table, {"bytes_in": sum(r["bytes_in"] for r in rows), "reused": reused}
+    return table, {"bytes_in": sum(r["bytes_in"] for r in rows), "reused": reused, "redone": redone}
 
 
 @flow(
     name="corpus-to-tokens",
+    flow_run_name="{config.name}",  # the UI's run lists show which dataset each run builds
     validate_parameters=True,
     task_runner=ThreadPoolTaskRunner(max_workers=GROUP_THREADS),
 )
@@ -150,12 +152,14 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
     tokenize_seconds = time.perf_counter() - tokenize_started
     if totals["reused"]:
         logger.info("reused %d of %d committed tokenize shards", totals["reused"], len(shards))
+    for reason in totals["redone"]:  # files damaged after their commit
+        logger.warning(reason)
 
     if writes_packed(config):
         shuffle_index(config, table)
     stats = validate(config, plan, tokenizer, table)
     if report is not None:
-        create_markdown_artifact(report.result(), key="tokenizer-report", description="Tokenizer fertility")
+        create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
     bytes_in = totals["bytes_in"]
     run = {
         "bytes_in": bytes_in,
@@ -171,6 +175,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
         "published": published["published"],
         "shards": len(shards),
         "shards_reused": totals["reused"],
+        "shards_redone": totals["redone"],
         **manifest["counts"],
         "splits": manifest["splits"],
         "packing": manifest["packing"],

@@ -3,7 +3,8 @@
 Prefect's implicit ephemeral mode starts a temporary server per process, so each Dask worker would
 start its own on the same SQLite file. tokenmill instead starts one real server (or reuses the one it
 started before), records it in `$PREFECT_HOME/tokenmill-server.json` and exports its URL, which the
-Dask workers inherit.
+Dask workers inherit. The server's UI is told its own API address: left to itself it points the browser at
+port 4200 whatever port it listens on, and the page stays blank.
 """
 
 from __future__ import annotations
@@ -14,12 +15,19 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psutil
 
 START_TIMEOUT_S = 90
+STOP_TIMEOUT_S = 30
+# Settings that already say where the UI should send the browser's API calls (e.g. behind a proxy).
+UI_API_SETTINGS = ("PREFECT_SERVER_UI_API_URL", "PREFECT_UI_API_URL")
 
 
 def prefect_home() -> Path:
@@ -63,6 +71,8 @@ def start_server(port: int | None = None) -> dict:
     prefect = Path(sys.executable).with_name("prefect")
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
+    if not any(env.get(name) for name in UI_API_SETTINGS):
+        env["PREFECT_SERVER_UI_API_URL"] = api_url
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -79,13 +89,55 @@ def start_server(port: int | None = None) -> dict:
     return state
 
 
-def stop_server() -> bool:
-    """Stop the server tokenmill started; False if none was running."""
-    state = running_server()
-    _state_file().unlink(missing_ok=True)
-    if state is None:
+def ui_url(api_url: str) -> str:
+    """The UI's address: the local server serves it at the root beside `/api`."""
+    return api_url.removesuffix("/").removesuffix("/api")
+
+
+def _server_process(pid: int) -> psutil.Process | None:
+    """The process `pid` if it is still the `prefect server` tokenmill started (pids are reused)."""
+    try:
+        process = psutil.Process(pid)
+        return process if "server" in process.cmdline() and process.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.Error:
+        return None
+
+
+def _wait_until_ended(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of `processes` still running after `timeout` seconds (an exited one not yet reaped has ended)."""
+    deadline = time.monotonic() + timeout
+    while running := [p for p in processes if _running(p)]:
+        if time.monotonic() > deadline:
+            return running
+        time.sleep(0.2)
+    return []
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    os.killpg(state["pid"], signal.SIGTERM)
+
+
+def stop_server() -> bool:
+    """Stop the server tokenmill started (its whole process group: uvicorn and the services), wait until it
+    has exited; False if none was running."""
+    try:
+        state = json.loads(_state_file().read_text())
+    except (OSError, ValueError):
+        return False
+    process = _server_process(state["pid"])
+    if process is None:
+        _state_file().unlink(missing_ok=True)
+        return False
+    processes = [process, *process.children(recursive=True)]
+    group = os.getpgid(process.pid)
+    os.killpg(group, signal.SIGTERM)
+    if _wait_until_ended(processes, STOP_TIMEOUT_S):  # uvicorn lets open connections finish; the state is in the DB
+        os.killpg(group, signal.SIGKILL)
+        _wait_until_ended(processes, STOP_TIMEOUT_S)
+    _state_file().unlink(missing_ok=True)
     return True
 
 
@@ -95,4 +147,56 @@ def ensure_api() -> str:
         return url
     state = running_server() or start_server()
     os.environ["PREFECT_API_URL"] = state["api_url"]
+    os.environ["TOKENMILL_LOCAL_SERVER"] = state["api_url"]  # started by tokenmill: `supervised` may restart it
     return state["api_url"]
+
+
+CHECK_EVERY_S = 2
+
+
+@contextmanager
+def supervised(api_url: str) -> Iterator[None]:
+    """While the block runs, restart the local server tokenmill started if it dies (same port, same database),
+    as a deployment's orchestrator restarts a server pod: the run's Prefect client retries its calls with
+    backoff (about a minute in all) and goes on. Servers named by PREFECT_API_URL are someone else's to run."""
+    if os.environ.get("TOKENMILL_LOCAL_SERVER") != api_url:
+        yield
+        return
+    stop = threading.Event()
+    port = int(api_url.rsplit(":", 1)[1].split("/")[0])
+
+    def watch() -> None:
+        while not stop.wait(CHECK_EVERY_S):
+            state = _recorded()
+            if state and _alive(state["pid"]) or healthy(api_url):
+                continue
+            try:
+                start_server(port)
+            except RuntimeError:
+                pass  # tried again at the next check; the run's own calls report the outage
+
+    thread = threading.Thread(target=watch, name="tokenmill-server-supervisor", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+def _recorded() -> dict | None:
+    try:
+        return json.loads(_state_file().read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a killed child not yet reaped is a zombie, not alive
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False

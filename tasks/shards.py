@@ -45,7 +45,10 @@ class ShardsFailed(RuntimeError):
     def __init__(self, stage: str, failures: dict[int, str], total: int):
         self.stage, self.failures, self.total = stage, failures, total
         lines = [f"  shard {sid:05d}: {error}" for sid, error in sorted(failures.items())]
-        super().__init__(f"{stage}: {len(failures)} of {total} shards failed\n" + "\n".join(lines))
+        super().__init__(
+            f"{stage}: {len(failures)} of {total} shards failed (a rerun reuses every committed shard and redoes "
+            "these)\n" + "\n".join(lines)
+        )
 
 
 class GroupFailed(RuntimeError):
@@ -144,8 +147,18 @@ def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
 def _error(future) -> str:
     if future.status == "error":
         error = future.exception()
+        if type(error).__name__ == "KilledWorker":  # no traceback of its own: say what it usually means
+            return (
+                "every Dask worker that ran it died (KilledWorker): most often it needed more memory than "
+                "dask.memory_limit allows; raise the limit or make the shard smaller, then rerun"
+            )
         return f"{type(error).__name__}: {error}"
-    return f"its Dask task was {future.status} (the connection to the scheduler was lost, or the cluster closed)"
+    if future.status == "cancelled":  # seen when workers were restarted for memory (campaign, oom kind)
+        return (
+            "its Dask task was cancelled: the workers running it died (most often for memory: raise "
+            "dask.memory_limit or make the shards smaller), or the connection to the scheduler was lost; then rerun"
+        )
+    return f"its Dask task ended {future.status}"
 
 
 # The options of every shard stage's task: its result lives in the flow's memory only (the commit markers are the

@@ -40,5 +40,7 @@ def tokenize_shards(
         "packed_rows": int(table.packed_rows.sum()),
         "bytes_in": sum(r["bytes_in"] for r in tokenized),
         "tokenize_mb_per_s": round(fresh_bytes / 1e6 / fresh_seconds, 2) if fresh_seconds else None,
+        # shards whose committed files had changed since (see tokenmill.commits), each with what changed
+        "redone": [r["redone"] for result in results for r in result if r.get("redone")],
     }
     return table, totals

@@ -12,5 +12,5 @@ from tokenmill.tokenizer import TokenizerInfo
 def tokenizer_report(
     config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict], encoder: EncoderChoice | None = None
 ) -> str:
-    """Write report/tokenizer.{json,md}; return the markdown (a few KB) for the flow's artifact."""
+    """Write report/fertility.{json,md}; return the markdown (a few KB) for the flow's artifact."""
     return fertility.markdown(fertility.tokenizer_report(config, tokenizer, samples, encoder))

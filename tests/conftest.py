@@ -49,6 +49,15 @@ def prefect_api(tmp_path_factory) -> str:
             os.environ[key] = value
 
 
+@pytest.fixture
+def prefect_client(prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+        yield client
+
+
 # One core per worker; glibc's adaptive malloc (see flows/cluster.py), as infra/ sets them.
 WORKER_ENV = {
     "RAYON_NUM_THREADS": "1",
@@ -111,7 +120,8 @@ def run_cli(prefect_api, dask_cluster):
 def gpt2_run(run_cli, tmp_path_factory) -> Path:
     """examples/gpt2.yaml in four shards, run once for the tests that read it (copy it before changing it)."""
     out = tmp_path_factory.mktemp("gpt2-run") / "out"
-    run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB")
+    result = run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB")
+    (out.parent / "stdout.txt").write_text(result.stdout)  # what the person who ran it saw (the UI test opens its link)
     return out
 
 
@@ -162,3 +172,14 @@ def gpt2_info():
         return install_pretrained(config)
 
     return install
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing browser test (one using the `ui` fixture) gets a screenshot of the page as it failed, and the
+    paths of every screenshot it took, under its message."""
+    report = (yield).get_result()
+    ui = item.funcargs.get("ui") if hasattr(item, "funcargs") else None
+    if ui is not None and report.failed and call.when == "call":
+        ui.shot("at-failure")
+        report.sections.append(("screenshots", "\n".join(ui.paths)))

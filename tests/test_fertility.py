@@ -47,7 +47,7 @@ def report_for(tmp_path, name: str, english_bytes: int, code_bytes: int) -> tupl
     f, g = sampling.fractions(config, plan)
     samples = [sampling.sample_shard(config, shard, f, g) for shard in plan["shards"]]
     report = fertility.tokenizer_report(config, train_on_sample(config, samples), samples)
-    return report, (tmp_path / name / layout.TOKENIZER_REPORT[0]).read_text()
+    return report, (tmp_path / name / layout.FERTILITY_REPORT[0]).read_text()
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,9 @@ K8S = INFRA / "k8s"
 PREFECT_YAML = DEPLOYMENTS / "prefect.yaml"
 DOCKERFILE = INFRA / "tokenmill.Dockerfile"
 
+RERUN = "flows.rerun:rerun_shards"
 POOL = "tokenmill-process"
-ENTRYPOINT = "flows/main.py:corpus_to_tokens"
+ENTRYPOINT = "flows.main:corpus_to_tokens"
 CODE_DIR = "/opt/tokenmill"  # WORKDIR of the tokenmill image; TOKENMILL_ROOT everywhere
 
 EXPECTED_SERVICES = {
@@ -219,19 +220,23 @@ def prefect_project() -> dict:
     return load_one(PREFECT_YAML)
 
 
-@pytest.fixture(scope="module")
-def nightly(prefect_project) -> dict:
-    matches = [d for d in prefect_project["deployments"] if d.get("name") == "nightly"]
+def deployment(prefect_project: dict, entrypoint: str) -> dict:
+    matches = [d for d in prefect_project["deployments"] if d.get("entrypoint") == entrypoint]
     assert len(matches) == 1
     return matches[0]
+
+
+@pytest.fixture(scope="module")
+def nightly(prefect_project) -> dict:
+    return deployment(prefect_project, ENTRYPOINT)
 
 
 def test_prefect_yaml_nightly_deployment(prefect_project, nightly):
     assert nightly["entrypoint"] == ENTRYPOINT
     assert nightly["work_pool"]["name"] == POOL
-    path, func = ENTRYPOINT.split(":")
-    if (REPO / path).exists():
-        assert re.search(rf"^def {func}\(", (REPO / path).read_text(), re.M), f"{ENTRYPOINT} not defined"
+    from prefect.flows import load_flow_from_entrypoint
+
+    assert load_flow_from_entrypoint(ENTRYPOINT).name == "corpus-to-tokens"  # a module path: importable anywhere
     pull = nightly.get("pull", prefect_project.get("pull"))
     assert pull == [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $TOKENMILL_ROOT }}"}}]
     assert list(nightly["parameters"]) == ["config"]
@@ -240,7 +245,19 @@ def test_prefect_yaml_nightly_deployment(prefect_project, nightly):
 def test_prefect_yaml_accepted_by_prefect_deploy_model(prefect_project):
     models = pytest.importorskip("prefect.cli.deploy._models")  # what `prefect deploy` validates with
     model = models.PrefectYamlModel.model_validate(prefect_project)
-    assert [d.name for d in model.deployments] == ["nightly"]
+    assert [(d.name, d.entrypoint) for d in model.deployments] == [("nightly", ENTRYPOINT), ("nightly", RERUN)]
+
+
+def test_prefect_yaml_rerun_shards_deployment_redoes_the_nightly_dataset(prefect_project, nightly):
+    """As `tokenmill serve` does: `rerun-shards/nightly` beside `corpus-to-tokens/nightly`, on the same pool,
+    pointed at the nightly run's output, on demand only."""
+    rerun = deployment(prefect_project, RERUN)
+    assert rerun["name"] == nightly["name"] and rerun["work_pool"] == nightly["work_pool"]
+    assert rerun["parameters"] == {"output": nightly["parameters"]["config"]["output"]["path"], "shard_ids": None}
+    assert not rerun.get("schedules")
+    from flows.rerun import rerun_shards
+
+    assert rerun_shards.validate_parameters(rerun["parameters"]) == rerun["parameters"]  # as the server will
 
 
 def test_prefect_yaml_cron_schedule_is_valid(nightly):

@@ -20,15 +20,6 @@ from flows.server import free_port
 from .conftest import REPO, dataset_files
 
 
-@pytest.fixture
-def prefect_client(prefect_api):
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
-        yield client
-
-
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -40,6 +31,16 @@ def wait_for(predicate, timeout: float, what: str):
 
 def served(client, name: str):
     """The deployment `name`, once the serving process has registered it."""
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        return client.read_deployment_by_name(name)
+    except ObjectNotFound:
+        return None
+
+
+def deployment_named(client, name: str):
+    """The deployment, once it exists (other tests' deployments may already be there)."""
     from prefect.exceptions import ObjectNotFound
 
     try:
@@ -85,11 +86,7 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
     )  # fmt: skip
     try:
         deployment = wait_for(
-            lambda: (
-                prefect_client.read_deployments() and prefect_client.read_deployment_by_name("corpus-to-tokens/ops")
-            ),
-            120,
-            "the served deployment",
+            lambda: deployment_named(prefect_client, "corpus-to-tokens/ops"), 120, "the served deployment"
         )
         # the cron schedule produces scheduled runs
         assert wait_for(lambda: prefect_client.read_flow_runs(limit=5), 60, "scheduled runs")
@@ -156,11 +153,7 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
     )  # fmt: skip
     try:
         deployment = wait_for(
-            lambda: (
-                prefect_client.read_deployments() and prefect_client.read_deployment_by_name("corpus-to-tokens/grouped")
-            ),
-            120,
-            "the served deployment",
+            lambda: deployment_named(prefect_client, "corpus-to-tokens/grouped"), 120, "the served deployment"
         )
         run = prefect_client.create_flow_run_from_deployment(deployment.id, parameters=deployment.parameters)
         state = final_state(prefect_client, run.id)
@@ -196,6 +189,62 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
     grouped, one_per_shard = dataset_files(out), dataset_files(single)
     assert json.loads(grouped.pop("manifest.json")) == json.loads(one_per_shard.pop("manifest.json"))
     assert grouped == one_per_shard
+
+
+def test_work_pool_deployments_run_on_a_process_worker(prefect_api, prefect_client, dask_cluster, gpt2_run, tmp_path):
+    """deployments/prefect.yaml the way deployments/README.md uses it, against a real server: a process work pool,
+    `prefect deploy --all`, `prefect worker start`; corpus-to-tokens/nightly runs with another config (as
+    `--param config=...` does) and equals a clean run, then rerun-shards/nightly redoes one shard."""
+    from tokenmill.config import load_config
+
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    env.pop("TOKENMILL_ROOT", None)  # deployed as a placeholder: each worker resolves it from its own environment
+
+    def prefect(*args: str) -> None:
+        done = subprocess.run([bin_dir / "prefect", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=180)  # fmt: skip
+        assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+
+    prefect("work-pool", "create", "tokenmill-process", "--type", "process")
+    prefect("--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml")
+    nightly = prefect_client.read_deployment_by_name("corpus-to-tokens/nightly")
+    rerun = prefect_client.read_deployment_by_name("rerun-shards/nightly")
+    for schedule in prefect_client.read_deployment_schedules(nightly.id):  # no 02:00 run into the checkout's out/
+        prefect_client.update_deployment_schedule(nightly.id, schedule.id, active=False)
+
+    worker_env = {**env, "TOKENMILL_ROOT": str(REPO), "TOKENMILL_DASK_ADDRESS": dask_cluster,
+                  "PREFECT_WORKER_QUERY_SECONDS": "2"}  # fmt: skip
+    with open(tmp_path / "worker.log", "w") as log:
+        worker = subprocess.Popen([bin_dir / "prefect", "worker", "start", "--pool", "tokenmill-process"],
+                                  cwd=tmp_path, env=worker_env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)  # fmt: skip
+    try:
+        out = tmp_path / "out"
+        config = load_config(REPO / "examples/gpt2.yaml", [f"output.path={out}", "partition.shard_size=1MB"])
+        run = prefect_client.create_flow_run_from_deployment(
+            nightly.id, parameters={"config": config.model_dump(mode="json")}
+        )
+        state = final_state(prefect_client, run.id, timeout=420)
+        assert state.is_completed(), f"{state.message}\n{(tmp_path / 'worker.log').read_text()[-3000:]}"
+        built, fresh = dataset_files(out), dataset_files(gpt2_run)
+        assert json.loads(built.pop("manifest.json")) == json.loads(fresh.pop("manifest.json"))
+        assert built == fresh
+
+        before = markers(out, "tokenize")
+        redo = prefect_client.create_flow_run_from_deployment(
+            rerun.id, parameters={"output": str(out), "shard_ids": [2]}
+        )
+        assert final_state(prefect_client, redo.id, timeout=420).is_completed()
+        after = markers(out, "tokenize")
+        assert {name for name in after if after[name] != before[name]} == {"shard-00002.json"}
+    finally:
+        os.killpg(worker.pid, signal.SIGINT)  # a worker may need a second signal (deployments/README.md)
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(30)
 
 
 def test_rerun_shards_redoes_exactly_the_named_shards(run_cli, gpt2_run, tmp_path):

@@ -35,8 +35,8 @@ def test_llama3_rank_file_with_bos_gives_tiktoken_ids_for_every_document(run_cli
     expected = [[128000, *ids, 128001] for ids in reference.encode_ordinary_batch([d["text"] for d in docs])]
     assert got == expected
     kinds = {e["path"]: e["kind"] for e in manifest["files"]}
-    assert kinds["report/tokenizer.md"] == kinds["report/tokenizer.json"] == "tokenizer-report"
-    report = json.loads((out / "report" / "tokenizer.json").read_text())
+    assert kinds["report/fertility.md"] == kinds["report/fertility.json"] == "fertility-report"
+    report = json.loads((out / "report" / "fertility.json").read_text())
     assert report["tokenizers"]["dataset"]["vocab_size"] == 128256 and report["groups"]["source"]
 
 

@@ -65,29 +65,97 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     cfg = _load(config, overrides)
     if _interactive():  # the bars replace Prefect's per-task log lines on the terminal (the UI keeps them)
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    from flows.server import ensure_api
+    from flows.server import ensure_api, ui_url
 
     api_url = ensure_api()  # first: the cluster's workers inherit PREFECT_API_URL
     scheduler = cfg.dask.scheduler() or "LocalCluster"
-    console.print(f"Prefect API: {api_url.removesuffix('/api')} (UI), Dask: {scheduler}")
+    console.print(f"Prefect UI: {ui_url(api_url)}, Dask: {scheduler}", highlight=False)
     from flows.cluster import local_cluster_started_early
+    from flows.server import supervised
 
-    with local_cluster_started_early(cfg.dask) as connect:
+    with local_cluster_started_early(cfg.dask) as connect, supervised(api_url):
         from flows.main import corpus_to_tokens
 
         try:
             connect()
             with progress_bars(cfg.output.path):
-                summary = corpus_to_tokens(config=cfg)
+                state = corpus_to_tokens(config=cfg, return_state=True)
         except Exception as e:  # the flow's logs above hold the details; end with the reason, not a traceback
-            raise _fail(f"run failed: {e}") from None
-    print_summary(summary)
+            raise _fail(f"run failed: {failure_message(e, api_url)}") from None
+        summary, link = outcome(state, "run", api_url)
+    print_summary(summary, link)
     # With Prefect, Dask, pandas and matplotlib loaded, the garbage collector's passes over the whole heap
     # at interpreter exit took 0.6-1 s; frozen objects are skipped (exit handlers and flushing still run).
     gc.freeze()
 
 
-def print_summary(summary: dict) -> None:
+def failure_message(error: Exception, api_url: str) -> str:
+    """The reason a run failed; an unreachable Prefect API is said as such, with its URL."""
+    import httpx
+
+    chain, cause = [], error
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if unreachable := next((c for c in chain if isinstance(c, httpx.TransportError)), None):
+        exit_without_draining()
+        reason = f"{type(unreachable).__name__}: {str(unreachable) or 'no answer'}"
+        return (
+            f"the Prefect API at {api_url} was unreachable ({reason}); "
+            "the shards committed so far are kept: run the same command again and it reuses every one of them"
+        )
+    return str(error)
+
+
+def exit_without_draining() -> None:
+    """Make the process end as soon as its own exit work (the cluster's close, the error message) is done: with
+    the Prefect API unreachable, Prefect's exit handlers go on trying to deliver the run's buffered events to it
+    (the fault campaign saw a process still alive 8 minutes after printing its error). Handlers registered last
+    run first, so this one runs before Prefect's."""
+    import atexit
+    import sys
+
+    def leave() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    atexit.register(leave)
+
+
+def outcome(state, what: str, api_url: str) -> tuple[dict, str | None]:
+    """The flow's summary and the run's page in the Prefect UI; a failed run ends the command with its reason
+    and that page, last, where a person looks."""
+    link = run_page(state.state_details.flow_run_id)
+    try:
+        return state.result(), link
+    except Exception as e:
+        again = "Fix the cause and run the same command again: committed shards are reused."
+        page = f"\nThe run in the Prefect UI: {link}" if link else ""
+        raise _fail(f"{what} failed: {failure_message(e, api_url)}\n{again}{page}") from None
+
+
+def run_page(flow_run_id) -> str | None:
+    """The UI page of the flow run that holds the DAG's tasks, logs and artifacts: the run's one subflow run where
+    it has one (rerun-shards runs corpus-to-tokens as its subflow), else the run itself."""
+    if flow_run_id is None:
+        return None
+    import httpx
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.utilities.urls import url_for
+
+    try:
+        with get_client(sync_client=True) as client:
+            children = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))
+            )
+    except httpx.TransportError:  # the API is gone: the failure message says so
+        return None
+    return url_for("flow-run", obj_id=str(children[0].id if len(children) == 1 else flow_run_id))
+
+
+def print_summary(summary: dict, link: str | None) -> None:
     published = summary["published"]
     console.print(f"\n[bold]Dataset published to {published['url']}[/bold]", highlight=False)
     console.print(
@@ -99,6 +167,8 @@ def print_summary(summary: dict) -> None:
         f"{summary['documents_in']:,} documents in, {summary['documents_out']:,} tokenized, "
         f"{summary['documents_rejected']:,} rejected, {summary['tokens']:,} tokens"
     )
+    for reason in summary.get("shards_redone", []):
+        console.print(f"[yellow]redone:[/yellow] {reason}", highlight=False)
     # Metrics down, splits across: stays readable in 80 columns, however many stats there are.
     everything = {"documents": summary["documents_out"], "tokens": summary["tokens"], "packing": summary["packing"]}
     columns = {**summary["splits"], "all": everything}
@@ -120,6 +190,8 @@ def print_summary(summary: dict) -> None:
         f"tokenize stage: {summary['tokenize_mb_per_s']} MB/s of input; "
         f"whole flow: {summary['flow_seconds']} s ({summary['bytes_in'] / 1e6 / summary['flow_seconds']:.2f} MB/s)"
     )
+    if link:
+        console.print(f"\n[bold]The run in the Prefect UI: {link}[/bold]", highlight=False)
 
 
 def _percent(fraction: float | None) -> str:
@@ -143,14 +215,14 @@ def rerun(
     """Redo shards of an earlier run, then validate and publish again (the run's config is read from OUTPUT)."""
     from flows.server import ensure_api
 
-    ensure_api()
+    api_url = ensure_api()
     from flows.rerun import rerun_shards
 
     try:
-        summary = rerun_shards(output=output, shard_ids=shards or None)
+        state = rerun_shards(output=output, shard_ids=shards or None, return_state=True)
     except Exception as e:
-        raise _fail(f"rerun failed: {e}") from None
-    print_summary(summary)
+        raise _fail(f"rerun failed: {failure_message(e, api_url)}") from None
+    print_summary(*outcome(state, "rerun", api_url))
 
 
 @app.command()
@@ -163,9 +235,10 @@ def serve(
     """Serve CONFIG as Prefect deployments from this process until interrupted: `corpus-to-tokens/NAME`
     (on the cron schedule, with CONFIG as its parameter) and `rerun-shards/NAME` (for targeted reruns)."""
     cfg = _load(config, overrides)
-    from flows.server import ensure_api
+    from flows.server import ensure_api, ui_url
 
-    console.print(f"Prefect API: {ensure_api()}", highlight=False)
+    ui = ui_url(ensure_api())
+    console.print(f"Prefect UI: {ui}; the deployments (Run, Custom run, Retry): {ui}/deployments", highlight=False)
     from prefect import serve as serve_deployments
     from prefect.deployments.runner import EntrypointType
 
@@ -210,16 +283,16 @@ def inspect(
 
 @server_app.command("start")
 def server_start(port: Annotated[int, typer.Option(help="Port; default a free one.")] = 0) -> None:
-    """Start (or find) the local Prefect server and print its API URL."""
+    """Start (or find) the local Prefect server and say where its UI and API are."""
     from flows.server import running_server, start_server
 
     state = running_server() or start_server(port or None)
-    console.print(f"PREFECT_API_URL={state['api_url']}", highlight=False)
+    _print_server(state)
 
 
 @server_app.command("stop")
 def server_stop() -> None:
-    """Stop the local Prefect server tokenmill started."""
+    """Stop the local Prefect server tokenmill started (and wait until it has exited)."""
     from flows.server import stop_server
 
     console.print("stopped" if stop_server() else "no tokenmill-started server is running")
@@ -227,8 +300,18 @@ def server_stop() -> None:
 
 @server_app.command("status")
 def server_status() -> None:
-    """Say whether the local Prefect server is running, and where."""
+    """Say whether the local Prefect server is running, and where its UI and API are."""
     from flows.server import running_server
 
-    state = running_server()
-    console.print(f"running: {state['api_url']} (log {state['log']})" if state else "not running", highlight=False)
+    if state := running_server():
+        _print_server(state)
+    else:
+        console.print("not running (tokenmill run starts it; or tokenmill server start)")
+
+
+def _print_server(state: dict) -> None:
+    from flows.server import ui_url
+
+    console.print(f"Prefect UI: {ui_url(state['api_url'])}", highlight=False)
+    console.print(f"PREFECT_API_URL={state['api_url']}", highlight=False)
+    console.print(f"log: {state['log']}", highlight=False)

@@ -180,7 +180,7 @@ class TokenizerConfig(_Section):
 
 
 class FertilityConfig(_Section):
-    """The tokenizer report (`report/tokenizer.md` + `.json`): fertility on a held-out sample."""
+    """The tokenizer report (`report/fertility.md` + `.json`): fertility on a held-out sample."""
 
     enabled: bool = Field(True, description="Write the report (for a pretrained tokenizer it costs one read pass).")
     holdout_size: ByteSize = Field(

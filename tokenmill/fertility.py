@@ -3,8 +3,8 @@
 For the dataset's tokenizer and each baseline (`fertility.baselines`), over the held-out documents (never
 in the training sample) overall and per value of each `fertility.group_by` field: tokens per word
 (fertility; words are whitespace-separated, so scripts written without spaces count a run as one word),
-bytes per token and characters per token (comparable across scripts). Written as `report/tokenizer.json`
-and `report/tokenizer.md`, the same markdown the flow shows as a Prefect artifact.
+bytes per token and characters per token (comparable across scripts). Written as `report/fertility.json`
+and `report/fertility.md`, the same markdown the flow shows as a Prefect artifact.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def flagged(report: dict, name: str = DATASET) -> list[str]:
 def tokenizer_report(
     config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict], encoder: EncoderChoice | None = None
 ) -> dict:
-    """Measure the held-out sample and write `report/tokenizer.{json,md}`; return the report. The dataset's
+    """Measure the held-out sample and write `report/fertility.{json,md}`; return the report. The dataset's
     tokenizer is counted by the run's `encoder` when given (verified to give hf's ids: the same counts, at
     the fast backend's speed), else by hf."""
     store = config.output.store()
@@ -114,8 +114,8 @@ def tokenizer_report(
     }
     report["tokenizers"][DATASET]["sha256"] = tokenizer.sha256
     report["flagged"] = flagged(report)
-    store.write_json(layout.TOKENIZER_REPORT[1], report)
-    store.write_bytes(layout.TOKENIZER_REPORT[0], markdown(report).encode())
+    store.write_json(layout.FERTILITY_REPORT[1], report)
+    store.write_bytes(layout.FERTILITY_REPORT[0], markdown(report).encode())
     return report
 
 

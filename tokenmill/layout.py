@@ -6,7 +6,7 @@ import re
 
 PLAN = "plan.json"
 TOKENIZER = "tokenizer/tokenizer.json"
-TOKENIZER_REPORT = ("report/tokenizer.md", "report/tokenizer.json")  # fertility, see tokenmill.fertility
+FERTILITY_REPORT = ("report/fertility.md", "report/fertility.json")  # see tokenmill.fertility
 STATS = "stats.json"
 MANIFEST = "manifest.json"
 LATEST = "LATEST"  # beside the versions of a dataset: the name of the newest complete one
@@ -84,6 +84,6 @@ def describe(rel: str) -> dict:
     if m := re.match(r"^rejects/shard-(\d+)\.jsonl$", rel):
         return {"kind": "rejects", "split": None, "shard": int(m[1])}
     kind = {PLAN: "plan", TOKENIZER: "tokenizer", STATS: "stats"}.get(rel, "other")
-    if rel in TOKENIZER_REPORT:
-        kind = "tokenizer-report"
+    if rel in FERTILITY_REPORT:
+        kind = "fertility-report"
     return {"kind": kind, "split": None, "shard": None}

@@ -19,7 +19,7 @@ from contextlib import ExitStack
 import pandas as pd
 
 from tokenmill import layout
-from tokenmill.commits import commit, committed
+from tokenmill.commits import check, commit
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.llmc import llmc_dtype, shard_bounds, write_llmc
 from tokenmill.formats.megatron import MegatronReader
@@ -63,9 +63,11 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
     """Pack one tokenized shard (`tokenized` is the tokenize stage's result for it)."""
     store, shard_id = config.output.store(), tokenized["shard_id"]
     key = stage_key(config, tokenizer)
-    if (done := committed(store, STAGE, shard_id, key)) is not None:
-        return done | {"reused": True}
+    earlier = check(store, STAGE, shard_id, key)
+    if earlier.result is not None:
+        return earlier.result | {"reused": True}
     started = time.perf_counter()
+    files: dict[str, dict] = {}  # size and sha256 of each file written, for the marker
     packing, llmc = writes_packed(config), "llmc" in config.output.formats
     splits = {}
     for split, counts in tokenized["splits"].items():
@@ -81,7 +83,7 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
                 packed = pack(tokens, lengths, config.pack, pad_id(config, tokenizer))
                 target = layout.packed_prefix(split, shard_id)
                 with ExitStack() as stack:
-                    paths = {k: stack.enter_context(store.writing(target + s)) for k, s in SUFFIXES.items()}
+                    paths = {k: stack.enter_context(store.writing(target + s, files)) for k, s in SUFFIXES.items()}
                     write_packed(paths, packed)
                 stats |= {"rows": len(packed.rows), "real_tokens": packed.real_tokens, "pad_tokens": packed.pad_tokens}
                 stats["padded_layout_rows"] = padded_layout_rows(lengths, config.pack.seq_len)
@@ -89,12 +91,12 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
             if llmc:
                 parts = shard_bounds(len(tokens), config.output.llmc_shard_tokens)
                 for part, (start, end) in enumerate(parts):
-                    with store.writing(layout.llmc_file(split, shard_id, part)) as tmp:
+                    with store.writing(layout.llmc_file(split, shard_id, part), files) as tmp:
                         write_llmc(tmp, tokens[start:end], llmc_dtype(tokenizer.vocab_size))
                 stats["llmc_files"] = len(parts)
             del reader, tokens, lengths
     result = {"shard_id": shard_id, "splits": splits, "seconds": round(time.perf_counter() - started, 3)}
-    return commit(store, STAGE, shard_id, key, result) | {"reused": False}
+    return commit(store, STAGE, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
 
 
 def write_shuffle_indexes(config: TokenmillConfig, table: pd.DataFrame) -> dict[str, int]:

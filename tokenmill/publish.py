@@ -74,7 +74,7 @@ def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFra
     """Write `manifest.json` for the validated dataset and return it."""
     store = config.output.store()
     shard_rows = table.drop_duplicates("shard_id")
-    files = sorted(dataset_files(table) + [r for r in layout.TOKENIZER_REPORT if store.exists(r)])
+    files = sorted(dataset_files(table) + [r for r in layout.FERTILITY_REPORT if store.exists(r)])
     with ThreadPoolExecutor(HASH_THREADS) as pool:  # hashlib and file or object reads release the GIL
         hashes = list(pool.map(store.sha256, files))
     manifest = {
@@ -121,13 +121,16 @@ def publish_version(config: TokenmillConfig, manifest: dict, extra_files: list[s
     """
     source, root = config.output.store(), config.publish_root()
     target = Store(f"{root.url}/{manifest['version']}", root.storage_options)
-    copied = skipped = 0
-    for entry in manifest["files"]:
+
+    def publish_file(entry: dict) -> bool:
         if _already_there(source, target, entry):
-            skipped += 1
-        else:
-            _copy(source, target, entry["path"])
-            copied += 1
+            return False
+        _copy(source, target, entry["path"])
+        return True
+
+    with ThreadPoolExecutor(HASH_THREADS) as pool:  # on object stores each file is a few round trips
+        copied = sum(pool.map(publish_file, manifest["files"]))
+    skipped = len(manifest["files"]) - copied
     for rel in extra_files:  # the report: small, about the run, not part of the data
         _copy(source, target, rel)
     target.write_json(layout.MANIFEST, manifest)

@@ -1,5 +1,5 @@
 """The dataset report: `report/summary.md` and PNG plots (document lengths, tokens per shard, packing
-utilization by split) beside the published files, and the same markdown for the Prefect artifact.
+utilization by split) beside the published files, and the same markdown, plots inline, for the Prefect artifact.
 
 The report describes the run that made the dataset (its throughput differs run to run), so it is written
 after `manifest.json` and is not among the manifest's files: the data stay byte-identical across runs.
@@ -7,6 +7,7 @@ after `manifest.json` and is not among the manifest's files: the data stay byte-
 
 from __future__ import annotations
 
+import base64
 import io
 
 import numpy as np
@@ -128,9 +129,14 @@ def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]
 
 
 def write_report(store: Store, manifest: dict, table: pd.DataFrame, run: dict | None = None) -> str:
-    """Write the report files into the dataset; return the markdown."""
+    """Write the report files into the dataset; return the markdown with the plots inline, for the run's Prefect
+    artifact (the file's relative image links lead nowhere in the UI; the three PNGs are about 40 KB)."""
     markdown = summary_markdown(manifest, run)
-    for name, data in plots(store, manifest, table).items():
+    images = plots(store, manifest, table)
+    for name, data in images.items():
         store.write_bytes(PLOTS[name], data)
     store.write_bytes(SUMMARY, markdown.encode())
+    for name, data in images.items():
+        inline = f"(data:image/png;base64,{base64.b64encode(data).decode()})"
+        markdown = markdown.replace(f"({PLOTS[name].removeprefix('report/')})", inline)
     return markdown

@@ -3,10 +3,16 @@
 Writes are atomic: a file appears under its final name complete or not at all. Locally that is a
 temporary name in the same directory and `os.replace`; on object stores a single PUT of a file
 written locally first (an object is never visible half-written).
+
+Faults: on object stores every request is retried with backoff (botocore's standard mode, then s3fs's own
+retries for connection resets and SlowDown; every request tokenmill makes is idempotent, so each is safe to
+repeat), with bounded timeouts, so a dead store ends an operation within `give_up_s()`. What still fails
+raises `StorageError`, naming the file or object and the cause, never a library's traceback as the message.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -22,10 +28,72 @@ from fsspec.implementations.local import LocalFileSystem
 
 CHUNK = 8 << 20
 
+# Every s3:// request: botocore's standard retry mode (exponential backoff with jitter; retries throttling,
+# 5xx and connection errors), bounded connect and read timeouts, and s3fs's own tries around it (SlowDown,
+# resets, cut-off bodies). s3fs nests its tries for reads (a ranged read retried inside a retried read), so its
+# default of 5 would make a read from a store that stopped answering take 5 * 5 * max_attempts read timeouts
+# (half an hour); 2 keeps it to `give_up_s()`.
+S3_MAX_ATTEMPTS = 4  # botocore's, per s3fs try
+S3FS_RETRIES = 2
+S3_CONNECT_TIMEOUT_S = 5
+S3_READ_TIMEOUT_S = 15
+
+
+def read_timeout() -> float:
+    """Seconds without a byte from the store before a request is retried (TOKENMILL_S3_READ_TIMEOUT)."""
+    return float(os.environ.get("TOKENMILL_S3_READ_TIMEOUT", S3_READ_TIMEOUT_S))
+
+
+def give_up_s() -> float:
+    """The longest one storage operation can take against a store that accepts connections and never answers
+    (about 4.5 min with the defaults), backoff included."""
+    backoff = sum(min(2**attempt, 20) for attempt in range(S3_MAX_ATTEMPTS - 1))
+    s3fs_backoff = sum(min(1.7**i * 0.1, 15) for i in range(S3FS_RETRIES))
+    tries = S3FS_RETRIES**2  # nested, for reads
+    return tries * (S3_MAX_ATTEMPTS * max(S3_CONNECT_TIMEOUT_S, read_timeout()) + backoff + s3fs_backoff)
+
+
+def s3_defaults() -> dict:
+    from s3fs import S3FileSystem  # here, not at import: 1 s, and only runs that touch s3:// need it
+
+    S3FileSystem.retries = S3FS_RETRIES  # a class attribute, not an option
+    return {
+        "config_kwargs": {
+            "retries": {"mode": "standard", "max_attempts": S3_MAX_ATTEMPTS},
+            "connect_timeout": S3_CONNECT_TIMEOUT_S,
+            "read_timeout": read_timeout(),
+        },
+    }
+
 
 def options_for(url: str, storage_options: dict | None) -> dict:
-    """The storage options that apply to `url`: none for local paths."""
-    return (storage_options or {}) if "://" in url and not url.startswith("file://") else {}
+    """The storage options that apply to `url`: none for local paths; for s3:// the retry and timeout
+    defaults above under what the caller gave."""
+    if "://" not in url or url.startswith("file://"):
+        return {}
+    if url.startswith(("s3://", "s3a://")):
+        return s3_defaults() | (storage_options or {})
+    return storage_options or {}
+
+
+class StorageError(OSError):
+    """A read, write or listing that failed for good (after the retries that were safe); the message names
+    the file or object and the cause."""
+
+
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}  # a local write that no retry would fix
+
+
+def cause(error: BaseException) -> str:
+    """A one-line cause: the exception's type and message; for s3fs's translation of a botocore error into
+    a bare OSError, the botocore error itself (it has the S3 error code and the retries spent)."""
+    inner = error.__cause__ or error.__context__
+    if type(error) is OSError and inner is not None:
+        error, inner = inner, None
+    text = f"{type(error).__name__}: {error}".strip()
+    if inner is not None and str(inner) and str(inner) not in text:
+        text += f" (from {type(inner).__name__}: {inner})"
+    return text
 
 
 def expand_paths(patterns: list[str], storage_options: dict | None = None) -> list[str]:
@@ -59,11 +127,32 @@ class Store:
         """A URL for `rel` that any process can open with fsspec (absolute path when local)."""
         return self.path(rel) if self.is_local else self.fs.unstrip_protocol(self.path(rel))
 
+    @contextmanager
+    def failing_as(self, action: str, rel: str = "") -> Iterator[None]:
+        """Re-raise a storage library's failure as `StorageError` naming `action` and the file or object
+        (a missing file stays FileNotFoundError; what the caller's own code raises is not touched)."""
+        try:
+            yield
+        except (FileNotFoundError, StorageError):
+            raise
+        except Exception as e:
+            if not self._is_storage_failure(e):
+                raise
+            raise StorageError(f"{action} {self.url_of(rel) if rel else self.url} failed: {cause(e)}") from e
+
+    def _is_storage_failure(self, error: Exception) -> bool:
+        if isinstance(error, OSError | TimeoutError):
+            return True
+        # botocore and aiohttp errors that s3fs let through (its retries spent)
+        return not self.is_local and type(error).__module__.split(".")[0] in ("botocore", "aiohttp", "aiobotocore")
+
     def exists(self, rel: str) -> bool:
-        return self.fs.exists(self.path(rel))
+        with self.failing_as("checking", rel):
+            return self.fs.exists(self.path(rel))
 
     def size(self, rel: str) -> int:
-        return self.fs.size(self.path(rel))
+        with self.failing_as("reading the size of", rel):
+            return self.fs.size(self.path(rel))
 
     def open(self, rel: str, mode: str = "rb"):
         return self.fs.open(self.path(rel), mode)
@@ -71,27 +160,49 @@ class Store:
     def list(self, prefix: str = "") -> list[str]:
         """Relative paths of all files under `prefix`, sorted."""
         base = self.path(prefix).rstrip("/") if prefix else self.root
-        if not self.fs.exists(base):
-            return []
-        return sorted(p[len(self.root) + 1 :] for p in self.fs.find(base))
+        with self.failing_as("listing", prefix):
+            if not self.fs.exists(base):
+                return []
+            return sorted(p[len(self.root) + 1 :] for p in self.fs.find(base))
 
     @contextmanager
-    def writing(self, rel: str) -> Iterator[Path]:
-        """Yield a local path to write `rel` into; it is committed atomically when the block succeeds."""
+    def writing(self, rel: str, record: dict | None = None) -> Iterator[Path]:
+        """Yield a local path to write `rel` into; it is committed atomically when the block succeeds.
+        With `record`, the file's size and sha256 go into `record[rel]` (hashed locally, just written, before
+        it is committed: see `commits`). A full or failing disk raises `StorageError` naming `rel`, and
+        nothing of the file is left under its name."""
         if self.is_local:
             final = Path(self.path(rel))
-            final.parent.mkdir(parents=True, exist_ok=True)
+            with self._disk_errors(rel):
+                final.parent.mkdir(parents=True, exist_ok=True)
             tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
             try:
-                yield tmp
-                os.replace(tmp, final)
+                with self._disk_errors(rel):
+                    yield tmp
+                    if record is not None:
+                        record[rel] = digest_of(tmp)
+                    os.replace(tmp, final)
             finally:
                 tmp.unlink(missing_ok=True)
         else:
             with tempfile.TemporaryDirectory(prefix="tokenmill-") as tmpdir:
                 tmp = Path(tmpdir) / Path(rel).name
-                yield tmp
-                self.fs.put_file(str(tmp), self.path(rel))
+                with self._disk_errors(rel, "writing the local copy of"):
+                    yield tmp
+                if record is not None:
+                    record[rel] = digest_of(tmp)
+                with self.failing_as("uploading", rel):
+                    self.fs.put_file(str(tmp), self.path(rel))
+
+    @contextmanager
+    def _disk_errors(self, rel: str, action: str = "writing") -> Iterator[None]:
+        try:
+            yield
+        except OSError as e:
+            if e.errno not in DISK_ERRORS or isinstance(e, StorageError):
+                raise
+            reason = f"{e.strerror} ({errno.errorcode.get(e.errno, e.errno)})"
+            raise StorageError(f"{action} {self.url_of(rel)} failed: {reason}") from e
 
     @contextmanager
     def local_copies(self, *rels: str) -> Iterator[list[Path]]:
@@ -102,23 +213,23 @@ class Store:
         with tempfile.TemporaryDirectory(prefix="tokenmill-") as tmpdir:
             paths = [Path(tmpdir) / f"{i}-{Path(rel).name}" for i, rel in enumerate(rels)]
             for rel, path in zip(rels, paths, strict=True):
-                self.fs.get_file(self.path(rel), str(path))
+                with self.failing_as("downloading", rel):
+                    self.fs.get_file(self.path(rel), str(path))
             yield paths
 
     def read_bytes(self, rel: str) -> bytes:
-        with self.open(rel) as f:
+        with self.failing_as("reading", rel), self.open(rel) as f:
             return f.read()
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
-        with self.writing(rel) as tmp:
+    def write_bytes(self, rel: str, data: bytes, record: dict | None = None) -> None:
+        with self.writing(rel, record) as tmp:
             tmp.write_bytes(data)
 
     def write_json(self, rel: str, obj) -> None:
         self.write_bytes(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
     def read_json(self, rel: str):
-        with self.open(rel) as f:
-            return json.load(f)
+        return json.loads(self.read_bytes(rel))
 
     def put(self, local: str | Path, rel: str) -> None:
         """Copy a local file into the store atomically."""
@@ -126,12 +237,23 @@ class Store:
             shutil.copyfile(local, tmp)
 
     def sha256(self, rel: str) -> str:
-        digest = hashlib.sha256()
-        with self.open(rel) as f:
-            while chunk := f.read(CHUNK):
-                digest.update(chunk)
-        return digest.hexdigest()
+        with self.failing_as("reading", rel), self.open(rel) as f:
+            return sha256_of(f)
 
     def remove(self, rel: str) -> None:
         if self.exists(rel):
-            self.fs.rm(self.path(rel))
+            with self.failing_as("removing", rel):
+                self.fs.rm(self.path(rel))
+
+
+def sha256_of(f) -> str:
+    digest = hashlib.sha256()
+    while chunk := f.read(CHUNK):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def digest_of(path: Path) -> dict:
+    """A local file's size and sha256, as commit markers record them."""
+    with open(path, "rb") as f:
+        return {"bytes": os.fstat(f.fileno()).st_size, "sha256": sha256_of(f)}

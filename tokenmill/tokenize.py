@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 from tokenmill import __version__, layout
-from tokenmill.commits import commit, committed
+from tokenmill.commits import check, commit
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder
 from tokenmill.formats.megatron import BinWriter, token_dtype, write_index
@@ -59,8 +59,9 @@ def tokenize_shard(
     (None: the reference, HF tokenizers)."""
     store, shard_id = config.output.store(), shard["shard_id"]
     key = stage_key(config, tokenizer)
-    if (done := committed(store, STAGE, shard_id, key)) is not None:
-        return done | {"reused": True}
+    earlier = check(store, STAGE, shard_id, key)
+    if earlier.result is not None:
+        return earlier.result | {"reused": True}
 
     started = time.perf_counter()
     choice = encoder or EncoderChoice("hf", "", "the reference")
@@ -73,6 +74,7 @@ def tokenize_shard(
     counts = {s: {"documents": 0, "tokens": 0, "max_token_id": -1} for s in splits}
     documents_in = bytes_in = 0
     rejects: list[bytes] = []
+    files: dict[str, dict] = {}  # size and sha256 of each file written, for the marker
     with ExitStack() as stack:
         writers: dict[str, tuple[BinWriter, object]] = {}
         options = config.input.read_options()
@@ -91,7 +93,7 @@ def tokenize_shard(
                 if not len(split_lengths):
                     continue
                 if split not in writers:
-                    tmp = stack.enter_context(store.writing(layout.megatron_prefix(split, shard_id) + ".bin"))
+                    tmp = stack.enter_context(store.writing(layout.megatron_prefix(split, shard_id) + ".bin", files))
                     writers[split] = (BinWriter(stack.enter_context(open(tmp, "wb")), dtype), tmp)
                 split_tokens = flat if doc_split is None else flat[np.repeat(chosen, lengths)]
                 writers[split][0].add(split_tokens, split_lengths)
@@ -102,10 +104,10 @@ def tokenize_shard(
         bin_writers = {split: w for split, (w, _) in writers.items()}
     # The .bin files are committed; now their indexes, then the rejects, then the marker.
     for split, writer in bin_writers.items():
-        with store.writing(layout.megatron_prefix(split, shard_id) + ".idx") as tmp:
+        with store.writing(layout.megatron_prefix(split, shard_id) + ".idx", files) as tmp:
             write_index(tmp, writer.all_lengths(), dtype)
     if rejects:
-        store.write_bytes(layout.rejects_file(shard_id), b"".join(rejects))
+        store.write_bytes(layout.rejects_file(shard_id), b"".join(rejects), files)
     else:
         store.remove(layout.rejects_file(shard_id))
     result = {
@@ -118,7 +120,7 @@ def tokenize_shard(
         "rerouted_to_reference": getattr(encode, "rerouted", 0) - rerouted_before,
         "seconds": round(time.perf_counter() - started, 3),
     }
-    return commit(store, STAGE, shard_id, key, result) | {"reused": False}
+    return commit(store, STAGE, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
 
 
 def verification_sample(config: TokenmillConfig, shards: list[dict], documents: int) -> list[str]:

@@ -1,0 +1,43 @@
+"""A few trials of the fault campaign (bench/faults.py) on real `tokenmill run`s: a Dask worker SIGKILLed, the
+flow's process SIGKILLed while publishing, the Prefect server killed and restarted mid-run. Each faulted run
+ends (completed, or failed naming what happened), and its rerun publishes files byte-identical to a clean
+run's, every document once. `make faults` runs the whole campaign (every kind, 20 trials each)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+
+import pytest
+
+from .conftest import REPO
+
+
+def load_campaign():
+    spec = importlib.util.spec_from_file_location("faults_campaign", REPO / "bench" / "faults.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(shutil.which("mount") is None, reason="needs mount")
+def test_a_few_trials_of_each_flow_level_fault(tmp_path):
+    faults = load_campaign()
+    report = tmp_path / "report.json"
+    status = faults.main(
+        [
+            "--trials", "1", "--kinds", "worker_kill,publish_kill,server", "--seed", "15",
+            "--corpus-mb", "0.6", "--shard-size", "48KB", "--work", str(tmp_path / "work"), "--report", str(report),
+            "--hang-s", "300",
+        ]
+    )  # fmt: skip
+    table = {row["kind"]: row for row in json.loads(report.read_text())["table"]}
+    assert set(table) == {"worker_kill", "publish_kill", "server"}
+    for kind, row in table.items():
+        assert row["hung"] == 0, kind
+        assert row["byte_identical"] == row["trials"] == 1, kind
+        assert row["documents lost or duplicated"] == 0, kind
+        assert row["failed with a clear error"] == row["failed"], kind
+        assert row["rerun completed"] == 1, kind
+    assert status == 0

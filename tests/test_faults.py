@@ -1,0 +1,149 @@
+"""Faults at the library level (no Prefect): files damaged after their commit are noticed and redone
+byte-identically; a full disk fails the write naming the file and leaves nothing under its name."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tokenmill.commits import marker
+from tokenmill.config import TokenmillConfig
+from tokenmill.pack import pack_shard
+from tokenmill.partition import load_or_plan
+from tokenmill.storage import StorageError, Store
+from tokenmill.tokenize import tokenize_shard
+from tokenmill.tokenizer import install_pretrained
+
+from .conftest import EXAMPLES, TOKENIZERS
+
+
+def small_config(out: Path) -> TokenmillConfig:
+    return TokenmillConfig.model_validate(
+        {
+            "name": "faults",
+            "input": {"paths": [str(EXAMPLES / "data" / "*.jsonl*")], "id_field": "id"},
+            "partition": {"shard_size": "1MB"},
+            "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json")},
+            "pack": {"mode": "concat", "seq_len": 1024},
+            "output": {"path": str(out), "formats": ["megatron", "packed", "llmc"]},
+        }
+    )
+
+
+def build(config: TokenmillConfig, shard_ids=None):
+    plan, _ = load_or_plan(config)
+    tokenizer = install_pretrained(config)
+    shards = [s for s in plan["shards"] if shard_ids is None or s["shard_id"] in shard_ids]
+    tokenized = [tokenize_shard(config, shard, tokenizer) for shard in shards]
+    return tokenized, [pack_shard(config, t, tokenizer) for t in tokenized]
+
+
+def data_files(out: Path) -> dict[str, bytes]:
+    skip = ("_commits", "_work", "tokenizer")
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()
+            and not str(p.relative_to(out)).startswith(skip)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("faults") / "out"
+    build(small_config(out), shard_ids={0, 1})
+    return out
+
+
+def damage(path: Path, how: str) -> None:
+    if how == "bit flip":
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    elif how == "truncated":
+        path.write_bytes(path.read_bytes()[:-2])
+    else:
+        path.unlink()
+
+
+@pytest.mark.parametrize(
+    "rel, how, stage, says",
+    [
+        ("megatron/train/shard-00001.bin", "bit flip", "tokenize", "changed content (sha256 differs)"),
+        ("megatron/train/shard-00001.bin", "deleted", "tokenize", "was deleted"),
+        ("megatron/train/shard-00001.idx", "truncated", "tokenize", "changed size"),
+        ("packed/train/shard-00001.tokens.npy", "bit flip", "pack", "changed content"),
+        ("llmc/train/shard-00001-0000.bin", "deleted", "pack", "was deleted"),
+    ],
+)
+def test_a_file_damaged_after_its_commit_is_noticed_and_redone_byte_identically(built, tmp_path, rel, how, stage, says):
+    out = tmp_path / "out"
+    shutil.copytree(built, out)
+    before = data_files(out)
+    damage(out / rel, how)
+    tokenized, packed = build(small_config(out), shard_ids={0, 1})
+    results = {"tokenize": tokenized, "pack": packed}[stage]
+    assert [r["reused"] for r in results] == [True, False]  # shard 0 untouched, shard 1 redone
+    assert results[1]["redone"].startswith(f"{stage} shard 00001: {rel} {says}")
+    assert results[1]["redone"].endswith(" since its commit; redoing the shard")
+    assert data_files(out) == before
+
+
+def test_markers_record_every_file_with_size_and_sha256(built):
+    store = Store(built)
+    recorded = store.read_json(marker("tokenize", 1))["files"]
+    assert set(recorded) == {"megatron/train/shard-00001.bin", "megatron/train/shard-00001.idx"}
+    for rel, entry in recorded.items():
+        assert entry == {"bytes": store.size(rel), "sha256": store.sha256(rel)}
+    packed = store.read_json(marker("pack", 1))["files"]
+    assert {"packed/train/shard-00001.tokens.npy", "llmc/train/shard-00001-0000.bin"} <= set(packed)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs: room for the tokenizer (3.6 MB) and not for a shard's files. Skipped where mount is not
+    allowed (it needs root, which the test environment has)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_disk_full_mid_shard_names_the_file_leaves_no_partial_file_and_the_rerun_is_identical(built, small_disk):
+    out = small_disk / "out"
+    with pytest.raises(StorageError) as failure:
+        build(small_config(out), shard_ids={0, 1})
+    message = str(failure.value)
+    assert message.startswith(f"writing {out}/megatron/train/shard-0000")
+    assert message.endswith("failed: No space left on device (ENOSPC)")
+    assert [p for p in out.rglob("*") if p.is_file() and ".tmp-" in p.name] == []  # no partial file left
+    failed_shard = int(message.split("shard-")[1][:5])
+    assert not (out / marker("tokenize", failed_shard)).exists()  # not committed: the rerun redoes it
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)  # space freed
+    build(small_config(out), shard_ids={0, 1})
+    assert data_files(out) == data_files(built)
+
+
+def test_the_local_server_tokenmill_started_comes_back_on_the_same_port_if_it_dies(tmp_path, monkeypatch):
+    import signal
+    import time
+
+    from flows import server
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    state = server.start_server()
+    monkeypatch.setenv("TOKENMILL_LOCAL_SERVER", state["api_url"])
+    try:
+        with server.supervised(state["api_url"]):
+            os.killpg(state["pid"], signal.SIGKILL)
+            deadline = time.monotonic() + server.START_TIMEOUT_S + 10
+            while not server.healthy(state["api_url"]) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert server.healthy(state["api_url"])  # same URL: same port, same database
+            assert server.running_server()["pid"] != state["pid"]
+    finally:
+        server.stop_server()

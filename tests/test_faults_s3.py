@@ -1,0 +1,76 @@
+"""Object-store faults between tokenmill and a real S3-protocol server (moto), injected by a proxy
+(tests/fault_proxy.py): resets, 503 SlowDown, 500s, cut-off answers and stalls on reads, writes and listings
+are retried and the shards come out byte-identical to a clean build; what cannot be retried fails naming the
+object and the cause, within a bound, and leaves nothing committed."""
+
+from __future__ import annotations
+
+import time
+
+import boto3
+import pytest
+
+from tokenmill.commits import marker
+from tokenmill.storage import StorageError, Store, give_up_s
+
+from .fault_proxy import FaultProxy
+from .test_faults import build, small_config
+
+
+@pytest.fixture
+def proxy(s3_server):
+    proxy = FaultProxy(s3_server["AWS_ENDPOINT_URL"], seed=15).start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture(scope="module")
+def bucket(s3_server):
+    boto3.client("s3").create_bucket(Bucket="faults")
+    return "faults"
+
+
+def remote_config(tmp_path, proxy, prefix: str):
+    config = small_config(tmp_path / "unused")
+    config.output.path = f"s3://faults/{prefix}"
+    config.output.storage.endpoint_url = proxy.endpoint
+    return config
+
+
+def objects(store: Store) -> dict[str, bytes]:
+    return {rel: store.read_bytes(rel) for rel in store.list() if not rel.startswith(("_commits", "_work"))}
+
+
+def test_faults_on_every_kind_of_request_are_retried_and_the_shards_are_identical(tmp_path, proxy, bucket, monkeypatch):
+    monkeypatch.setenv("TOKENMILL_S3_READ_TIMEOUT", "1")
+    clean = remote_config(tmp_path, proxy, "clean")
+    build(clean, shard_ids={0, 1})
+    proxy.configure(rate=0.25, stall_s=1.5)  # a quarter of all requests fail, of every kind
+    faulted = remote_config(tmp_path, proxy, "faulted")
+    tokenized, packed = build(faulted, shard_ids={0, 1})
+    proxy.configure(rate=0)
+    kinds = {kind for kind, _ in proxy.injected}
+    assert {"reset", "reset_after", "slowdown", "internal", "stall"} <= kinds, proxy.injected
+    assert {method for _, method in proxy.injected} >= {"GET", "PUT", "HEAD"}, proxy.injected
+    assert objects(faulted.output.store()) == objects(clean.output.store())
+    assert [r["reused"] for r in tokenized + packed] == [False] * 4
+
+
+def test_a_write_that_keeps_failing_fails_the_shard_naming_the_object_within_the_bound(tmp_path, proxy, bucket):
+    config = remote_config(tmp_path, proxy, "refused")
+    build(config, shard_ids=set())  # the plan and tokenizer go in before the store starts refusing writes
+    proxy.configure(rate=1.0, kinds=["slowdown"], methods=["PUT", "POST"])
+    started = time.monotonic()
+    with pytest.raises(StorageError) as failure:
+        build(config, shard_ids={0})
+    elapsed = time.monotonic() - started
+    message = str(failure.value)
+    assert message.startswith("uploading s3://faults/refused/megatron/train/shard-00000.bin failed: ")
+    assert "SlowDown" in message and "Traceback" not in message
+    assert elapsed < give_up_s()
+    proxy.configure(rate=0)
+    store = config.output.store()
+    assert not store.exists(marker("tokenize", 0))
+    assert not store.exists("megatron/train/shard-00000.bin")  # never half there
+    build(config, shard_ids={0})  # the store is back: the rerun completes
+    assert store.exists(marker("tokenize", 0)) and store.exists(marker("pack", 0))

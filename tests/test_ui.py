@@ -1,0 +1,306 @@
+"""What a person sees, in a real browser: Debian's chromium, driven by Playwright (its Python package; its own
+browser download is not used). The flow-run page that `tokenmill run` prints, Retry pressed on a failed
+deployment run, the deployment's "Custom run" form, and the Dask dashboard of a running flow. Every page is
+saved as a screenshot under the test's temp dir; a failing test lists them (tests/conftest.py).
+
+`TOKENMILL_SCREENSHOT=docs/flow-run.png pytest tests/test_ui.py -k run_page` also writes the README's
+picture of a run's graph."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.server import ui_url
+
+from .conftest import REPO, dataset_files
+from .test_operations import block, deployment_named, final_state, markers, unblock, wait_for
+
+CHROMIUM = Path("/usr/bin/chromium")
+# Headless and quiet: without the background-networking flags Chromium keeps calling Google's services, which
+# a closed network answers with a flood of errors.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+UI_TIMEOUT_MS = 60_000  # a page of the UI on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"no browser: {CHROMIUM} is missing (`make chromium` installs Debian's chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is missing: pip install -e '.[test]'")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+class Browsing:
+    """A browser window for one test; `shot` saves what its page shows now (listed when the test fails)."""
+
+    def __init__(self, context, folder: Path):
+        self.context, self.folder, self.paths = context, folder, []
+        self.page = context.new_page()
+
+    def shot(self, name: str, page=None) -> None:
+        path = self.folder / f"{len(self.paths):02d}-{name}.png"
+        try:
+            (page or self.page).screenshot(path=path)
+            self.paths.append(str(path))
+        except Exception as e:  # a closed page: say so instead of hiding the test's own failure
+            self.paths.append(f"{path} (not taken: {type(e).__name__})")
+
+
+@pytest.fixture
+def ui(browser, tmp_path):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(UI_TIMEOUT_MS)
+    yield Browsing(context, tmp_path / "screenshots")
+    context.close()
+
+
+def printed_link(stdout: str) -> str:
+    """The run's page, from the last line `tokenmill run` printed."""
+    last = stdout.strip().splitlines()[-1]
+    assert last.startswith("The run in the Prefect UI: "), stdout[-2000:]
+    return last.removeprefix("The run in the Prefect UI: ")
+
+
+def test_run_page_that_tokenmill_run_prints_shows_the_state_shard_tasks_and_summary(gpt2_run, prefect_api, ui):
+    link = printed_link((gpt2_run.parent / "stdout.txt").read_text())
+    assert re.fullmatch(re.escape(ui_url(prefect_api)) + r"/runs/flow-run/[0-9a-f-]{36}", link), link
+    page = ui.page
+    page.goto(link)
+    page.get_by_text("corpus-to-tokens", exact=True).first.wait_for()  # the flow's run
+    page.get_by_text("Completed", exact=True).first.wait_for()
+    page.locator(".flow-run-graphs canvas").first.wait_for()
+    page.wait_for_timeout(2000)  # the graph draws its nodes after the page has loaded
+    ui.shot("run")
+    if readme_picture := os.environ.get("TOKENMILL_SCREENSHOT"):
+        graph = page.locator(".flow-run-graphs").bounding_box()
+        top = {"x": graph["x"] - 16, "y": 0, "width": graph["width"] + 32, "height": graph["y"] + graph["height"] + 8}
+        page.screenshot(path=REPO / readme_picture, clip=top)
+
+    page.get_by_text("Task Runs", exact=True).click()
+    for shard in range(4):
+        page.get_by_text(f"tokenize[shard-{shard:05d}]", exact=True).wait_for()
+    ui.shot("task-runs")
+
+    page.get_by_text("Artifacts", exact=True).click()
+    page.get_by_text("tokenmill-summary", exact=True).click()
+    manifest = json.loads((gpt2_run / "manifest.json").read_text())
+    page.get_by_text(f"{manifest['counts']['tokens']:,} tokens", exact=False).first.wait_for()
+    # its three plots are drawn (inline: the report file's relative links would lead nowhere here)
+    drawn = "() => Array.from(document.images).filter(i => i.complete && i.naturalWidth > 0).map(i => i.alt)"
+    page.wait_for_function(f"({drawn})().length >= 3")
+    assert set(page.evaluate(drawn)) >= {"document_lengths", "tokens_per_shard", "utilization"}
+    ui.shot("summary-artifact")
+
+
+def runs_building(client, output: Path) -> list:
+    """The flow runs whose config builds in `output`."""
+    return [
+        r
+        for r in client.read_flow_runs()
+        if r.parameters.get("config", {}).get("output", {}).get("path") == str(output)
+    ]
+
+
+def dashboard_link(client, output: Path) -> str | None:
+    """The Dask dashboard that the run building `output` left as its link artifact, once it has."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    runs = runs_building(client, output)
+    if not runs:
+        return None
+    of_runs = ArtifactFilterFlowRunId(any_=[r.id for r in runs])
+    artifacts = client.read_artifacts(
+        artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["dask-dashboard"]), flow_run_id=of_runs)
+    )
+    found = artifacts and re.search(r"\((http://[^)]+)\)", artifacts[0].data)
+    return found[1] if found else None
+
+
+# What the dashboard's page holds, read from its Bokeh documents: the workers and the progress bars' task names.
+DASHBOARD_CONTENT = """() => {
+  const found = {worker: [], name: []};
+  for (const doc of (window.Bokeh ? Bokeh.documents : []))
+    for (const model of doc._all_models.values())
+      if (model.type === 'ColumnDataSource') {
+        const data = model.data instanceof Map ? Object.fromEntries(model.data) : model.data;
+        for (const column of ['worker', 'name']) if (Array.isArray(data[column])) found[column].push(...data[column]);
+      }
+  return found;
+}"""
+
+
+def test_dask_dashboard_of_a_running_flow_shows_workers_and_shard_progress_and_closing_it_spills_nothing(
+    prefect_api, prefect_client, ui, tmp_path
+):
+    """The LocalCluster's scheduler, and so the dashboard's Bokeh server, lives in the `tokenmill run` process:
+    closing the dashboard's tab used to print two Bokeh AssertionError tracebacks into its terminal."""
+    out = tmp_path / "out"
+    stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    command = [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={out}",
+               "--set", "partition.shard_size=32KB", "--set", "dask.n_workers=2"]  # fmt: skip
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
+        run = subprocess.Popen(command, cwd=REPO, env=env, stdout=out_file, stderr=err_file, start_new_session=True)
+    try:
+        link = wait_for(lambda: dashboard_link(prefect_client, out) or run.poll() is not None, 180, "the dashboard")
+        assert run.poll() is None, f"the run ended before its dashboard could be watched:\n{stderr.read_text()}"
+        tab = ui.context.new_page()
+        tab.goto(link)
+
+        def shows_shards():
+            content = tab.evaluate(DASHBOARD_CONTENT)
+            return len(set(content["worker"])) == 2 and any("tokenize" in n for n in content["name"]) and content
+
+        content = wait_for(shows_shards, 180, "the dashboard to show both workers and the tokenize shards")
+        ui.shot("dashboard", tab)
+        assert run.poll() is None, "the run ended while the dashboard was watched: the tab must close mid-run"
+        tab.close()  # as a person closes it, mid-run
+        for _ in range(2):  # and glances at it again
+            tab = ui.context.new_page()
+            tab.goto(link)
+            tab.wait_for_timeout(1500)
+            tab.close()
+        assert run.wait(600) == 0, stderr.read_text()
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGTERM)
+            run.wait(60)
+    errors = stderr.read_text()
+    assert "Traceback" not in errors and "AssertionError" not in errors, errors
+    assert printed_link(stdout.read_text())
+    assert {n for n in content["name"] if "tokenize" in n}, content
+
+
+def test_dashboard_filter_drops_only_bokehs_assertion_on_a_detached_session():
+    """The record the dashboard test provokes, made deterministically: Bokeh's own `ServerConnection.session` on a
+    connection whose session was detached raises the AssertionError; any other error passes the filter."""
+    import logging
+
+    from bokeh.server.connection import ServerConnection
+
+    from flows.cluster import ClosedDashboardTab
+
+    def record_of(action) -> logging.LogRecord:
+        try:
+            action()
+        except AssertionError:
+            return logging.LogRecord("tornado.application", logging.ERROR, __file__, 0, "Uncaught", (), sys.exc_info())
+        raise AssertionError("no error raised")
+
+    detached = ServerConnection.__new__(ServerConnection)
+    detached._session = None  # what client_lost() leaves behind
+    filter_ = ClosedDashboardTab()
+    assert not filter_.filter(record_of(lambda: detached.session))
+
+    def elsewhere():
+        raise AssertionError("another error of the dashboard")
+
+    assert filter_.filter(record_of(elsewhere))
+    assert filter_.filter(
+        logging.LogRecord("tornado.application", logging.ERROR, __file__, 0, "no exception", (), None)
+    )
+    assert ClosedDashboardTab in {type(f) for f in logging.getLogger("tornado.application").filters}
+
+
+@pytest.fixture(scope="module")
+def served(prefect_api, dask_cluster, tmp_path_factory):
+    """`tokenmill serve` of examples/gpt2.yaml (4 shards) as deployment `ui`, its runs on the session's cluster."""
+    out = tmp_path_factory.mktemp("served") / "out"
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tokenmill", "serve", "examples/gpt2.yaml", "--set", "partition.shard_size=1MB",
+         "--set", f"output.path={out}", "--name", "ui"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    yield out
+    os.killpg(server.pid, signal.SIGINT)
+    server.wait(60)
+
+
+def served_deployment(client):
+    return wait_for(lambda: deployment_named(client, "corpus-to-tokens/ui"), 120, "the served deployment")
+
+
+def test_retry_pressed_in_the_ui_redoes_only_the_failed_shard(served, gpt2_run, prefect_api, prefect_client, ui):
+    out = served
+    blocked = out / "megatron/train/shard-00001.bin"
+    block(blocked)  # before the deployment's first run in `out`: shard 1 cannot be written
+    deployment = served_deployment(prefect_client)
+    run = prefect_client.create_flow_run_from_deployment(deployment.id, parameters=deployment.parameters)
+    assert final_state(prefect_client, run.id).is_failed()
+    before = markers(out, "tokenize")
+    assert len(before) == 3
+
+    unblock(blocked)  # the person fixed the cause, opens the failed run and presses Retry
+    page = ui.page
+    page.goto(f"{ui_url(prefect_api)}/runs/flow-run/{run.id}")
+    page.get_by_text("Failed", exact=True).first.wait_for()
+    ui.shot("failed-run")
+    page.get_by_role("button", name="Retry", exact=True).first.click()
+    dialog = page.locator(".p-modal")
+    dialog.get_by_text(f"Retry {prefect_client.read_flow_run(run.id).name}?").wait_for()
+    ui.shot("retry-dialog")
+    dialog.get_by_role("button", name="Retry", exact=True).click()
+
+    wait_for(lambda: not prefect_client.read_flow_run(run.id).state.is_failed(), 120, "the retry to start")
+    assert final_state(prefect_client, run.id).is_completed()
+    page.reload()
+    page.get_by_text("Completed", exact=True).first.wait_for()
+    ui.shot("retried-run")
+
+    after = markers(out, "tokenize")
+    assert set(after) == set(before) | {"shard-00001.json"}
+    assert {k: after[k] for k in before} == before  # the three committed shards were reused, not redone
+    retried, fresh = dataset_files(out), dataset_files(gpt2_run)
+    assert json.loads(retried.pop("manifest.json")) == json.loads(fresh.pop("manifest.json"))
+    assert retried == fresh
+
+
+def test_custom_run_form_shows_the_config_and_runs_it_with_a_changed_field(
+    served, prefect_api, prefect_client, ui, tmp_path
+):
+    deployment = served_deployment(prefect_client)
+    page = ui.page
+    page.goto(f"{ui_url(prefect_api)}/deployments/deployment/{deployment.id}")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_text("Custom run", exact=True).click()
+    # The config parameter as a form: a field per setting, with the model's descriptions and the served values.
+    from tokenmill.config import InputConfig, PartitionConfig, TokenmillConfig
+
+    for model, field in ((TokenmillConfig, "name"), (InputConfig, "paths"), (PartitionConfig, "shard_size")):
+        page.get_by_text(model.model_fields[field].description, exact=True).first.wait_for()
+    page.get_by_text("Seq Len (Optional)", exact=True).wait_for()
+    texts = page.locator("textarea")
+    fields = {texts.nth(i).input_value(): texts.nth(i) for i in range(texts.count())}
+    assert {"demo-gpt2", "examples/data/*.jsonl*", str(served)} <= set(fields), sorted(fields)
+    ui.shot("custom-run-form")
+
+    elsewhere = tmp_path / "custom"
+    fields[str(served)].fill(str(elsewhere))  # one changed field: where the dataset is built
+    page.get_by_role("button", name="Submit", exact=True).click()
+    run = wait_for(lambda: runs_building(prefect_client, elsewhere), 60, "the run submitted from the form")[0]
+    assert run.parameters["config"]["output"]["path"] == str(elsewhere)
+    assert final_state(prefect_client, run.id).is_completed()
+    page.goto(f"{ui_url(prefect_api)}/runs/flow-run/{run.id}")
+    page.get_by_text("Completed", exact=True).first.wait_for()
+    ui.shot("custom-run")
+    manifest = json.loads((elsewhere / "manifest.json").read_text())
+    assert manifest["name"] == "demo-gpt2" and manifest["counts"]["documents_in"] == 742
