@@ -57,6 +57,16 @@ def final_state(client, flow_run_id, timeout=240):
     return wait_for(done, timeout, f"flow run {flow_run_id} to finish")
 
 
+def press_retry(client, flow_run_id):
+    """What the UI's Retry button (and `prefect flow-run retry`) sends; the run's final state after it."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    retry = State(type=StateType.SCHEDULED, name="AwaitingRetry", message="Retry from the UI")
+    client.set_flow_run_state(flow_run_id, retry, force=True)
+    return final_state(client, flow_run_id)
+
+
 def block(path: Path) -> None:
     """Make a shard's output file impossible to write (a directory stands where the file must go): the
     shard's task fails on every try until the obstacle is removed, as with a storage fault."""
@@ -102,13 +112,7 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
 
         # clear the fault, press Retry (what the UI's button and `prefect flow-run retry` send)
         unblock(blocked)
-        from prefect.client.schemas.objects import StateType
-        from prefect.states import State
-
-        prefect_client.set_flow_run_state(
-            run.id, State(type=StateType.SCHEDULED, name="AwaitingRetry", message="Retry from the UI"), force=True
-        )
-        assert final_state(prefect_client, run.id).is_completed()
+        assert press_retry(prefect_client, run.id).is_completed()
     finally:
         os.killpg(server.pid, signal.SIGINT)
         server.wait(30)
@@ -133,8 +137,6 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
     shard failing on purpose is named by its id in its group's task run and in the flow run's state; Retry
     redoes that shard alone."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.objects import StateType
-    from prefect.states import State
 
     small_shards = ["--set", "partition.shard_size=200KB"]
     single = tmp_path / "single"
@@ -175,10 +177,7 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
         assert len(committed_before) == n_shards - 1 and "shard-00004.json" not in committed_before
 
         unblock(blocked)
-        prefect_client.set_flow_run_state(
-            run.id, State(type=StateType.SCHEDULED, name="AwaitingRetry", message="Retry from the UI"), force=True
-        )
-        assert final_state(prefect_client, run.id).is_completed()
+        assert press_retry(prefect_client, run.id).is_completed()
     finally:
         os.killpg(server.pid, signal.SIGINT)
         server.wait(30)
