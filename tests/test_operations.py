@@ -29,16 +29,6 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def served(client, name: str):
-    """The deployment `name`, once the serving process has registered it."""
-    from prefect.exceptions import ObjectNotFound
-
-    try:
-        return client.read_deployment_by_name(name)
-    except ObjectNotFound:
-        return None
-
-
 def deployment_named(client, name: str):
     """The deployment, once it exists (other tests' deployments may already be there)."""
     from prefect.exceptions import ObjectNotFound
