@@ -124,9 +124,9 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
     shutil.rmtree(out, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "TOKENMILL_DASK_ADDRESS")}
     env |= {"PREFECT_HOME": str(home), "CI": "1", "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(code)}
-    started = subprocess.run([python, "-m", "tokenmill", "server", "start"], env=env, capture_output=True, text=True)
-    api = started.stdout.strip().split("=", 1)[1]
-    server_pid = json.loads((home / "tokenmill-server.json").read_text())["pid"]
+    subprocess.run([python, "-m", "tokenmill", "server", "start"], env=env, capture_output=True, check=True)
+    server = json.loads((home / "tokenmill-server.json").read_text())
+    api, server_pid = server["api_url"], server["pid"]
     config = work / "config.yaml"
     config.write_text(
         f"name: orchestration\ninput: {{paths: [{corpus}]}}\npartition: {{shard_size: {shard_size}}}\n"
