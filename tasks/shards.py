@@ -59,13 +59,10 @@ class GroupFailed(RuntimeError):
         super().__init__("\n".join(str(ShardsFailed(stage, f, len(f))) for stage, f in failures.items() if f))
 
 
-def group_size(n_shards: int, groups_per_stage: int) -> int:
-    return max(1, math.ceil(n_shards / groups_per_stage))
-
-
 def in_groups(items: list, groups_per_stage: int) -> list[quote]:
-    """`items` cut into consecutive groups, each wrapped so that Prefect does not walk its contents."""
-    size = group_size(len(items), groups_per_stage)
+    """`items` cut into at most `groups_per_stage` consecutive groups, each wrapped so that Prefect does not walk
+    its contents."""
+    size = max(1, math.ceil(len(items) / groups_per_stage))
     return [quote(items[start : start + size]) for start in range(0, len(items), size)]
 
 
