@@ -1,8 +1,11 @@
 """corpus_to_tokens: the main flow, DESIGN.md's DAG.
 
 partition ─► [scatter[shards] ─► gather[shards]]        (partition.shuffle: the global document shuffle)
-          ─► (sample[shards] ─► train_tokenizer | pretrained_tokenizer) ─► tokenizer_report (beside tokenize)
+          ─► (sample[shards] ─► train_tokenizer | pretrained_tokenizer) ─► already_published ─► (done)
+          ─► [sample[shards]] ─► tokenizer_report (beside tokenize)
           ─► tokenize[shards] (each shard's pack chained to it) ─► shuffle_index ─► validate ─► publish
+
+A run over the input and config that an already published version was made from stops at already_published.
 
 Shard stages are Prefect task runs over groups of shards whose shards run as Dask futures (tasks/shards.py).
 Every task runs in this flow's process; the shard work runs on the Dask cluster that `config.dask` names.
@@ -25,7 +28,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.cluster import dask_client, prepare_cluster
 from tasks.partition import partition
-from tasks.publish import publish
+from tasks.publish import already_published, publish
 from tasks.sample import sample_shards
 from tasks.shards import GroupFailed, ShardsFailed, in_groups, shard_id
 from tasks.shuffle_documents import gather_shards, scatter_shards
@@ -50,9 +53,10 @@ def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
     started = time.perf_counter()
     sources, n_outputs = plan["shards"], plan["shuffled_shards"]
     scattered = map_shards(scatter_shards, config, sources, n_outputs)
-    gathered = map_shards(gather_shards, config, list(range(n_outputs)), len(sources))
+    source_ids = [s["shard_id"] for s in sources]
+    gathered = map_shards(gather_shards, config, list(range(n_outputs)), source_ids, plan["key"])
     check_counts(scattered, gathered)
-    return shuffled_shards(config, gathered), time.perf_counter() - started
+    return shuffled_shards(config, plan["key"], gathered), time.perf_counter() - started
 
 
 def map_stage(stage_task, config: TokenmillConfig, items: list, *args) -> list:
@@ -136,14 +140,14 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
         plan = {**plan, "shards": shards}
         logger.info("shuffled all documents into %d shards in %.1f s", len(shards), shuffle_seconds)
 
-    samples = []
-    if config.tokenizer.train is not None or config.fertility.enabled:
-        samples = map_shards(sample_shards, config, shards, *sample_fractions(config, plan))
-    if config.tokenizer.train is not None:
-        tokenizer = train_tokenizer(config, samples)
-    else:
-        tokenizer = pretrained_tokenizer(config)
+    training = config.tokenizer.train is not None
+    samples = map_shards(sample_shards, config, shards, *sample_fractions(config, plan)) if training else []
+    tokenizer = train_tokenizer(config, samples) if training else pretrained_tokenizer(config)
     logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
+    if (done := already_published(config, plan, tokenizer)) is not None:
+        return unchanged_summary(config, done, time.perf_counter() - started)
+    if config.fertility.enabled and not training:
+        samples = map_shards(sample_shards, config, shards, *sample_fractions(config, plan))
     encoder = choose_encoder(config, shards, tokenizer)  # once per run; shards get the small choice
     # The report needs the tokenizer, its encoder and the held-out sample: it runs while the shards are tokenized.
     report = tokenizer_report.submit(config, tokenizer, samples, encoder) if config.fertility.enabled else None
@@ -168,7 +172,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
         "shuffle_seconds": None if shuffle_seconds is None else round(shuffle_seconds, 2),
         "flow_seconds": round(time.perf_counter() - started, 2),
     }
-    published = publish(config, tokenizer, stats, run)
+    published = publish(config, plan, tokenizer, stats, run)
     manifest = published["manifest"]
     summary = {
         "output": config.output.path,
@@ -188,5 +192,28 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
         summary["documents_in"], summary["documents_out"], summary["documents_rejected"], summary["tokens"],
         len(shards), summary["flow_seconds"],
     )  # fmt: skip
+    if deleted := published["published"]["deleted"]:
+        logger.info("deleted %d old versions (output.publish.keep_versions): %s", len(deleted), ", ".join(deleted))
     create_markdown_artifact(published["report"], key="tokenmill-summary", description="Run summary")
     return summary
+
+
+def unchanged_summary(config: TokenmillConfig, done: dict, seconds: float) -> dict:
+    """The summary of a run over an input and config that an already published version was made from."""
+    manifest, published = done["manifest"], done["published"]
+    get_run_logger().info(
+        "nothing to do: version %s at %s was made from this input (%d files), config and tokenizer; LATEST names it",
+        manifest["version"], published["url"], len(manifest["inputs"]["files"]),
+    )  # fmt: skip
+    return {
+        "output": config.output.path,
+        "published": published,
+        "unchanged": True,
+        "shards": manifest["shards"],
+        "shards_reused": manifest["shards"],
+        "shards_redone": [],
+        **manifest["counts"],
+        "splits": manifest["splits"],
+        "packing": manifest["packing"],
+        "flow_seconds": round(seconds, 2),
+    }

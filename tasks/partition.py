@@ -1,4 +1,5 @@
-"""partition: the shard plan, `plan.json` in the output (reused by reruns of the same config)."""
+"""partition: the shard plan, `plan.json` in the output: kept while the input is as it recorded it (reruns and
+retries see the same shards), rebuilt on the unchanged shards when the input changed."""
 
 from prefect import get_run_logger, task
 
@@ -9,6 +10,14 @@ from tokenmill.partition import load_or_plan
 @task(name="partition")
 def partition(config: TokenmillConfig, cluster_threads: int) -> dict:
     plan, reused = load_or_plan(config, cluster_threads)
+    logger = get_run_logger()
     if reused:
-        get_run_logger().info("reusing plan.json: %d shards", len(plan["shards"]))
+        logger.info("the input is as plan.json recorded it: reusing its %d shards", len(plan["shards"]))
+    elif change := plan.get("change"):
+        logger.info(
+            "the input changed since the last plan: %d files added, %d changed, %d removed; %d shards kept "
+            "(their committed output is reused), %d new",
+            change["files_added"], change["files_changed"], change["files_removed"],
+            change["shards_kept"], change["shards_new"],
+        )  # fmt: skip
     return plan

@@ -1,5 +1,5 @@
 """publish: the build's `manifest.json`, the report, then the versioned copy with its manifest last and
-the LATEST pointer after it."""
+the LATEST pointer after it; or, when this version is already published, only LATEST."""
 
 import pandas as pd
 from prefect import task
@@ -10,9 +10,17 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.tokenizer import TokenizerInfo
 
 
+@task(name="already_published")
+def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo) -> dict | None:
+    """This version's manifest and LATEST pointed at it, if the version is published complete; else None."""
+    if (manifest := library.already_published(config, plan, tokenizer)) is None:
+        return None
+    return {"manifest": manifest, "published": library.point_latest_at(config, manifest)}
+
+
 @task(name="publish")
-def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFrame, run: dict) -> dict:
-    manifest = library.publish(config, tokenizer, table)
+def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, run: dict) -> dict:
+    manifest = library.publish(config, plan, tokenizer, table)
     markdown = report.write_report(config.output.store(), manifest, table, run)
     published = library.publish_version(config, manifest, extra_files=report.FILES)
     return {"manifest": manifest, "published": published, "report": markdown}

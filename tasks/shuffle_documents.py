@@ -13,5 +13,6 @@ def scatter_shards(config: TokenmillConfig, items: list[dict], n_outputs: int) -
 
 
 @task(name="gather", **GROUP_TASK)
-def gather_shards(config: TokenmillConfig, items: list[int], n_sources: int) -> list[dict]:
-    return [r[0] for r in run_on_dask(config, items, [Stage("gather", shuffle_documents.gather_shard, (n_sources,))])]
+def gather_shards(config: TokenmillConfig, items: list[int], sources: list[int], plan_key: str) -> list[dict]:
+    stage = Stage("gather", shuffle_documents.gather_shard, (sources, plan_key))
+    return [r[0] for r in run_on_dask(config, items, [stage])]

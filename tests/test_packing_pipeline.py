@@ -55,7 +55,7 @@ def build_dataset(config: TokenmillConfig) -> tuple:
     packed = [pack_shard(config, t, tokenizer) for t in tokenized]
     table = stats_table(tokenized, packed)
     write_shuffle_indexes(config, table)
-    manifest = publish(config, tokenizer, validate(config, plan, tokenizer, table))
+    manifest = publish(config, plan, tokenizer, validate(config, plan, tokenizer, table))
     return manifest, (config, plan, tokenizer, table), (tokenized, packed)
 
 

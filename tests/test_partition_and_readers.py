@@ -101,15 +101,59 @@ def test_plain_text_one_document_per_file_or_split_by_a_separator(tmp_path):
     assert docs == [("b.txt:1", "doc one"), ("b.txt:3", "doc two\nmore"), ("b.txt:8", "doc three")]
 
 
-def test_plan_is_deterministic_and_reused_by_later_runs(tmp_path):
+def test_plan_is_deterministic_and_reused_while_the_input_is_unchanged(tmp_path):
     write_jsonl(tmp_path / "x.jsonl", 2000)
     config = make_config([str(tmp_path / "*.jsonl")], 25_000, tmp_path)
     assert plan_shards(config) == plan_shards(config)
     first, reused = load_or_plan(config)
-    assert not reused
-    write_jsonl(tmp_path / "y.jsonl", 10)  # a file that appears later does not change a rerun's shards
+    assert not reused and [f["path"] for f in first["files"]] == [str(tmp_path / "x.jsonl")]
     again, reused = load_or_plan(config)
     assert reused and again == first
+
+
+def test_a_changed_input_gets_a_plan_that_keeps_the_unchanged_shards(tmp_path):
+    import os
+
+    from tokenmill.commits import commit, marker
+
+    for name in "abc":
+        write_jsonl(tmp_path / f"{name}.jsonl", 300, prefix=name)
+    config = make_config([str(tmp_path / "*.jsonl")], 100_000, tmp_path)  # 80 KB files: a shard each
+    first, _ = load_or_plan(config)
+    ids = {s["pieces"][0]["path"].rsplit("/", 1)[-1]: s["shard_id"] for s in first["shards"]}
+    assert ids == {"a.jsonl": 0, "b.jsonl": 1, "c.jsonl": 2}
+    store = config.output.store()
+    for shard in first["shards"]:  # as if tokenized: a file and its marker per shard
+        rel = f"megatron/train/shard-{shard['shard_id']:05d}.bin"
+        store.write_bytes(rel, b"tokens")
+        commit(store, "tokenize", shard["shard_id"], shard["source"], {}, {rel: {"bytes": 6, "sha256": "-"}})
+
+    # b is removed, c replaced with other content, d lands
+    (tmp_path / "b.jsonl").unlink()
+    write_jsonl(tmp_path / "c.jsonl", 310, prefix="c2")
+    os.utime(tmp_path / "c.jsonl", ns=(1, 1))  # a new mtime, as a replaced file has
+    write_jsonl(tmp_path / "d.jsonl", 300, prefix="d")
+    second, reused = load_or_plan(config)
+    assert not reused
+    assert second["change"] == {
+        "from_inputs": first["inputs"], "files_added": 1, "files_changed": 1, "files_removed": 1,
+        "shards_kept": 1, "shards_new": 2,
+    }  # fmt: skip
+    by_file = {s["pieces"][0]["path"].rsplit("/", 1)[-1]: s for s in second["shards"]}
+    assert by_file["a.jsonl"] == first["shards"][0]  # kept: same id, same source, so its output is reused
+    assert (by_file["c.jsonl"]["shard_id"], by_file["d.jsonl"]["shard_id"]) == (1, 2)  # the freed ids first
+    assert by_file["c.jsonl"]["source"] != first["shards"][2]["source"]
+    # the dropped and changed shards' committed outputs are gone, the kept one's stay
+    assert store.exists(marker("tokenize", 0)) and store.exists("megatron/train/shard-00000.bin")
+    assert not any(store.exists(marker("tokenize", i)) for i in (1, 2))
+    assert not store.exists("megatron/train/shard-00001.bin") and not store.exists("megatron/train/shard-00002.bin")
+    docs, _ = read_all(config, second)
+    assert len(docs) == 300 + 310 + 300 and not any(i.startswith("b") for i, _ in docs)
+
+    # a file removed with nothing to take its id leaves a gap: ids name the same shards across plans
+    (tmp_path / "c.jsonl").unlink()
+    third, _ = load_or_plan(config)
+    assert [s["shard_id"] for s in third["shards"]] == [0, 2]
 
 
 def test_auto_shard_size_follows_corpus_and_cluster_within_its_bounds():

@@ -38,9 +38,10 @@ def run_shuffle(tmp_path, seed: int, out: str):
     plan = plan_shards(config)
     n = plan["shuffled_shards"]
     scattered = [scatter_shard(config, s, n) for s in plan["shards"]]
-    gathered = [gather_shard(config, t, len(plan["shards"])) for t in range(n)]
+    sources = [s["shard_id"] for s in plan["shards"]]
+    gathered = [gather_shard(config, t, sources, plan["key"]) for t in range(n)]
     check_counts(scattered, gathered)
-    shards = shuffled_shards(config, gathered)
+    shards = shuffled_shards(config, plan["key"], gathered)
     docs = [
         [
             (i, len(t))
@@ -90,10 +91,11 @@ def test_bad_records_travel_and_are_rejected_naming_their_original_line(tmp_path
             "output": {"path": str(tmp_path / "a")},
         }
     )
-    gathered = [{"shard_id": t, "bytes": 0} for t in range(plan_shards(config)["shuffled_shards"])]
+    plan = plan_shards(config)
+    gathered = [{"shard_id": t, "bytes": 0} for t in range(plan["shuffled_shards"])]
     rejects = [
         r.to_dict()
-        for s in shuffled_shards(config, gathered)
+        for s in shuffled_shards(config, plan["key"], gathered)
         for _, bad in read_documents(shard_pieces(s), config.input.read_options())
         for r in bad
     ]

@@ -157,11 +157,19 @@ def run_page(flow_run_id) -> str | None:
 
 def print_summary(summary: dict, link: str | None) -> None:
     published = summary["published"]
-    console.print(f"\n[bold]Dataset published to {published['url']}[/bold]", highlight=False)
-    console.print(
-        f"({published['copied']} files copied, {published['skipped']} already there; built in {summary['output']})",
-        highlight=False,
-    )
+    if summary.get("unchanged"):
+        console.print(
+            f"\n[bold]Nothing to do: {published['url']} was made from this input and config[/bold]", highlight=False
+        )
+        console.print(f"(LATEST names version {published['version']}; 0 files copied)", highlight=False)
+    else:
+        console.print(f"\n[bold]Dataset published to {published['url']}[/bold]", highlight=False)
+        console.print(
+            f"({published['copied']} files copied, {published['skipped']} already there; built in {summary['output']})",
+            highlight=False,
+        )
+    if published.get("deleted"):
+        console.print(f"deleted old versions (keep_versions): {', '.join(published['deleted'])}", highlight=False)
     console.print(
         f"{summary['shards']} shards ({summary['shards_reused']} reused), "
         f"{summary['documents_in']:,} documents in, {summary['documents_out']:,} tokenized, "
@@ -186,10 +194,13 @@ def print_summary(summary: dict, link: str | None) -> None:
     for name, show in metrics.items():
         table.add_row(name, *(show(s) for s in columns.values()))
     console.print(table)
-    console.print(
-        f"tokenize stage: {summary['tokenize_mb_per_s']} MB/s of input; "
-        f"whole flow: {summary['flow_seconds']} s ({summary['bytes_in'] / 1e6 / summary['flow_seconds']:.2f} MB/s)"
-    )
+    if summary.get("unchanged"):
+        console.print(f"whole flow: {summary['flow_seconds']} s")
+    else:
+        console.print(
+            f"tokenize stage: {summary['tokenize_mb_per_s']} MB/s of input; whole flow: {summary['flow_seconds']} s "
+            f"({summary['bytes_in'] / 1e6 / summary['flow_seconds']:.2f} MB/s)"
+        )
     if link:
         console.print(f"\n[bold]The run in the Prefect UI: {link}[/bold]", highlight=False)
 
@@ -279,6 +290,22 @@ def inspect(
         if problems := check(dataset):
             raise _fail("verification failed:\n" + "\n".join(f"  - {p}" for p in problems))
         console.print(f"verified: all {len(dataset.manifest['files'])} files match the manifest", highlight=False)
+
+
+@app.command()
+def diff(
+    old: Annotated[str, typer.Argument(help="A published version (or a dataset's directory: its LATEST).")],
+    new: Annotated[str, typer.Argument(help="Another published version, local or s3://.")],
+) -> None:
+    """List the input files added, changed and removed between two published versions, and the counts' change."""
+    from tokenmill.verify import NotADataset, diff_lines, open_dataset
+
+    try:
+        lines = diff_lines(open_dataset(old), open_dataset(new))
+    except NotADataset as e:
+        raise _fail(str(e)) from None
+    for line in lines:
+        console.print(line, highlight=False)
 
 
 @server_app.command("start")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from tokenmill.storage import Store
 
+STAGES = ("scatter", "gather", "sample", "tokenize", "pack")  # the stages that commit per shard
+
 
 def marker(stage: str, shard_id: int) -> str:
     return f"_commits/{stage}/shard-{shard_id:05d}.json"
@@ -61,3 +63,15 @@ def commit(store: Store, stage: str, shard_id: int, key: str, result: dict, file
     `Store.writing(rel, record=files)`)."""
     store.write_json(marker(stage, shard_id), {"key": key, "result": result, "files": files or {}})
     return result
+
+
+def discard(store: Store, shard_ids: list[int]) -> None:
+    """Remove what the shards committed in every stage, files first, markers last: their ids now name other
+    shards (or none), and a reader of the build directory must not find an old shard's file beside them."""
+    for stage in STAGES:
+        for shard_id in shard_ids:
+            rel = marker(stage, shard_id)
+            if store.exists(rel):
+                for path in store.read_json(rel).get("files", {}):
+                    store.remove(path)
+                store.remove(rel)

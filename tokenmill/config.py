@@ -244,7 +244,16 @@ class PublishConfig(_Section):
         "pointer beside the versions (local or s3://); null: output.path.",
     )
     version: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Version name; null: the dataset hash."
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Version name; null: a hash of the config, the input files' fingerprints and the tokenizer "
+        "(a changed input publishes a new version).",
+    )
+    keep_versions: int | None = Field(
+        None,
+        ge=1,
+        description="After publishing, delete the versions older than the newest N of LATEST's lineage (never "
+        "LATEST's); null: keep every version.",
     )
     storage: StorageConfig = StorageConfig()
 
@@ -346,10 +355,6 @@ class TokenmillConfig(_Section):
     def dataset_hash(self) -> str:
         return self.section_hash(*self.dataset_config())
 
-    def version(self) -> str:
-        """The published version's name: `output.publish.version`, else the dataset hash."""
-        return self.output.publish.version or self.dataset_hash()
-
     def publish_root(self) -> Store:
         """`<publish path>/<name>`: the versions of this dataset and their LATEST pointer."""
         root = self.output.publish.path or self.output.path
@@ -358,6 +363,9 @@ class TokenmillConfig(_Section):
     def section_hash(self, *sections: str) -> str:
         """A short hash of the named config sections: the cache key of a stage that depends on them."""
         chosen = {k: v for k, v in self.dataset_config().items() if k in sections}
+        # The input is what its files hold (the plan's fingerprints), not the patterns that found them: a
+        # pattern that finds the same files keys the same work, and one more file listed redoes only its shards.
+        chosen.get("input", {}).pop("paths", None)
         canonical = json.dumps(chosen, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -53,16 +53,17 @@ def pad_id(config: TokenmillConfig, tokenizer: TokenizerInfo) -> int:
     return tokenizer.eod_id if config.pack.pad_id is None else config.pack.pad_id
 
 
-def stage_key(config: TokenmillConfig, tokenizer: TokenizerInfo) -> str:
+def stage_key(config: TokenmillConfig, tokenizer: TokenizerInfo, source: str) -> str:
     # The formats and llm.c cap change what this stage writes; output.path does not (a moved dataset is reused).
     formats = json.dumps([config.output.formats, config.output.llmc_shard_tokens]).encode()
-    return f"{tokenize_key(config, tokenizer)}-{config.section_hash('pack')}-{hashlib.sha256(formats).hexdigest()[:8]}"
+    pack_part = f"{config.section_hash('pack')}-{hashlib.sha256(formats).hexdigest()[:8]}"
+    return f"{tokenize_key(config, tokenizer, source)}-{pack_part}"
 
 
 def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInfo) -> dict:
     """Pack one tokenized shard (`tokenized` is the tokenize stage's result for it)."""
     store, shard_id = config.output.store(), tokenized["shard_id"]
-    key = stage_key(config, tokenizer)
+    key = stage_key(config, tokenizer, tokenized["source"])
     earlier = check(store, STAGE, shard_id, key)
     if earlier.result is not None:
         return earlier.result | {"reused": True}

@@ -9,6 +9,9 @@ files are grouped until a shard is full.
 from __future__ import annotations
 
 import bisect
+import hashlib
+import itertools
+import json
 import math
 import struct
 from dataclasses import asdict
@@ -19,9 +22,10 @@ import pyarrow.parquet as pq
 import zstandard
 
 from tokenmill import layout
+from tokenmill.commits import discard
 from tokenmill.config import TokenmillConfig
 from tokenmill.readers import Piece, compression_of, format_of
-from tokenmill.storage import expand_paths, options_for
+from tokenmill.storage import list_files, options_for
 
 SCAN_CHUNK = 16 << 20
 # shard_size: auto. Eight shards per cluster thread balance the load (a thread's last shard ends near the
@@ -107,19 +111,69 @@ def auto_shard_size(total_bytes: int, cluster_threads: int) -> int:
     return min(max(-(-total_bytes // max(1, SHARDS_PER_THREAD * cluster_threads)), MIN_AUTO_SHARD), MAX_AUTO_SHARD)
 
 
-def plan_shards(config: TokenmillConfig, cluster_threads: int = 1, shard_size: int | None = None) -> dict:
-    """The plan: every input file, and the ordered shards, each a list of pieces with its size. `shard_size`
-    overrides the config's (an earlier plan's resolved `auto`)."""
+def plan_shards(
+    config: TokenmillConfig, cluster_threads: int = 1, shard_size: int | None = None, earlier: dict | None = None
+) -> dict:
+    """The plan: every input file as it is now (with its fingerprint), and the shards, each a list of pieces
+    with its size and `source` (a hash of its pieces and their files' fingerprints: what its output is made
+    from). `shard_size` overrides the config's (an earlier plan's resolved `auto`).
+
+    With `earlier` (a plan of the same input and partition config over an input that has changed since), every
+    earlier shard whose files are all unchanged is kept with its id, so its committed output is reused; the
+    files of the other shards and the new files are cut into new shards, which take the ids left free, then
+    new ids."""
     options = config.input.storage.fsspec_options()
-    files = [(url, uncompressed_size(url, options)) for url in expand_paths(config.input.paths, options)]
-    total = sum(size for _, size in files)
+    files = list_files(config.input.paths, options)
+    known = {f["path"]: f for f in earlier["files"]} if earlier else {}
+    for f in files:  # an unchanged file's uncompressed size is known (measuring it reads the file's end)
+        before = known.get(f["path"])
+        f["bytes"] = before["bytes"] if before and _fingerprint(before) == f else uncompressed_size(f["path"], options)
+    total = sum(f["bytes"] for f in files)
     if shard_size is None:
         configured = config.partition.shard_size
         shard_size = auto_shard_size(total, cluster_threads) if configured == "auto" else int(configured)
+    current = {f["path"]: f for f in files}
+    unchanged = {path for path, f in current.items() if known.get(path) == f}
+    kept = [s for s in earlier["shards"] if {p["path"] for p in s["pieces"]} <= unchanged] if earlier else []
+    covered = {p["path"] for s in kept for p in s["pieces"]}
+    fresh = _cut_into_shards([f for f in files if f["path"] not in covered], shard_size, options)
+    taken = {s["shard_id"] for s in kept}
+    free_ids = (i for i in itertools.count() if i not in taken)
+    shards = kept + [
+        {"shard_id": next(free_ids), "pieces": [asdict(p) for p in pieces], "bytes": nbytes} for pieces, nbytes in fresh
+    ]
+    for shard in shards:
+        shard["source"] = _source_of(shard, current)
+    plan = {
+        "key": plan_key(config, files),
+        "config_key": config.section_hash("input", "partition"),
+        "inputs": inputs_hash(files),
+        "shard_size": shard_size,
+        # with the global shuffle, the input shards are scattered into this many output shards
+        "shuffled_shards": math.ceil(total / shard_size) if config.partition.shuffle else None,
+        "files": files,
+        "shards": sorted(shards, key=lambda s: s["shard_id"]),
+    }
+    if earlier:
+        plan["change"] = {
+            "from_inputs": earlier.get("inputs"),
+            "files_added": len(current.keys() - known.keys()),
+            "files_changed": len({p for p in current.keys() & known.keys() if p not in unchanged}),
+            "files_removed": len(known.keys() - current.keys()),
+            "shards_kept": len(kept),
+            "shards_new": len(fresh),
+        }
+    return plan
+
+
+def _cut_into_shards(files: list[dict], shard_size: int, options: dict) -> list[tuple[list[Piece], int]]:
+    """Files in order, cut into shards of about shard_size: a large file into pieces where it can be cut, small
+    files grouped until a shard is full."""
     shards: list[tuple[list[Piece], int]] = []
     group: list[Piece] = []
     group_bytes = 0
-    for url, size in files:
+    for f in files:
+        url, size = f["path"], f["bytes"]
         pieces = _split_large_file(url, size, shard_size, options) if size > shard_size else None
         if pieces:
             if group:  # keep the shards in input order
@@ -132,35 +186,49 @@ def plan_shards(config: TokenmillConfig, cluster_threads: int = 1, shard_size: i
             group, group_bytes = [], 0
         group.append(Piece(url))
         group_bytes += size
-    if group:
-        shards.append((group, group_bytes))
-    return {
-        "key": plan_key(config),
-        "shard_size": shard_size,
-        # with the global shuffle, the input shards are scattered into this many output shards
-        "shuffled_shards": math.ceil(total / shard_size) if config.partition.shuffle else None,
-        "files": [{"path": url, "bytes": size} for url, size in files],
-        "shards": [
-            {"shard_id": i, "pieces": [asdict(p) for p in pieces], "bytes": nbytes}
-            for i, (pieces, nbytes) in enumerate(shards)
-        ],
-    }
+    return shards + [(group, group_bytes)] if group else shards
 
 
-def plan_key(config: TokenmillConfig) -> str:
-    return config.section_hash("input", "partition")
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _fingerprint(file: dict) -> dict:
+    """A plan's file entry as `list_files` gives it: URL, size and ETag or mtime."""
+    return {k: v for k, v in file.items() if k != "bytes"}
+
+
+def inputs_hash(files: list[dict]) -> str:
+    """The input as it is now: its files' URLs and fingerprints."""
+    return _digest([_fingerprint(f) for f in files])
+
+
+def _source_of(shard: dict, files: dict[str, dict]) -> str:
+    """What a shard's output is made from: its pieces and the fingerprints of their files (not its id)."""
+    return _digest([[p, files[p["path"]]] for p in shard["pieces"]])
+
+
+def plan_key(config: TokenmillConfig, files: list[dict]) -> str:
+    return _digest([config.section_hash("input", "partition"), inputs_hash(files)])
 
 
 def load_or_plan(config: TokenmillConfig, cluster_threads: int = 1) -> tuple[dict, bool]:
-    """The plan already in the output for this input and partition config (so reruns see the same shards
-    even if files were added since), or a new one written there. Returns (plan, reused). A resolved `auto`
-    shard size sticks: a new plan over an output that has one keeps its size, whatever the cluster now."""
+    """The plan in the output if the input and partition config are as it recorded them (so a rerun or retry
+    of a half-finished run sees the same shards), else a new one written there, built on the earlier plan's
+    unchanged shards (see `plan_shards`); the committed outputs of the earlier shards that are gone or changed
+    are discarded. Returns (plan, reused). A resolved `auto` shard size sticks: a new plan over an output that
+    has one keeps its size, whatever the cluster now."""
     store = config.output.store()
     earlier = store.read_json(layout.PLAN) if store.exists(layout.PLAN) else None
-    if earlier is not None and earlier.get("key") == plan_key(config):
-        return earlier, True
     sticky = earlier.get("shard_size") if earlier and config.partition.shard_size == "auto" else None
-    plan = plan_shards(config, cluster_threads, sticky)
+    same_config = earlier is not None and earlier.get("config_key") == config.section_hash("input", "partition")
+    plan = plan_shards(config, cluster_threads, sticky, earlier if same_config else None)
+    if same_config and plan["key"] == earlier["key"]:  # the input as the earlier plan saw it: every shard kept
+        return earlier, True
+    if earlier is not None:
+        now = {s["shard_id"]: s.get("source") for s in plan["shards"]}
+        gone = [s["shard_id"] for s in earlier["shards"] if now.get(s["shard_id"]) != s.get("source")]
+        discard(store, gone)
     store.write_json(layout.PLAN, plan)
     return plan, False
 

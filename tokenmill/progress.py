@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokenmill import layout
+from tokenmill.commits import STAGES
 from tokenmill.storage import Store
 
-STAGES = ("scatter", "gather", "sample", "tokenize", "pack")
 POLL_SECONDS = 1.0
 POLL_SHARE = 0.05  # listing the markers may take at most this share of the time (100,000 markers: ~1 s a listing)
 

@@ -3,6 +3,8 @@ sha256, and the counts and packing stats. Its presence is the proof that the dat
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -70,18 +72,90 @@ def encoder_entry(store: Store) -> dict:
     return {"encoder": entry}
 
 
-def publish(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict:
+def dataset_version(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo) -> str:
+    """The published version's name: `output.publish.version`, else a hash of everything the dataset is made
+    from: the config, the input files' fingerprints and the tokenizer, so a changed input is a new version."""
+    if config.output.publish.version:
+        return config.output.publish.version
+    made_from = json.dumps([config.dataset_hash(), plan["inputs"], tokenizer.sha256])
+    return hashlib.sha256(made_from.encode()).hexdigest()[:16]
+
+
+def version_store(config: TokenmillConfig, version: str) -> Store:
+    root = config.publish_root()
+    return Store(f"{root.url}/{version}", root.storage_options)
+
+
+class VersionConflict(Exception):
+    """`output.publish.version` names a version already published from another input or config."""
+
+
+def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo) -> dict | None:
+    """The manifest of this dataset's version if it is published complete (its manifest is written last), so
+    a run over an unchanged input has nothing to do; None if it is not. Raises VersionConflict if a version
+    of that name holds another dataset."""
+    version = dataset_version(config, plan, tokenizer)
+    target = version_store(config, version)
+    if not target.exists(layout.MANIFEST):
+        return None
+    manifest = target.read_json(layout.MANIFEST)
+    made_from = (manifest.get("dataset_hash"), manifest.get("inputs", {}).get("hash"), manifest["tokenizer"]["sha256"])
+    if made_from != (config.dataset_hash(), plan["inputs"], tokenizer.sha256):
+        raise VersionConflict(
+            f"{target.url} was published from another input, config or tokenizer (dataset hash, inputs hash, "
+            f"tokenizer sha256 {made_from} against {(config.dataset_hash(), plan['inputs'], tokenizer.sha256[:16])}"
+            "): name a new output.publish.version, or leave it null for a version named after what it holds"
+        )
+    return manifest
+
+
+def lineage(config: TokenmillConfig, version: str, inputs: list[dict], sources: dict[str, str]) -> dict:
+    """What this version was built from: the version LATEST named before it, and against that version's
+    manifest the input files added, changed and removed, and the shards kept (made from the same pieces of
+    the same file versions, so their files are the same) or made anew. Derived from the two versions' contents,
+    so it is the same however many retries or reruns made the new one."""
+    root = config.publish_root()
+    previous = root.read_bytes(layout.LATEST).decode().strip() if root.exists(layout.LATEST) else None
+    before = version_store(config, previous) if previous and previous != version else None
+    if before is None or not before.exists(layout.MANIFEST):
+        return {"previous_version": None, "shards_kept": 0, "shards_made": len(sources)}
+    old = before.read_json(layout.MANIFEST)
+    kept = set(old.get("shard_sources", {}).values()) & set(sources.values())
+    return {
+        "previous_version": previous,
+        **{f"inputs_{k}": len(v) for k, v in input_changes(old.get("inputs", {}).get("files", []), inputs).items()},
+        "shards_kept": len(kept),
+        "shards_made": len(sources) - len(kept),
+    }
+
+
+def input_changes(old: list[dict], new: list[dict]) -> dict[str, list[str]]:
+    """The input files added, changed (another size, ETag or mtime) and removed between two file lists."""
+    before, after = {f["path"]: f for f in old}, {f["path"]: f for f in new}
+    return {
+        "added": sorted(after.keys() - before.keys()),
+        "changed": sorted(p for p in after.keys() & before.keys() if after[p] != before[p]),
+        "removed": sorted(before.keys() - after.keys()),
+    }
+
+
+def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict:
     """Write `manifest.json` for the validated dataset and return it."""
     store = config.output.store()
     shard_rows = table.drop_duplicates("shard_id")
     files = sorted(dataset_files(table) + [r for r in layout.FERTILITY_REPORT if store.exists(r)])
     with ThreadPoolExecutor(HASH_THREADS) as pool:  # hashlib and file or object reads release the GIL
         hashes = list(pool.map(store.sha256, files))
+    version = dataset_version(config, plan, tokenizer)
+    sources = {str(s["shard_id"]): s["source"] for s in plan["shards"]}
     manifest = {
         "name": config.name,
-        "version": config.version(),
+        "version": version,
         "tokenmill_version": __version__,
         "dataset_hash": config.dataset_hash(),
+        "inputs": {"hash": plan["inputs"], "files": plan["files"]},
+        "lineage": lineage(config, version, plan["files"], sources),
+        "shard_sources": sources,
         "config": config.dataset_config(),
         "tokenizer": {
             "path": layout.TOKENIZER,
@@ -120,7 +194,7 @@ def publish_version(config: TokenmillConfig, manifest: dict, extra_files: list[s
     Locally files are hard-linked where possible; between two object stores they are copied server-side.
     """
     source, root = config.output.store(), config.publish_root()
-    target = Store(f"{root.url}/{manifest['version']}", root.storage_options)
+    target = version_store(config, manifest["version"])
 
     def publish_file(entry: dict) -> bool:
         if _already_there(source, target, entry):
@@ -135,7 +209,44 @@ def publish_version(config: TokenmillConfig, manifest: dict, extra_files: list[s
         _copy(source, target, rel)
     target.write_json(layout.MANIFEST, manifest)
     root.write_bytes(layout.LATEST, f"{manifest['version']}\n".encode())
-    return {"url": target.url, "copied": copied, "skipped": skipped}
+    deleted = prune_versions(config)
+    return {"url": target.url, "version": manifest["version"], "copied": copied, "skipped": skipped, "deleted": deleted}
+
+
+def point_latest_at(config: TokenmillConfig, manifest: dict) -> dict:
+    """A version already published complete: make LATEST name it (if it does not already), copying nothing."""
+    root = config.publish_root()
+    if not root.exists(layout.LATEST) or root.read_bytes(layout.LATEST).decode().strip() != manifest["version"]:
+        root.write_bytes(layout.LATEST, f"{manifest['version']}\n".encode())
+    url = version_store(config, manifest["version"]).url
+    skipped, deleted = len(manifest["files"]), prune_versions(config)
+    return {"url": url, "version": manifest["version"], "copied": 0, "skipped": skipped, "deleted": deleted}
+
+
+def versions_in_lineage(root: Store) -> list[str]:
+    """LATEST's version, the one it was built from, and so on back (newest first), as their manifests say."""
+    chain: list[str] = []
+    version = root.read_bytes(layout.LATEST).decode().strip() if root.exists(layout.LATEST) else None
+    while version and version not in chain and root.exists(f"{version}/{layout.MANIFEST}"):
+        chain.append(version)
+        version = root.read_json(f"{version}/{layout.MANIFEST}").get("lineage", {}).get("previous_version")
+    return chain
+
+
+def prune_versions(config: TokenmillConfig) -> list[str]:
+    """`output.publish.keep_versions`: delete the versions of LATEST's lineage past the newest N, each one's
+    manifest first (a half-deleted version is never taken for a complete one), then its files. Every version
+    is a directory of its own (hard links locally, copies on object stores), so deleting one never touches a
+    file another lists; versions outside the lineage (another config's) are left alone."""
+    keep = config.output.publish.keep_versions
+    if keep is None:
+        return []
+    root = config.publish_root()
+    old = versions_in_lineage(root)[keep:]
+    for version in old:
+        root.remove(f"{version}/{layout.MANIFEST}")
+        root.remove_tree(version)
+    return old
 
 
 def _already_there(source: Store, target: Store, entry: dict) -> bool:

@@ -38,9 +38,12 @@ def forget_shards(config: TokenmillConfig, shard_ids: list[int]) -> int:
     """Remove the commit markers of these shards so the next run redoes them; returns how many went."""
     store = config.output.store()
     plan = store.read_json(layout.PLAN)
-    known = range(plan.get("shuffled_shards") or len(plan["shards"]))
+    known = range(plan["shuffled_shards"]) if plan.get("shuffled_shards") else [s["shard_id"] for s in plan["shards"]]
     if unknown := sorted(set(shard_ids) - set(known)):
-        raise ValueError(f"{config.output.path}: no shards {unknown}; the plan has shards 0..{len(known) - 1}")
+        raise ValueError(
+            f"{config.output.path}: no shards {unknown}; the plan has {len(known)} shards, "
+            f"ids {known[0]} to {known[-1]}"
+        )
     removed = 0
     for stage in SHARD_STAGES:
         for shard_id in shard_ids:

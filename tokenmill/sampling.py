@@ -106,12 +106,13 @@ class _Reserve:
             self.nbytes -= heapq.heappop(self.heap)[1]
 
 
-def stage_key(config: TokenmillConfig, f: float, g: float) -> str:
+def stage_key(config: TokenmillConfig, shard: dict, f: float, g: float) -> str:
     train = config.tokenizer.train
     stratify = (train.stratify_by, int(train.min_group_size)) if train and train.stratify_by else None
     seed = train.seed if train else 0
     blocks = f"blocks-{BLOCK_BYTES}-{stride(f, g)}"
-    return f"{config.section_hash('input', 'partition')}-{f!r}-{g!r}-{seed}-{record_fields(config)}-{stratify}-{blocks}"
+    config_part = f"{config.section_hash('input', 'partition')}-{f!r}-{g!r}-{seed}-{record_fields(config)}-{stratify}"
+    return f"{config_part}-{blocks}-{shard['source']}"
 
 
 def _skip_to(f: BinaryIO, position: int, target: int) -> int:
@@ -176,7 +177,7 @@ def sample_shard(config: TokenmillConfig, shard: dict, f: float, g: float) -> di
     """Write this shard's training sample, held-out sample (and reserve) under `_work/`; return their
     paths and sizes (per group too, when stratified) and the bytes read."""
     store, shard_id = config.output.store(), shard["shard_id"]
-    key = stage_key(config, f, g)
+    key = stage_key(config, shard, f, g)
     if (done := committed(store, STAGE, shard_id, key)) is not None:
         return done
     train = config.tokenizer.train

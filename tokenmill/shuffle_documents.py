@@ -17,7 +17,7 @@ from tokenmill import layout
 from tokenmill.commits import commit, committed
 from tokenmill.config import TokenmillConfig
 from tokenmill.hashing import unit_interval
-from tokenmill.partition import plan_key, shard_pieces
+from tokenmill.partition import shard_pieces
 from tokenmill.readers import Piece, Record, records
 
 
@@ -32,7 +32,7 @@ def _routing_keys(batch: list[Record]) -> list[str]:
 def scatter_shard(config: TokenmillConfig, shard: dict, n_outputs: int) -> dict:
     """Split one input shard into `n_outputs` bucket files, one per output shard (empty ones too)."""
     store, source = config.output.store(), shard["shard_id"]
-    key = plan_key(config)
+    key = f"{config.section_hash('input', 'partition')}-{shard['source']}-{n_outputs}"
     if (done := committed(store, "scatter", source, key)) is not None:
         return done
     buckets: list[list[bytes]] = [[] for _ in range(n_outputs)]
@@ -60,14 +60,15 @@ def scatter_shard(config: TokenmillConfig, shard: dict, n_outputs: int) -> dict:
     return commit(store, "scatter", source, key, {"shard_id": source, "records": count, "bytes": size})
 
 
-def gather_shard(config: TokenmillConfig, target: int, n_sources: int) -> dict:
-    """Write output shard `target`: every source's bucket for it, in a seeded random order."""
+def gather_shard(config: TokenmillConfig, target: int, sources: list[int], plan_key: str) -> dict:
+    """Write output shard `target`: every source's bucket for it, in a seeded random order. Every output shard
+    holds documents of every input shard: `plan_key` (the input as the plan saw it) keys it."""
     store = config.output.store()
-    key = plan_key(config)
+    key = plan_key
     if (done := committed(store, "gather", target, key)) is not None:
         return done
     lines: list[bytes] = []
-    for source in range(n_sources):
+    for source in sources:
         rel = layout.shuffle_bucket(source, target)
         if not store.exists(rel):
             raise FileNotFoundError(f"{rel}: missing, although scatter of input shard {source} committed")
@@ -82,14 +83,15 @@ def gather_shard(config: TokenmillConfig, target: int, n_sources: int) -> dict:
     return commit(store, "gather", target, key, {"shard_id": target, "records": len(lines), "bytes": size})
 
 
-def shuffled_shards(config: TokenmillConfig, gathered: list[dict]) -> list[dict]:
-    """The shards tokenize reads after the shuffle (shaped like the plan's shards)."""
+def shuffled_shards(config: TokenmillConfig, plan_key: str, gathered: list[dict]) -> list[dict]:
+    """The shards tokenize reads after the shuffle (shaped like the plan's shards; made from the whole input)."""
     store = config.output.store()
     return [
         {
             "shard_id": g["shard_id"],
             "pieces": [vars(Piece(store.url_of(layout.shuffled_shard(g["shard_id"])), format="shuffled"))],
             "bytes": g["bytes"],
+            "source": f"{plan_key}-{g['shard_id']}",
         }
         for g in gathered
     ]

@@ -34,8 +34,11 @@ SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of each s
 VERIFY_SHARDS = 256  # shards the verification sample is drawn from, evenly spaced across the run
 
 
-def stage_key(config: TokenmillConfig, tokenizer: TokenizerInfo) -> str:
-    return f"{config.section_hash('input', 'partition', 'split', 'tokenizer')}-{tokenizer.sha256[:16]}-{__version__}"
+def stage_key(config: TokenmillConfig, tokenizer: TokenizerInfo, source: str) -> str:
+    """What a shard's tokens depend on: the config, the tokenizer, tokenmill, and what the shard is made from
+    (`source`, its pieces and their files' fingerprints), not its id or the run that made it."""
+    config_part = config.section_hash("input", "partition", "split", "tokenizer")
+    return f"{config_part}-{tokenizer.sha256[:16]}-{__version__}-{source}"
 
 
 def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod_id: int | None):
@@ -58,7 +61,7 @@ def tokenize_shard(
     """Tokenize one shard of the plan (or return its committed result) with the run's encoder choice
     (None: the reference, HF tokenizers)."""
     store, shard_id = config.output.store(), shard["shard_id"]
-    key = stage_key(config, tokenizer)
+    key = stage_key(config, tokenizer, shard["source"])
     earlier = check(store, STAGE, shard_id, key)
     if earlier.result is not None:
         return earlier.result | {"reused": True}
@@ -112,6 +115,7 @@ def tokenize_shard(
         store.remove(layout.rejects_file(shard_id))
     result = {
         "shard_id": shard_id,
+        "source": shard["source"],
         "documents_in": documents_in,
         "rejected": len(rejects),
         "bytes_in": bytes_in,

@@ -72,8 +72,11 @@ def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
 
 
-def stats_schema(n_shards: int, splits: list[str], vocab_size: int, pack: PackConfig | None) -> pa.DataFrameSchema:
-    """`pack` is None when no packed rows are written."""
+def stats_schema(
+    shard_ids: list[int], splits: list[str], vocab_size: int, pack: PackConfig | None
+) -> pa.DataFrameSchema:
+    """`shard_ids`: the plan's (a grown input's plan may have gaps where shards were dropped); `pack` is None
+    when no packed rows are written."""
     import pandera.pandas as pa  # a fifth of a second to import: not in every worker that unpickles the flow
 
     def per_shard_reconciles(df: pd.DataFrame) -> pd.Series:
@@ -84,7 +87,7 @@ def stats_schema(n_shards: int, splits: list[str], vocab_size: int, pack: PackCo
         return balance == 0
 
     def every_shard_and_split_once(df: pd.DataFrame) -> bool:
-        expected = {(s, sp) for s in range(n_shards) for sp in splits}
+        expected = {(s, sp) for s in shard_ids for sp in splits}
         return len(df) == len(expected) and set(zip(df.shard_id, df.split, strict=True)) == expected
 
     def packed_tokens_match(df: pd.DataFrame) -> pd.Series:
@@ -98,7 +101,7 @@ def stats_schema(n_shards: int, splits: list[str], vocab_size: int, pack: PackCo
     nonneg = pa.Check.ge(0)
     return pa.DataFrameSchema(
         {
-            "shard_id": pa.Column(int, pa.Check.in_range(0, max(n_shards - 1, 0))),
+            "shard_id": pa.Column(int, pa.Check.isin(shard_ids)),
             "split": pa.Column(str, pa.Check.isin(splits)),
             "documents_in": pa.Column(int, nonneg),
             "rejected": pa.Column(int, nonneg),
@@ -382,9 +385,8 @@ def validate(
     and return the table, or raise ValidationFailed. `shard_problems`: what `check_shard` found over every
     shard, where the caller ran it (on the cluster); None: checked here."""
     packing = writes_packed(config)
-    schema = stats_schema(
-        len(plan["shards"]), list(config.split), tokenizer.vocab_size, config.pack if packing else None
-    )
+    shard_ids = [s["shard_id"] for s in plan["shards"]]
+    schema = stats_schema(shard_ids, list(config.split), tokenizer.vocab_size, config.pack if packing else None)
     from pandera.errors import SchemaErrors
 
     try:

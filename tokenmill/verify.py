@@ -45,6 +45,34 @@ def summary_lines(dataset: Dataset) -> list[str]:
         lines.append(f"  {split}: {s['documents']:,} documents, {s['tokens']:,} tokens")
     files = m["files"]
     lines.append(f"  {len(files)} files, {sum(f['bytes'] for f in files) / 1e6:,.1f} MB")
+    if inputs := m.get("inputs"):
+        lines.append(f"  input: {len(inputs['files'])} files, inputs hash {inputs['hash']}")
+    if (line := m.get("lineage")) and line["previous_version"]:
+        lines.append(
+            f"  built from version {line['previous_version']}: {line['inputs_added']} input files added, "
+            f"{line['inputs_changed']} changed, {line['inputs_removed']} removed; {line['shards_kept']} shards kept, "
+            f"{line['shards_made']} made"
+        )
+    elif line:
+        lines.append(f"  the first version of its lineage: {line['shards_made']} shards made")
+    return lines
+
+
+def diff_lines(old: Dataset, new: Dataset) -> list[str]:
+    """The input files added, changed and removed from `old` to `new`, and how the counts moved."""
+    from tokenmill.publish import input_changes
+
+    a, b = old.manifest, new.manifest
+    if "inputs" not in a or "inputs" not in b:
+        raise NotADataset("a manifest lists no input files (an older tokenmill made it): nothing to compare")
+    changes = input_changes(a["inputs"]["files"], b["inputs"]["files"])
+    lines = [f"{a['name']} {a['version']} -> {b['name']} {b['version']}"]
+    for kind, paths in changes.items():
+        lines.append(f"  {len(paths)} input files {kind}")
+        lines += [f"    {'+~-'[list(changes).index(kind)]} {p}" for p in paths]
+    for key in ("documents_in", "documents_out", "documents_rejected", "tokens"):
+        before, after = a["counts"][key], b["counts"][key]
+        lines.append(f"  {key}: {before:,} -> {after:,} ({after - before:+,})")
     return lines
 
 
