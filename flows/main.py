@@ -108,15 +108,16 @@ def tokenize_and_pack(config: TokenmillConfig, shards: list[dict], tokenizer, en
     validate_parameters=True,
     task_runner=ThreadPoolTaskRunner(max_workers=GROUP_THREADS),
 )
-def corpus_to_tokens(config: TokenmillConfig) -> dict:
+def corpus_to_tokens(config: TokenmillConfig, rebuild: bool = False) -> dict:
     """Tokenize, pack, validate and publish a corpus as one dataset (see the README for the config), with the
-    shard work on the Dask cluster that `config.dask` names (a LocalCluster when it names none)."""
+    shard work on the Dask cluster that `config.dask` names (a LocalCluster when it names none). A run over the
+    input and config of a version already published ends at once, unless `rebuild` (rerun-shards sets it)."""
     with dask_client(config.dask) as client:
         prepare_cluster(client)
         link = client.dashboard_link
         get_run_logger().info("Dask dashboard: %s", link)
         create_link_artifact(link, link_text="Dask dashboard", key="dask-dashboard", description="Watch the shards")
-        return build_dataset(config, cluster_threads(client, config))
+        return build_dataset(config, cluster_threads(client, config), rebuild)
 
 
 def cluster_threads(client, config: TokenmillConfig) -> int:
@@ -126,7 +127,7 @@ def cluster_threads(client, config: TokenmillConfig) -> int:
     return max(threads, adaptive.maximum) if adaptive and not config.dask.scheduler() else max(threads, 1)
 
 
-def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
+def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool = False) -> dict:
     """The DAG of DESIGN.md."""
     logger = get_run_logger()
     started = time.perf_counter()
@@ -144,7 +145,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int) -> dict:
     samples = map_shards(sample_shards, config, shards, *sample_fractions(config, plan)) if training else []
     tokenizer = train_tokenizer(config, samples) if training else pretrained_tokenizer(config)
     logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
-    if (done := already_published(config, plan, tokenizer)) is not None:
+    if not rebuild and (done := already_published(config, plan, tokenizer)) is not None:
         return unchanged_summary(config, done, time.perf_counter() - started)
     if config.fertility.enabled and not training:
         samples = map_shards(sample_shards, config, shards, *sample_fractions(config, plan))

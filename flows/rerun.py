@@ -16,4 +16,4 @@ def rerun_shards(output: str, shard_ids: list[int] | None = None) -> dict:
     if shard_ids:
         forgotten = forget_shards(config, shard_ids)
         get_run_logger().info("redoing shards %s (%d commit markers removed)", shard_ids, forgotten)
-    return corpus_to_tokens(config)
+    return corpus_to_tokens(config, rebuild=bool(shard_ids))  # named shards are redone though published

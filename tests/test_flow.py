@@ -69,12 +69,13 @@ def test_rerun_reuses_every_committed_shard(demo_run, run_cli, tmp_path):
 
 
 def test_recomputing_from_scratch_on_two_workers_gives_the_one_worker_bytes(demo_run, run_cli, tmp_path):
-    """Everything but the inputs' plan removed, the tokenizer retrained and every shard redone, on the
-    session's two workers instead of one: the same bytes."""
+    """Everything but the inputs' plan removed (the published versions too: a published version ends a run over
+    its input at once), the tokenizer retrained and every shard redone, on the session's two workers instead of
+    one: the same bytes."""
     out = tmp_path / "scratch"
     shutil.copytree(demo_run, out)
     before = dataset_files(out)
-    for private in ("_commits", "_work", "megatron", "packed", "tokenizer"):
+    for private in ("_commits", "_work", "megatron", "packed", "tokenizer", "demo"):
         shutil.rmtree(out / private)
     result = run_cli("run", "examples/demo.yaml", "--set", f"output.path={out}")
     assert "(0 reused)" in result.stdout

@@ -14,8 +14,11 @@ SHARD_STAGES = ("tokenize", "pack")  # the per-shard stages a rerun redoes (samp
 
 
 def save_run_config(config: TokenmillConfig) -> None:
-    """Record the run's full config in its output (secrets masked: reruns take them from the environment)."""
-    config.output.store().write_json(RUN_CONFIG, config.model_dump(mode="json"))
+    """Record the run's full config in its output (secrets masked: reruns take them from the environment), if it
+    is not recorded already: a run that finds nothing to do writes nothing."""
+    store, recorded = config.output.store(), config.model_dump(mode="json")
+    if not store.exists(RUN_CONFIG) or store.read_json(RUN_CONFIG) != recorded:
+        store.write_json(RUN_CONFIG, recorded)
 
 
 def load_run_config(output: str) -> TokenmillConfig:

@@ -58,6 +58,9 @@ def s3_defaults() -> dict:
 
     S3FileSystem.retries = S3FS_RETRIES  # a class attribute, not an option
     return {
+        # Other processes rewrite plan.json, markers and LATEST: a listing cached by a long-lived process (a Dask
+        # worker, `tokenmill serve`) would open them with a stale ETag (412 PreconditionFailed) or miss them.
+        "use_listings_cache": False,
         "config_kwargs": {
             "retries": {"mode": "standard", "max_attempts": S3_MAX_ATTEMPTS},
             "connect_timeout": S3_CONNECT_TIMEOUT_S,
