@@ -73,11 +73,14 @@ def encoder_entry(store: Store) -> dict:
 
 
 def dataset_version(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo) -> str:
-    """The published version's name: `output.publish.version`, else a hash of everything the dataset is made
-    from: the config, the input files' fingerprints and the tokenizer, so a changed input is a new version."""
+    """The published version's name: `output.publish.version`, else a hash of everything the dataset's bytes
+    depend on: the config, the input files' fingerprints, the tokenizer, and the shards' layout (which shard
+    holds which pieces: it follows the order in which the input arrived), so a changed input is a new version
+    and a version's name always means the same bytes."""
     if config.output.publish.version:
         return config.output.publish.version
-    made_from = json.dumps([config.dataset_hash(), plan["inputs"], tokenizer.sha256])
+    layout = [[s["shard_id"], s["source"]] for s in plan["shards"]]
+    made_from = json.dumps([config.dataset_hash(), plan["inputs"], tokenizer.sha256, layout])
     return hashlib.sha256(made_from.encode()).hexdigest()[:16]
 
 
