@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pandas as pd
 
 from tokenmill import __version__, layout
+from tokenmill.commits import marker
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import token_dtype
 from tokenmill.formats.packed import SUFFIXES
@@ -142,13 +143,28 @@ def input_changes(old: list[dict], new: list[dict]) -> dict[str, list[str]]:
     }
 
 
+def committed_digests(store: Store, shard_ids: list[int]) -> dict[str, dict]:
+    """The size and sha256 of every file the shards' tokenize and pack stages wrote, as their commit markers
+    recorded them (hashed as they were written, and checked again whenever a marker is reused): publish need
+    not read the dataset's bytes again, which on a grown input would be all of them every night."""
+
+    def recorded(rel: str) -> dict:
+        return store.read_json(rel).get("files", {}) if store.exists(rel) else {}
+
+    markers = [marker(stage, shard_id) for shard_id in shard_ids for stage in ("tokenize", "pack")]
+    with ThreadPoolExecutor(HASH_THREADS) as pool:  # on object stores each marker is a request
+        return {rel: digest for files in pool.map(recorded, markers) for rel, digest in files.items()}
+
+
 def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict:
     """Write `manifest.json` for the validated dataset and return it."""
     store = config.output.store()
     shard_rows = table.drop_duplicates("shard_id")
     files = sorted(dataset_files(table) + [r for r in layout.FERTILITY_REPORT if store.exists(r)])
+    digests = committed_digests(store, shard_rows.shard_id.tolist())
+    unrecorded = [rel for rel in files if rel not in digests]  # plan, tokenizer, stats, shuffle indexes, report
     with ThreadPoolExecutor(HASH_THREADS) as pool:  # hashlib and file or object reads release the GIL
-        hashes = list(pool.map(store.sha256, files))
+        digests |= dict(zip(unrecorded, pool.map(store.digest, unrecorded), strict=True))
     version = dataset_version(config, plan, tokenizer)
     sources = {str(s["shard_id"]): s["source"] for s in plan["shards"]}
     manifest = {
@@ -181,8 +197,8 @@ def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table
         "splits": split_summary(table, config.pack.seq_len),
         "packing": packing_summary(table.sum(numeric_only=True), config.pack.seq_len),
         "files": [
-            {"path": rel, **layout.describe(rel), "bytes": store.size(rel), "sha256": digest}
-            for rel, digest in zip(files, hashes, strict=True)
+            {"path": rel, **layout.describe(rel), "bytes": digests[rel]["bytes"], "sha256": digests[rel]["sha256"]}
+            for rel in files
         ],
     }
     store.write_json(layout.MANIFEST, manifest)

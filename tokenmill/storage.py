@@ -262,6 +262,10 @@ class Store:
         with self.failing_as("reading", rel), self.open(rel) as f:
             return sha256_of(f)
 
+    def digest(self, rel: str) -> dict:
+        """The file's size and sha256, as commit markers and manifests record them."""
+        return {"bytes": self.size(rel), "sha256": self.sha256(rel)}
+
     def remove(self, rel: str) -> None:
         if self.exists(rel):
             with self.failing_as("removing", rel):
