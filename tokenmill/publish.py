@@ -103,12 +103,16 @@ def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerI
     if not target.exists(layout.MANIFEST):
         return None
     manifest = target.read_json(layout.MANIFEST)
-    made_from = (manifest.get("dataset_hash"), manifest.get("inputs", {}).get("hash"), manifest["tokenizer"]["sha256"])
-    if made_from != (config.dataset_hash(), plan["inputs"], tokenizer.sha256):
+    published = {
+        "input": manifest.get("inputs", {}).get("hash"),
+        "config": manifest.get("dataset_hash"),
+        "tokenizer": manifest["tokenizer"]["sha256"],
+    }
+    now = {"input": plan["inputs"], "config": config.dataset_hash(), "tokenizer": tokenizer.sha256}
+    if differs := [what for what in now if published[what] != now[what]]:
         raise VersionConflict(
-            f"{target.url} was published from another input, config or tokenizer (dataset hash, inputs hash, "
-            f"tokenizer sha256 {made_from} against {(config.dataset_hash(), plan['inputs'], tokenizer.sha256[:16])}"
-            "): name a new output.publish.version, or leave it null for a version named after what it holds"
+            f"{target.url} was published from another {' and '.join(differs)}; nothing was overwritten. Name a new "
+            "output.publish.version, or leave it null for a version named after what it holds"
         )
     return manifest
 
