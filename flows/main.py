@@ -46,6 +46,7 @@ from tokenmill.shuffle_documents import check_counts, shuffled_shards
 # Group task runs at once: each waits in a thread while its shards run on the cluster. The thread pool is the
 # throttle (a group still queued is not yet a task run).
 GROUP_THREADS = 64
+PROGRESS_EVERY_S = 1.0  # the least time between two updates of a stage's progress artifact
 
 
 def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
@@ -59,18 +60,22 @@ def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
     return shuffled_shards(config, plan["key"], gathered), time.perf_counter() - started
 
 
-def map_stage(stage_task, config: TokenmillConfig, items: list, *args) -> list:
-    """A shard stage's task over every group of items; each group's result, in order, or ShardsFailed naming
-    every shard that failed (a flow must not end Completed with failed shards, which Prefect allows when their
-    states are not returned)."""
-    groups = in_groups(items, config.dask.groups_per_stage)
+def map_stage(stage_task, config: TokenmillConfig, items: list, *args, groups: int | None = None) -> list:
+    """A shard stage's task over every group of items (at most `groups`, else `dask.groups_per_stage`); each
+    group's result, in order, or ShardsFailed naming every shard that failed (a flow must not end Completed
+    with failed shards, which Prefect allows when their states are not returned)."""
+    groups = in_groups(items, groups or config.dask.groups_per_stage)
     futures = [stage_task.submit(config, group, *args) for group in groups]
     failures: dict[str, dict[int, str]] = {}
     progress, done = create_progress_artifact(0.0, description=f"{stage_task.name}: shards done, in percent"), 0
+    reported = time.monotonic()
     for future, group in zip(futures, groups, strict=True):
         future.wait()
         done += len(group.unwrap())
-        update_progress_artifact(progress, 100 * done / len(items))
+        # each update is an API call: at most one a second, and the last
+        if done == len(items) or time.monotonic() - reported >= PROGRESS_EVERY_S:
+            update_progress_artifact(progress, 100 * done / len(items))
+            reported = time.monotonic()
         if future.state.is_completed():
             continue
         error = future.state.result(raise_on_failure=False)
@@ -85,9 +90,9 @@ def map_stage(stage_task, config: TokenmillConfig, items: list, *args) -> list:
     return [future.result() for future in futures]
 
 
-def map_shards(stage_task, config: TokenmillConfig, items: list, *args) -> list:
+def map_shards(stage_task, config: TokenmillConfig, items: list, *args, groups: int | None = None) -> list:
     """`map_stage` for a stage whose groups return a result per item: every item's result, in order."""
-    return [result for group in map_stage(stage_task, config, items, *args) for result in group]
+    return [result for group in map_stage(stage_task, config, items, *args, groups=groups) for result in group]
 
 
 def tokenize_and_pack(config: TokenmillConfig, shards: list[dict], tokenizer, encoder) -> tuple[pd.DataFrame, dict]:
@@ -141,14 +146,16 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         plan = {**plan, "shards": shards}
         logger.info("shuffled all documents into %d shards in %.1f s", len(shards), shuffle_seconds)
 
+    # The sample reads a bounded few MB over all shards: one task run (each costs ~0.1 s of CPU here and in the
+    # Prefect server), its shards still Dask tasks with their own retries.
     training = config.tokenizer.train is not None
-    samples = map_shards(sample_shards, config, shards, *sample_fractions(config, plan)) if training else []
+    samples = map_shards(sample_shards, config, shards, *sample_fractions(config, plan), groups=1) if training else []
     tokenizer = train_tokenizer(config, samples) if training else pretrained_tokenizer(config)
     logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
     if not rebuild and (done := already_published(config, plan, tokenizer)) is not None:
         return unchanged_summary(config, done, time.perf_counter() - started)
     if config.fertility.enabled and not training:
-        samples = map_shards(sample_shards, config, shards, *sample_fractions(config, plan))
+        samples = map_shards(sample_shards, config, shards, *sample_fractions(config, plan), groups=1)
     encoder = choose_encoder(config, shards, tokenizer)  # once per run; shards get the small choice
     # The report needs the tokenizer, its encoder and the held-out sample: it runs while the shards are tokenized.
     report = tokenizer_report.submit(config, tokenizer, samples, encoder) if config.fertility.enabled else None
