@@ -482,10 +482,7 @@ def _fast_batch(
     texts = table.column(options.text_field).combine_chunks()
     if table.num_rows != lines or texts.null_count:
         return None
-    chars = pc.utf8_length(texts)
-    if pc.min(chars).as_py() < options.min_chars or (
-        options.max_chars is not None and pc.max(chars).as_py() > options.max_chars
-    ):
+    if not _lengths_within(texts, options):
         return None
     if options.id_field is None:
         ids = [f"{name}:{n}" for n in range(first_line, first_line + lines)]
@@ -501,6 +498,20 @@ def _fast_batch(
     nbytes = len(block) - newlines - (block.count(b"\r\n") if b"\r" in block else 0)
     extra = {f: table.column(f).to_pylist() for f in options.fields}
     return Batch(ids=ids, nbytes=nbytes, text_array=texts, extra=extra)
+
+
+def _lengths_within(texts: pyarrow.Array, options: ReadOptions) -> bool:
+    """Whether every text's length in characters is within the limits. A character is 1 to 4 UTF-8 bytes, so the
+    byte lengths (read off the offsets) usually decide; the characters are counted only where they do not."""
+
+    def within(fewest: int, most: int) -> bool:
+        return fewest >= options.min_chars and (options.max_chars is None or most <= options.max_chars)
+
+    nbytes = pc.min_max(pc.binary_length(texts)).as_py()
+    if within(-(-nbytes["min"] // 4), nbytes["max"]):  # at least bytes/4 characters, at most bytes
+        return True
+    chars = pc.min_max(pc.utf8_length(texts)).as_py()
+    return within(chars["min"], chars["max"])
 
 
 def _careful_block(
