@@ -21,7 +21,7 @@ import orjson
 from tokenmill import __version__, layout
 from tokenmill.commits import check, commit
 from tokenmill.config import TokenmillConfig
-from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder
+from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder, preload_backends
 from tokenmill.formats.megatron import BinWriter, token_dtype, write_index
 from tokenmill.hashing import assign_splits
 from tokenmill.partition import shard_pieces
@@ -125,6 +125,12 @@ def tokenize_shard(
         "seconds": round(time.perf_counter() - started, 3),
     }
     return commit(store, STAGE, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
+
+
+def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:
+    """Load the encoders this run will most likely choose into this (worker) process, while the run's choice is
+    verified: each worker's first shard then starts encoding at once."""
+    preload_backends(config.output.store().url_of(layout.TOKENIZER), tokenizer.sha256, config.tokenizer.encoder)
 
 
 def verification_sample(config: TokenmillConfig, shards: list[dict], documents: int) -> list[str]:
