@@ -484,12 +484,14 @@ def special_case_texts(tokenizer_json: bytes) -> list[str]:
 
 
 def choose_encoder(
-    tokenizer_json: bytes, requested: str, sample: Sequence[str], log=print
+    tokenizer_json: bytes, requested: str, sample: Sequence[str], log=print, backend_of=None
 ) -> tuple[EncoderChoice, dict]:
     """The backend to use: `requested`, or with `auto` the fastest installed one that reproduces the
     reference on `sample` and on the tokenizer's special cases once its unsafe code points are guarded.
-    Returns the choice and a report of every candidate (why it was taken or not)."""
-    reference = HFEncoder(Tokenizer.from_str(tokenizer_json.decode()))
+    Returns the choice and a report of every candidate (why it was taken or not). `backend_of(name)` gives
+    each backend (default: `new_backend`, loaded anew)."""
+    backend_of = backend_of or (lambda backend: new_backend(backend, tokenizer_json))
+    reference = backend_of("hf")
     checks = [*special_case_texts(tokenizer_json), *sample]
     candidates = BACKENDS if requested == "auto" else (requested,)
     chosen_at = time.perf_counter()
@@ -502,7 +504,7 @@ def choose_encoder(
             report["hf"] = choice.reason
             break
         try:
-            fast = new_backend(backend, tokenizer_json)
+            fast = backend_of(backend)
         except ImportError as e:
             report[backend] = "not installed"
             if requested != "auto":

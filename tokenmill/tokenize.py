@@ -21,7 +21,7 @@ import orjson
 from tokenmill import __version__, layout
 from tokenmill.commits import check, commit
 from tokenmill.config import TokenmillConfig
-from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder, preload_backends
+from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder, loaded_backend, preload_backends
 from tokenmill.formats.megatron import BinWriter, token_dtype, write_index
 from tokenmill.hashing import assign_splits
 from tokenmill.partition import shard_pieces
@@ -160,6 +160,11 @@ def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: T
     store = config.output.store()
     data = store.read_bytes(layout.TOKENIZER)
     sample = verification_sample(config, shards, config.tokenizer.verify_documents)
-    choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log=log)
+    url = store.url_of(layout.TOKENIZER)  # the backends loaded here are the ones the report counts with, once
+
+    def backend_of(backend: str):
+        return loaded_backend(url, tokenizer.sha256, backend)
+
+    choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log=log, backend_of=backend_of)
     store.write_json(ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report})
     return choice
