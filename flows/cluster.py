@@ -129,8 +129,14 @@ def prepare_cluster(client: Client) -> None:
     now, while the flow partitions and chooses the encoder: a fresh worker spends about 2 s importing them
     when its first shard arrives."""
     client.register_plugin(QuickExit())
-    for worker in client.scheduler_info()["workers"]:  # not awaited: the flow has other work meanwhile
-        fire_and_forget(client.submit(warm_up, workers=[worker], pure=False))
+    on_every_worker(client, warm_up)
+
+
+def on_every_worker(client: Client, work: Callable, *args) -> None:
+    """Run `work(*args)` once on each worker the cluster has now, not awaited: the flow has other work
+    meanwhile (a worker's shard tasks queue behind it)."""
+    for worker in client.scheduler_info()["workers"]:
+        fire_and_forget(client.submit(work, *args, workers=[worker], pure=False))
 
 
 @contextlib.contextmanager

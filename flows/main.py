@@ -13,9 +13,11 @@ Every task runs in this flow's process; the shard work runs on the Dask cluster 
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pandas as pd
+from distributed import default_client
 from prefect import flow, get_run_logger
 from prefect.artifacts import (
     create_link_artifact,
@@ -26,7 +28,7 @@ from prefect.artifacts import (
 )
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.cluster import dask_client, prepare_cluster
+from flows.cluster import dask_client, on_every_worker, prepare_cluster
 from tasks.partition import partition
 from tasks.publish import already_published, publish
 from tasks.sample import sample_shards
@@ -42,10 +44,12 @@ from tokenmill.pack import writes_packed
 from tokenmill.runs import save_run_config
 from tokenmill.sampling import fractions as sample_fractions
 from tokenmill.shuffle_documents import check_counts, shuffled_shards
+from tokenmill.tokenize import preload_encoder
 
 # Group task runs at once: each waits in a thread while its shards run on the cluster. The thread pool is the
 # throttle (a group still queued is not yet a task run).
 GROUP_THREADS = 64
+PROGRESS_EVERY_S = 1.0  # the least time between two updates of a stage's progress artifact
 
 
 def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
@@ -59,35 +63,55 @@ def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
     return shuffled_shards(config, plan["key"], gathered), time.perf_counter() - started
 
 
+class StageRun:
+    """A shard stage's task submitted over every group of items (at most `groups`, else `dask.groups_per_stage`);
+    its groups run in the flow's thread pool while the flow does other work, until `results()` waits for them."""
+
+    def __init__(self, stage_task, config: TokenmillConfig, items: list, *args, groups: int | None = None):
+        self.stage_task, self.items = stage_task, items
+        self.groups = in_groups(items, groups or config.dask.groups_per_stage)
+        self.futures = [stage_task.submit(config, group, *args) for group in self.groups]
+
+    @functools.cached_property
+    def group_results(self) -> list:
+        """Each group's result, in order, or ShardsFailed naming every shard that failed (a flow must not end
+        Completed with failed shards, which Prefect allows when their states are not returned)."""
+        failures: dict[str, dict[int, str]] = {}
+        description = f"{self.stage_task.name}: shards done, in percent"
+        progress, done, reported = create_progress_artifact(0.0, description=description), 0, time.monotonic()
+        for future, group in zip(self.futures, self.groups, strict=True):
+            future.wait()
+            done += len(group.unwrap())
+            # each update is an API call: at most one a second, and the last
+            if done == len(self.items) or time.monotonic() - reported >= PROGRESS_EVERY_S:
+                update_progress_artifact(progress, 100 * done / len(self.items))
+                reported = time.monotonic()
+            if future.state.is_completed():
+                continue
+            error = future.state.result(raise_on_failure=False)
+            if isinstance(error, GroupFailed):
+                for stage, failed in error.failures.items():
+                    failures.setdefault(stage, {}).update(failed)
+            else:  # the task itself failed, outside its shards' work
+                failures.setdefault(self.stage_task.name, {}).update({shard_id(i): repr(error) for i in group.unwrap()})
+        for stage, failed in failures.items():
+            if failed:
+                raise ShardsFailed(stage, failed, len(self.items))
+        return [future.result() for future in self.futures]
+
+    def results(self) -> list:
+        """For a stage whose groups return a result per item: every item's result, in order."""
+        return [result for group in self.group_results for result in group]
+
+
 def map_stage(stage_task, config: TokenmillConfig, items: list, *args) -> list:
-    """A shard stage's task over every group of items; each group's result, in order, or ShardsFailed naming
-    every shard that failed (a flow must not end Completed with failed shards, which Prefect allows when their
-    states are not returned)."""
-    groups = in_groups(items, config.dask.groups_per_stage)
-    futures = [stage_task.submit(config, group, *args) for group in groups]
-    failures: dict[str, dict[int, str]] = {}
-    progress, done = create_progress_artifact(0.0, description=f"{stage_task.name}: shards done, in percent"), 0
-    for future, group in zip(futures, groups, strict=True):
-        future.wait()
-        done += len(group.unwrap())
-        update_progress_artifact(progress, 100 * done / len(items))
-        if future.state.is_completed():
-            continue
-        error = future.state.result(raise_on_failure=False)
-        if isinstance(error, GroupFailed):
-            for stage, failed in error.failures.items():
-                failures.setdefault(stage, {}).update(failed)
-        else:  # the task itself failed, outside its shards' work
-            failures.setdefault(stage_task.name, {}).update({shard_id(i): repr(error) for i in group.unwrap()})
-    for stage, failed in failures.items():
-        if failed:
-            raise ShardsFailed(stage, failed, len(items))
-    return [future.result() for future in futures]
+    """A shard stage over every group of items, waited for: each group's result, in order (see StageRun)."""
+    return StageRun(stage_task, config, items, *args).group_results
 
 
 def map_shards(stage_task, config: TokenmillConfig, items: list, *args) -> list:
     """`map_stage` for a stage whose groups return a result per item: every item's result, in order."""
-    return [result for group in map_stage(stage_task, config, items, *args) for result in group]
+    return StageRun(stage_task, config, items, *args).results()
 
 
 def tokenize_and_pack(config: TokenmillConfig, shards: list[dict], tokenizer, encoder) -> tuple[pd.DataFrame, dict]:
@@ -141,15 +165,19 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         plan = {**plan, "shards": shards}
         logger.info("shuffled all documents into %d shards in %.1f s", len(shards), shuffle_seconds)
 
+    # The sample reads a bounded few MB over all shards: one task run (each costs ~0.1 s of CPU here and in the
+    # Prefect server), its shards still Dask tasks with their own retries.
     training = config.tokenizer.train is not None
-    samples = map_shards(sample_shards, config, shards, *sample_fractions(config, plan)) if training else []
-    tokenizer = train_tokenizer(config, samples) if training else pretrained_tokenizer(config)
+    sampling = StageRun(sample_shards, config, shards, *sample_fractions(config, plan), groups=1) if training else None
+    tokenizer = train_tokenizer(config, sampling.results()) if training else pretrained_tokenizer(config)
     logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
     if not rebuild and (done := already_published(config, plan, tokenizer)) is not None:
         return unchanged_summary(config, done, time.perf_counter() - started)
-    if config.fertility.enabled and not training:
-        samples = map_shards(sample_shards, config, shards, *sample_fractions(config, plan))
+    if config.fertility.enabled and not training:  # drawn on the cluster while the encoder is chosen here
+        sampling = StageRun(sample_shards, config, shards, *sample_fractions(config, plan), groups=1)
+    on_every_worker(default_client(), preload_encoder, config, tokenizer)  # also while the encoder is chosen
     encoder = choose_encoder(config, shards, tokenizer)  # once per run; shards get the small choice
+    samples = sampling.results() if sampling is not None else []
     # The report needs the tokenizer, its encoder and the held-out sample: it runs while the shards are tokenized.
     report = tokenizer_report.submit(config, tokenizer, samples, encoder) if config.fertility.enabled else None
     tokenize_started = time.perf_counter()

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
+import numpy as np
+import orjson
 import pytest
 
 from tokenmill.config import load_config
 from tokenmill.tokenizer import TokenizerInfo
 from tokenmill.validate import ValidationFailed, stats_table, validate
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, read_jsonl
 
 
 @pytest.fixture
@@ -91,3 +94,69 @@ def test_documents_without_their_bos_fail(dataset):
     with_bos = TokenizerInfo(tokenizer.sha256, tokenizer.vocab_size, tokenizer.eod_id, False, bos_id=tokenizer.eod_id)
     with pytest.raises(ValidationFailed, match=r"megatron/\w+/shard-\d+\.bin: \d+ documents do not start with BOS"):
         validate(config, plan, with_bos, table)
+
+
+@pytest.fixture
+def one_split_dataset(tmp_path):
+    """A one-split dataset of 3 shards of plain JSONL with blank and CRLF-ended lines among its records (the
+    reference check then reads only the lines it samples), made by the library's stages."""
+    from tokenmill import pack
+    from tokenmill.config import TokenmillConfig
+    from tokenmill.partition import load_or_plan
+    from tokenmill.tokenize import tokenize_shard
+    from tokenmill.tokenizer import install_pretrained
+
+    from .conftest import CORPORA, TOKENIZERS
+
+    lines = [
+        orjson.dumps({"id": d["id"], "text": d["text"]})
+        for d in read_jsonl(CORPORA / "web_dclm_annotated" / "web_dclm_annotated.jsonl.gz")
+    ]
+    lines[5:5] = [b"", b"  \t"]
+    path = tmp_path / "corpus.jsonl"
+    path.write_bytes(b"\n".join(line + (b"\r" if i % 7 == 0 else b"") for i, line in enumerate(lines)) + b"\n")
+    config = TokenmillConfig.model_validate(
+        {
+            "name": "one-split",
+            "input": {"paths": [str(path)], "id_field": "id"},
+            "partition": {"shard_size": f"{path.stat().st_size // 3 + 1}B"},
+            "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json"), "check_min_documents": 100},
+            "pack": {"mode": "none"},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+    plan, _ = load_or_plan(config)
+    assert len(plan["shards"]) == 3
+    tokenizer = install_pretrained(config)
+    tokenized = [tokenize_shard(config, shard, tokenizer) for shard in plan["shards"]]
+    return config, plan, tokenizer, stats_table(tokenized, [pack.skipped(t) for t in tokenized])
+
+
+def test_the_reference_check_reads_only_sampled_lines_yet_finds_the_same_documents(one_split_dataset):
+    """One split and no rejects: the sampled documents are found by their line among the shard's records (blank
+    lines are not records) and equal those that reading the shard as tokenize did finds."""
+    from tokenmill import validate as library
+
+    config, plan, tokenizer, table = one_split_dataset
+    fast = library.reference_sample(config, plan, table)
+    texts_at, library.texts_at = library.texts_at, lambda *args: None
+    try:
+        careful = library.reference_sample(config, plan, table)
+    finally:
+        library.texts_at = texts_at
+    assert fast == careful and len(fast) >= 100
+    shard, documents = plan["shards"][0], int(table.documents[0])
+    records = read_jsonl(Path(config.input.paths[0]))  # the corpus's documents: lines 6 and 7 are blank
+    assert texts_at(config, shard, np.array([0, 4, 5]), documents) == [records[i]["text"] for i in (0, 4, 5)]
+    assert texts_at(config, shard, np.array([0]), documents + 1) is None  # a count that differs: read as tokenize did
+    validate(config, plan, tokenizer, table)
+
+
+def test_ids_that_differ_from_the_reference_fail_naming_the_file(one_split_dataset):
+    config, plan, tokenizer, table = one_split_dataset
+    bin_path = Path(config.output.path) / "megatron/train/shard-00001.bin"
+    tokens = np.fromfile(bin_path, np.uint16)
+    tokens[tokens != tokenizer.eod_id] = 11  # every document's ids now ","s: sizes, EOD and vocabulary still fine
+    tokens.tofile(bin_path)
+    with pytest.raises(ValidationFailed, match=r"re-encoded with hf differ(.|\n)*megatron/train/shard-00001\.bin"):
+        validate(config, plan, tokenizer, table)

@@ -144,7 +144,8 @@ class Record:
 SHUFFLED_FIELDS = ("file", "line", "id", "text", "extra", "raw", "problem", "size")
 
 
-def _field(record, dotted: str):
+def field_value(record, dotted: str):
+    """The value at a dotted path in a parsed record (`meta.text`), or None where it is absent."""
     value = record
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
@@ -190,9 +191,9 @@ def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) 
         return Record(number, None, None, {}, line, problem)
     if not isinstance(record, dict):
         return Record(number, None, None, {}, line, f"not a JSON object ({type(record).__name__})")
-    doc_id = f"{name}:{number}" if options.id_field is None else _field(record, options.id_field)
-    extra = {f: _field(record, f) for f in options.fields}
-    return Record(number, doc_id, _field(record, options.text_field), extra, line)
+    doc_id = f"{name}:{number}" if options.id_field is None else field_value(record, options.id_field)
+    extra = {f: field_value(record, f) for f in options.fields}
+    return Record(number, doc_id, field_value(record, options.text_field), extra, line)
 
 
 def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
@@ -209,10 +210,10 @@ def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[
             rows = parquet.read_row_group(g, columns=sorted(top)).to_pylist()
             for offset, record in enumerate(rows):
                 number = starts[g] + offset + 1
-                doc_id = f"{name}:{number}" if options.id_field is None else _field(record, options.id_field)
-                extra = {f: _field(record, f) for f in options.fields}
+                doc_id = f"{name}:{number}" if options.id_field is None else field_value(record, options.id_field)
+                extra = {f: field_value(record, f) for f in options.fields}
                 yield Record(
-                    number, doc_id, _field(record, options.text_field), extra, orjson.dumps(record, default=str)
+                    number, doc_id, field_value(record, options.text_field), extra, orjson.dumps(record, default=str)
                 )
 
 
@@ -425,29 +426,37 @@ def _fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
 def _fast_jsonl(
     piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int
 ) -> Iterator[tuple[Batch, list[Reject]]]:
-    name = display_name(piece.path)
+    name, read_any = display_name(piece.path), False
     try:
-        with open_piece(piece, options) as f:
-            if piece.start:
-                f.seek(piece.start)
-            pos, line = piece.start, piece.first_line
-            while piece.end is None or pos < piece.end:
-                block = f.read(batch_bytes if piece.end is None else min(batch_bytes, piece.end - pos))
-                if block and not block.endswith(b"\n") and (piece.end is None or pos + len(block) < piece.end):
-                    block += f.readline()  # whole lines only
-                if not block:
-                    break
-                if piece.end is not None and pos + len(block) > piece.end:
-                    block = block[: piece.end - pos]
-                if pos == 0 and not block.strip():
-                    break  # an empty file: the careful path below says so
-                newlines = block.count(b"\n")  # once per block: it is a pass over 8 MB
-                yield jsonl_block(block, line, name, options, seen_ids, newlines)
-                pos, line = pos + len(block), line + newlines + (not block.endswith(b"\n"))
+        for block, line, newlines in line_blocks(piece, options, batch_bytes):
+            read_any = True
+            yield jsonl_block(block, line, name, options, seen_ids, newlines)
     except FileNotFoundError as e:
         raise InputError(f"{piece.path}: no such file") from e
-    if piece.start == 0 and pos == 0:
+    if piece.start == 0 and not read_any:  # an empty file: the careful path says so
         yield from read_documents([piece], options)
+
+
+def line_blocks(piece: Piece, options: ReadOptions, batch_bytes: int = BATCH_BYTES) -> Iterator[tuple[bytes, int, int]]:
+    """A line-based piece as blocks of whole lines of about `batch_bytes`: (block, the number of its first line,
+    the line endings it holds). Nothing for an empty file."""
+    with open_piece(piece, options) as f:
+        if piece.start:
+            f.seek(piece.start)
+        pos, line = piece.start, piece.first_line
+        while piece.end is None or pos < piece.end:
+            block = f.read(batch_bytes if piece.end is None else min(batch_bytes, piece.end - pos))
+            if block and not block.endswith(b"\n") and (piece.end is None or pos + len(block) < piece.end):
+                block += f.readline()  # whole lines only
+            if not block:
+                break
+            if piece.end is not None and pos + len(block) > piece.end:
+                block = block[: piece.end - pos]
+            if pos == 0 and not block.strip():
+                break
+            newlines = block.count(b"\n")  # once per block: it is a pass over 8 MB
+            yield block, line, newlines
+            pos, line = pos + len(block), line + newlines + (not block.endswith(b"\n"))
 
 
 def jsonl_block(
@@ -482,10 +491,7 @@ def _fast_batch(
     texts = table.column(options.text_field).combine_chunks()
     if table.num_rows != lines or texts.null_count:
         return None
-    chars = pc.utf8_length(texts)
-    if pc.min(chars).as_py() < options.min_chars or (
-        options.max_chars is not None and pc.max(chars).as_py() > options.max_chars
-    ):
+    if not _lengths_within(texts, options):
         return None
     if options.id_field is None:
         ids = [f"{name}:{n}" for n in range(first_line, first_line + lines)]
@@ -501,6 +507,20 @@ def _fast_batch(
     nbytes = len(block) - newlines - (block.count(b"\r\n") if b"\r" in block else 0)
     extra = {f: table.column(f).to_pylist() for f in options.fields}
     return Batch(ids=ids, nbytes=nbytes, text_array=texts, extra=extra)
+
+
+def _lengths_within(texts: pyarrow.Array, options: ReadOptions) -> bool:
+    """Whether every text's length in characters is within the limits. A character is 1 to 4 UTF-8 bytes, so the
+    byte lengths (read off the offsets) usually decide; the characters are counted only where they do not."""
+
+    def within(fewest: int, most: int) -> bool:
+        return fewest >= options.min_chars and (options.max_chars is None or most <= options.max_chars)
+
+    nbytes = pc.min_max(pc.binary_length(texts)).as_py()
+    if within(-(-nbytes["min"] // 4), nbytes["max"]):  # at least bytes/4 characters, at most bytes
+        return True
+    chars = pc.min_max(pc.utf8_length(texts)).as_py()
+    return within(chars["min"], chars["max"])
 
 
 def _careful_block(

@@ -73,7 +73,8 @@ def _png(figure) -> bytes:
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight", metadata={"Software": None})
+    # A fixed layout (see `_figure`): "tight" bounding boxes measured every text and drew the figure twice.
+    figure.savefig(buffer, format="png", dpi=90, metadata={"Software": None})
     plt.close(figure)
     return buffer.getvalue()
 
@@ -93,18 +94,25 @@ def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]
 
     matplotlib.use("Agg")  # files only, never a display
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    def _figure():
+        return plt.subplots(figsize=(6, 3.2), gridspec_kw={"left": 0.15, "right": 0.97, "top": 0.9, "bottom": 0.2})
 
     lengths = document_lengths(store, manifest)
-    figure, ax = plt.subplots(figsize=(6, 3.2))
+    figure, ax = _figure()
     if len(lengths):
         bins = np.logspace(0, np.log10(max(lengths.max(), 10)), 40)
         ax.hist(lengths, bins=bins, color="#4c72b0")
         ax.set_xscale("log")
+        # plain numbers: the default 10^n labels go through mathtext's parser (a third of the plots' time)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set(title="Document length", xlabel="tokens per document (EOD included)", ylabel="documents")
     document_plot = _png(figure)
 
     per_shard = table.pivot_table(index="shard_id", columns="split", values="tokens", aggfunc="sum", fill_value=0)
-    figure, ax = plt.subplots(figsize=(6, 3.2))
+    figure, ax = _figure()
     bottom = np.zeros(len(per_shard))
     for split in per_shard.columns:
         ax.bar(per_shard.index, per_shard[split], bottom=bottom, label=split)
@@ -118,13 +126,13 @@ def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]
     padded = [
         (manifest["splits"][s].get("packing", {}).get("padded_layout", {}).get("utilization") or 0) for s in splits
     ]
-    figure, ax = plt.subplots(figsize=(6, 3.2))
+    figure, ax = _figure()
     x = np.arange(len(splits))
     ax.bar(x - 0.2, packed, 0.4, label="packed")
     ax.bar(x + 0.2, padded, 0.4, label="one document per padded row")
     ax.set_xticks(x, splits)
     ax.set(title="Packing utilization", ylabel="real tokens / token slots", ylim=(0, 1.05))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
+    ax.legend(loc="upper center", ncol=2, frameon=False)
     return {"document_lengths": document_plot, "tokens_per_shard": shard_plot, "utilization": _png(figure)}
 
 

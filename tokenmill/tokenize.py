@@ -21,7 +21,7 @@ import orjson
 from tokenmill import __version__, layout
 from tokenmill.commits import check, commit
 from tokenmill.config import TokenmillConfig
-from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder
+from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder, loaded_backend, preload_backends
 from tokenmill.formats.megatron import BinWriter, token_dtype, write_index
 from tokenmill.hashing import assign_splits
 from tokenmill.partition import shard_pieces
@@ -127,6 +127,12 @@ def tokenize_shard(
     return commit(store, STAGE, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
 
 
+def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:
+    """Load the encoders this run will most likely choose into this (worker) process, while the run's choice is
+    verified: each worker's first shard then starts encoding at once."""
+    preload_backends(config.output.store().url_of(layout.TOKENIZER), tokenizer.sha256, config.tokenizer.encoder)
+
+
 def verification_sample(config: TokenmillConfig, shards: list[dict], documents: int) -> list[str]:
     """About `documents` texts drawn across the shards: an equal share from the start of each of at most
     VERIFY_SHARDS evenly spaced shards, read in small batches (so this costs little however large the shards,
@@ -154,6 +160,11 @@ def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: T
     store = config.output.store()
     data = store.read_bytes(layout.TOKENIZER)
     sample = verification_sample(config, shards, config.tokenizer.verify_documents)
-    choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log=log)
+    url = store.url_of(layout.TOKENIZER)  # the backends loaded here are the ones the report counts with, once
+
+    def backend_of(backend: str):
+        return loaded_backend(url, tokenizer.sha256, backend)
+
+    choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log=log, backend_of=backend_of)
     store.write_json(ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report})
     return choice

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numpy as np
+import orjson
 import pandas as pd
 
 from tokenmill import layout
@@ -29,7 +30,7 @@ from tokenmill.hashing import assign_splits
 from tokenmill.pack import pad_id as pack_pad_id
 from tokenmill.pack import writes_packed
 from tokenmill.partition import shard_pieces
-from tokenmill.readers import read_documents
+from tokenmill.readers import field_value, kind_of, line_blocks, read_documents
 from tokenmill.storage import Store
 from tokenmill.tokenizer import TokenizerInfo, load_tokenizer
 
@@ -285,14 +286,19 @@ def reference_sample(config: TokenmillConfig, plan: dict, table: pd.DataFrame, s
     chosen = np.sort(rng.choice(held, size=min(wanted, held), replace=False))
     starts = np.cumsum([0] + [int(per_shard[s]) for s in read])
     names = list(config.split)
+    rejected = table.groupby("shard_id").rejected.first()
 
     def sampled_from(k: int) -> list[tuple[str, int, int, str]]:
         """(split, shard, index within the shard's split, text) of the chosen documents of shard `read[k]`."""
         shard_id, position, found = read[k], int(starts[k]), []
         mine = chosen[(chosen >= starts[k]) & (chosen < starts[k + 1])]
+        if len(names) == 1 and not rejected[shard_id]:  # every record a document, all in one split
+            texts = texts_at(config, shards[shard_id], mine - position, int(per_shard[shard_id]))
+            if texts is not None:
+                return [(names[0], shard_id, int(i), t) for i, t in zip(mine - position, texts, strict=True)]
         counters = np.zeros(len(names), np.int64)
         for batch, _ in read_documents(shard_pieces(shards[shard_id]), config.input.read_options(), columnar=True):
-            splits = assign_splits(batch.ids, config.split)
+            splits = assign_splits(batch.ids, config.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
             texts = batch.text_values()
             for i in mine[(mine >= position) & (mine < position + len(batch))] - position:
                 split = splits[i]
@@ -304,6 +310,25 @@ def reference_sample(config: TokenmillConfig, plan: dict, table: pd.DataFrame, s
 
     with ThreadPoolExecutor(len(read)) as pool:  # pyarrow parses with the GIL released: one shard per thread
         return [document for part in pool.map(sampled_from, range(len(read))) for document in part]
+
+
+def texts_at(config: TokenmillConfig, shard: dict, positions: np.ndarray, documents: int) -> list[str] | None:
+    """The texts of the documents at `positions` (sorted) of a shard of JSONL with no rejects, whose documents
+    are then its records (non-blank lines) in order: every line is split off, only the chosen ones are parsed
+    (a fifth of the time of reading the shard as tokenize did). None where the shard is not all JSONL, or where
+    its records do not number `documents`: the caller then reads it as tokenize did."""
+    options = config.input.read_options()
+    pieces = shard_pieces(shard)
+    if any(kind_of(piece, options) != "jsonl" for piece in pieces):
+        return None
+    texts, position = [], 0
+    for piece in pieces:
+        for block, _, _ in line_blocks(piece, options):
+            records = [line for line in block.split(b"\n") if line.strip()]  # blank lines are not records
+            for i in positions[(positions >= position) & (positions < position + len(records))] - position:
+                texts.append(field_value(orjson.loads(records[i]), options.text_field))
+            position += len(records)
+    return texts if position == documents and len(texts) == len(positions) else None
 
 
 def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame):
