@@ -151,6 +151,12 @@ def cluster_threads(client, config: TokenmillConfig) -> int:
     return max(threads, adaptive.maximum) if adaptive and not config.dask.scheduler() else max(threads, 1)
 
 
+def start_sample(config: TokenmillConfig, plan: dict) -> StageRun:
+    """The sample stage, started: it reads a bounded few MB over all shards, so one task run (each costs ~0.1 s
+    of CPU here and in the Prefect server), its shards still Dask tasks with their own retries."""
+    return StageRun(sample_shards, config, plan["shards"], *sample_fractions(config, plan), groups=1)
+
+
 def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool = False) -> dict:
     """The DAG of DESIGN.md."""
     logger = get_run_logger()
@@ -165,16 +171,14 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         plan = {**plan, "shards": shards}
         logger.info("shuffled all documents into %d shards in %.1f s", len(shards), shuffle_seconds)
 
-    # The sample reads a bounded few MB over all shards: one task run (each costs ~0.1 s of CPU here and in the
-    # Prefect server), its shards still Dask tasks with their own retries.
     training = config.tokenizer.train is not None
-    sampling = StageRun(sample_shards, config, shards, *sample_fractions(config, plan), groups=1) if training else None
+    sampling = start_sample(config, plan) if training else None
     tokenizer = train_tokenizer(config, sampling.results()) if training else pretrained_tokenizer(config)
     logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
     if not rebuild and (done := already_published(config, plan, tokenizer)) is not None:
         return unchanged_summary(config, done, time.perf_counter() - started)
     if config.fertility.enabled and not training:  # drawn on the cluster while the encoder is chosen here
-        sampling = StageRun(sample_shards, config, shards, *sample_fractions(config, plan), groups=1)
+        sampling = start_sample(config, plan)
     on_every_worker(default_client(), preload_encoder, config, tokenizer)  # also while the encoder is chosen
     encoder = choose_encoder(config, shards, tokenizer)  # once per run; shards get the small choice
     samples = sampling.results() if sampling is not None else []
