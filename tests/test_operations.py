@@ -57,6 +57,15 @@ def press_retry(client, flow_run_id):
     return final_state(client, flow_run_id)
 
 
+def logged(client, flow_run_id, text: str) -> bool:
+    """Whether the flow run logged `text`. Filtered by run on the server: the session server holds every test's
+    logs, and an unfiltered read returns only the oldest page of them."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return any(text in log.message for log in logs)
+
+
 def block(path: Path) -> None:
     """Make a shard's output file impossible to write (a directory stands where the file must go): the
     shard's task fails on every try until the obstacle is removed, as with a storage fault."""
@@ -110,8 +119,7 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
     tokenized_after = markers(out, "tokenize")
     assert len(tokenized_after) == 4
     assert {k: tokenized_after[k] for k in tokenized_before} == tokenized_before  # reused, not recomputed
-    logs = prefect_client.read_logs()
-    assert any("reused 3 of 4 committed tokenize shards" in log.message for log in logs)
+    wait_for(lambda: logged(prefect_client, run.id, "reused 3 of 4 committed tokenize shards"), 30, "the reuse log")
 
     # the retried run equals a clean run
     retried, fresh = dataset_files(out), dataset_files(gpt2_run)
