@@ -9,15 +9,15 @@ from tokenmill.partition import load_or_plan
 
 @task(name="partition")
 def partition(config: TokenmillConfig, cluster_threads: int) -> dict:
-    plan, reused = load_or_plan(config, cluster_threads)
+    plan, change = load_or_plan(config, cluster_threads)
     logger = get_run_logger()
-    if reused:
+    if change is None:
         logger.info("the input is as plan.json recorded it: reusing its %d shards", len(plan["shards"]))
-    elif change := plan.get("change"):
+    elif change:
         logger.info(
-            "the input changed since the last plan: %d files added, %d changed, %d removed; %d shards kept "
-            "(their committed output is reused), %d new",
+            "the input changed since the last plan: %d files added, %d changed, %d removed; %d shards kept and %d "
+            "renumbered (their committed output is reused), %d new",
             change["files_added"], change["files_changed"], change["files_removed"],
-            change["shards_kept"], change["shards_new"],
+            change["shards_kept"], change["shards_renumbered"], change["shards_new"],
         )  # fmt: skip
     return plan

@@ -149,6 +149,25 @@ def test_nightly_runs_over_a_growing_input(run_cli, s3_server, enwiki_docs, tmp_
     assert "0 input files added" in diff and "1 input files removed" in diff and "part-3.jsonl.gz" in diff
     assert f"documents_in: {2 * DOCS + 900:,} -> {DOCS + 900:,} (-{DOCS:,})" in diff
     assert "verified" in run_cli("inspect", root.url, "--verify").stdout
+
+    # night 6: a file lands that sorts before the others. The shards after it move up an id, with their committed
+    # output (their results are the ones committed before, not made again), and the version is the one a first
+    # run over the same files makes in an empty build: the same name, the same bytes.
+    tokenized_before = {i: build.read_json(marker("tokenize", shard_of(build, f"part-{i}.jsonl.gz"))) for i in (1, 2)}
+    place.land("part-0.jsonl.gz", part[3])
+    v5 = run()
+    assert v5["lineage"]["shards_kept"] == 2 and v5["lineage"]["shards_made"] == 1
+    for i in (1, 2):
+        moved = build.read_json(marker("tokenize", shard_of(build, f"part-{i}.jsonl.gz")))
+        assert moved["result"]["shard_id"] == tokenized_before[i]["result"]["shard_id"] + 1
+        assert moved["result"] | {"shard_id": 0} == tokenized_before[i]["result"] | {"shard_id": 0}
+    fresh = run_cli(
+        *place.args("--set", f"output.path={place.build}-fresh", "--set", f"output.publish.path={place.root}/fresh")
+    )
+    fresh_root = Store(f"{place.root}/fresh/nightly")
+    assert fresh_root.read_bytes("LATEST").decode().strip() == v5["version"], fresh.stdout
+    assert fresh_root.read_json(f"{v5['version']}/manifest.json")["files"] == v5["files"]
+
     if kind == "local":
         shutil.rmtree(tmp_path / "build")  # the published versions do not depend on the build directory
         assert "verified" in run_cli("inspect", f"{root.url}/{v3['version']}", "--verify").stdout

@@ -105,10 +105,10 @@ def test_plan_is_deterministic_and_reused_while_the_input_is_unchanged(tmp_path)
     write_jsonl(tmp_path / "x.jsonl", 2000)
     config = make_config([str(tmp_path / "*.jsonl")], 25_000, tmp_path)
     assert plan_shards(config) == plan_shards(config)
-    first, reused = load_or_plan(config)
-    assert not reused and [f["path"] for f in first["files"]] == [str(tmp_path / "x.jsonl")]
-    again, reused = load_or_plan(config)
-    assert reused and again == first
+    first, change = load_or_plan(config)
+    assert change == {} and [f["path"] for f in first["files"]] == [str(tmp_path / "x.jsonl")]
+    again, change = load_or_plan(config)
+    assert change is None and again == first
 
 
 def test_a_changed_input_gets_a_plan_that_keeps_the_unchanged_shards(tmp_path):
@@ -119,29 +119,33 @@ def test_a_changed_input_gets_a_plan_that_keeps_the_unchanged_shards(tmp_path):
     for name in "abc":
         write_jsonl(tmp_path / f"{name}.jsonl", 300, prefix=name)
     config = make_config([str(tmp_path / "*.jsonl")], 100_000, tmp_path)  # 80 KB files: a shard each
+    store = config.output.store()
+
+    def tokenized(plan):  # as if tokenized: a file (its shard's source) and its marker per shard
+        for shard in plan["shards"]:
+            rel, data = f"megatron/train/shard-{shard['shard_id']:05d}.bin", shard["source"].encode()
+            store.write_bytes(rel, data)
+            result = {"shard_id": shard["shard_id"], "source": shard["source"]}
+            commit(store, "tokenize", shard["shard_id"], shard["source"], result, {rel: store.digest(rel)})
+
     first, _ = load_or_plan(config)
     ids = {s["pieces"][0]["path"].rsplit("/", 1)[-1]: s["shard_id"] for s in first["shards"]}
     assert ids == {"a.jsonl": 0, "b.jsonl": 1, "c.jsonl": 2}
-    store = config.output.store()
-    for shard in first["shards"]:  # as if tokenized: a file and its marker per shard
-        rel = f"megatron/train/shard-{shard['shard_id']:05d}.bin"
-        store.write_bytes(rel, b"tokens")
-        commit(store, "tokenize", shard["shard_id"], shard["source"], {}, {rel: {"bytes": 6, "sha256": "-"}})
+    tokenized(first)
 
     # b is removed, c replaced with other content, d lands
     (tmp_path / "b.jsonl").unlink()
     write_jsonl(tmp_path / "c.jsonl", 310, prefix="c2")
     os.utime(tmp_path / "c.jsonl", ns=(1, 1))  # a new mtime, as a replaced file has
     write_jsonl(tmp_path / "d.jsonl", 300, prefix="d")
-    second, reused = load_or_plan(config)
-    assert not reused
-    assert second["change"] == {
-        "from_inputs": first["inputs"], "files_added": 1, "files_changed": 1, "files_removed": 1,
-        "shards_kept": 1, "shards_new": 2,
+    second, change = load_or_plan(config)
+    assert change == {
+        "files_added": 1, "files_changed": 1, "files_removed": 1,
+        "shards_kept": 1, "shards_renumbered": 0, "shards_new": 2,
     }  # fmt: skip
     by_file = {s["pieces"][0]["path"].rsplit("/", 1)[-1]: s for s in second["shards"]}
     assert by_file["a.jsonl"] == first["shards"][0]  # kept: same id, same source, so its output is reused
-    assert (by_file["c.jsonl"]["shard_id"], by_file["d.jsonl"]["shard_id"]) == (1, 2)  # the freed ids first
+    assert (by_file["c.jsonl"]["shard_id"], by_file["d.jsonl"]["shard_id"]) == (1, 2)  # ids in input order
     assert by_file["c.jsonl"]["source"] != first["shards"][2]["source"]
     # the dropped and changed shards' committed outputs are gone, the kept one's stay
     assert store.exists(marker("tokenize", 0)) and store.exists("megatron/train/shard-00000.bin")
@@ -149,11 +153,42 @@ def test_a_changed_input_gets_a_plan_that_keeps_the_unchanged_shards(tmp_path):
     assert not store.exists("megatron/train/shard-00001.bin") and not store.exists("megatron/train/shard-00002.bin")
     docs, _ = read_all(config, second)
     assert len(docs) == 300 + 310 + 300 and not any(i.startswith("b") for i, _ in docs)
+    tokenized(second)
 
-    # a file removed with nothing to take its id leaves a gap: ids name the same shards across plans
+    # c removed: d's shard moves up to id 1 with its committed file and marker, as a plan of a and d alone has it
     (tmp_path / "c.jsonl").unlink()
-    third, _ = load_or_plan(config)
-    assert [s["shard_id"] for s in third["shards"]] == [0, 2]
+    third, change = load_or_plan(config)
+    assert [s["shard_id"] for s in third["shards"]] == [0, 1]
+    assert change == {
+        "files_added": 0, "files_changed": 0, "files_removed": 1,
+        "shards_kept": 1, "shards_renumbered": 1, "shards_new": 0,
+    }  # fmt: skip
+    d = by_file["d.jsonl"]
+    assert third["shards"][1] == d | {"shard_id": 1}
+    assert store.read_bytes("megatron/train/shard-00001.bin") == d["source"].encode()
+    assert store.read_json(marker("tokenize", 1))["result"] == {"shard_id": 1, "source": d["source"]}
+    assert not store.exists("megatron/train/shard-00002.bin") and not store.exists(marker("tokenize", 2))
+    fresh = make_config([str(tmp_path / "*.jsonl")], 100_000, tmp_path / "fresh")
+    assert plan_shards(fresh)["shards"] == third["shards"]
+
+
+def test_small_files_group_by_their_names_so_one_file_landing_changes_one_group(tmp_path):
+    """Grouped small files end their groups where hashes of their names say, not where a shard filled up: a
+    file landing in the middle of the input changes its own group, and the plan is the one a first run over
+    the grown input makes (the same shards, the same ids), whatever came before."""
+    names = [f"part-{i:03d}.jsonl" for i in range(0, 200, 2)]
+    for name in names:
+        write_jsonl(tmp_path / name, 20, prefix=name)  # ~5 KB files, ~20 to a 100 KB shard
+    config = make_config([str(tmp_path / "*.jsonl")], 100_000, tmp_path)
+    before, _ = load_or_plan(config)
+    sizes = [s["bytes"] for s in before["shards"]]
+    assert len(sizes) > 5 and all(50_000 <= n < 200_000 + 6_000 for n in sizes[:-1])  # half to two shards
+    write_jsonl(tmp_path / "part-101.jsonl", 20, prefix="new")
+    after, change = load_or_plan(config)
+    assert change["shards_new"] == 1  # the group the file landed in, made anew; the others kept
+    assert change["shards_kept"] + change["shards_renumbered"] == len(after["shards"]) - 1
+    fresh = make_config([str(tmp_path / "*.jsonl")], 100_000, tmp_path / "fresh")
+    assert plan_shards(fresh)["shards"] == after["shards"]
 
 
 def test_auto_shard_size_follows_corpus_and_cluster_within_its_bounds():
@@ -172,8 +207,8 @@ def test_auto_shard_size_is_kept_by_later_plans_of_the_same_output(tmp_path, mon
     assert first["shard_size"] == -(-size // 16) and len(first["shards"]) == 16
     # the partition config changes (a new plan), and the run has 4 threads now: the size stays
     changed = config.model_copy(update={"partition": config.partition.model_copy(update={"seed": 1})})
-    second, reused = load_or_plan(changed, cluster_threads=4)
-    assert not reused and second["shard_size"] == first["shard_size"] and second["shards"] == first["shards"]
+    second, change = load_or_plan(changed, cluster_threads=4)
+    assert change is not None and second["shard_size"] == first["shard_size"] and second["shards"] == first["shards"]
     # an explicit size is used as given
     explicit = config.model_copy(update={"partition": config.partition.model_copy(update={"shard_size": 50_000})})
     third, _ = load_or_plan(explicit, cluster_threads=4)

@@ -10,9 +10,11 @@ recomputations redo nothing; a file changed or deleted since its commit (a bit f
 
 from __future__ import annotations
 
+from tokenmill import layout
 from tokenmill.storage import Store
 
 STAGES = ("scatter", "gather", "sample", "tokenize", "pack")  # the stages that commit per shard
+MOVABLE = ("tokenize", "pack")  # their markers list every file they wrote, so a shard's output can change id
 
 
 def marker(stage: str, shard_id: int) -> str:
@@ -75,3 +77,29 @@ def discard(store: Store, shard_ids: list[int]) -> None:
                 for path in store.read_json(rel).get("files", {}):
                     store.remove(path)
                 store.remove(rel)
+
+
+def lift(store: Store, moves: dict[int, int]) -> list[tuple[str, int, int, dict]]:
+    """The first half of giving shards new ids (`moves`: old id -> new id): take their markers away, so that no
+    task takes their files for the shards their old ids now name, and return the movable ones for `land`. The
+    other stages' outputs are made again."""
+    lifted = []
+    for stage in STAGES:
+        for old, new in moves.items():
+            rel = marker(stage, old)
+            if store.exists(rel):
+                if stage in MOVABLE:
+                    lifted.append((stage, old, new, store.read_json(rel)))
+                store.remove(rel)
+    return lifted
+
+
+def land(store: Store, lifted: list[tuple[str, int, int, dict]]) -> None:
+    """The second half: rename the lifted shards' files to their new ids and commit them there. A shard with a
+    file missing is left uncommitted (its next task makes it again); so is every shard if this never runs."""
+    whole = [(stage, old, new, done) for stage, old, new, done in lifted if all(map(store.exists, done["files"]))]
+    names = {rel: layout.renumbered(rel, old, new) for _, old, new, done in whole for rel in done["files"]}
+    store.move_all(names)
+    for stage, _, new, done in whole:
+        files = {names[rel]: recorded for rel, recorded in done["files"].items()}
+        commit(store, stage, new, done["key"], done["result"] | {"shard_id": new}, files)

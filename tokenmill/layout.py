@@ -17,6 +17,11 @@ def shard_name(shard_id: int) -> str:
     return f"shard-{shard_id:05d}"
 
 
+def renumbered(rel: str, shard_id: int, new_id: int) -> str:
+    """A shard's file's name once the shard has another id."""
+    return rel.replace(shard_name(shard_id), shard_name(new_id), 1)
+
+
 def megatron_prefix(split: str, shard_id: int) -> str:
     return f"megatron/{split}/{shard_name(shard_id)}"
 

@@ -3,14 +3,17 @@
 Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets (the line number
 at each cut is counted here, once, so document ids and error messages can name the line); Parquet files
 by runs of row groups; compressed streams and plain text files cannot be cut and are taken whole; small
-files are grouped until a shard is full.
+files are grouped, where a hash of each file's name decides the group ends (see `_ends_group`).
+
+The shards are a function of the input set and the shard size alone, numbered in input order: the same
+files give the same shards with the same ids however the input grew. A file that lands or goes changes
+its own group, not the ones after it.
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
-import itertools
 import json
 import math
 import struct
@@ -22,8 +25,9 @@ import pyarrow.parquet as pq
 import zstandard
 
 from tokenmill import layout
-from tokenmill.commits import discard
+from tokenmill.commits import discard, land, lift
 from tokenmill.config import TokenmillConfig
+from tokenmill.hashing import unit_interval
 from tokenmill.readers import Piece, compression_of, format_of
 from tokenmill.storage import list_files, options_for
 
@@ -114,14 +118,12 @@ def auto_shard_size(total_bytes: int, cluster_threads: int) -> int:
 def plan_shards(
     config: TokenmillConfig, cluster_threads: int = 1, shard_size: int | None = None, earlier: dict | None = None
 ) -> dict:
-    """The plan: every input file as it is now (with its fingerprint), and the shards, each a list of pieces
-    with its size and `source` (a hash of its pieces and their files' fingerprints: what its output is made
-    from). `shard_size` overrides the config's (an earlier plan's resolved `auto`).
+    """The plan: every input file as it is now (with its fingerprint), and the shards in input order, each a
+    list of pieces with its size and `source` (a hash of its pieces and their files' fingerprints: what its
+    output is made from). `shard_size` overrides the config's (an earlier plan's resolved `auto`).
 
-    With `earlier` (a plan of the same input and partition config over an input that has changed since), every
-    earlier shard whose files are all unchanged is kept with its id, so its committed output is reused; the
-    files of the other shards and the new files are cut into new shards, which take the ids left free, then
-    new ids."""
+    `earlier` (a plan of the same input and partition config over an input that has changed since) saves
+    reading: an unchanged file's uncompressed size and cut points are taken from it."""
     options = config.input.storage.fsspec_options()
     files = list_files(config.input.paths, options)
     known = {f["path"]: f for f in earlier["files"]} if earlier else {}
@@ -134,13 +136,10 @@ def plan_shards(
         shard_size = auto_shard_size(total, cluster_threads) if configured == "auto" else int(configured)
     current = {f["path"]: f for f in files}
     unchanged = {path for path, f in current.items() if known.get(path) == f}
-    kept = [s for s in earlier["shards"] if {p["path"] for p in s["pieces"]} <= unchanged] if earlier else []
-    covered = {p["path"] for s in kept for p in s["pieces"]}
-    fresh = _cut_into_shards([f for f in files if f["path"] not in covered], shard_size, options)
-    taken = {s["shard_id"] for s in kept}
-    free_ids = (i for i in itertools.count() if i not in taken)
-    shards = kept + [
-        {"shard_id": next(free_ids), "pieces": [asdict(p) for p in pieces], "bytes": nbytes} for pieces, nbytes in fresh
+    cuts = _cuts_of(earlier, unchanged) if earlier and earlier.get("shard_size") == shard_size else {}
+    shards = [
+        {"shard_id": i, "pieces": [asdict(p) for p in pieces], "bytes": nbytes}
+        for i, (pieces, nbytes) in enumerate(_cut_into_shards(files, shard_size, options, cuts))
     ]
     for shard in shards:
         shard["source"] = _source_of(shard, current)
@@ -152,41 +151,72 @@ def plan_shards(
         # with the global shuffle, the input shards are scattered into this many output shards
         "shuffled_shards": math.ceil(total / shard_size) if config.partition.shuffle else None,
         "files": files,
-        "shards": sorted(shards, key=lambda s: s["shard_id"]),
+        "shards": shards,
     }
-    if earlier:
-        plan["change"] = {
-            "from_inputs": earlier.get("inputs"),
-            "files_added": len(current.keys() - known.keys()),
-            "files_changed": len({p for p in current.keys() & known.keys() if p not in unchanged}),
-            "files_removed": len(known.keys() - current.keys()),
-            "shards_kept": len(kept),
-            "shards_new": len(fresh),
-        }
     return plan
 
 
-def _cut_into_shards(files: list[dict], shard_size: int, options: dict) -> list[tuple[list[Piece], int]]:
-    """Files in order, cut into shards of about shard_size: a large file into pieces where it can be cut, small
-    files grouped until a shard is full."""
+def change_between(earlier: dict, plan: dict) -> dict:
+    """The input files added, changed and removed since the earlier plan, and how many shards are the earlier
+    plan's under the same id, under another id (a file landed or went before them in input order), or new."""
+    known, current = {f["path"]: f for f in earlier["files"]}, {f["path"]: f for f in plan["files"]}
+    ids_before = {s.get("source"): s["shard_id"] for s in earlier["shards"]}
+    kept = sum(ids_before.get(s["source"]) == s["shard_id"] for s in plan["shards"])
+    new = sum(s["source"] not in ids_before for s in plan["shards"])
+    return {
+        "files_added": len(current.keys() - known.keys()),
+        "files_changed": sum(known[p] != current[p] for p in current.keys() & known.keys()),
+        "files_removed": len(known.keys() - current.keys()),
+        "shards_kept": kept,
+        "shards_renumbered": len(plan["shards"]) - kept - new,
+        "shards_new": new,
+    }
+
+
+def _cuts_of(earlier: dict, unchanged: set[str]) -> dict[str, list[tuple[Piece, int]]]:
+    """The pieces (with their sizes) an earlier plan of the same shard size cut each unchanged large file into."""
+    cuts: dict[str, list[tuple[Piece, int]]] = {}
+    for shard in earlier["shards"]:
+        (piece, *others) = shard_pieces(shard)
+        if not others and piece.path in unchanged and (piece.end is not None or piece.row_groups is not None):
+            cuts.setdefault(piece.path, []).append((piece, shard["bytes"]))
+    return cuts
+
+
+def _cut_into_shards(
+    files: list[dict], shard_size: int, options: dict, cuts: dict[str, list[tuple[Piece, int]]]
+) -> list[tuple[list[Piece], int]]:
+    """Files in order, cut into shards of about shard_size: a file larger than a shard into pieces where it can
+    be cut (`cuts`: pieces already known), small files into groups (see `_ends_group`)."""
     shards: list[tuple[list[Piece], int]] = []
     group: list[Piece] = []
     group_bytes = 0
     for f in files:
         url, size = f["path"], f["bytes"]
-        pieces = _split_large_file(url, size, shard_size, options) if size > shard_size else None
-        if pieces:
+        if size > shard_size:
             if group:  # keep the shards in input order
                 shards.append((group, group_bytes))
                 group, group_bytes = [], 0
+            pieces = cuts.get(url) or _split_large_file(url, size, shard_size, options) or [(Piece(url), size)]
             shards.extend(([piece], nbytes) for piece, nbytes in pieces)
             continue
-        if group and group_bytes + size > shard_size:
-            shards.append((group, group_bytes))
-            group, group_bytes = [], 0
         group.append(Piece(url))
         group_bytes += size
+        if _ends_group(url, size, group_bytes, shard_size):
+            shards.append((group, group_bytes))
+            group, group_bytes = [], 0
     return shards + [(group, group_bytes)] if group else shards
+
+
+def _ends_group(url: str, size: int, group_bytes: int, shard_size: int) -> bool:
+    """Whether a small file ends its group: once the group holds half a shard, with a chance of twice its share
+    of a shard (so groups average about a shard), decided by a hash of its name, not by where the group began;
+    always at two shards. A file added or removed thus moves the end of its own group alone: the groups after
+    it end where they did, and keep their outputs (grouping by filling each shard in turn would shift every
+    group after it)."""
+    if group_bytes >= 2 * shard_size:
+        return True
+    return 2 * group_bytes >= shard_size and unit_interval([url], "group:")[0] * shard_size < 2 * size
 
 
 def _digest(obj) -> str:
@@ -212,25 +242,29 @@ def plan_key(config: TokenmillConfig, files: list[dict]) -> str:
     return _digest([config.section_hash("input", "partition"), inputs_hash(files)])
 
 
-def load_or_plan(config: TokenmillConfig, cluster_threads: int = 1) -> tuple[dict, bool]:
+def load_or_plan(config: TokenmillConfig, cluster_threads: int = 1) -> tuple[dict, dict | None]:
     """The plan in the output if the input and partition config are as it recorded them (so a rerun or retry
-    of a half-finished run sees the same shards), else a new one written there, built on the earlier plan's
-    unchanged shards (see `plan_shards`); the committed outputs of the earlier shards that are gone or changed
-    are discarded. Returns (plan, reused). A resolved `auto` shard size sticks: a new plan over an output that
-    has one keeps its size, whatever the cluster now."""
+    of a half-finished run sees the same shards), else a new one written there. Against the earlier plan, by
+    `source`: a shard made from the same pieces of the same file versions keeps its committed output (moved to
+    its new id if it has one), and the outputs of the shards that are gone are discarded. Returns the plan and
+    the change: None for the recorded plan, else what `change_between` says ({} for a first plan). A resolved
+    `auto` shard size sticks: a new plan over an output that has one keeps its size, whatever the cluster now."""
     store = config.output.store()
     earlier = store.read_json(layout.PLAN) if store.exists(layout.PLAN) else None
     sticky = earlier.get("shard_size") if earlier and config.partition.shard_size == "auto" else None
     same_config = earlier is not None and earlier.get("config_key") == config.section_hash("input", "partition")
     plan = plan_shards(config, cluster_threads, sticky, earlier if same_config else None)
     if same_config and plan["key"] == earlier["key"]:  # the input as the earlier plan saw it: every shard kept
-        return earlier, True
+        return earlier, None
+    moved = []
     if earlier is not None:
-        now = {s["shard_id"]: s.get("source") for s in plan["shards"]}
-        gone = [s["shard_id"] for s in earlier["shards"] if now.get(s["shard_id"]) != s.get("source")]
-        discard(store, gone)
+        ids_now = {s["source"]: s["shard_id"] for s in plan["shards"]}
+        discard(store, [s["shard_id"] for s in earlier["shards"] if s.get("source") not in ids_now])
+        moves = {s["shard_id"]: ids_now[s["source"]] for s in earlier["shards"] if s.get("source") in ids_now}
+        moved = lift(store, {old: new for old, new in moves.items() if old != new})
     store.write_json(layout.PLAN, plan)
-    return plan, False
+    land(store, moved)  # after the plan: a run killed before this finds those shards uncommitted, and redoes them
+    return plan, change_between(earlier, plan) if same_config else {}
 
 
 def shard_pieces(shard: dict) -> list[Piece]:

@@ -76,7 +76,7 @@ def encoder_entry(store: Store) -> dict:
 def dataset_version(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo) -> str:
     """The published version's name: `output.publish.version`, else a hash of everything the dataset's bytes
     depend on: the config, the input files' fingerprints, the tokenizer, and the shards' layout (which shard
-    holds which pieces: it follows the order in which the input arrived), so a changed input is a new version
+    holds which pieces, a function of the input set and the shard size), so a changed input is a new version
     and a version's name always means the same bytes."""
     if config.output.publish.version:
         return config.output.publish.version

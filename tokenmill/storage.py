@@ -271,6 +271,28 @@ class Store:
             with self.failing_as("removing", rel):
                 self.fs.rm(self.path(rel))
 
+    def move(self, rel: str, to: str) -> None:
+        with self.failing_as("moving", rel):
+            if self.is_local:
+                Path(self.path(to)).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(self.path(rel), self.path(to))
+            else:
+                self.fs.mv(self.path(rel), self.path(to))  # a copy inside the store, then a delete
+
+    def move_all(self, names: dict[str, str]) -> None:
+        """Rename files (old name -> new name) where a new name may be another file's old one: a file moves once
+        the file under its new name has moved away; a cycle goes round through a temporary name."""
+        pending = {rel: to for rel, to in names.items() if rel != to}
+        while pending:
+            ready = [rel for rel, to in pending.items() if to not in pending]
+            if not ready:
+                rel = next(iter(pending))
+                self.move(rel, f"{rel}.moving")
+                pending[f"{rel}.moving"] = pending.pop(rel)
+                continue
+            for rel in ready:
+                self.move(rel, pending.pop(rel))
+
     def remove_tree(self, prefix: str) -> None:
         """Remove every file under `prefix`."""
         if self.exists(prefix):
