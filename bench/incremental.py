@@ -6,12 +6,13 @@ server (started first, its own PREFECT_HOME):
 
 1. the first night: every file is new;
 2. nothing changed;
-3. one file landed (the input grew by 1 / `--files`);
-4. one of the files was replaced with other documents.
+3. one file landed, named after the others as dated dumps are (the input grew by 1 / `--files`);
+4. one file landed whose name sorts in the middle of the others (the shards after it are renumbered);
+5. one of the files was replaced with other documents.
 
 Printed per night: wall time from spawn to exit, the flow's own seconds, the shards kept and made (from the
-manifest's lineage), and the input bytes actually tokenized (the tokenize markers the run wrote, not the ones it
-reused) against the whole input.
+manifest's lineage), and the input bytes actually tokenized (the shards whose tokenize result is new: not the
+ones reused, under their id or another) against the whole input.
 
     python bench/incremental.py [--files 100] [--docs 300]
 """
@@ -56,8 +57,9 @@ def land(path: Path, docs, n: int) -> None:
     tmp.rename(path)  # as a crawler's upload appears: whole
 
 
-def night(work: Path, config: Path, env: dict) -> dict:
-    began_wall, began = time.time(), time.perf_counter()
+def night(work: Path, config: Path, env: dict, tokenized_before: set[str]) -> dict:
+    """One run; `tokenized_before`: the sources of every shard tokenized on earlier nights (updated here)."""
+    began = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "tokenmill", "run", str(config)], env=env, cwd=REPO,
                           capture_output=True, text=True)  # fmt: skip
     wall = time.perf_counter() - began
@@ -65,8 +67,9 @@ def night(work: Path, config: Path, env: dict) -> dict:
         raise SystemExit(f"tokenmill run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     root = work / "out" / "nightly"
     manifest = json.loads((root / (root / "LATEST").read_text().strip() / "manifest.json").read_text())
-    markers = list((work / "out" / "_commits" / "tokenize").glob("*.json"))
-    fresh = [json.loads(m.read_text())["result"] for m in markers if m.stat().st_mtime >= began_wall]
+    results = [json.loads(m.read_text())["result"] for m in (work / "out" / "_commits" / "tokenize").glob("*.json")]
+    fresh = [r for r in results if r["source"] not in tokenized_before]
+    tokenized_before.update(r["source"] for r in results)
     flow = re.search(r"whole flow: ([\d.]+) s", done.stdout)
     return {
         "wall_s": round(wall, 1),
@@ -101,11 +104,15 @@ def main() -> None:
     env |= {"PREFECT_HOME": str(args.work / "prefect-home"), "CI": "1"}
     subprocess.run([sys.executable, "-m", "tokenmill", "server", "start"], env=env, capture_output=True, check=True)
     try:
-        nights = {"first night": night(args.work, config, env), "nothing changed": night(args.work, config, env)}
+        seen: set[str] = set()
+        nights = {"first night": night(args.work, config, env, seen)}
+        nights["nothing changed"] = night(args.work, config, env, seen)
         land(args.work / "in" / f"dump-{args.files:04d}.jsonl.gz", docs, args.docs)
-        nights["one file landed"] = night(args.work, config, env)
+        nights["one file landed (last)"] = night(args.work, config, env, seen)
+        land(args.work / "in" / f"dump-{args.files // 2:04d}a.jsonl.gz", docs, args.docs)  # sorts after dump-NNNN.
+        nights["one file landed (middle)"] = night(args.work, config, env, seen)
         land(args.work / "in" / "dump-0000.jsonl.gz", docs, args.docs)
-        nights["one file replaced"] = night(args.work, config, env)
+        nights["one file replaced"] = night(args.work, config, env, seen)
     finally:
         subprocess.run([sys.executable, "-m", "tokenmill", "server", "stop"], env=env, capture_output=True)
 

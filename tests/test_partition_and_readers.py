@@ -175,20 +175,40 @@ def test_a_changed_input_gets_a_plan_that_keeps_the_unchanged_shards(tmp_path):
 def test_small_files_group_by_their_names_so_one_file_landing_changes_one_group(tmp_path):
     """Grouped small files end their groups where hashes of their names say, not where a shard filled up: a
     file landing in the middle of the input changes its own group, and the plan is the one a first run over
-    the grown input makes (the same shards, the same ids), whatever came before."""
+    the grown input makes (the same shards, the same ids), whatever came before. The files after the last
+    group's end are shards of their own, so a file landing after them is one new shard."""
     names = [f"part-{i:03d}.jsonl" for i in range(0, 200, 2)]
     for name in names:
         write_jsonl(tmp_path / name, 20, prefix=name)  # ~5 KB files, ~20 to a 100 KB shard
     config = make_config([str(tmp_path / "*.jsonl")], 100_000, tmp_path)
     before, _ = load_or_plan(config)
-    sizes = [s["bytes"] for s in before["shards"]]
-    assert len(sizes) > 5 and all(50_000 <= n < 200_000 + 6_000 for n in sizes[:-1])  # half to two shards
+    layout = [(len(s["pieces"]), s["bytes"]) for s in before["shards"]]
+    assert [n for n, _ in layout[:6]] == [18, 12, 9, 15, 16, 22]  # half a shard to two: 52 KB to 128 KB
+    assert layout[6:] == [(1, 5830)] * 8  # the 8 files after the last group's end stand alone
+
     write_jsonl(tmp_path / "part-101.jsonl", 20, prefix="new")
     after, change = load_or_plan(config)
     assert change["shards_new"] == 1  # the group the file landed in, made anew; the others kept
     assert change["shards_kept"] + change["shards_renumbered"] == len(after["shards"]) - 1
     fresh = make_config([str(tmp_path / "*.jsonl")], 100_000, tmp_path / "fresh")
     assert plan_shards(fresh)["shards"] == after["shards"]
+
+    write_jsonl(tmp_path / "part-200.jsonl", 1, prefix="last")  # 10 bytes: too small to end the files' group
+    last, change = load_or_plan(config)
+    assert change["shards_new"] == 1 and change["shards_kept"] == len(after["shards"])
+    assert last["shards"][-1]["pieces"] == [vars(Piece(str(tmp_path / "part-200.jsonl")))]
+
+
+def test_many_tiny_files_make_few_shards(tmp_path):
+    """2,000 files of ~110 bytes and 1 MB shards: the files after the last group's end are grouped again at an
+    eighth of the size, and again, until at most LOOSE_FILES stand alone; not 2,000 shards of one file."""
+    for i in range(2000):
+        (tmp_path / f"doc-{i:05d}.jsonl").write_text(json.dumps({"id": str(i), "text": "x" * 90}) + "\n")
+    config = make_config([str(tmp_path / "*.jsonl")], 1_000_000, tmp_path)
+    shards = plan_shards(config)["shards"]
+    loose = [s for s in shards if len(s["pieces"]) == 1]
+    assert len(shards) < 100 and len(loose) <= partition.LOOSE_FILES
+    assert sum(len(s["pieces"]) for s in shards) == 2000
 
 
 def test_auto_shard_size_follows_corpus_and_cluster_within_its_bounds():

@@ -36,6 +36,7 @@ SCAN_CHUNK = 16 << 20
 # others'); 16 MB keeps a shard's fixed costs (files, markers, a Dask task) small beside its work; 1 GB keeps a
 # 100 TB corpus at about 100,000 shards, where a retried shard costs seconds, not minutes.
 SHARDS_PER_THREAD, MIN_AUTO_SHARD, MAX_AUTO_SHARD = 8, 16_000_000, 1_000_000_000
+LOOSE_FILES = 64  # at most this many small files at the end of a run stand alone (see `_group`)
 ZSTD_RATIO_GUESS = 4  # when a zstd frame does not record its content size
 
 
@@ -187,36 +188,50 @@ def _cut_into_shards(
     files: list[dict], shard_size: int, options: dict, cuts: dict[str, list[tuple[Piece, int]]]
 ) -> list[tuple[list[Piece], int]]:
     """Files in order, cut into shards of about shard_size: a file larger than a shard into pieces where it can
-    be cut (`cuts`: pieces already known), small files into groups (see `_ends_group`)."""
+    be cut (`cuts`: pieces already known), each run of smaller files into groups (see `_group`)."""
     shards: list[tuple[list[Piece], int]] = []
-    group: list[Piece] = []
-    group_bytes = 0
+    small: list[tuple[Piece, int]] = []
     for f in files:
         url, size = f["path"], f["bytes"]
-        if size > shard_size:
-            if group:  # keep the shards in input order
-                shards.append((group, group_bytes))
-                group, group_bytes = [], 0
-            pieces = cuts.get(url) or _split_large_file(url, size, shard_size, options) or [(Piece(url), size)]
-            shards.extend(([piece], nbytes) for piece, nbytes in pieces)
+        if size <= shard_size:
+            small.append((Piece(url), size))
             continue
-        group.append(Piece(url))
+        shards += _group(small, shard_size)
+        small = []
+        pieces = cuts.get(url) or _split_large_file(url, size, shard_size, options) or [(Piece(url), size)]
+        shards += [([piece], nbytes) for piece, nbytes in pieces]
+    return shards + _group(small, shard_size)
+
+
+def _group(files: list[tuple[Piece, int]], shard_size: int) -> list[tuple[list[Piece], int]]:
+    """Small files in order, grouped where `_ends_group` says. The files after the last group's end are grouped
+    the same way at an eighth of the size, until at most LOOSE_FILES are left: those stand alone, a shard each,
+    so a file landing after them (as dated drops do) is a shard of its own rather than a group to redo; they
+    are grouped (and redone, once) when a file ends their group."""
+    groups: list[tuple[list[Piece], int]] = []
+    group: list[tuple[Piece, int]] = []
+    group_bytes = 0
+    for piece, size in files:
+        group.append((piece, size))
         group_bytes += size
-        if _ends_group(url, size, group_bytes, shard_size):
-            shards.append((group, group_bytes))
+        if _ends_group(piece.path, size, group_bytes, shard_size):
+            groups.append(([p for p, _ in group], group_bytes))
             group, group_bytes = [], 0
-    return shards + [(group, group_bytes)] if group else shards
+    if len(group) <= LOOSE_FILES:
+        return groups + [([p], size) for p, size in group]
+    return groups + _group(group, shard_size // 8)
 
 
 def _ends_group(url: str, size: int, group_bytes: int, shard_size: int) -> bool:
     """Whether a small file ends its group: once the group holds half a shard, with a chance of twice its share
-    of a shard (so groups average about a shard), decided by a hash of its name, not by where the group began;
+    of a shard (so groups average about a shard), decided by a hash of its file name, not where the group began;
     always at two shards. A file added or removed thus moves the end of its own group alone: the groups after
     it end where they did, and keep their outputs (grouping by filling each shard in turn would shift every
     group after it)."""
     if group_bytes >= 2 * shard_size:
         return True
-    return 2 * group_bytes >= shard_size and unit_interval([url], "group:")[0] * shard_size < 2 * size
+    name = url.rsplit("/", 1)[-1]  # not the directory: the same files give the same shards wherever they are
+    return 2 * group_bytes >= shard_size and unit_interval([name], "group:")[0] * shard_size < 2 * size
 
 
 def _digest(obj) -> str:
