@@ -1,6 +1,7 @@
 """Publishing to a real S3-protocol server (moto, on 127.0.0.1): versioned prefix, manifest last, LATEST,
 re-publish copies nothing, an interrupted publish is completed, `inspect --verify` catches damage, and
-credentials given in the config appear nowhere."""
+credentials given in the config appear nowhere; and locally, a publish killed mid-copy leaves no temporary file
+in the version once it is rerun."""
 
 from __future__ import annotations
 
@@ -110,3 +111,20 @@ def test_inspect_verify_names_the_damaged_file(run_cli, s3, published, case, dam
     assert "verified" in run_cli("inspect", f"s3://datasets/{pristine}", "--verify").stdout
     result = run_cli("inspect", f"s3://datasets/{case}/demo-gpt2", "--verify", check=False)
     assert result.returncode == 1 and message in result.stdout
+
+
+def test_a_publish_killed_mid_copy_leaves_no_temporary_file_in_the_version(run_cli, gpt2_run, tmp_path):
+    """A process killed while it copies a file into a version leaves that file's temporary copy; the rerun's
+    publish removes it, so the version holds exactly what its manifest lists."""
+    out = tmp_path / "out"
+    shutil.copytree(gpt2_run, out)
+    version = json.loads((out / "manifest.json").read_text())["version"]
+    published = out / "demo-gpt2" / version
+    (published / "manifest.json").unlink()  # killed before the manifest: the version is incomplete
+    litter = published / "megatron/train/.shard-00001.bin.tmp-0badc0de"
+    litter.write_bytes(b"half a shard")
+    run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB")
+    assert not litter.exists()
+    listed = {f["path"] for f in json.loads((published / "manifest.json").read_text())["files"]}
+    on_disk = {str(p.relative_to(published)) for p in published.rglob("*") if p.is_file()}
+    assert {path for path in on_disk - listed if not path.startswith("report/")} == {"manifest.json"}

@@ -218,6 +218,7 @@ def publish_version(config: TokenmillConfig, manifest: dict, extra_files: list[s
     """
     source, root = config.output.store(), config.publish_root()
     target = version_store(config, manifest["version"])
+    target.remove_unfinished()  # a publish killed mid-copy leaves a temporary file beside the ones it finished
 
     def publish_file(entry: dict) -> bool:
         if _already_there(source, target, entry):

@@ -27,6 +27,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 CHUNK = 8 << 20
+UNFINISHED = ".tmp-"  # in the name of a local file `Store.writing` has not committed yet
 
 # Every s3:// request: botocore's standard retry mode (exponential backoff with jitter; retries throttling,
 # 5xx and connection errors), bounded connect and read timeouts, and s3fs's own tries around it (SlowDown,
@@ -197,7 +198,7 @@ class Store:
             final = Path(self.path(rel))
             with self._disk_errors(rel):
                 final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+            tmp = final.with_name(f".{final.name}{UNFINISHED}{uuid.uuid4().hex[:8]}")
             try:
                 with self._disk_errors(rel):
                     yield tmp
@@ -292,6 +293,16 @@ class Store:
                 continue
             for rel in ready:
                 self.move(rel, pending.pop(rel))
+
+    def remove_unfinished(self) -> list[str]:
+        """Remove what writes cut short by a killed process left behind (the local temporary files of
+        `writing`; an upload to an object store appears whole or not at all). Returns their paths."""
+        if not self.is_local:
+            return []
+        litter = [p for p in Path(self.root).rglob(f".*{UNFINISHED}*") if p.is_file()]
+        for path in litter:
+            path.unlink(missing_ok=True)
+        return [str(p.relative_to(self.root)) for p in litter]
 
     def remove_tree(self, prefix: str) -> None:
         """Remove every file under `prefix`."""
