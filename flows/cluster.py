@@ -105,11 +105,25 @@ def warm_up() -> None:
             importlib.import_module(module)
 
 
+class ClusterStartError(RuntimeError):
+    """The run's LocalCluster did not start."""
+
+
 def start_local_cluster(dask_config: DaskConfig) -> LocalCluster:
     if FORKSERVER:
         multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
         multiprocessing.forkserver.ensure_running()  # now, with these: Dask's own preload list would replace them
-    cluster = LocalCluster(**local_cluster_kwargs(dask_config))
+    try:
+        cluster = LocalCluster(**local_cluster_kwargs(dask_config))
+    except RuntimeError:  # a worker process died as it started (killed, out of memory): once more
+        try:
+            cluster = LocalCluster(**local_cluster_kwargs(dask_config))
+        except RuntimeError as e:
+            reason = "; ".join(dict.fromkeys(str(c) for c in (e, e.__cause__) if c))
+            raise ClusterStartError(
+                f"the local Dask cluster could not start, twice ({reason}: a worker process died as it started); "
+                "nothing was run: run the same command again"
+            ) from None
     if adapt := adapt_kwargs(dask_config):
         cluster.adapt(**adapt)
     return cluster
@@ -158,7 +172,8 @@ def local_cluster_started_early(dask_config: DaskConfig) -> Iterator[Callable[[]
             yield connect
         finally:
             os.environ.pop("TOKENMILL_DASK_ADDRESS", None)
-            starting.result().close()
+            if starting.exception() is None:  # a cluster that failed to start raised in `connect`
+                starting.result().close()
 
 
 class QuickExit(WorkerPlugin):

@@ -148,3 +148,17 @@ def test_the_local_server_tokenmill_started_comes_back_on_the_same_port_if_it_di
             assert restarted["api_url"] == state["api_url"]  # same URL: same port, same database
     finally:
         server.stop_server()
+
+
+def test_workers_that_die_as_the_local_cluster_starts_fail_the_run_with_a_message(run_cli, tmp_path, monkeypatch):
+    """Every worker process dies as it starts (a preload that exits, as a kill or the OOM killer would): the
+    start is tried once more, then the run ends saying so, with no traceback."""
+    dies = tmp_path / "dies_on_start.py"
+    dies.write_text("import os\nos._exit(1)\n")
+    monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__PRELOAD", f"['{dies}']")
+    result = run_cli("run", "examples/demo.yaml", "--set", f"output.path={tmp_path / 'out'}", check=False,
+                     local_cluster=True)  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "error: run failed: the local Dask cluster could not start, twice" in result.stdout
+    assert "a worker process died as it started" in result.stdout and "run the same command again" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
