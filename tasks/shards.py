@@ -136,8 +136,10 @@ def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
     client = default_client()
     started = time.perf_counter()
     run = uuid.uuid4().hex[:8]  # keys unique per submission: a shared cluster may hold an earlier run's
-    config_future = client.scatter(config, hash=False)
-    shared = [client.scatter(list(stage.args), hash=False) if stage.args else [] for stage in stages]
+    # On every worker: scattered data held by one worker is lost with it, and every task needing it fails (the
+    # fault campaign saw 11 shards fail with one worker killed); a restarted worker copies it from the others.
+    config_future = client.scatter(config, hash=False, broadcast=True)
+    shared = [client.scatter(list(stage.args), hash=False, broadcast=True) if stage.args else [] for stage in stages]
     window = max(8, WINDOW_PER_THREAD * sum(client.nthreads().values()))
     ids = [shard_id(i) for i in items]
     todo = bundles(items)

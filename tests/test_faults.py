@@ -162,3 +162,20 @@ def test_workers_that_die_as_the_local_cluster_starts_fail_the_run_with_a_messag
     assert "error: run failed: the local Dask cluster could not start, twice" in result.stdout
     assert "a worker process died as it started" in result.stdout and "run the same command again" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_result_the_prefect_api_lost_in_a_restart_is_said_plainly():
+    """The fault campaign's server kind once ended in Prefect's own words only ("State data is missing ...")."""
+    from prefect.exceptions import MissingResult
+
+    from tokenmill.cli import failure_message
+
+    try:
+        try:
+            raise MissingResult("State data is missing. Typically, this occurs when result persistence is disabled")
+        except MissingResult as e:
+            raise RuntimeError("the flow failed") from e
+    except RuntimeError as e:
+        message = failure_message(e, "http://127.0.0.1:4200/api")
+    assert message.startswith("the Prefect API at http://127.0.0.1:4200/api no longer had a task's result")
+    assert "State data is missing" in message and "run the same command again" in message

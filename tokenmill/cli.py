@@ -90,13 +90,21 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
 
 
 def failure_message(error: Exception, api_url: str) -> str:
-    """The reason a run failed; an unreachable Prefect API is said as such, with its URL."""
+    """The reason a run failed; an unreachable Prefect API, or one that lost a result, is said as such, with its
+    URL."""
     import httpx
+    from prefect.exceptions import MissingResult
 
     chain, cause = [], error
     while cause is not None and cause not in chain:
         chain.append(cause)
         cause = cause.__cause__ or cause.__context__
+    if lost := next((c for c in chain if isinstance(c, MissingResult)), None):  # seen after a server restart
+        return (
+            f"the Prefect API at {api_url} no longer had a task's result, as when the server restarts during a run "
+            f"(Prefect: {lost}); the shards committed so far are kept: run the same command again and it reuses "
+            "every one of them"
+        )
     if unreachable := next((c for c in chain if isinstance(c, httpx.TransportError)), None):
         exit_without_draining()
         reason = f"{type(unreachable).__name__}: {str(unreachable) or 'no answer'}"
