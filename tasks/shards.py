@@ -129,17 +129,15 @@ def _run_name(parameters: dict) -> str:
 
 
 def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
-    """Every item through `stages` on the Dask cluster (the config and each stage's arguments are sent to the
-    workers once); each item's results, one per stage, in item order; or GroupFailed. Items go in bundles (see
+    """Every item through `stages` on the Dask cluster (the config and each stage's arguments with each task);
+    each item's results, one per stage, in item order; or GroupFailed. Items go in bundles (see
     `bundles`), a Dask task per bundle and stage, submitted and collected in batches (one message to the
     scheduler per batch and stage), at most a window at a time."""
     client = default_client()
     started = time.perf_counter()
     run = uuid.uuid4().hex[:8]  # keys unique per submission: a shared cluster may hold an earlier run's
-    # On every worker: scattered data held by one worker is lost with it, and every task needing it fails (the
-    # fault campaign saw 11 shards fail with one worker killed); a restarted worker copies it from the others.
-    config_future = client.scatter(config, hash=False, broadcast=True)
-    shared = [client.scatter(list(stage.args), hash=False, broadcast=True) if stage.args else [] for stage in stages]
+    # The config and stage arguments (a few KB) go with each task rather than scattered once: scattered data
+    # lives on one worker and is lost with it, failing every task that needs it (fault campaign, worker_kill).
     window = max(8, WINDOW_PER_THREAD * sum(client.nthreads().values()))
     ids = [shard_id(i) for i in items]
     todo = bundles(items)
@@ -154,9 +152,9 @@ def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
         if not batch:
             return
         arguments, per_stage = [[items[i] for i in bundle] for bundle in batch], []
-        for stage, args in zip(stages, shared, strict=True):
+        for stage in stages:
             arguments = client.map(
-                EachShard(stage.work), [config_future] * len(batch), arguments, *[[a] * len(batch) for a in args],
+                EachShard(stage.work), [config] * len(batch), arguments, *[[a] * len(batch) for a in stage.args],
                 key=[(f"{stage.name}-shard-{run}", ids[bundle[0]]) for bundle in batch], retries=SHARD_RETRIES,
                 pure=False,
             )  # fmt: skip
