@@ -25,8 +25,12 @@ from prefect import get_run_logger
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-SHARD_RETRIES = 2  # per shard and stage, by Dask, on the worker that runs it
-WINDOW_PER_THREAD = 4  # a group keeps at most this many shards per cluster thread on the cluster at once
+SHARD_RETRIES = 2  # per shard and stage, on the worker that runs it; and per Dask task, if its worker dies
+WINDOW_PER_THREAD = 4  # a group keeps at most this many Dask tasks per cluster thread on the cluster at once
+# Shards smaller than this share a Dask task, consecutive ones up to this many bytes (and MAX_SHARDS_PER_TASK),
+# so that a Dask task's 2-3 ms of scheduler and client time stays small beside its work; shards of
+# `shard_size: auto` (16 MB or more) have a task each.
+TASK_BYTES, MAX_SHARDS_PER_TASK = 4 << 20, 256
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,46 @@ def in_groups(items: list, groups_per_stage: int) -> list[quote]:
     return [quote(items[start : start + size]) for start in range(0, len(items), size)]
 
 
+@dataclass(frozen=True)
+class Failed:
+    """A shard's stage that failed on every try, in a Dask task's results: later stages pass it on."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class EachShard:
+    """A Dask task's work: `work(config, item, *args)` for each item of a bundle of shards, each tried
+    1 + SHARD_RETRIES times; a shard that still fails is `Failed` and the others go on."""
+
+    work: Callable
+
+    def __call__(self, config, bundle: list, *args) -> list:
+        return [item if isinstance(item, Failed) else self._tried(config, item, args) for item in bundle]
+
+    def _tried(self, config, item, args: tuple):
+        error = None
+        for _ in range(1 + SHARD_RETRIES):
+            try:
+                return self.work(config, item, *args)
+            except Exception as e:  # a shard's work is safe to run again (see tokenmill.commits)
+                error = e
+        return Failed(f"{type(error).__name__}: {error}")
+
+
+def bundles(items: list) -> list[range]:
+    """Consecutive items, a Dask task's worth each: up to TASK_BYTES of shards (an item's `bytes`; an item
+    without it goes alone) and MAX_SHARDS_PER_TASK."""
+    found, start, total = [], 0, 0
+    for index, item in enumerate(items):
+        size = item.get("bytes", TASK_BYTES) if isinstance(item, dict) else TASK_BYTES
+        if index > start and (total + size > TASK_BYTES or index - start == MAX_SHARDS_PER_TASK):
+            found.append(range(start, index))
+            start, total = index, 0
+        total += size
+    return found + [range(start, len(items))] if items else found
+
+
 def shard_id(item) -> int:
     """The shard an item stands for: a shard of the plan, a shard's result, or a bare shard id."""
     return item["shard_id"] if isinstance(item, dict) else int(item)
@@ -85,58 +129,71 @@ def _run_name(parameters: dict) -> str:
 
 
 def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
-    """Every item through `stages` on the Dask cluster (the config and each stage's arguments are sent to the
-    workers once); each item's results, one per stage, in item order; or GroupFailed. Items are submitted and
-    collected in batches (one message to the scheduler per batch and stage), at most a window at a time."""
+    """Every item through `stages` on the Dask cluster (the config and each stage's arguments with each task);
+    each item's results, one per stage, in item order; or GroupFailed. Items go in bundles (see
+    `bundles`), a Dask task per bundle and stage, submitted and collected in batches (one message to the
+    scheduler per batch and stage), at most a window at a time."""
     client = default_client()
     started = time.perf_counter()
     run = uuid.uuid4().hex[:8]  # keys unique per submission: a shared cluster may hold an earlier run's
-    config_future = client.scatter(config, hash=False)
-    shared = [client.scatter(list(stage.args), hash=False) if stage.args else [] for stage in stages]
+    # The config and stage arguments (a few KB) go with each task rather than scattered once: scattered data
+    # lives on one worker and is lost with it, failing every task that needs it (fault campaign, worker_kill).
     window = max(8, WINDOW_PER_THREAD * sum(client.nthreads().values()))
     ids = [shard_id(i) for i in items]
+    todo = bundles(items)
     results: list[tuple | None] = [None] * len(items)
     failures: dict[str, dict[int, str]] = {stage.name: {} for stage in stages}
     chains, running, submitted = as_completed(), {}, 0
 
     def submit(count: int) -> None:
         nonlocal submitted
-        batch = range(submitted, min(submitted + count, len(items)))
-        submitted = batch.stop
+        batch = todo[submitted : submitted + count]
+        submitted += len(batch)
         if not batch:
             return
-        arguments, per_stage = [items[i] for i in batch], []
-        for stage, args in zip(stages, shared, strict=True):
+        arguments, per_stage = [[items[i] for i in bundle] for bundle in batch], []
+        for stage in stages:
             arguments = client.map(
-                stage.work, [config_future] * len(batch), arguments, *[[a] * len(batch) for a in args],
-                key=[(f"{stage.name}-shard-{run}", ids[i]) for i in batch], retries=SHARD_RETRIES, pure=False,
+                EachShard(stage.work), [config] * len(batch), arguments, *[[a] * len(batch) for a in stage.args],
+                key=[(f"{stage.name}-shard-{run}", ids[bundle[0]]) for bundle in batch], retries=SHARD_RETRIES,
+                pure=False,
             )  # fmt: skip
             per_stage.append(arguments)
-        for index, *futures in zip(batch, *per_stage, strict=True):
-            running[futures[-1].key] = (index, futures)
+        for bundle, *futures in zip(batch, *per_stage, strict=True):
+            running[futures[-1].key] = (bundle, futures)
         chains.update(per_stage[-1])
+
+    def record(bundle: range, per_stage: list[list]) -> None:
+        for k, index in enumerate(bundle):
+            values = tuple(stage_results[k] for stage_results in per_stage)
+            failed = next((i for i, v in enumerate(values) if isinstance(v, Failed)), None)
+            if failed is None:
+                results[index] = values
+            else:
+                failures[stages[failed].name][ids[index]] = values[failed].error
 
     submit(window)
     for done in chains.batches():
         finished = []
         for last in done:
-            index, futures = running.pop(last.key)
+            bundle, futures = running.pop(last.key)
             failed = next((i for i, f in enumerate(futures) if f.status != "finished"), None)
             if failed is None:
-                finished.append((index, futures))
-            else:
-                failures[stages[failed].name][ids[index]] = _error(futures[failed])
+                finished.append((bundle, futures))
+            else:  # the task itself failed: its worker died, every try
+                for index in bundle:
+                    failures[stages[failed].name][ids[index]] = _error(futures[failed])
         values = iter(client.gather([f for _, futures in finished for f in futures]))  # one round trip
-        for index, futures in finished:
-            results[index] = tuple(next(values) for _ in futures)
+        for bundle, futures in finished:
+            record(bundle, [next(values) for _ in futures])
         del finished, done
         submit(window - len(running))
     if any(failures.values()):
         raise GroupFailed(failures)
     reused = sum(bool(r[0].get("reused")) for r in results if isinstance(r[0], dict))
     get_run_logger().info(
-        "%s %s: %d shards (%d reused) in %.2f s", "+".join(s.name for s in stages), group_label(ids), len(ids),
-        reused, time.perf_counter() - started,
+        "%s %s: %d shards (%d reused) in %d Dask tasks per stage, %.2f s", "+".join(s.name for s in stages),
+        group_label(ids), len(ids), reused, len(todo), time.perf_counter() - started,
     )  # fmt: skip
     return results
 

@@ -373,8 +373,12 @@ def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: Toke
 
 
 def shard_rows(table: pd.DataFrame) -> list[dict]:
-    """The stats table as one item per shard, `{"shard_id", "rows": [a dict per split]}`, for `check_shard`."""
-    return [{"shard_id": int(sid), "rows": rows.to_dict(orient="records")} for sid, rows in table.groupby("shard_id")]
+    """The stats table as one item per shard, `{"shard_id", "rows": [a dict per split], "bytes"}`, for
+    `check_shard`; `bytes` (4 per token: about what its files hold) sizes the Dask tasks (`tasks.shards`)."""
+    return [
+        {"shard_id": int(sid), "rows": rows.to_dict(orient="records"), "bytes": 4 * int(rows.tokens.sum())}
+        for sid, rows in table.groupby("shard_id")
+    ]
 
 
 def check_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo) -> list[str]:

@@ -1,0 +1,29 @@
+"""How shard stages cut their work into Dask tasks: tiny shards share a task, each shard tried on its own."""
+
+from __future__ import annotations
+
+from tasks.shards import MAX_SHARDS_PER_TASK, TASK_BYTES, EachShard, Failed, bundles
+
+
+def test_small_shards_share_a_dask_task_and_large_ones_go_alone():
+    mb = 1 << 20
+    assert bundles([{"bytes": mb}] * 10) == [range(0, 4), range(4, 8), range(8, 10)]  # 4 MB a task
+    assert bundles([{"bytes": 16 * mb}, {"bytes": mb}, {"bytes": 16 * mb}]) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert bundles([{"bytes": 100}] * 300) == [range(0, MAX_SHARDS_PER_TASK), range(MAX_SHARDS_PER_TASK, 300)]
+    assert bundles([7, 8]) == [range(0, 1), range(1, 2)]  # no size known: a task each
+    assert bundles([]) == [] and TASK_BYTES == 4 * mb
+
+
+def test_a_shard_that_keeps_failing_is_failed_alone_and_one_that_fails_once_is_retried():
+    tries: dict[int, int] = {}
+
+    def work(config, item: int, offset: int) -> int:
+        tries[item] = tries.get(item, 0) + 1
+        if item == 2 or (item == 3 and tries[item] == 1):
+            raise ValueError(f"shard {item} cannot be read")
+        return item + offset
+
+    earlier = Failed("OSError: disk")
+    failed = Failed("ValueError: shard 2 cannot be read")
+    assert EachShard(work)(None, [1, 2, 3, earlier], 10) == [11, failed, 13, earlier]
+    assert tries == {1: 1, 2: 3, 3: 2}  # 1 + SHARD_RETRIES tries at most; a Failed shard is not tried again
