@@ -23,6 +23,8 @@ PLOTS = {
     "utilization": "report/utilization.png",
 }
 FILES = [SUMMARY, *PLOTS.values()]
+MAX_BARS = 200  # bars in the tokens-per-shard plot
+MAX_INDEXES = 256  # Megatron indexes read for the document-length plot
 
 
 def percent(fraction: float | None) -> str:
@@ -79,14 +81,25 @@ def _png(figure) -> bytes:
     return buffer.getvalue()
 
 
-def document_lengths(store: Store, manifest: dict) -> np.ndarray:
-    """Tokens per document, from every Megatron index of the dataset."""
+def document_lengths(store: Store, manifest: dict) -> tuple[np.ndarray, int, int]:
+    """Tokens per document from the Megatron indexes of the dataset, at most MAX_INDEXES of them evenly spaced
+    (a read each: on an object store, a request each); (lengths, indexes read, indexes in all)."""
+    indexes = [entry["path"] for entry in manifest["files"] if entry["kind"] == "megatron-idx"]
+    read = indexes[:: -(-len(indexes) // MAX_INDEXES)] if indexes else []
     lengths = []
-    for entry in manifest["files"]:
-        if entry["kind"] == "megatron-idx":
-            with store.local_copies(entry["path"]) as (path,):
-                lengths.append(np.array(MegatronIndex(path).lengths))
-    return np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
+    for rel in read:
+        with store.local_copies(rel) as (path,):
+            lengths.append(np.array(MegatronIndex(path).lengths))
+    return (np.concatenate(lengths) if lengths else np.zeros(0, np.int32)), len(read), len(indexes)
+
+
+def shard_bins(per_shard: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Tokens per shard and split, as at most MAX_BARS bars: consecutive shards' mean when there are more
+    (100,000 bars cost matplotlib gigabytes and minutes, and no screen shows them); (bars, shards per bar)."""
+    width = -(-len(per_shard) // MAX_BARS)
+    binned = per_shard.groupby(np.arange(len(per_shard)) // width).mean()
+    binned.index = per_shard.index[::width]
+    return binned, width
 
 
 def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]:
@@ -99,7 +112,7 @@ def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]
     def _figure():
         return plt.subplots(figsize=(6, 3.2), gridspec_kw={"left": 0.15, "right": 0.97, "top": 0.9, "bottom": 0.2})
 
-    lengths = document_lengths(store, manifest)
+    lengths, read, indexes = document_lengths(store, manifest)
     figure, ax = _figure()
     if len(lengths):
         bins = np.logspace(0, np.log10(max(lengths.max(), 10)), 40)
@@ -108,16 +121,20 @@ def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]
         # plain numbers: the default 10^n labels go through mathtext's parser (a third of the plots' time)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set(title="Document length", xlabel="tokens per document (EOD included)", ylabel="documents")
+    sampled = f" ({read:,} of {indexes:,} indexes, evenly spaced)" if read < indexes else ""
+    ax.set(title=f"Document length{sampled}", xlabel="tokens per document (EOD included)", ylabel="documents")
     document_plot = _png(figure)
 
     per_shard = table.pivot_table(index="shard_id", columns="split", values="tokens", aggfunc="sum", fill_value=0)
+    bars, width = shard_bins(per_shard)
     figure, ax = _figure()
-    bottom = np.zeros(len(per_shard))
-    for split in per_shard.columns:
-        ax.bar(per_shard.index, per_shard[split], bottom=bottom, label=split)
-        bottom += per_shard[split].to_numpy()
-    ax.set(title="Tokens per shard", xlabel="shard", ylabel="tokens")
+    bottom = np.zeros(len(bars))
+    for split in bars.columns:
+        ax.bar(bars.index, bars[split], width=width if width > 1 else 0.8, align="edge" if width > 1 else "center",
+               bottom=bottom, label=split)  # fmt: skip
+        bottom += bars[split].to_numpy()
+    per_bar = f" (mean of {width:,} consecutive shards a bar)" if width > 1 else ""
+    ax.set(title=f"Tokens per shard{per_bar}", xlabel="shard", ylabel="tokens")
     ax.legend()
     shard_plot = _png(figure)
 
