@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from tokenmill.storage import StorageError, Store
 from tokenmill.tokenize import tokenize_shard
 from tokenmill.tokenizer import install_pretrained
 
-from .conftest import EXAMPLES, TOKENIZERS
+from .conftest import EXAMPLES, REPO, TOKENIZERS
 
 
 def small_config(out: Path) -> TokenmillConfig:
@@ -179,3 +181,20 @@ def test_a_result_the_prefect_api_lost_in_a_restart_is_said_plainly():
         message = failure_message(e, "http://127.0.0.1:4200/api")
     assert message.startswith("the Prefect API at http://127.0.0.1:4200/api no longer had a task's result")
     assert "State data is missing" in message and "run the same command again" in message
+
+
+@pytest.mark.parametrize("body, code", [("raise typer.Exit(3)", 3), ("pass", 0)])
+def test_a_command_ends_soon_after_its_work_whatever_prefect_still_waits_for(body, code):
+    """With the Prefect API gone, Prefect's exit handlers reconnect for each of the run's buffered events (about
+    7 s each: the fault campaign saw a process still at it 10 minutes after it said its run failed). A thread
+    that never ends stands for them here: it holds the interpreter's exit just as they do."""
+    script = (
+        "import threading, time, typer\nfrom tokenmill import cli\ncli.EXIT_GRACE_S = 1\n"
+        "threading.Thread(target=time.sleep, args=(300,)).start()\n"
+        f"with cli.ends_promptly():\n    {body}\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == code, done.stderr
+    assert time.monotonic() - started < 60  # not the 300 s the thread would hold it
+    assert "tokenmill: exiting without waiting longer for the Prefect API (1 s)" in done.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -73,7 +75,7 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     from flows.cluster import local_cluster_started_early
     from flows.server import supervised
 
-    with local_cluster_started_early(cfg.dask) as connect, supervised(api_url):
+    with ends_promptly(), local_cluster_started_early(cfg.dask) as connect, supervised(api_url):
         from flows.main import corpus_to_tokens
 
         try:
@@ -106,7 +108,6 @@ def failure_message(error: Exception, api_url: str) -> str:
             "every one of them"
         )
     if unreachable := next((c for c in chain if isinstance(c, httpx.TransportError)), None):
-        exit_without_draining()
         reason = f"{type(unreachable).__name__}: {str(unreachable) or 'no answer'}"
         return (
             f"the Prefect API at {api_url} was unreachable ({reason}); "
@@ -115,20 +116,35 @@ def failure_message(error: Exception, api_url: str) -> str:
     return str(error)
 
 
-def exit_without_draining() -> None:
-    """Make the process end as soon as its own exit work (the cluster's close, the error message) is done: with
-    the Prefect API unreachable, Prefect's exit handlers go on trying to deliver the run's buffered events to it
-    (the fault campaign saw a process still alive 8 minutes after printing its error). Handlers registered last
-    run first, so this one runs before Prefect's."""
-    import atexit
-    import sys
+# Prefect's exit handlers deliver the run's last events and logs to its API: well under a second when it answers.
+EXIT_GRACE_S = 10.0
 
-    def leave() -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
 
-    atexit.register(leave)
+@contextlib.contextmanager
+def ends_promptly():
+    """A command whose process ends at most EXIT_GRACE_S after the block (its cluster closed, its message
+    printed): with the Prefect API unreachable, Prefect's exit handlers keep reconnecting for each buffered
+    event, about 7 s apiece (the fault campaign saw a process still at it 10 minutes after its run failed)."""
+    code = 1
+    try:
+        yield
+        code = 0
+    except typer.Exit as e:
+        code = e.exit_code
+        raise
+    finally:
+
+        def leave() -> None:
+            print(
+                f"tokenmill: exiting without waiting longer for the Prefect API ({EXIT_GRACE_S:.0f} s)", file=sys.stderr
+            )
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+        timer = threading.Timer(EXIT_GRACE_S, leave)
+        timer.daemon = True  # it does not hold the process up: a prompt exit just ends it
+        timer.start()
 
 
 def outcome(state, what: str, api_url: str) -> tuple[dict, str | None]:
@@ -237,11 +253,12 @@ def rerun(
     api_url = ensure_api()
     from flows.rerun import rerun_shards
 
-    try:
-        state = rerun_shards(output=output, shard_ids=shards or None, return_state=True)
-    except Exception as e:
-        raise _fail(f"rerun failed: {failure_message(e, api_url)}") from None
-    print_summary(*outcome(state, "rerun", api_url))
+    with ends_promptly():
+        try:
+            state = rerun_shards(output=output, shard_ids=shards or None, return_state=True)
+        except Exception as e:
+            raise _fail(f"rerun failed: {failure_message(e, api_url)}") from None
+        print_summary(*outcome(state, "rerun", api_url))
 
 
 @app.command()
