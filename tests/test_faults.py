@@ -186,7 +186,7 @@ def test_a_result_the_prefect_api_lost_in_a_restart_is_said_plainly():
 @pytest.mark.parametrize("body, code", [("raise typer.Exit(3)", 3), ("pass", 0)])
 def test_a_command_ends_soon_after_its_work_whatever_prefect_still_waits_for(body, code):
     """With the Prefect API gone, Prefect's exit handlers reconnect for each of the run's buffered events (about
-    7 s each: the fault campaign saw a process still at it 10 minutes after it said its run failed). A thread
+    7 s each: a run was still at it more than 8 minutes after its flow failed). A thread
     that never ends stands for them here: it holds the interpreter's exit just as they do."""
     script = (
         "import threading, time, typer\nfrom tokenmill import cli\ncli.EXIT_GRACE_S = 1\n"

@@ -124,7 +124,7 @@ EXIT_GRACE_S = 10.0
 def ends_promptly():
     """A command whose process ends at most EXIT_GRACE_S after the block (its cluster closed, its message
     printed): with the Prefect API unreachable, Prefect's exit handlers keep reconnecting for each buffered
-    event, about 7 s apiece (the fault campaign saw a process still at it 10 minutes after its run failed)."""
+    event, about 7 s apiece (a run was still at it more than 8 minutes after its flow failed)."""
     code = 1
     try:
         yield
