@@ -1,7 +1,8 @@
 """A few trials of the fault campaign (bench/faults.py) on real `tokenmill run`s: a Dask worker SIGKILLed, the
-flow's process SIGKILLed while publishing, the Prefect server killed and restarted mid-run. Each faulted run
-ends (completed, or failed naming what happened), and its rerun publishes files byte-identical to a clean
-run's, every document once. `make faults` runs the whole campaign (every kind, 20 trials each)."""
+flow's process SIGKILLed while publishing, the Prefect server killed and restarted mid-run, the server killed
+and left down, a worker killed for memory by a document larger than its limit. Each faulted run ends
+(completed, or failed naming what happened), and its rerun publishes files byte-identical to a clean run's,
+every document once. `make faults` runs the whole campaign (every kind, 20 trials each)."""
 
 from __future__ import annotations
 
@@ -21,19 +22,35 @@ def load_campaign():
     return module
 
 
-@pytest.mark.skipif(shutil.which("mount") is None, reason="needs mount")
-def test_a_few_trials_of_each_flow_level_fault(tmp_path):
+def campaign(tmp_path, kinds: str, seed: int) -> tuple[int, dict]:
     faults = load_campaign()
     report = tmp_path / "report.json"
     status = faults.main(
         [
-            "--trials", "1", "--kinds", "worker_kill,publish_kill,server", "--seed", "15",
-            "--corpus-mb", "0.6", "--shard-size", "48KB", "--work", str(tmp_path / "work"), "--report", str(report),
-            "--hang-s", "300",
+            "--trials", "1", "--kinds", kinds, "--seed", str(seed), "--corpus-mb", "0.6", "--shard-size", "48KB",
+            "--work", str(tmp_path / "work"), "--report", str(report), "--hang-s", "300",
         ]
     )  # fmt: skip
     table = {row["kind"]: row for row in json.loads(report.read_text())["table"]}
-    assert set(table) == {"worker_kill", "publish_kill", "server"}
+    assert set(table) == set(kinds.split(","))
+    return status, table
+
+
+@pytest.mark.skipif(shutil.which("mount") is None, reason="needs mount")
+def test_a_few_trials_of_each_flow_level_fault(tmp_path):
+    status, table = campaign(tmp_path, "worker_kill,publish_kill,server", seed=15)
+    check(status, table)
+
+
+def test_a_server_left_down_and_a_worker_killed_for_memory(tmp_path, monkeypatch):
+    """Prefect's client retries cut to one, so the run left without its server fails in seconds rather than the
+    default's 2.5 minutes (README, Prefect server outages)."""
+    monkeypatch.setenv("PREFECT_CLIENT_MAX_RETRIES", "1")
+    status, table = campaign(tmp_path, "server_outage,oom", seed=16)
+    check(status, table)
+
+
+def check(status: int, table: dict) -> None:
     for kind, row in table.items():
         assert row["hung"] == 0, kind
         assert row["byte_identical"] == row["trials"] == 1, kind
