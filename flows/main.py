@@ -29,6 +29,7 @@ from prefect.artifacts import (
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.cluster import dask_client, on_every_worker, prepare_cluster
+from flows.server import retry_refused_connections
 from tasks.partition import partition
 from tasks.publish import already_published, publish
 from tasks.sample import sample_shards
@@ -136,6 +137,7 @@ def corpus_to_tokens(config: TokenmillConfig, rebuild: bool = False) -> dict:
     """Tokenize, pack, validate and publish a corpus as one dataset (see the README for the config), with the
     shard work on the Dask cluster that `config.dask` names (a LocalCluster when it names none). A run over the
     input and config of a version already published ends at once, unless `rebuild` (rerun-shards sets it)."""
+    retry_refused_connections()
     with dask_client(config.dask) as client:
         prepare_cluster(client)
         link = client.dashboard_link

@@ -151,6 +151,26 @@ def ensure_api() -> str:
     return state["api_url"]
 
 
+def retry_refused_connections() -> None:
+    """Make every Prefect API client of this process retry a refused connection as it does a timeout (5 times,
+    with backoff: about a minute). Prefect's client does so only once that client has connected, so that a
+    wrong URL fails at once; a client made while the server restarts (a pod rescheduled, a deploy) failed the
+    run at its first call. The URL is known good here: the run has reached it."""
+    from prefect.client.base import PrefectHttpxAsyncClient, PrefectHttpxSyncClient
+
+    for client_class in (PrefectHttpxAsyncClient, PrefectHttpxSyncClient):
+        if getattr(client_class, "_tokenmill_retries_refused", False):
+            continue
+        made = client_class.__init__
+
+        def __init__(self, *args, _made=made, **kwargs):
+            _made(self, *args, **kwargs)
+            self._has_connected = True  # prefect.client.base: ConnectError is retried once this is set
+
+        client_class.__init__ = __init__
+        client_class._tokenmill_retries_refused = True
+
+
 CHECK_EVERY_S = 2
 
 

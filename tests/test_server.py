@@ -49,3 +49,37 @@ def _group_of(process: psutil.Process) -> int | None:
         return os.getpgid(process.pid)
     except OSError:
         return None
+
+
+def test_a_prefect_client_made_while_the_server_is_down_waits_for_it_to_come_back():
+    """Prefect's client retries a refused connection only once it has connected; a run's client made while its
+    server restarts would fail the run at once. The server here comes up 1 s after the request is made."""
+    import http.server
+    import threading
+    import time
+
+    from prefect.client.base import PrefectHttpxSyncClient
+
+    from flows.server import free_port, retry_refused_connections
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"true")
+
+        def log_message(self, *args):
+            pass
+
+    port = free_port()
+
+    def serve_later():
+        time.sleep(1)
+        with http.server.HTTPServer(("127.0.0.1", port), Health) as server:
+            server.handle_request()
+
+    retry_refused_connections()
+    threading.Thread(target=serve_later, daemon=True).start()
+    with PrefectHttpxSyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        assert client.get("/api/health").text == "true"
