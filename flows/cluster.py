@@ -32,6 +32,13 @@ dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"})
 # memory is bounded by batch size anyway. External workers take the same setting from the environment:
 # DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON="{'MALLOC_TRIM_THRESHOLD_': None}" (see infra/).
 dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
+# A worker over 80% of dask.memory_limit pauses until its memory falls back, which a finished shard's memory
+# (freed to glibc, not to the system: see above) need not do. A fault campaign run with a 476 MiB limit and a
+# 40 MB document sat with its tokenize groups waiting until it was killed at 600 s, most likely so. Shard
+# results are files, so there is nothing to spill either; the nanny still restarts a worker at 95%, and a shard
+# whose workers keep dying fails naming its memory (tasks.shards). External workers take the same settings from
+# DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE=False and ..._SPILL=False (see infra/).
+dask.config.set({"distributed.worker.memory.pause": False, "distributed.worker.memory.spill": False})
 # The cluster's start/stop chatter would drown the flow's own log lines; warnings still show.
 logging.getLogger("distributed").setLevel(logging.WARNING)
 

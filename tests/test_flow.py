@@ -85,20 +85,26 @@ def test_recomputing_from_scratch_on_two_workers_gives_the_one_worker_bytes(demo
 def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     """What a served deployment's run does when `dask:` names no scheduler (`tokenmill run` starts its
     LocalCluster itself, before the flow: the demo run above): the shard work runs in a worker process of a
-    LocalCluster started for the run, which the stages find as the default client."""
+    LocalCluster started for the run, which the stages find as the default client. Its workers never pause for
+    memory (a paused worker whose memory does not fall back waits forever: flows/cluster.py)."""
     script = textwrap.dedent("""
         import os
+        import dask
         from distributed import default_client
         from flows.cluster import dask_client
         from tokenmill.config import DaskConfig
 
+        def where():
+            return os.getpid(), dask.config.get("distributed.worker.memory.pause")
+
         if __name__ == "__main__":
             with dask_client(DaskConfig(n_workers=1)):
-                print("worker" if default_client().submit(os.getpid).result() != os.getpid() else "flow")
+                pid, pauses = default_client().submit(where).result()
+                print("worker" if pid != os.getpid() else "flow", pauses)
     """)
     env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"}
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True)
-    assert result.stdout.strip() == "worker", result.stderr[-2000:]
+    assert result.stdout.strip() == "worker False", result.stderr[-2000:]
 
 
 def test_gpt2_token_ids_equal_the_reference_for_every_document(gpt2_run):
