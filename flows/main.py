@@ -47,6 +47,9 @@ from tokenmill.sampling import fractions as sample_fractions
 from tokenmill.shuffle_documents import check_counts, shuffled_shards
 from tokenmill.tokenize import preload_encoder
 
+# Before any flow run is created (the CLI's, a deployment's): that first call, too, waits out a server restart.
+retry_refused_connections()
+
 # Group task runs at once: each waits in a thread while its shards run on the cluster. The thread pool is the
 # throttle (a group still queued is not yet a task run).
 GROUP_THREADS = 64
@@ -137,7 +140,6 @@ def corpus_to_tokens(config: TokenmillConfig, rebuild: bool = False) -> dict:
     """Tokenize, pack, validate and publish a corpus as one dataset (see the README for the config), with the
     shard work on the Dask cluster that `config.dask` names (a LocalCluster when it names none). A run over the
     input and config of a version already published ends at once, unless `rebuild` (rerun-shards sets it)."""
-    retry_refused_connections()
     with dask_client(config.dask) as client:
         prepare_cluster(client)
         link = client.dashboard_link

@@ -51,35 +51,40 @@ def _group_of(process: psutil.Process) -> int | None:
         return None
 
 
+LATE_SERVER = """
+import http.server, threading, time
+
+import flows.main  # what every entry point imports; nothing else here asks for the retries
+from prefect.client.base import PrefectHttpxSyncClient
+from flows.server import free_port
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "4")
+        self.end_headers()
+        self.wfile.write(b"true")
+
+port = free_port()
+
+def serve_later():
+    time.sleep(1)
+    with http.server.HTTPServer(("127.0.0.1", port), Health) as server:
+        server.handle_request()
+
+threading.Thread(target=serve_later, daemon=True).start()
+with PrefectHttpxSyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+    print(client.get("/api/health").text)
+"""
+
+
 def test_a_prefect_client_made_while_the_server_is_down_waits_for_it_to_come_back():
     """Prefect's client retries a refused connection only once it has connected; a run's client made while its
-    server restarts would fail the run at once. The server here comes up 1 s after the request is made."""
-    import http.server
-    import threading
-    import time
-
-    from prefect.client.base import PrefectHttpxSyncClient
-
-    from flows.server import free_port, retry_refused_connections
-
-    class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", "4")
-            self.end_headers()
-            self.wfile.write(b"true")
-
-        def log_message(self, *args):
-            pass
-
-    port = free_port()
-
-    def serve_later():
-        time.sleep(1)
-        with http.server.HTTPServer(("127.0.0.1", port), Health) as server:
-            server.handle_request()
-
-    retry_refused_connections()
-    threading.Thread(target=serve_later, daemon=True).start()
-    with PrefectHttpxSyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-        assert client.get("/api/health").text == "true"
+    server restarts (the CLI's flow run is created before the flow's body runs) would fail the run at once. In a
+    fresh process that imports the flow's module, a client's first call waits for a server that comes up 1 s
+    later."""
+    done = subprocess.run(
+        [sys.executable, "-c", LATE_SERVER], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "true"
