@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -277,7 +278,9 @@ def test_flow_runs_on_an_external_dask_cluster(gpt2_run, dask_cluster, prefect_c
 
 
 def test_prefect_server_on_postgresql(tmp_path):
-    """A whole run against a Prefect server backed by PostgreSQL (Debian's server, started here)."""
+    """A whole run against a Prefect server backed by PostgreSQL (Debian's server, started here), the server
+    SIGKILLed once the run's first shard has committed and restarted on the same port and database 3 s later
+    (a pod rescheduled): the run completes, recorded as Completed in PostgreSQL."""
     binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
     if not binaries:
         pytest.skip("PostgreSQL server not installed (make setup installs Debian's postgresql)")
@@ -303,27 +306,42 @@ def test_prefect_server_on_postgresql(tmp_path):
             "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://postgres@127.0.0.1:{port}/prefect",
         }
         env.pop("PREFECT_API_URL", None)
-        prefect_server = subprocess.Popen(
-            [Path(sys.executable).parent / "prefect", "server", "start", "--host", "127.0.0.1",
-             "--port", str(api_port)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
         from flows.server import healthy
 
+        def start_server():
+            return subprocess.Popen(
+                [Path(sys.executable).parent / "prefect", "server", "start", "--host", "127.0.0.1",
+                 "--port", str(api_port)],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+
+        def sql(query: str) -> str:
+            return subprocess.run(
+                [pg_bin / "psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "prefect", "-tAc", query],
+                capture_output=True, text=True, check=True,
+            ).stdout.strip()  # fmt: skip
+
+        prefect_server = start_server()
         api = f"http://127.0.0.1:{api_port}/api"
         wait_for(lambda: healthy(api), 120, "prefect server on PostgreSQL")
         out = tmp_path / "out"
-        result = subprocess.run(
-            [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={out}"],
-            cwd=REPO, env={**env, "PREFECT_API_URL": api}, capture_output=True, text=True, timeout=600,
+        run = subprocess.Popen(
+            [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={out}",
+             "--set", "partition.shard_size=64KB"],  # 22 shards: work left when the server goes
+            cwd=REPO, env={**env, "PREFECT_API_URL": api}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
-        assert result.returncode == 0, result.stdout + result.stderr
-        rows = subprocess.run(
-            [pg_bin / "psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "prefect", "-tAc",
-             "select count(*) from task_run where name like 'tokenize[shard-%'"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-        assert int(rows) >= 1  # the runs are recorded in PostgreSQL
+        wait_for(lambda: any((out / "_commits" / "tokenize").glob("*.json")) or run.poll() is not None, 300, "a shard")
+        assert run.poll() is None, run.communicate()[0]  # the server goes mid-run
+        os.killpg(prefect_server.pid, signal.SIGKILL)
+        prefect_server.wait(30)
+        time.sleep(3)
+        prefect_server = start_server()
+        log = run.communicate(timeout=600)[0]
+        assert run.returncode == 0, log
+        planned = int(re.search(r"planned (\d+) shards", log)[1])
+        assert planned > 10 and len(list((out / "_commits" / "tokenize").glob("*.json"))) == planned, log
+        assert int(sql("select count(*) from task_run where name like 'tokenize[shard-%'")) >= 1  # in PostgreSQL
+        assert sql("select state_type from flow_run where name = 'demo-gpt2'") == "COMPLETED"
     finally:
         if prefect_server is not None:
             os.killpg(prefect_server.pid, signal.SIGTERM)
