@@ -102,11 +102,20 @@ def shard_bins(per_shard: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return binned, width
 
 
-def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]:
-    import matplotlib  # half a second to import: only the process that publishes pays it
+def load_matplotlib():
+    """pyplot for files only, never a display. Half a second to import: only the process that publishes pays
+    it (the flow imports it while it waits for the tokenize stage)."""
+    import matplotlib
 
-    matplotlib.use("Agg")  # files only, never a display
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401 (the plots' formatters)
+
+    return plt
+
+
+def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]:
+    plt = load_matplotlib()
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     def _figure():
