@@ -3,11 +3,12 @@ retries see the same shards), rebuilt on the unchanged shards when the input cha
 
 from prefect import get_run_logger, task
 
+from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import load_or_plan
 
 
-@task(name="partition")
+@task(name="partition", **UNCACHED)
 def partition(config: TokenmillConfig, cluster_threads: int) -> dict:
     plan, change = load_or_plan(config, cluster_threads)
     logger = get_run_logger()

@@ -4,13 +4,14 @@ the LATEST pointer after it; or, when this version is already published, only LA
 import pandas as pd
 from prefect import task
 
+from tasks import UNCACHED
 from tokenmill import publish as library
 from tokenmill import report
 from tokenmill.config import TokenmillConfig
 from tokenmill.tokenizer import TokenizerInfo
 
 
-@task(name="already_published")
+@task(name="already_published", **UNCACHED)
 def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo) -> dict | None:
     """This version's manifest and LATEST pointed at it, if the version is published complete; else None."""
     if (manifest := library.already_published(config, plan, tokenizer)) is None:
@@ -18,7 +19,7 @@ def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerI
     return {"manifest": manifest, "published": library.point_latest_at(config, manifest)}
 
 
-@task(name="publish")
+@task(name="publish", **UNCACHED)
 def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, run: dict) -> dict:
     manifest = library.publish(config, plan, tokenizer, table)
     markdown = report.write_report(config.output.store(), manifest, table, run)

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 from distributed import as_completed, default_client
 from prefect import get_run_logger
-from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
+
+from tasks import UNCACHED
 
 SHARD_RETRIES = 2  # per shard and stage, on the worker that runs it; and per Dask task, if its worker dies
 WINDOW_PER_THREAD = 4  # a group keeps at most this many Dask tasks per cluster thread on the cluster at once
@@ -215,6 +216,6 @@ def _error(future) -> str:
     return f"its Dask task ended {future.status}"
 
 
-# The options of every shard stage's task: its result lives in the flow's memory only (the commit markers are the
-# durable record), Prefect never caches it, and its runs are named by their shards.
-GROUP_TASK = {"task_run_name": _run_name, "cache_policy": NO_CACHE, "persist_result": False}
+# The options of every shard stage's task: uncached (its result lives in the flow's memory only, the commit markers
+# are the durable record), and its runs are named by their shards.
+GROUP_TASK = {"task_run_name": _run_name, **UNCACHED}

@@ -5,6 +5,7 @@ something to pack) its pack, chained on the cluster; and the run's encoder choic
 import pandas as pd
 from prefect import get_run_logger, task
 
+from tasks import UNCACHED
 from tasks.shards import GROUP_TASK, Stage, group_label, run_on_dask
 from tokenmill import pack, tokenize
 from tokenmill.config import TokenmillConfig
@@ -13,7 +14,7 @@ from tokenmill.tokenizer import TokenizerInfo
 from tokenmill.validate import stats_table
 
 
-@task(name="choose_encoder")
+@task(name="choose_encoder", **UNCACHED)
 def choose_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: TokenizerInfo) -> EncoderChoice:
     return tokenize.choose_run_encoder(config, shards, tokenizer, log=get_run_logger().info)
 

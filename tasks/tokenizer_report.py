@@ -2,13 +2,14 @@
 
 from prefect import task
 
+from tasks import UNCACHED
 from tokenmill import fertility
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
 from tokenmill.tokenizer import TokenizerInfo
 
 
-@task(name="tokenizer_report")
+@task(name="tokenizer_report", **UNCACHED)
 def tokenizer_report(
     config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict], encoder: EncoderChoice | None = None
 ) -> str:

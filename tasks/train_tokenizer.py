@@ -3,16 +3,17 @@ either way the EOD/BOS/PAD tokens are resolved here, before any shard runs."""
 
 from prefect import task
 
+from tasks import UNCACHED
 from tokenmill import tokenizer
 from tokenmill.config import TokenmillConfig
 from tokenmill.tokenizer import TokenizerInfo
 
 
-@task(name="train_tokenizer")
+@task(name="train_tokenizer", **UNCACHED)
 def train_tokenizer(config: TokenmillConfig, samples: list[dict]) -> TokenizerInfo:
     return tokenizer.train_on_sample(config, samples)
 
 
-@task(name="pretrained_tokenizer")
+@task(name="pretrained_tokenizer", **UNCACHED)
 def pretrained_tokenizer(config: TokenmillConfig) -> TokenizerInfo:
     return tokenizer.install_pretrained(config)

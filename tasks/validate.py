@@ -4,13 +4,14 @@ are checked on the cluster (`check[shard]`), the rest here."""
 import pandas as pd
 from prefect import task
 
+from tasks import UNCACHED
 from tasks.shards import Stage, run_on_dask
 from tokenmill import validate as library
 from tokenmill.config import TokenmillConfig
 from tokenmill.tokenizer import TokenizerInfo
 
 
-@task(name="validate")
+@task(name="validate", **UNCACHED)
 def validate(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> pd.DataFrame:
     checks = run_on_dask(config, library.shard_rows(table), [Stage("check", library.check_shard, (tokenizer,))])
     return library.validate(config, plan, tokenizer, table, [p for (problems,) in checks for p in problems])

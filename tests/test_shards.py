@@ -27,3 +27,25 @@ def test_a_shard_that_keeps_failing_is_failed_alone_and_one_that_fails_once_is_r
     failed = Failed("ValueError: shard 2 cannot be read")
     assert EachShard(work)(None, [1, 2, 3, earlier], 10) == [11, failed, 13, earlier]
     assert tries == {1: 1, 2: 3, 3: 2}  # 1 + SHARD_RETRIES tries at most; a Failed shard is not tried again
+
+
+def test_no_task_hashes_its_inputs_or_persists_its_result():
+    """Prefect's default cache policy hashed every task's inputs on every call (8 s for a 100,000-shard plan);
+    reuse is the commit markers' business. Every task of tasks/ is uncached."""
+    import importlib
+    import pkgutil
+
+    from prefect import Task
+    from prefect.cache_policies import NO_CACHE
+
+    import tasks
+
+    found = {
+        obj.name: obj
+        for info in pkgutil.iter_modules(tasks.__path__)
+        for obj in vars(importlib.import_module(f"tasks.{info.name}")).values()
+        if isinstance(obj, Task)
+    }
+    assert {"partition", "choose_encoder", "tokenize", "validate", "publish"} <= set(found)
+    for name, task in found.items():
+        assert task.cache_policy is NO_CACHE and task.persist_result is False, name
