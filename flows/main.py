@@ -29,6 +29,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import quote
 
 from flows.cluster import dask_client, on_every_worker, prepare_cluster
 from flows.server import retry_refused_connections
@@ -65,7 +66,7 @@ def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
     sources, n_outputs = plan["shards"], plan["shuffled_shards"]
     scattered = map_shards(scatter_shards, config, sources, n_outputs)
     source_ids = [s["shard_id"] for s in sources]
-    gathered = map_shards(gather_shards, config, list(range(n_outputs)), source_ids, plan["key"])
+    gathered = map_shards(gather_shards, config, list(range(n_outputs)), quote(source_ids), plan["key"])
     check_counts(scattered, gathered)
     return shuffled_shards(config, plan["key"], gathered), time.perf_counter() - started
 
@@ -178,16 +179,19 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         plan = {**plan, "shards": shards}
         logger.info("shuffled all documents into %d shards in %.1f s", len(shards), shuffle_seconds)
 
+    # Prefect walks a task's arguments for futures, twice a call: 15 s for a 100,000-shard plan. quote() skips it.
+    quoted_plan = quote(plan)
+
     training = config.tokenizer.train is not None
     sampling = start_sample(config, plan) if training else None
     tokenizer = train_tokenizer(config, sampling.results()) if training else pretrained_tokenizer(config)
     logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
-    if not rebuild and (done := already_published(config, plan, tokenizer)) is not None:
+    if not rebuild and (done := already_published(config, quoted_plan, tokenizer)) is not None:
         return unchanged_summary(config, done, time.perf_counter() - started)
     if config.fertility.enabled and not training:  # drawn on the cluster while the encoder is chosen here
         sampling = start_sample(config, plan)
     on_every_worker(default_client(), preload_encoder, config, tokenizer)  # also while the encoder is chosen
-    encoder = choose_encoder(config, shards, tokenizer)  # once per run; shards get the small choice
+    encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run; shards get the small choice
     samples = sampling.results() if sampling is not None else []
     # The report needs the tokenizer, its encoder and the held-out sample: it runs while the shards are tokenized.
     report = tokenizer_report.submit(config, tokenizer, samples, encoder) if config.fertility.enabled else None
@@ -202,7 +206,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
 
     if writes_packed(config):
         shuffle_index(config, table)
-    stats = validate(config, plan, tokenizer, table)
+    stats = validate(config, quoted_plan, tokenizer, table)
     if report is not None:
         create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
     bytes_in = totals["bytes_in"]
@@ -213,7 +217,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         "shuffle_seconds": None if shuffle_seconds is None else round(shuffle_seconds, 2),
         "flow_seconds": round(time.perf_counter() - started, 2),
     }
-    published = publish(config, plan, tokenizer, stats, run)
+    published = publish(config, quoted_plan, tokenizer, stats, run)
     manifest = published["manifest"]
     summary = {
         "output": config.output.path,
