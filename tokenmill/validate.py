@@ -10,6 +10,8 @@ decode back to their text.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -375,10 +377,13 @@ def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: Toke
 def shard_rows(table: pd.DataFrame) -> list[dict]:
     """The stats table as one item per shard, `{"shard_id", "rows": [a dict per split], "bytes"}`, for
     `check_shard`; `bytes` (4 per token: about what its files hold) sizes the Dask tasks (`tasks.shards`)."""
-    return [
-        {"shard_id": int(sid), "rows": rows.to_dict(orient="records"), "bytes": 4 * int(rows.tokens.sum())}
-        for sid, rows in table.groupby("shard_id")
-    ]
+    records = table.sort_values("shard_id", kind="stable").to_dict(orient="records")
+    # consecutive records by shard: pandas' groupby made a frame per shard (two minutes for 100,000 shards)
+    items = []
+    for sid, rows in itertools.groupby(records, key=operator.itemgetter("shard_id")):
+        rows = list(rows)
+        items.append({"shard_id": int(sid), "rows": rows, "bytes": 4 * sum(int(r["tokens"]) for r in rows)})
+    return items
 
 
 def check_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo) -> list[str]:
