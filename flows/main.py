@@ -179,12 +179,13 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         plan = {**plan, "shards": shards}
         logger.info("shuffled all documents into %d shards in %.1f s", len(shards), shuffle_seconds)
 
-    # Prefect walks a task's arguments for futures, twice a call: 15 s for a 100,000-shard plan. quote() skips it.
+    # Prefect walks a task's arguments for futures, twice a call: 15 s for a 100,000-shard plan, or for a result
+    # per shard (the samples). quote() skips it.
     quoted_plan = quote(plan)
 
     training = config.tokenizer.train is not None
     sampling = start_sample(config, plan) if training else None
-    tokenizer = train_tokenizer(config, sampling.results()) if training else pretrained_tokenizer(config)
+    tokenizer = train_tokenizer(config, quote(sampling.results())) if training else pretrained_tokenizer(config)
     logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
     if not rebuild and (done := already_published(config, quoted_plan, tokenizer)) is not None:
         return unchanged_summary(config, done, time.perf_counter() - started)
@@ -194,7 +195,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
     encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run; shards get the small choice
     samples = sampling.results() if sampling is not None else []
     # The report needs the tokenizer, its encoder and the held-out sample: it runs while the shards are tokenized.
-    report = tokenizer_report.submit(config, tokenizer, samples, encoder) if config.fertility.enabled else None
+    report = tokenizer_report.submit(config, tokenizer, quote(samples), encoder) if config.fertility.enabled else None
     tokenize_started = time.perf_counter()
     import_while_waiting()
     table, totals = tokenize_and_pack(config, shards, tokenizer, encoder)
