@@ -13,5 +13,8 @@ from tokenmill.tokenizer import TokenizerInfo
 
 @task(name="validate", **UNCACHED)
 def validate(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> pd.DataFrame:
-    checks = run_on_dask(config, library.shard_rows(table), [Stage("check", library.check_shard, (tokenizer,))])
-    return library.validate(config, plan, tokenizer, table, [p for (problems,) in checks for p in problems])
+    def on_the_cluster(shards: list[dict]) -> list[str]:
+        checks = run_on_dask(config, shards, [Stage("check", library.check_shard, (tokenizer,))])
+        return [p for (problems,) in checks for p in problems]
+
+    return library.validate(config, plan, tokenizer, table, on_the_cluster)

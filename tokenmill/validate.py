@@ -14,6 +14,7 @@ import itertools
 import operator
 import shutil
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -413,29 +414,35 @@ def validate(
     plan: dict,
     tokenizer: TokenizerInfo,
     table: pd.DataFrame,
-    shard_problems: list[str] | None = None,
+    check_shards: Callable[[list[dict]], list[str]] | None = None,
 ) -> pd.DataFrame:
     """Check the stats table (`stats_table` of the tokenize and pack results) and the files; write `stats.json`
-    and return the table, or raise ValidationFailed. `shard_problems`: what `check_shard` found over every
-    shard, where the caller ran it (on the cluster); None: checked here."""
+    and return the table, or raise ValidationFailed. `check_shards`: runs `check_shard` over the items of
+    `shard_rows` where the caller wants (on the cluster) and returns the problems; None: here."""
     packing = writes_packed(config)
-    shard_ids = [s["shard_id"] for s in plan["shards"]]
-    schema = stats_schema(shard_ids, list(config.split), tokenizer.vocab_size, config.pack if packing else None)
-    from pandera.errors import SchemaErrors
-
-    try:
-        schema.validate(table, lazy=True)
-    except SchemaErrors as e:
-        raise ValidationFailed(f"stats table failed validation:\n{_failure_report(e, table)}") from None
-    if shard_problems is None:
-        shard_problems = [p for shard in shard_rows(table) for p in check_shard(config, shard, tokenizer)]
-    problems = list(shard_problems)
     store = config.output.store()
-    if packing:
-        for split in config.split:
-            problems += _check_shuffle(store, split, table[table.split == split])
-    if not problems:  # decoding is only meaningful on sound files
-        problems += check_sampled_documents(config, plan, tokenizer, table)
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenmill-reference") as pool:
+        # The reference's re-encoding of sampled documents (hf, in native code) runs while the table and the
+        # files are checked; it counts only where they are sound: decoding damaged files means nothing.
+        reference = pool.submit(check_sampled_documents, config, plan, tokenizer, table)
+        shard_ids = [s["shard_id"] for s in plan["shards"]]
+        schema = stats_schema(shard_ids, list(config.split), tokenizer.vocab_size, config.pack if packing else None)
+        from pandera.errors import SchemaErrors
+
+        try:
+            schema.validate(table, lazy=True)
+        except SchemaErrors as e:
+            raise ValidationFailed(f"stats table failed validation:\n{_failure_report(e, table)}") from None
+        shards = shard_rows(table)
+        if check_shards is None:
+            problems = [p for shard in shards for p in check_shard(config, shard, tokenizer)]
+        else:
+            problems = check_shards(shards)
+        if packing:
+            for split in config.split:
+                problems += _check_shuffle(store, split, table[table.split == split])
+        if not problems:
+            problems += reference.result()
     if problems:
         raise ValidationFailed("dataset files failed validation:\n" + "\n".join(f"  - {p}" for p in problems))
     store.write_json(layout.STATS, table.to_dict(orient="records"))
