@@ -1,6 +1,7 @@
 """A few trials of the fault campaign (bench/faults.py) on real `tokenmill run`s: a Dask worker SIGKILLed, the
-flow's process SIGKILLed while publishing, the Prefect server killed and restarted mid-run, the server killed
-and left down, a worker killed for memory by a document larger than its limit. Each faulted run ends
+flow's process SIGKILLed mid-run and while publishing, the build's disk full, a committed file damaged, the
+Prefect server killed and restarted mid-run, the server killed and left down, a worker killed for memory by a
+document larger than its limit (S3 faults: tests/test_faults_s3.py). Each faulted run ends
 (completed, or failed naming what happened), and its rerun publishes files byte-identical to a clean run's,
 every document once. `make faults` runs the whole campaign (every kind, 20 trials each)."""
 
@@ -38,7 +39,7 @@ def campaign(tmp_path, kinds: str, seed: int) -> tuple[int, dict]:
 
 @pytest.mark.skipif(shutil.which("mount") is None, reason="needs mount")
 def test_a_few_trials_of_each_flow_level_fault(tmp_path):
-    status, table = campaign(tmp_path, "worker_kill,publish_kill,server", seed=15)
+    status, table = campaign(tmp_path, "worker_kill,flow_kill,publish_kill,disk_full,corruption,server", seed=15)
     check(status, table)
 
 
