@@ -40,6 +40,11 @@ def read_all(path, options: ReadOptions, columnar: bool, batch_bytes: int = read
 
 def test_fast_path_gives_what_the_careful_path_gives(tmp_path):
     good = [orjson.dumps({"id": f"d{i}", "text": f"text number {i} \u00e9\U00016ebb", "n": i}) for i in range(40)]
+    # escaped surrogate pairs, lower and upper case: the fast path decodes them as the careful path does
+    good[5:7] = [
+        b'{"id": "pair", "text": "a\\ud83d\\ude00b"}',
+        b'{"id": "PAIR", "text": "\\uD800\\uDC00\\udbff\\udfff"}',
+    ]
     bad = [
         b'{"id": "broken", "text": ',
         b'{"id": "latin1", "text": "caf\xe9"}',
@@ -47,6 +52,9 @@ def test_fast_path_gives_what_the_careful_path_gives(tmp_path):
         b'{"id": "d3", "text": "duplicate id"}',
         b"",
         b'{"id": "s", "text": "\\ud800"}',
+        b'{"id": "low", "text": "\\ude00 alone"}',
+        b'{"id": "reversed", "text": "\\ude00\\ud83d"}',
+        b'{"id": "unpaired", "text": "\\ud83d\\u0041"}',
         b'{"id": 5, "text": "x"}',
     ]
     lines = good[:10] + bad + good[10:]
@@ -63,6 +71,9 @@ def test_fast_path_gives_what_the_careful_path_gives(tmp_path):
             results.setdefault(repr(options), []).append(careful[2])
     # bytes in are the records' bytes, whichever line endings they had
     assert all(lf == crlf for lf, crlf in results.values())
+    # the pairs' block is read by the fast path (pyarrow), which decodes them as orjson does
+    batch, _ = readers.jsonl_block(b"\n".join(good[5:7]) + b"\n", 1, "x.jsonl", ReadOptions(id_field="id"), set())
+    assert batch.text_array is not None and batch.text_array.to_pylist() == ["a\U0001f600b", "\U00010000\U0010ffff"]
 
 
 def test_a_five_million_character_document_is_tokenized_exactly(tmp_path):

@@ -11,7 +11,6 @@ present and unique within the shard.
 from __future__ import annotations
 
 import io
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -412,10 +411,10 @@ def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tu
 # Plain (uncompressed) JSONL with top-level text, id and extra fields is parsed by pyarrow a block of whole lines
 # at a time, and the batch schema's checks run vectorised on the columns. A block with any problem at all
 # (a parse error, a blank line, a missing or non-string text, a length out of bounds, a missing, non-string or
-# repeated id, an escaped surrogate) is read again by the careful path above, record by record, so every bad
-# record still becomes a reject naming its file, line and reason, exactly as without the fast path.
-
-_ESCAPED_SURROGATE = re.compile(rb"\\[uU][dD][89a-fA-F]")  # orjson and pyarrow disagree on these: careful path
+# repeated id) is read again by the careful path above, record by record, so every bad record still becomes a
+# reject naming its file, line and reason, exactly as without the fast path. pyarrow and orjson decode escaped
+# surrogates alike (pairs to the same UTF-8, a lone or misordered one is an error to both: tested), so escapes
+# need no scan of their own.
 
 
 def _fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
@@ -475,7 +474,7 @@ def _fast_batch(
 ) -> Batch | None:
     """The block's documents if every record in it is a valid document, else None."""
     names = (options.text_field, options.id_field, *options.fields)
-    if any(n is not None and "." in n for n in names) or _ESCAPED_SURROGATE.search(block):
+    if any(n is not None and "." in n for n in names):
         return None  # nested fields: the careful path
     columns = dict.fromkeys(n for n in names if n is not None)  # extra fields as strings, else the careful path
     schema = pyarrow.schema([(n, pyarrow.string()) for n in columns])
