@@ -1,7 +1,8 @@
 """corpus_to_tokens: the main flow, DESIGN.md's DAG.
 
+pretrained_tokenizer (its encoders loaded on every worker meanwhile) ─► partition     (with tokenizer.path)
 partition ─► [scatter[shards] ─► gather[shards]]        (partition.shuffle: the global document shuffle)
-          ─► (sample[shards] ─► train_tokenizer | pretrained_tokenizer) ─► already_published ─► (done)
+          ─► (sample[shards] ─► train_tokenizer | the pretrained tokenizer) ─► already_published ─► (done)
           ─► [sample[shards]] ─► tokenizer_report (beside tokenize)
           ─► tokenize[shards] (each shard's pack chained to it) ─► shuffle_index ─► validate ─► publish
 
@@ -170,6 +171,11 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
     logger = get_run_logger()
     started = time.perf_counter()
     save_run_config(config)
+    training = config.tokenizer.train is not None
+    # A pretrained tokenizer is installed first, so that the workers load its encoders while the input is partitioned.
+    tokenizer = None if training else pretrained_tokenizer(config)
+    if tokenizer is not None:
+        on_every_worker(default_client(), preload_encoder, config, tokenizer)
     plan = partition(config, cluster_threads)
     shards = plan["shards"]
     logger.info("planned %d shards of %d MB over %d files", len(shards), plan["shard_size"] / 1e6, len(plan["files"]))
@@ -183,15 +189,15 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
     # per shard (the samples). quote() skips it.
     quoted_plan = quote(plan)
 
-    training = config.tokenizer.train is not None
-    sampling = start_sample(config, plan) if training else None
-    tokenizer = train_tokenizer(config, quote(sampling.results())) if training else pretrained_tokenizer(config)
+    if training:
+        sampling = start_sample(config, plan)
+        tokenizer = train_tokenizer(config, quote(sampling.results()))
+        on_every_worker(default_client(), preload_encoder, config, tokenizer)  # while the encoder is chosen
     logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
     if not rebuild and (done := already_published(config, quoted_plan, tokenizer)) is not None:
         return unchanged_summary(config, done, time.perf_counter() - started)
     if config.fertility.enabled and not training:  # drawn on the cluster while the encoder is chosen here
         sampling = start_sample(config, plan)
-    on_every_worker(default_client(), preload_encoder, config, tokenizer)  # also while the encoder is chosen
     encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run; shards get the small choice
     samples = sampling.results() if sampling is not None else []
     # The report needs the tokenizer, its encoder and the held-out sample: it runs while the shards are tokenized.
