@@ -12,11 +12,13 @@ its own group, not the ones after it.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
+import itertools
 import json
 import math
+import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 import fsspec
@@ -32,6 +34,7 @@ from tokenmill.readers import Piece, compression_of, format_of
 from tokenmill.storage import list_files, options_for
 
 SCAN_CHUNK = 16 << 20
+LINE_PROBE = 64 << 10  # read at a cut until its line ends
 # shard_size: auto. Eight shards per cluster thread balance the load (a thread's last shard ends near the
 # others'); 16 MB keeps a shard's fixed costs (files, markers, a Dask task) small beside its work; 1 GB keeps a
 # 100 TB corpus at about 100,000 shards, where a retried shard costs seconds, not minutes.
@@ -62,25 +65,40 @@ def uncompressed_size(url: str, storage_options: dict) -> int:
 
 
 def cut_points(url: str, size: int, n_pieces: int, storage_options: dict) -> list[tuple[int, int]]:
-    """(byte offset, line number) of the first line at or after each of n_pieces - 1 even cuts."""
-    targets = [size * k // n_pieces for k in range(1, n_pieces)]
-    cuts: list[tuple[int, int]] = []
-    pos, lines_before, next_target = 0, 0, 0
-    with fsspec.open(url, "rb", **options_for(url, storage_options)) as f:
-        while next_target < len(targets) and (chunk := f.read(SCAN_CHUNK)):
-            counted, lines = 0, lines_before  # lines ending in chunk[:counted], counted once per chunk
-            while next_target < len(targets):
-                nl = chunk.find(b"\n", max(targets[next_target] - 1 - pos, 0))
-                if nl < 0:
-                    break
-                lines += chunk.count(b"\n", counted, nl + 1)
-                counted = nl + 1
-                offset = pos + nl + 1
-                cuts.append((offset, lines + 1))
-                next_target = bisect.bisect_right(targets, offset, next_target)  # targets inside this line collapse
-            lines_before += int(np.count_nonzero(np.frombuffer(chunk, np.uint8) == 10))  # 2.5x bytes.count
-            pos += len(chunk)
-    return [c for c in cuts if c[0] < size]
+    """(byte offset, line number) of the first line at or after each of n_pieces - 1 even cuts. The cuts are found
+    by seeking; the line endings before each are counted a range per thread (file reads and numpy release the
+    GIL): this count is the one pass partition makes over a whole file, on every core."""
+    fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+    with fs.open(path, "rb") as f:
+        offsets = sorted({_line_start(f, size * k // n_pieces) for k in range(1, n_pieces)} - {size})
+    if not offsets:
+        return []
+    starts = [0, *offsets[:-1]]
+    with ThreadPoolExecutor(min(len(offsets), os.cpu_count() or 1)) as pool:
+        counts = pool.map(lambda start, end: _newlines(fs, path, start, end), starts, offsets)
+        return [(offset, lines + 1) for offset, lines in zip(offsets, itertools.accumulate(counts), strict=True)]
+
+
+def _line_start(f, target: int) -> int:
+    """Where a line starts at or after `target`: just past the first newline at or after max(target - 1, 0), or
+    at the file's end."""
+    position = f.seek(max(target - 1, 0))
+    while chunk := f.read(LINE_PROBE):
+        if (nl := chunk.find(b"\n")) >= 0:
+            return position + nl + 1
+        position += len(chunk)
+    return position
+
+
+def _newlines(fs, path: str, start: int, end: int) -> int:
+    """The line endings in bytes [start, end) of the file."""
+    count = 0
+    with fs.open(path, "rb") as f:
+        f.seek(start)
+        while start < end and (chunk := f.read(min(SCAN_CHUNK, end - start))):
+            count += int(np.count_nonzero(np.frombuffer(chunk, np.uint8) == 10))  # 2.5x bytes.count
+            start += len(chunk)
+    return count
 
 
 def row_group_runs(url: str, shard_size: int, storage_options: dict) -> list[tuple[list[int], int]]:
