@@ -2,11 +2,13 @@
 something to pack) its pack, chained on the cluster; and the run's encoder choice, made once before any shard
 (verified on a sample across shards)."""
 
+import time
+
 import pandas as pd
 from prefect import get_run_logger, task
 
 from tasks import UNCACHED
-from tasks.shards import GROUP_TASK, Stage, group_label, run_on_dask
+from tasks.shards import GROUP_TASK, Stage, group_label, on_a_worker, run_on_dask
 from tokenmill import pack, tokenize
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
@@ -16,7 +18,13 @@ from tokenmill.validate import stats_table
 
 @task(name="choose_encoder", **UNCACHED)
 def choose_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: TokenizerInfo) -> EncoderChoice:
-    return tokenize.choose_run_encoder(config, shards, tokenizer, log=get_run_logger().info)
+    """Made on a worker, whose encoders are loaded (tokenmill.tokenize.preload_encoder)."""
+    started = time.perf_counter()
+    choice = on_a_worker(tokenize.choose_run_encoder, config, tokenize.verification_shards(shards), tokenizer)
+    get_run_logger().info(
+        "encoder: %s %s: %s (%.1f s)", choice.backend, choice.version, choice.reason, time.perf_counter() - started
+    )
+    return choice
 
 
 @task(name="tokenize", **GROUP_TASK)

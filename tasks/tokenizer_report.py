@@ -3,6 +3,7 @@
 from prefect import task
 
 from tasks import UNCACHED
+from tasks.shards import on_a_worker
 from tokenmill import fertility
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
@@ -13,5 +14,6 @@ from tokenmill.tokenizer import TokenizerInfo
 def tokenizer_report(
     config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict], encoder: EncoderChoice | None = None
 ) -> str:
-    """Write report/fertility.{json,md}; return the markdown (a few KB) for the flow's artifact."""
-    return fertility.markdown(fertility.tokenizer_report(config, tokenizer, samples, encoder))
+    """Write report/fertility.{json,md} (on a worker, whose encoders are loaded); return the markdown (a few KB)
+    for the flow's artifact."""
+    return fertility.markdown(on_a_worker(fertility.tokenizer_report, config, tokenizer, samples, encoder))

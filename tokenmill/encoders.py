@@ -484,12 +484,12 @@ def special_case_texts(tokenizer_json: bytes) -> list[str]:
 
 
 def choose_encoder(
-    tokenizer_json: bytes, requested: str, sample: Sequence[str], log=print, backend_of=None
+    tokenizer_json: bytes, requested: str, sample: Sequence[str], log=None, backend_of=None
 ) -> tuple[EncoderChoice, dict]:
     """The backend to use: `requested`, or with `auto` the fastest installed one that reproduces the
     reference on `sample` and on the tokenizer's special cases once its unsafe code points are guarded.
-    Returns the choice and a report of every candidate (why it was taken or not). `backend_of(name)` gives
-    each backend (default: `new_backend`, loaded anew)."""
+    Returns the choice and a report of every candidate (why it was taken or not), and says the choice to `log`
+    when given. `backend_of(name)` gives each backend (default: `new_backend`, loaded anew)."""
     backend_of = backend_of or (lambda backend: new_backend(backend, tokenizer_json))
     reference = backend_of("hf")
     checks = [*special_case_texts(tokenizer_json), *sample]
@@ -534,5 +534,6 @@ def choose_encoder(
         report[backend] = "chosen: " + reason
         choice = EncoderChoice(backend, fast.version, reason, as_ranges(unsafe))
         break
-    log(f"encoder: {choice.backend} {choice.version}: {choice.reason} ({time.perf_counter() - chosen_at:.1f} s)")
+    if log is not None:
+        log(f"encoder: {choice.backend} {choice.version}: {choice.reason} ({time.perf_counter() - chosen_at:.1f} s)")
     return choice, report

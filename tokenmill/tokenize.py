@@ -133,13 +133,18 @@ def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:
     preload_backends(config.output.store().url_of(layout.TOKENIZER), tokenizer.sha256, config.tokenizer.encoder)
 
 
+def verification_shards(shards: list[dict]) -> list[dict]:
+    """The shards the verification sample is drawn from: at most VERIFY_SHARDS, evenly spaced across the run."""
+    return shards[:: -(-len(shards) // VERIFY_SHARDS)] if shards else []
+
+
 def verification_sample(config: TokenmillConfig, shards: list[dict], documents: int) -> list[str]:
     """About `documents` texts drawn across the shards: an equal share from the start of each of at most
     VERIFY_SHARDS evenly spaced shards, read in small batches (so this costs little however large the shards,
     and however many)."""
     if not shards or not documents:
         return []
-    shards = shards[:: -(-len(shards) // VERIFY_SHARDS)]
+    shards = verification_shards(shards)
     share = max(1, -(-documents // len(shards)))
     texts: list[str] = []
     for shard in shards:
@@ -155,12 +160,13 @@ def verification_sample(config: TokenmillConfig, shards: list[dict], documents: 
     return texts
 
 
-def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: TokenizerInfo, log=print):
-    """The run's encoder (tokenizer.encoder, verified on a sample across shards), recorded in `_work/`."""
+def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: TokenizerInfo, log=None):
+    """The run's encoder (tokenizer.encoder, verified on a sample across shards), recorded in `_work/`; the choice
+    is said to `log`, if given (its reason says why)."""
     store = config.output.store()
     data = store.read_bytes(layout.TOKENIZER)
     sample = verification_sample(config, shards, config.tokenizer.verify_documents)
-    url = store.url_of(layout.TOKENIZER)  # the backends loaded here are the ones the report counts with, once
+    url = store.url_of(layout.TOKENIZER)  # the backends this process loaded, for the shards and the report
 
     def backend_of(backend: str):
         return loaded_backend(url, tokenizer.sha256, backend)
