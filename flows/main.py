@@ -198,12 +198,12 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         return unchanged_summary(config, done, time.perf_counter() - started)
     if config.fertility.enabled and not training:  # drawn on the cluster while the encoder is chosen here
         sampling = start_sample(config, plan)
-    encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run; shards get the small choice
+    import_while_waiting()
+    encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run (on a worker); shards get the choice
     samples = sampling.results() if sampling is not None else []
     # The report needs the tokenizer, its encoder and the held-out sample: it runs while the shards are tokenized.
     report = tokenizer_report.submit(config, tokenizer, quote(samples), encoder) if config.fertility.enabled else None
     tokenize_started = time.perf_counter()
-    import_while_waiting()
     table, totals = tokenize_and_pack(config, shards, tokenizer, encoder)
     tokenize_seconds = time.perf_counter() - tokenize_started
     if totals["reused"]:
@@ -252,7 +252,8 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
 
 def import_while_waiting() -> None:
     """Validate's schema library and publish's plotting library, imported in a thread while the flow waits for
-    the tokenize stage: half a second of imports that came after it, on every run's critical path."""
+    the encoder choice (on a worker): half a second of imports that came after the tokenize stage, on every run's
+    critical path, and then delayed the start of its shards (they compete for this process)."""
 
     def load() -> None:
         importlib.import_module("pandera.pandas")

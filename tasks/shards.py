@@ -199,10 +199,11 @@ def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
     return results
 
 
-def on_a_worker(work: Callable, *args):
+def on_a_worker(work: Callable, *args, priority: int = 0):
     """`work(*args)` (a library call) on a worker of the cluster, waited for: for work that uses what every worker
-    has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU)."""
-    return default_client().submit(work, *args, pure=False).result()
+    has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU). With a negative
+    `priority` it waits for a worker with no shard task to run."""
+    return default_client().submit(work, *args, pure=False, priority=priority).result()
 
 
 def _error(future) -> str:
