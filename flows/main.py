@@ -113,24 +113,21 @@ class StageRun:
         return [result for group in self.group_results for result in group]
 
 
-def map_stage(stage_task, config: TokenmillConfig, items: list, *args) -> list:
-    """A shard stage over every group of items, waited for: each group's result, in order (see StageRun)."""
-    return StageRun(stage_task, config, items, *args).group_results
-
-
 def map_shards(stage_task, config: TokenmillConfig, items: list, *args) -> list:
-    """`map_stage` for a stage whose groups return a result per item: every item's result, in order."""
+    """A shard stage whose groups return a result per item, run and waited for: every item's result, in order."""
     return StageRun(stage_task, config, items, *args).results()
 
 
-def tokenize_and_pack(config: TokenmillConfig, shards: list[dict], tokenizer, encoder) -> tuple[pd.DataFrame, dict]:
-    """tokenize[shards] (each shard's pack chained to its tokenize on the cluster): the stats table, a row per
-    shard and split, and the run's totals; a table artifact with a row per group."""
-    groups = map_stage(tokenize_shards, config, shards, tokenizer, encoder)
+def tokenize_and_pack(stage: StageRun) -> tuple[pd.DataFrame, dict]:
+    """The tokenize stage started (`tokenize_shards`, each shard's pack chained to its tokenize on the cluster),
+    waited for: the stats table, a row per shard and split, and the run's totals; a table artifact with a row per
+    group."""
+    groups = stage.group_results
     rows = [totals for _, totals in groups]
     reused = sum(r["reused"] for r in rows)
     redone = [reason for r in rows for reason in r.pop("redone")]
-    create_table_artifact(rows, key="tokenize-shards", description=f"tokenize: {len(shards)} shards, {reused} reused")
+    description = f"tokenize: {len(stage.items)} shards, {reused} reused"
+    create_table_artifact(rows, key="tokenize-shards", description=description)
     table = pd.concat([t for t, _ in groups], ignore_index=True).sort_values(["shard_id", "split"], ignore_index=True)
     return table, {"bytes_in": sum(r["bytes_in"] for r in rows), "reused": reused, "redone": redone}
 
@@ -200,11 +197,12 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         sampling = start_sample(config, plan)
     import_while_waiting()
     encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run (on a worker); shards get the choice
-    samples = sampling.results() if sampling is not None else []
-    # The report needs the tokenizer, its encoder and the held-out sample: it runs while the shards are tokenized.
-    report = tokenizer_report.submit(config, tokenizer, quote(samples), encoder) if config.fertility.enabled else None
     tokenize_started = time.perf_counter()
-    table, totals = tokenize_and_pack(config, shards, tokenizer, encoder)
+    tokenizing = StageRun(tokenize_shards, config, shards, tokenizer, encoder)
+    # The report needs the tokenizer, its encoder and the held-out sample (drawn beside the first shards).
+    samples = sampling.results() if sampling is not None else []
+    report = tokenizer_report.submit(config, tokenizer, quote(samples), encoder) if config.fertility.enabled else None
+    table, totals = tokenize_and_pack(tokenizing)
     tokenize_seconds = time.perf_counter() - tokenize_started
     if totals["reused"]:
         logger.info("reused %d of %d committed tokenize shards", totals["reused"], len(shards))

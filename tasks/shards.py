@@ -201,8 +201,8 @@ def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
 
 def on_a_worker(work: Callable, *args, priority: int = 0):
     """`work(*args)` (a library call) on a worker of the cluster, waited for: for work that uses what every worker
-    has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU). With a negative
-    `priority` it waits for a worker with no shard task to run."""
+    has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU). `priority`
+    orders it among the shard tasks waiting for a worker (theirs is 0)."""
     return default_client().submit(work, *args, pure=False, priority=priority).result()
 
 
