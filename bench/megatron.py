@@ -151,8 +151,7 @@ def idx_tokens(prefixes: list[Path]) -> tuple[int, int]:
 
 PHASES = [  # (phase, the log line that ends it); Prefect stamps its lines with the local time of day
     ("start-up: imports, server, cluster", r"Beginning flow run"),
-    ("partition", r"planned \d+ shards"),
-    ("tokenizer", r"tokenizer: vocab"),
+    ("tokenizer, partition", r"planned \d+ shards"),  # a pretrained tokenizer is installed first
     ("encoder choice (the sample meanwhile)", r"encoder: "),
     ("tokenize", r" - tokenize [^:]*: \d+ shards"),
     ("validate", r"Task run 'validate-\w+' - Finished"),
