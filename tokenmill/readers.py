@@ -487,7 +487,8 @@ def _fast_batch(
     except (pyarrow.ArrowInvalid, UnicodeDecodeError):
         return None
     lines = newlines + (not block.endswith(b"\n"))
-    texts = table.column(options.text_field).combine_chunks()
+    column = table.column(options.text_field)
+    texts = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # one block: no copy
     if table.num_rows != lines or texts.null_count:
         return None
     if not _lengths_within(texts, options):
