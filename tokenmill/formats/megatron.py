@@ -41,7 +41,7 @@ class BinWriter:
         self.lengths: list[np.ndarray] = []
 
     def add(self, flat: np.ndarray, lengths: np.ndarray) -> None:
-        self.file.write(flat.astype(self.dtype, copy=False).tobytes())
+        self.file.write(np.ascontiguousarray(flat, dtype=self.dtype))  # its buffer, not a copy of it
         self.lengths.append(np.asarray(lengths, dtype=np.int32))
 
     def all_lengths(self) -> np.ndarray:
