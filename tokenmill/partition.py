@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 import fsspec
-import numpy as np
 import pyarrow.parquet as pq
 import zstandard
 
@@ -30,7 +29,7 @@ from tokenmill import layout
 from tokenmill.commits import discard, land, lift
 from tokenmill.config import TokenmillConfig
 from tokenmill.hashing import unit_interval
-from tokenmill.readers import Piece, compression_of, format_of
+from tokenmill.readers import Piece, compression_of, count_newlines, format_of
 from tokenmill.storage import list_files, options_for
 
 SCAN_CHUNK = 16 << 20
@@ -96,7 +95,7 @@ def _newlines(fs, path: str, start: int, end: int) -> int:
     with fs.open(path, "rb") as f:
         f.seek(start)
         while start < end and (chunk := f.read(min(SCAN_CHUNK, end - start))):
-            count += int(np.count_nonzero(np.frombuffer(chunk, np.uint8) == 10))  # 2.5x bytes.count
+            count += count_newlines(chunk)
             start += len(chunk)
     return count
 
