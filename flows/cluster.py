@@ -99,7 +99,7 @@ if FORKSERVER:
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
 # The shard stages' library modules (workers run them without Prefect) and the encoders (optional: may be missing).
 WORKER_MODULES = [
-    *("tokenmill.tokenize", "tokenmill.pack", "tokenmill.sampling", "tokenmill.shuffle_documents"),
+    *("tokenmill.tries", "tokenmill.tokenize", "tokenmill.pack", "tokenmill.sampling", "tokenmill.shuffle_documents"),
     *("gigatoken", "awkward", "tiktoken"),
 ]
 

@@ -25,8 +25,8 @@ from prefect import get_run_logger
 from prefect.utilities.annotations import quote
 
 from tasks import UNCACHED
+from tokenmill.tries import SHARD_RETRIES, EachShard, Failed
 
-SHARD_RETRIES = 2  # per shard and stage, on the worker that runs it; and per Dask task, if its worker dies
 WINDOW_PER_THREAD = 4  # a group keeps at most this many Dask tasks per cluster thread on the cluster at once
 # Shards smaller than this share a Dask task, consecutive ones up to this many bytes (and MAX_SHARDS_PER_TASK),
 # so that a Dask task's 2-3 ms of scheduler and client time stays small beside its work; shards of
@@ -69,33 +69,6 @@ def in_groups(items: list, groups_per_stage: int) -> list[quote]:
     its contents."""
     size = max(1, math.ceil(len(items) / groups_per_stage))
     return [quote(items[start : start + size]) for start in range(0, len(items), size)]
-
-
-@dataclass(frozen=True)
-class Failed:
-    """A shard's stage that failed on every try, in a Dask task's results: later stages pass it on."""
-
-    error: str
-
-
-@dataclass(frozen=True)
-class EachShard:
-    """A Dask task's work: `work(config, item, *args)` for each item of a bundle of shards, each tried
-    1 + SHARD_RETRIES times; a shard that still fails is `Failed` and the others go on."""
-
-    work: Callable
-
-    def __call__(self, config, bundle: list, *args) -> list:
-        return [item if isinstance(item, Failed) else self._tried(config, item, args) for item in bundle]
-
-    def _tried(self, config, item, args: tuple):
-        error = None
-        for _ in range(1 + SHARD_RETRIES):
-            try:
-                return self.work(config, item, *args)
-            except Exception as e:  # a shard's work is safe to run again (see tokenmill.commits)
-                error = e
-        return Failed(f"{type(error).__name__}: {error}")
 
 
 def bundles(items: list) -> list[range]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tasks.shards import MAX_SHARDS_PER_TASK, TASK_BYTES, EachShard, Failed, bundles
+import sys
+
+from tasks.shards import MAX_SHARDS_PER_TASK, TASK_BYTES, bundles
+from tokenmill.tries import EachShard, Failed
 
 
 def test_small_shards_share_a_dask_task_and_large_ones_go_alone():
@@ -27,6 +30,16 @@ def test_a_shard_that_keeps_failing_is_failed_alone_and_one_that_fails_once_is_r
     failed = Failed("ValueError: shard 2 cannot be read")
     assert EachShard(work)(None, [1, 2, 3, earlier], 10) == [11, failed, 13, earlier]
     assert tries == {1: 1, 2: 3, 3: 2}  # 1 + SHARD_RETRIES tries at most; a Failed shard is not tried again
+
+
+def test_workers_run_shard_stages_without_importing_prefect(gpt2_run, dask_cluster):
+    """The workers run library code only: a shard task that brought in `tasks/` (and so Prefect) cost each
+    worker about 1.5 s of CPU at the start of every run, on the cores the shards need."""
+    from distributed import Client
+
+    with Client(dask_cluster) as client:
+        loaded = client.run(lambda: sorted(m for m in ("prefect", "tasks", "flows.main") if m in sys.modules))
+    assert len(loaded) == 2 and all(modules == [] for modules in loaded.values()), loaded
 
 
 def test_no_task_hashes_its_inputs_or_persists_its_result():

@@ -1,0 +1,39 @@
+"""A shard stage's work as a Dask task runs it: each shard of a bundle tried on its own, failures kept as values.
+
+It runs on the workers, which must not import Prefect (about 1.5 s of CPU per worker, at the start of every
+run): it lives here, beside the library functions it calls, not in `tasks/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+SHARD_RETRIES = 2  # per shard and stage, on the worker that runs it; and per Dask task, if its worker dies
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A shard's stage that failed on every try, in a Dask task's results: later stages pass it on."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class EachShard:
+    """A Dask task's work: `work(config, item, *args)` for each item of a bundle of shards, each tried
+    1 + SHARD_RETRIES times; a shard that still fails is `Failed` and the others go on."""
+
+    work: Callable
+
+    def __call__(self, config, bundle: list, *args) -> list:
+        return [item if isinstance(item, Failed) else self._tried(config, item, args) for item in bundle]
+
+    def _tried(self, config, item, args: tuple):
+        error = None
+        for _ in range(1 + SHARD_RETRIES):
+            try:
+                return self.work(config, item, *args)
+            except Exception as e:  # a shard's work is safe to run again (see tokenmill.commits)
+                error = e
+        return Failed(f"{type(error).__name__}: {error}")
