@@ -193,17 +193,17 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
     logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
     if not rebuild and (done := already_published(config, quoted_plan, tokenizer)) is not None:
         return unchanged_summary(config, done, time.perf_counter() - started)
-    if config.fertility.enabled and not training:  # drawn on the cluster while the encoder is chosen here
+    if config.fertility.enabled and not training:  # drawn on the cluster while the encoder is chosen
         sampling = start_sample(config, plan)
     import_while_waiting()
     encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run (on a worker); shards get the choice
     tokenize_started = time.perf_counter()
     tokenizing = StageRun(tokenize_shards, config, shards, tokenizer, encoder)
-    # The report needs the tokenizer, its encoder and the held-out sample (drawn beside the first shards).
-    samples = sampling.results() if sampling is not None else []
-    report = tokenizer_report.submit(config, tokenizer, quote(samples), encoder) if config.fertility.enabled else None
+    samples = sampling.results() if sampling is not None else []  # drawn beside the first shards
     table, totals = tokenize_and_pack(tokenizing)
     tokenize_seconds = time.perf_counter() - tokenize_started
+    # On a worker while the flow validates (the workers are idle then; beside the shards, it held one of them up).
+    report = tokenizer_report.submit(config, tokenizer, quote(samples), encoder) if config.fertility.enabled else None
     if totals["reused"]:
         logger.info("reused %d of %d committed tokenize shards", totals["reused"], len(shards))
     for reason in totals["redone"]:  # files damaged after their commit

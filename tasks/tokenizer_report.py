@@ -14,7 +14,6 @@ from tokenmill.tokenizer import TokenizerInfo
 def tokenizer_report(
     config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict], encoder: EncoderChoice | None = None
 ) -> str:
-    """Write report/fertility.{json,md} (on a worker, whose encoders are loaded, once it has no shard to tokenize);
-    return the markdown (a few KB) for the flow's artifact."""
-    report = on_a_worker(fertility.tokenizer_report, config, tokenizer, samples, encoder, priority=-1)
-    return fertility.markdown(report)
+    """Write report/fertility.{json,md} (on a worker, whose encoders are loaded); return the markdown (a few KB)
+    for the flow's artifact."""
+    return fertility.markdown(on_a_worker(fertility.tokenizer_report, config, tokenizer, samples, encoder))

@@ -16,10 +16,10 @@ from tokenizers import Tokenizer
 
 from tokenmill import layout
 from tokenmill.config import TokenmillConfig
-from tokenmill.encoders import EncoderChoice, load_encoder
+from tokenmill.encoders import EncoderChoice, load_encoder, loaded_backend
 from tokenmill.pretrained import load_pretrained
 from tokenmill.sampling import group_name, holdout_records
-from tokenmill.tokenizer import TokenizerInfo, load_tokenizer
+from tokenmill.tokenizer import TokenizerInfo
 
 DATASET = "dataset"  # the report's name for the dataset's own tokenizer
 BATCH = 512
@@ -96,7 +96,7 @@ def tokenizer_report(
     the fast backend's speed), else by hf."""
     store = config.output.store()
     url = store.url_of(layout.TOKENIZER)
-    tokenizers = {DATASET: load_tokenizer(url, tokenizer.sha256)}
+    tokenizers = {DATASET: loaded_backend(url, tokenizer.sha256, "hf").tokenizer}  # as the process loaded it
     for source in config.fertility.baselines:
         pretrained = load_pretrained(source, config.tokenizer.hub, config.tokenizer.tiktoken)
         tokenizers[source] = Tokenizer.from_str(pretrained.data.decode())

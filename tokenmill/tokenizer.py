@@ -10,13 +10,11 @@ never receiving the tokenizer object itself.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-import fsspec
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -38,16 +36,6 @@ class TokenizerInfo:
     trained: bool
     bos_id: int | None = None
     pad_id: int | None = None
-
-
-@functools.lru_cache(maxsize=4)
-def load_tokenizer(url: str, sha256: str) -> Tokenizer:
-    """The tokenizer at `url`, loaded once per process and content (a retrained file is reloaded)."""
-    with fsspec.open(url, "rb") as f:
-        data = f.read()
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise RuntimeError(f"{url} changed while the run was using it (sha256 differs)")
-    return Tokenizer.from_str(data.decode())
 
 
 def special_token_id(

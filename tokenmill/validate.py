@@ -26,6 +26,7 @@ import pandas as pd
 
 from tokenmill import layout
 from tokenmill.config import PackConfig, TokenmillConfig
+from tokenmill.encoders import loaded_backend
 from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
 from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
 from tokenmill.formats.packed import SUFFIXES, PackedReader, read_shuffle_index
@@ -35,7 +36,7 @@ from tokenmill.pack import writes_packed
 from tokenmill.partition import shard_pieces
 from tokenmill.readers import field_value, kind_of, line_blocks, read_documents
 from tokenmill.storage import Store
-from tokenmill.tokenizer import TokenizerInfo, load_tokenizer
+from tokenmill.tokenizer import TokenizerInfo
 
 if TYPE_CHECKING:
     import pandera.pandas as pa
@@ -343,7 +344,7 @@ def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: Toke
     sample = reference_sample(config, plan, table)
     if not sample:
         return []
-    tok = load_tokenizer(store.url_of(layout.TOKENIZER), tokenizer.sha256)
+    tok = loaded_backend(store.url_of(layout.TOKENIZER), tokenizer.sha256, "hf").tokenizer
     normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
     expected = tok.encode_batch_fast([text for *_, text in sample], add_special_tokens=False)
     head, tail = int(config.tokenizer.prepend_bos), int(config.tokenizer.append_eod)
