@@ -14,7 +14,7 @@ import itertools
 import operator
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,7 +34,7 @@ from tokenmill.pack import pad_id as pack_pad_id
 from tokenmill.pack import writes_packed
 from tokenmill.partition import shard_pieces
 from tokenmill.readers import field_value, kind_of, line_blocks, read_documents
-from tokenmill.storage import Store
+from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer import TokenizerInfo, load_tokenizer
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens", "max_token_id",
            "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files"]  # fmt: skip
+ROWS_AT_ONCE = 10_000  # stats rows (or a dataset's files) made into Python objects at a time
 _NOT_PACKED = {"rows": -1, "real_tokens": -1, "pad_tokens": -1, "padded_layout_rows": -1, "llmc_files": -1}
 
 
@@ -445,8 +446,15 @@ def validate(
             problems += reference.result()
     if problems:
         raise ValidationFailed("dataset files failed validation:\n" + "\n".join(f"  - {p}" for p in problems))
-    store.write_json(layout.STATS, table.to_dict(orient="records"))
+    store.write_json(layout.STATS, STREAMED, records(table))
     return table
+
+
+def records(table: pd.DataFrame) -> Iterator[dict]:
+    """The table's rows as dicts (as `to_dict(orient="records")` makes them), a few thousand at a time: a dict
+    per row is about 1 KB."""
+    for start in range(0, len(table), ROWS_AT_ONCE):
+        yield from table.iloc[start : start + ROWS_AT_ONCE].to_dict(orient="records")
 
 
 def _failure_report(error: SchemaErrors, table: pd.DataFrame) -> str:
