@@ -45,6 +45,7 @@ from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
 from tokenmill.pack import writes_packed
+from tokenmill.partition import Shards
 from tokenmill.report import load_matplotlib
 from tokenmill.runs import save_run_config
 from tokenmill.sampling import fractions as sample_fractions
@@ -60,7 +61,7 @@ GROUP_THREADS = 64
 PROGRESS_EVERY_S = 1.0  # the least time between two updates of a stage's progress artifact
 
 
-def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
+def shuffle(config: TokenmillConfig, plan: dict) -> tuple[Shards, float]:
     """The global document shuffle: the shards tokenize reads instead of the input shards."""
     started = time.perf_counter()
     sources, n_outputs = plan["shards"], plan["shuffled_shards"]
@@ -68,7 +69,7 @@ def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
     source_ids = [s["shard_id"] for s in sources]
     gathered = map_shards(gather_shards, config, list(range(n_outputs)), quote(source_ids), plan["key"])
     check_counts(scattered, gathered)
-    return shuffled_shards(config, plan["key"], gathered), time.perf_counter() - started
+    return Shards(shuffled_shards(config, plan["key"], gathered)), time.perf_counter() - started
 
 
 class StageRun:
@@ -193,9 +194,14 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         sampling = start_sample(config, plan)
     on_every_worker(default_client(), preload_encoder, config, tokenizer)  # also while the encoder is chosen
     encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run; shards get the small choice
-    samples = sampling.results() if sampling is not None else []
     # The report needs the tokenizer, its encoder and the held-out sample: it runs while the shards are tokenized.
-    report = tokenizer_report.submit(config, tokenizer, quote(samples), encoder) if config.fertility.enabled else None
+    # The samples (a dict per shard) are its alone: the flow lets go of them, so they go when the report ends.
+    report = (
+        tokenizer_report.submit(config, tokenizer, quote(sampling.results()), encoder)
+        if config.fertility.enabled
+        else None
+    )
+    sampling = None
     tokenize_started = time.perf_counter()
     import_while_waiting()
     table, totals = tokenize_and_pack(config, shards, tokenizer, encoder)

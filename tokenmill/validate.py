@@ -51,29 +51,38 @@ class ValidationFailed(Exception):
     """The dataset is not sound; the message is the readable report."""
 
 
+def stats_rows(tokenized: dict, packed: dict) -> list[tuple]:
+    """A shard's rows of the stats table (one per split), from its tokenize and pack results."""
+    rows = []
+    for split, c in tokenized["splits"].items():
+        p = _NOT_PACKED | packed["splits"].get(split, {})
+        rows.append(
+            (
+                tokenized["shard_id"],
+                split,
+                tokenized["documents_in"],
+                tokenized["rejected"],
+                c["documents"],
+                c["tokens"],
+                c["max_token_id"],
+                p["rows"],
+                p["real_tokens"],
+                p["pad_tokens"],
+                p["padded_layout_rows"],
+                p["llmc_files"],
+            )
+        )
+    return rows
+
+
 def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
     """One row per shard and split, from the tokenize and pack stages' results."""
-    packing = {(p["shard_id"], split): s for p in packed for split, s in p["splits"].items()}
-    rows = []
-    for t in tokenized:
-        for split, c in t["splits"].items():
-            p = _NOT_PACKED | packing.get((t["shard_id"], split), {})
-            rows.append(
-                [
-                    t["shard_id"],
-                    split,
-                    t["documents_in"],
-                    t["rejected"],
-                    c["documents"],
-                    c["tokens"],
-                    c["max_token_id"],
-                    p["rows"],
-                    p["real_tokens"],
-                    p["pad_tokens"],
-                    p["padded_layout_rows"],
-                    p["llmc_files"],
-                ]  # fmt: skip
-            )
+    packing = {p["shard_id"]: p for p in packed}
+    return table_of([row for t in tokenized for row in stats_rows(t, packing.get(t["shard_id"], {"splits": {}}))])
+
+
+def table_of(rows: list[tuple]) -> pd.DataFrame:
+    """The stats table of rows as `stats_rows` makes them, in order of shard and split."""
     return pd.DataFrame(rows, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
 
 
@@ -277,7 +286,6 @@ def reference_sample(config: TokenmillConfig, plan: dict, table: pd.DataFrame, s
     per_shard = table.groupby("shard_id").documents.sum()
     total = int(per_shard.sum())
     wanted = min(total, max(cfg.check_min_documents, int(np.ceil(cfg.check_fraction * total))))
-    shards = {s["shard_id"]: s for s in plan["shards"]}
     read, held = [], 0
     for shard_id in rng.permutation(per_shard.index[per_shard > 0].to_numpy()):
         if held >= 2 * wanted and len(read) >= 3:
@@ -287,6 +295,8 @@ def reference_sample(config: TokenmillConfig, plan: dict, table: pd.DataFrame, s
     # Positions are drawn first, over the documents of the shards read in shard order, so that only the
     # sampled texts are kept while reading.
     read.sort()
+    read_ids = set(read)  # these shards of the plan only: not a dict held for each of its shards
+    shards = {s["shard_id"]: s for s in plan["shards"] if s["shard_id"] in read_ids}
     chosen = np.sort(rng.choice(held, size=min(wanted, held), replace=False))
     starts = np.cumsum([0] + [int(per_shard[s]) for s in read])
     names = list(config.split)
@@ -377,14 +387,15 @@ def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: Toke
 
 
 def shard_rows(table: pd.DataFrame) -> list[dict]:
-    """The stats table as one item per shard, `{"shard_id", "rows": [a dict per split], "bytes"}`, for
-    `check_shard`; `bytes` (4 per token: about what its files hold) sizes the Dask tasks (`tasks.shards`)."""
-    records = table.sort_values("shard_id", kind="stable").to_dict(orient="records")
-    # consecutive records by shard: pandas' groupby made a frame per shard (two minutes for 100,000 shards)
-    items = []
-    for sid, rows in itertools.groupby(records, key=operator.itemgetter("shard_id")):
-        rows = list(rows)
-        items.append({"shard_id": int(sid), "rows": rows, "bytes": 4 * sum(int(r["tokens"]) for r in rows)})
+    """The stats table as one item per shard, `{"shard_id", "rows": (a tuple of COLUMNS per split), "bytes"}`, for
+    `check_shard`; `bytes` (4 per token: about what its files hold) sizes the Dask tasks (`tasks.shards`). Rows
+    are tuples, not dicts: the items are held while every shard is checked (a dict is 1 KB a row)."""
+    rows = table.sort_values("shard_id", kind="stable").itertuples(index=False, name=None)
+    # consecutive rows by shard: pandas' groupby made a frame per shard (two minutes for 100,000 shards)
+    items, tokens = [], COLUMNS.index("tokens")
+    for sid, shard in itertools.groupby(rows, key=operator.itemgetter(0)):
+        shard = tuple(shard)
+        items.append({"shard_id": int(sid), "rows": shard, "bytes": 4 * sum(int(r[tokens]) for r in shard)})
     return items
 
 
@@ -397,7 +408,7 @@ def check_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo) 
     pad_id = pack_pad_id(config, tokenizer)
     packing, llmc = writes_packed(config), "llmc" in config.output.formats
     problems = []
-    for row in (SimpleNamespace(**{k: _plain(v) for k, v in r.items()}) for r in shard["rows"]):
+    for row in (SimpleNamespace(**{k: _plain(v) for k, v in zip(COLUMNS, r, strict=True)}) for r in shard["rows"]):
         problems += _check_megatron(store, row, dtype, eod_id, bos_id)
         if packing:
             problems += _check_packed(store, row, config.pack, pad_id)
