@@ -287,7 +287,8 @@ def load_or_plan(config: TokenmillConfig, cluster_threads: int = 1) -> tuple[dic
 class Shards(Sequence):
     """A plan's shards as columns (a pyarrow table, about 100 bytes a shard), read as the list of dicts that
     plan.json holds: each shard is a dict only while it is used. As a list of dicts they are 0.8 KB a shard,
-    80 MB at 100,000 shards, held by the flow all run long."""
+    80 MB at 100,000 shards, held by the flow all run long. (Validate's items, one per shard, are held the same
+    way.)"""
 
     ROWS_AT_ONCE = 10_000  # shards made into dicts at a time, iterating
 

@@ -10,8 +10,6 @@ decode back to their text.
 
 from __future__ import annotations
 
-import itertools
-import operator
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -23,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import orjson
 import pandas as pd
+import pyarrow as pa
 
 from tokenmill import layout
 from tokenmill.config import PackConfig, TokenmillConfig
@@ -32,7 +31,7 @@ from tokenmill.formats.packed import SUFFIXES, PackedReader, read_shuffle_index
 from tokenmill.hashing import assign_splits
 from tokenmill.pack import pad_id as pack_pad_id
 from tokenmill.pack import writes_packed
-from tokenmill.partition import shard_pieces
+from tokenmill.partition import Shards, shard_pieces
 from tokenmill.readers import field_value, kind_of, line_blocks, read_documents
 from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer import TokenizerInfo, load_tokenizer
@@ -386,17 +385,25 @@ def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: Toke
     return problems
 
 
-def shard_rows(table: pd.DataFrame) -> list[dict]:
-    """The stats table as one item per shard, `{"shard_id", "rows": (a tuple of COLUMNS per split), "bytes"}`, for
-    `check_shard`; `bytes` (4 per token: about what its files hold) sizes the Dask tasks (`tasks.shards`). Rows
-    are tuples, not dicts: the items are held while every shard is checked (a dict is 1 KB a row)."""
-    rows = table.sort_values("shard_id", kind="stable").itertuples(index=False, name=None)
-    # consecutive rows by shard: pandas' groupby made a frame per shard (two minutes for 100,000 shards)
-    items, tokens = [], COLUMNS.index("tokens")
-    for sid, shard in itertools.groupby(rows, key=operator.itemgetter(0)):
-        shard = tuple(shard)
-        items.append({"shard_id": int(sid), "rows": shard, "bytes": 4 * sum(int(r[tokens]) for r in shard)})
-    return items
+def shard_rows(table: pd.DataFrame) -> Shards:
+    """The stats table as one item per shard, `{"shard_id", "rows": [a dict per split], "bytes"}`, for
+    `check_shard`; `bytes` (4 per token: about what its files hold) sizes the Dask tasks (`tasks.shards`). As
+    columns (`Shards`): an item is made only while its shard is sent to be checked (a dict per row, held for
+    every shard while they are checked, was 1 KB a row)."""
+    ordered = table.sort_values("shard_id", kind="stable")
+    ids = ordered.shard_id.to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.zeros(0, np.int64)
+    rows = pa.Table.from_pandas(ordered[COLUMNS], preserve_index=False).to_struct_array().combine_chunks()
+    tokens = np.add.reduceat(ordered.tokens.to_numpy(np.int64), starts) if len(ids) else np.zeros(0, np.int64)
+    return Shards(
+        pa.table(
+            {
+                "shard_id": ids[starts],
+                "rows": pa.ListArray.from_arrays(np.r_[starts, len(ids)].astype(np.int32), rows),
+                "bytes": 4 * tokens,
+            }
+        )
+    )
 
 
 def check_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo) -> list[str]:
@@ -408,7 +415,7 @@ def check_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo) 
     pad_id = pack_pad_id(config, tokenizer)
     packing, llmc = writes_packed(config), "llmc" in config.output.formats
     problems = []
-    for row in (SimpleNamespace(**{k: _plain(v) for k, v in zip(COLUMNS, r, strict=True)}) for r in shard["rows"]):
+    for row in (SimpleNamespace(**{k: _plain(v) for k, v in r.items()}) for r in shard["rows"]):
         problems += _check_megatron(store, row, dtype, eod_id, bos_id)
         if packing:
             problems += _check_packed(store, row, config.pack, pad_id)
