@@ -28,9 +28,9 @@ from tokenmill.validate import REFERENCE_CHECK, ROWS_AT_ONCE
 HASH_THREADS = 8  # files hashed at once: all cores locally, and overlapping requests on object stores
 
 
-def dataset_files(table: pd.DataFrame) -> pa.Array:
-    """Every file the validated stats say the dataset has, sorted: a column of names, made a few thousand stats
-    rows at a time (a string object per file would be 50 MB at 500,000 files)."""
+def dataset_files(table: pd.DataFrame, extra: list[str] = ()) -> pa.Array:
+    """Every file the validated stats say the dataset has (and `extra`), sorted: a column of names, made a few
+    thousand stats rows at a time (a string object per file would be 50 MB at 500,000 files)."""
 
     def named(rows: pd.DataFrame) -> pa.Array:
         files = []
@@ -46,13 +46,9 @@ def dataset_files(table: pd.DataFrame) -> pa.Array:
 
     shuffles = [layout.shuffle_file(split) for split, rows in table.groupby("split").packed_rows.sum().items() if rows]
     parts = [named(table.iloc[start : start + ROWS_AT_ONCE]) for start in range(0, len(table), ROWS_AT_ONCE)]
-    return sorted_names(pa.concat_arrays([pa.array([layout.PLAN, layout.TOKENIZER, layout.STATS, *shuffles]), *parts]))
-
-
-def sorted_names(names: pa.Array) -> pa.Array:
-    """Unique and in order (UTF-8's byte order is the code points' order, as Python sorts strings)."""
-    names = pc.unique(names)
-    return names.take(pc.array_sort_indices(names))
+    names = pa.array([layout.PLAN, layout.TOKENIZER, layout.STATS, *shuffles, *extra], pa.string())
+    names = pc.unique(pa.concat_arrays([names, *parts]))
+    return names.take(pc.array_sort_indices(names))  # UTF-8's byte order is the code points' (Python's sort)
 
 
 def packing_summary(r: pd.Series, seq_len: int) -> dict:
@@ -202,6 +198,18 @@ def digest_table(rows: list[tuple[str, int, str]]) -> pa.Table:
                      "sha256": pa.array(sha256s, pa.string())})  # fmt: skip
 
 
+def listed_files(store: Store, table: pd.DataFrame) -> pa.Table:
+    """The manifest's files (`dataset_files`, and the fertility report's) in its order, with their sizes and
+    sha256 (the commit markers', else hashed here): a table (path, bytes, sha256)."""
+    names = dataset_files(table, [r for r in layout.FERTILITY_REPORT if store.exists(r)])
+    digests = committed_digests(store, table.shard_id.unique().tolist())
+    # plan, tokenizer, stats, shuffle indexes, report; hashlib and file or object reads release the GIL
+    unrecorded = names.filter(pc.is_null(pc.index_in(names, value_set=digests["path"]))).to_pylist()
+    hashed = zip(unrecorded, threaded(store.digest, unrecorded), strict=True)
+    digests = pa.concat_tables([digests, digest_table([(rel, d["bytes"], d["sha256"]) for rel, d in hashed])])
+    return digests.take(pc.index_in(names, value_set=digests["path"]))
+
+
 def manifest_entries(files: pa.Table) -> Iterator[dict]:
     """The manifest's entry for each file of `files` (path, bytes, sha256), made as they are written."""
     for batch in files.to_batches(ROWS_AT_ONCE):
@@ -217,15 +225,7 @@ def publish(
     a dict per file (with the text, about 10 KB per shard)."""
     store = config.output.store()
     shard_rows = table.drop_duplicates("shard_id")
-    report_files = pa.array([r for r in layout.FERTILITY_REPORT if store.exists(r)], pa.string())
-    names = sorted_names(pa.concat_arrays([dataset_files(table), report_files]))
-    digests = committed_digests(store, shard_rows.shard_id.tolist())
-    # plan, tokenizer, stats, shuffle indexes, report; hashlib and file or object reads release the GIL
-    unrecorded = names.filter(pc.is_null(pc.index_in(names, value_set=digests["path"]))).to_pylist()
-    hashed = zip(unrecorded, threaded(store.digest, unrecorded), strict=True)
-    hashed = [(rel, digest["bytes"], digest["sha256"]) for rel, digest in hashed]
-    digests = pa.concat_tables([digests, digest_table(hashed)])
-    files = digests.take(pc.index_in(names, value_set=digests["path"]))
+    files = listed_files(store, table)
     version = dataset_version(config, plan, tokenizer)
     sources = {str(s["shard_id"]): s["source"] for s in plan["shards"]}
     manifest = {
