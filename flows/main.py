@@ -46,6 +46,7 @@ from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
 from tokenmill.pack import writes_packed
+from tokenmill.partition import Shards
 from tokenmill.report import load_matplotlib
 from tokenmill.runs import save_run_config
 from tokenmill.sampling import fractions as sample_fractions
@@ -61,7 +62,7 @@ GROUP_THREADS = 64
 PROGRESS_EVERY_S = 1.0  # the least time between two updates of a stage's progress artifact
 
 
-def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
+def shuffle(config: TokenmillConfig, plan: dict) -> tuple[Shards, float]:
     """The global document shuffle: the shards tokenize reads instead of the input shards."""
     started = time.perf_counter()
     sources, n_outputs = plan["shards"], plan["shuffled_shards"]
@@ -69,7 +70,7 @@ def shuffle(config: TokenmillConfig, plan: dict) -> tuple[list[dict], float]:
     source_ids = [s["shard_id"] for s in sources]
     gathered = map_shards(gather_shards, config, list(range(n_outputs)), quote(source_ids), plan["key"])
     check_counts(scattered, gathered)
-    return shuffled_shards(config, plan["key"], gathered), time.perf_counter() - started
+    return Shards(shuffled_shards(config, plan["key"], gathered)), time.perf_counter() - started
 
 
 class StageRun:
@@ -199,11 +200,16 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
     encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run (on a worker); shards get the choice
     tokenize_started = time.perf_counter()
     tokenizing = StageRun(tokenize_shards, config, shards, tokenizer, encoder)
-    samples = sampling.results() if sampling is not None else []  # drawn beside the first shards
+    # The report (on a worker, beside the shards) needs the tokenizer, its encoder and the held-out sample. The
+    # samples (a dict per shard) are its alone: the flow lets go of them, so they go when the report ends.
+    report = (
+        tokenizer_report.submit(config, tokenizer, quote(sampling.results()), encoder)
+        if config.fertility.enabled
+        else None
+    )
+    sampling = None
     table, totals = tokenize_and_pack(tokenizing)
     tokenize_seconds = time.perf_counter() - tokenize_started
-    # On a worker while the flow validates (the workers are idle then; beside the shards, it held one of them up).
-    report = tokenizer_report.submit(config, tokenizer, quote(samples), encoder) if config.fertility.enabled else None
     if totals["reused"]:
         logger.info("reused %d of %d committed tokenize shards", totals["reused"], len(shards))
     for reason in totals["redone"]:  # files damaged after their commit

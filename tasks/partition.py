@@ -5,12 +5,14 @@ from prefect import get_run_logger, task
 
 from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import load_or_plan
+from tokenmill.partition import Shards, load_or_plan
 
 
 @task(name="partition", **UNCACHED)
 def partition(config: TokenmillConfig, cluster_threads: int) -> dict:
+    """The plan, its shards as columns (`Shards`): the flow holds them all run long."""
     plan, change = load_or_plan(config, cluster_threads)
+    plan = {**plan, "shards": Shards(plan["shards"])}
     logger = get_run_logger()
     if change is None:
         logger.info("the input is as plan.json recorded it: reusing its %d shards", len(plan["shards"]))

@@ -21,7 +21,7 @@ def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerI
 
 @task(name="publish", **UNCACHED)
 def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, run: dict) -> dict:
-    manifest = library.publish(config, plan, tokenizer, table)
-    markdown = report.write_report(config.output.store(), manifest, table, run)
-    published = library.publish_version(config, manifest, extra_files=report.FILES)
+    manifest, files = library.publish(config, plan, tokenizer, table)  # the manifest less its list of files
+    markdown = report.write_report(config.output.store(), manifest, files, table, run)
+    published = library.publish_version(config, manifest, files, extra_files=report.FILES)
     return {"manifest": manifest, "published": published, "report": markdown}

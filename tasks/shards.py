@@ -102,11 +102,13 @@ def _run_name(parameters: dict) -> str:
     return f"{task_run.task_name}[{group_label([shard_id(i) for i in items])}]"
 
 
-def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
+def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple], object] = tuple) -> list:
     """Every item through `stages` on the Dask cluster (the config and each stage's arguments with each task);
-    each item's results, one per stage, in item order; or GroupFailed. Items go in bundles (see
-    `bundles`), a Dask task per bundle and stage, submitted and collected in batches (one message to the
-    scheduler per batch and stage), at most a window at a time."""
+    for each item, in item order, what `keep` makes of its results (a tuple, one per stage: all of them by
+    default), or GroupFailed. A group holds what it keeps of every item until it ends: where the results are
+    a few KB a shard, `keep` what is needed. Items go in bundles (see `bundles`), a Dask task per bundle and
+    stage, submitted and collected in batches (one message to the scheduler per batch and stage), at most a
+    window at a time."""
     client = default_client()
     started = time.perf_counter()
     run = uuid.uuid4().hex[:8]  # keys unique per submission: a shared cluster may hold an earlier run's
@@ -115,9 +117,9 @@ def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
     window = max(8, WINDOW_PER_THREAD * sum(client.nthreads().values()))
     ids = [shard_id(i) for i in items]
     todo = bundles(items)
-    results: list[tuple | None] = [None] * len(items)
+    results: list = [None] * len(items)
     failures: dict[str, dict[int, str]] = {stage.name: {} for stage in stages}
-    chains, running, submitted = as_completed(), {}, 0
+    chains, running, submitted, reused = as_completed(), {}, 0, 0
 
     def submit(count: int) -> None:
         nonlocal submitted
@@ -125,7 +127,7 @@ def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
         submitted += len(batch)
         if not batch:
             return
-        arguments, per_stage = [[items[i] for i in bundle] for bundle in batch], []
+        arguments, per_stage = [list(items[bundle.start : bundle.stop]) for bundle in batch], []
         for stage in stages:
             arguments = client.map(
                 EachShard(stage.work), [config] * len(batch), arguments, *[[a] * len(batch) for a in stage.args],
@@ -138,11 +140,13 @@ def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
         chains.update(per_stage[-1])
 
     def record(bundle: range, per_stage: list[list]) -> None:
+        nonlocal reused
         for k, index in enumerate(bundle):
             values = tuple(stage_results[k] for stage_results in per_stage)
             failed = next((i for i, v in enumerate(values) if isinstance(v, Failed)), None)
             if failed is None:
-                results[index] = values
+                reused += isinstance(values[0], dict) and bool(values[0].get("reused"))
+                results[index] = keep(values)
             else:
                 failures[stages[failed].name][ids[index]] = values[failed].error
 
@@ -164,7 +168,6 @@ def run_on_dask(config, items: list, stages: list[Stage]) -> list[tuple]:
         submit(window - len(running))
     if any(failures.values()):
         raise GroupFailed(failures)
-    reused = sum(bool(r[0].get("reused")) for r in results if isinstance(r[0], dict))
     get_run_logger().info(
         "%s %s: %d shards (%d reused) in %d Dask tasks per stage, %.2f s", "+".join(s.name for s in stages),
         group_label(ids), len(ids), reused, len(todo), time.perf_counter() - started,

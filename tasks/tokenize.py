@@ -3,17 +3,18 @@ something to pack) its pack, chained on the cluster; and the run's encoder choic
 (verified on a sample across shards)."""
 
 import time
+from typing import NamedTuple
 
 import pandas as pd
 from prefect import get_run_logger, task
 
 from tasks import UNCACHED
-from tasks.shards import GROUP_TASK, Stage, group_label, on_a_worker, run_on_dask
+from tasks.shards import GROUP_TASK, Stage, group_label, on_a_worker, run_on_dask, shard_id
 from tokenmill import pack, tokenize
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
 from tokenmill.tokenizer import TokenizerInfo
-from tokenmill.validate import stats_table
+from tokenmill.validate import stats_rows, table_of
 
 
 @task(name="choose_encoder", **UNCACHED)
@@ -29,6 +30,23 @@ def choose_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: Token
     return choice
 
 
+class Kept(NamedTuple):
+    """What a group keeps of a shard's tokenize and pack results (a few KB) until it ends."""
+
+    rows: list[tuple]  # its rows of the stats table
+    reused: bool
+    bytes_in: int
+    seconds: float
+    redone: tuple[str, ...]
+
+
+def kept(results: tuple) -> Kept:
+    tokenized = results[0]
+    rows = stats_rows(tokenized, results[1] if len(results) > 1 else pack.skipped(tokenized))
+    redone = tuple(r["redone"] for r in results if r.get("redone"))
+    return Kept(rows, tokenized["reused"], tokenized["bytes_in"], tokenized["seconds"], redone)
+
+
 @task(name="tokenize", **GROUP_TASK)
 def tokenize_shards(
     config: TokenmillConfig, items: list[dict], tokenizer: TokenizerInfo, encoder: EncoderChoice | None
@@ -37,21 +55,20 @@ def tokenize_shards(
     stages = [Stage("tokenize", tokenize.tokenize_shard, (tokenizer, encoder))]
     if pack.writes_files(config):
         stages.append(Stage("pack", pack.pack_shard, (tokenizer,)))
-    results = run_on_dask(config, items, stages)
-    tokenized = [r[0] for r in results]
-    table = stats_table(tokenized, [r[1] for r in results] if len(stages) > 1 else list(map(pack.skipped, tokenized)))
-    fresh = [r for r in tokenized if not r["reused"]]
-    fresh_bytes, fresh_seconds = sum(r["bytes_in"] for r in fresh), sum(r["seconds"] for r in fresh)
+    results = run_on_dask(config, items, stages, keep=kept)
+    table = table_of([row for r in results for row in r.rows])
+    fresh = [r for r in results if not r.reused]
+    fresh_bytes, fresh_seconds = sum(r.bytes_in for r in fresh), sum(r.seconds for r in fresh)
     totals = {
-        "shards": group_label([r["shard_id"] for r in tokenized]),
-        "reused": len(tokenized) - len(fresh),
+        "shards": group_label([shard_id(i) for i in items]),
+        "reused": len(results) - len(fresh),
         "documents": int(table.groupby("shard_id").documents_in.first().sum()),
         "rejected": int(table.groupby("shard_id").rejected.first().sum()),
         "tokens": int(table.tokens.sum()),
         "packed_rows": int(table.packed_rows.sum()),
-        "bytes_in": sum(r["bytes_in"] for r in tokenized),
+        "bytes_in": sum(r.bytes_in for r in results),
         "tokenize_mb_per_s": round(fresh_bytes / 1e6 / fresh_seconds, 2) if fresh_seconds else None,
         # shards whose committed files had changed since (see tokenmill.commits), each with what changed
-        "redone": [r["redone"] for result in results for r in result if r.get("redone")],
+        "redone": [reason for r in results for reason in r.redone],
     }
     return table, totals

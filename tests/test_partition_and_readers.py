@@ -8,7 +8,7 @@ import zstandard
 
 from tokenmill import partition
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import auto_shard_size, load_or_plan, plan_shards, shard_pieces
+from tokenmill.partition import Shards, auto_shard_size, load_or_plan, plan_shards, shard_pieces
 from tokenmill.readers import InputError, Piece, ReadOptions, read_documents
 
 from .conftest import CORPUS
@@ -351,3 +351,19 @@ def test_size_limit(tmp_path):
     path.write_text(json.dumps({"text": "a" * 50}) + "\n" + json.dumps({"text": "b" * 5}) + "\n")
     ((batch, rejects),) = read_documents([Piece(str(path))], ReadOptions(max_chars=10))
     assert batch.texts == ["b" * 5] and "at most 10" in rejects[0].reason
+
+
+def test_the_flows_columnar_shards_read_as_the_plans_list(tmp_path):
+    """The flow holds the plan's shards as columns (`Shards`, ~100 bytes a shard, not a dict each): every way
+    the flow reads them gives what the list of dicts gives."""
+    data = tmp_path / "x.jsonl"
+    data.write_text("".join(f'{{"text": "document {i} {"x" * (i % 50)}"}}\n' for i in range(3000)))
+    listed = plan_shards(make_config([str(data)], 1000, tmp_path))["shards"]
+    shards = Shards(listed)
+    assert len(listed) > 100 and len(shards) == len(listed) and shards == listed and list(shards) == listed
+    assert shards[0] == listed[0] and shards[-1] == listed[-1] and shards[57] == listed[57]
+    for part in (slice(10, 20), slice(None, None, 7), slice(5, 2), slice(-3, None)):
+        assert list(shards[part]) == listed[part]
+    with pytest.raises(IndexError):
+        shards[len(listed)]
+    assert shards.table.nbytes < 200 * len(listed)

@@ -147,3 +147,21 @@ def test_threaded_work_keeps_its_results_in_order_and_only_a_few_items_ahead():
         assert result == done * done
         ahead.append(taken - done)
     assert max(ahead) <= 4 * HASH_THREADS + 1 and len(ahead) == 1000
+
+
+def test_a_streamed_list_is_written_as_the_whole_would_be(tmp_path):
+    """The manifest's file list (and stats.json's rows) are written an item at a time, never held whole: the bytes
+    are those that writing the whole object gives, wherever the list sits, and when it is empty."""
+    from tokenmill.storage import STREAMED, Store
+
+    store = Store(tmp_path)
+    items = [{"path": "a/b.bin", "shard": 1, "split": None, "nested": {"x": [1, 2]}}, {}, {"text": 'é\n"}'}]
+    for rows in (items, []):
+        for streamed, whole in [
+            ({"name": "x", "files": STREAMED, "z": {"k": 1}}, {"name": "x", "files": rows, "z": {"k": 1}}),
+            ({"a": {"b": STREAMED}}, {"a": {"b": rows}}),
+            (STREAMED, rows),
+        ]:
+            store.write_json("streamed.json", streamed, iter(rows))
+            store.write_json("whole.json", whole)
+            assert (tmp_path / "streamed.json").read_bytes() == (tmp_path / "whole.json").read_bytes()

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tokenmill.formats.megatron import MegatronIndex
 from tokenmill.storage import Store
@@ -81,13 +84,17 @@ def _png(figure) -> bytes:
     return buffer.getvalue()
 
 
-def document_lengths(store: Store, manifest: dict) -> tuple[np.ndarray, int, int]:
-    """Tokens per document from the Megatron indexes of the dataset, at most MAX_INDEXES of them evenly spaced
-    (a read each: on an object store, a request each); (lengths, indexes read, indexes in all)."""
-    indexes = [entry["path"] for entry in manifest["files"] if entry["kind"] == "megatron-idx"]
-    read = indexes[:: -(-len(indexes) // MAX_INDEXES)] if indexes else []
+def megatron_indexes(paths: pa.Array) -> pa.Array:
+    """The Megatron indexes among a dataset's files (the manifest's `megatron-idx`), in their order."""
+    return paths.filter(pc.match_substring_regex(paths, r"^megatron/[^/]+/shard-\d+\.idx$"))
+
+
+def document_lengths(store: Store, indexes: Sequence[str]) -> tuple[np.ndarray, int, int]:
+    """Tokens per document from the dataset's Megatron indexes (`indexes`, their paths), at most MAX_INDEXES of
+    them evenly spaced (a read each: on an object store, a request each); (lengths, indexes read, indexes in all)."""
+    read = list(indexes[:: -(-len(indexes) // MAX_INDEXES)]) if len(indexes) else []
     lengths = []
-    for rel in read:
+    for rel in map(str, read):
         with store.local_copies(rel) as (path,):
             lengths.append(np.array(MegatronIndex(path).lengths))
     return (np.concatenate(lengths) if lengths else np.zeros(0, np.int32)), len(read), len(indexes)
@@ -114,14 +121,14 @@ def load_matplotlib():
     return plt
 
 
-def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]:
+def plots(store: Store, manifest: dict, files: pa.Table, table: pd.DataFrame) -> dict[str, bytes]:
     plt = load_matplotlib()
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     def _figure():
         return plt.subplots(figsize=(6, 3.2), gridspec_kw={"left": 0.15, "right": 0.97, "top": 0.9, "bottom": 0.2})
 
-    lengths, read, indexes = document_lengths(store, manifest)
+    lengths, read, indexes = document_lengths(store, megatron_indexes(files["path"].combine_chunks()))
     figure, ax = _figure()
     if len(lengths):
         bins = np.logspace(0, np.log10(max(lengths.max(), 10)), 40)
@@ -162,11 +169,12 @@ def plots(store: Store, manifest: dict, table: pd.DataFrame) -> dict[str, bytes]
     return {"document_lengths": document_plot, "tokens_per_shard": shard_plot, "utilization": _png(figure)}
 
 
-def write_report(store: Store, manifest: dict, table: pd.DataFrame, run: dict | None = None) -> str:
-    """Write the report files into the dataset; return the markdown with the plots inline, for the run's Prefect
-    artifact (the file's relative image links lead nowhere in the UI; the three PNGs are about 40 KB)."""
+def write_report(store: Store, manifest: dict, files: pa.Table, table: pd.DataFrame, run: dict | None = None) -> str:
+    """Write the report files into the dataset (`manifest` and `files`: what `publish.publish` returns); return
+    the markdown with the plots inline, for the run's Prefect artifact (the file's relative image links lead
+    nowhere in the UI; the three PNGs are about 40 KB)."""
     markdown = summary_markdown(manifest, run)
-    images = plots(store, manifest, table)
+    images = plots(store, manifest, files, table)
     for name, data in images.items():
         store.write_bytes(PLOTS[name], data)
     store.write_bytes(SUMMARY, markdown.encode())

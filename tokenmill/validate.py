@@ -10,11 +10,9 @@ decode back to their text.
 
 from __future__ import annotations
 
-import itertools
-import operator
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import orjson
 import pandas as pd
+import pyarrow as pa
 
 from tokenmill import layout
 from tokenmill.config import PackConfig, TokenmillConfig
@@ -33,9 +32,9 @@ from tokenmill.formats.packed import SUFFIXES, PackedReader, read_shuffle_index
 from tokenmill.hashing import assign_splits
 from tokenmill.pack import pad_id as pack_pad_id
 from tokenmill.pack import writes_packed
-from tokenmill.partition import shard_pieces
+from tokenmill.partition import Shards, shard_pieces
 from tokenmill.readers import field_value, kind_of, line_blocks, read_documents
-from tokenmill.storage import Store
+from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer import TokenizerInfo
 
 if TYPE_CHECKING:
@@ -44,6 +43,7 @@ if TYPE_CHECKING:
 
 COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens", "max_token_id",
            "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files"]  # fmt: skip
+ROWS_AT_ONCE = 10_000  # stats rows (or a dataset's files) made into Python objects at a time
 _NOT_PACKED = {"rows": -1, "real_tokens": -1, "pad_tokens": -1, "padded_layout_rows": -1, "llmc_files": -1}
 
 
@@ -51,29 +51,38 @@ class ValidationFailed(Exception):
     """The dataset is not sound; the message is the readable report."""
 
 
+def stats_rows(tokenized: dict, packed: dict) -> list[tuple]:
+    """A shard's rows of the stats table (one per split), from its tokenize and pack results."""
+    rows = []
+    for split, c in tokenized["splits"].items():
+        p = _NOT_PACKED | packed["splits"].get(split, {})
+        rows.append(
+            (
+                tokenized["shard_id"],
+                split,
+                tokenized["documents_in"],
+                tokenized["rejected"],
+                c["documents"],
+                c["tokens"],
+                c["max_token_id"],
+                p["rows"],
+                p["real_tokens"],
+                p["pad_tokens"],
+                p["padded_layout_rows"],
+                p["llmc_files"],
+            )
+        )
+    return rows
+
+
 def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
     """One row per shard and split, from the tokenize and pack stages' results."""
-    packing = {(p["shard_id"], split): s for p in packed for split, s in p["splits"].items()}
-    rows = []
-    for t in tokenized:
-        for split, c in t["splits"].items():
-            p = _NOT_PACKED | packing.get((t["shard_id"], split), {})
-            rows.append(
-                [
-                    t["shard_id"],
-                    split,
-                    t["documents_in"],
-                    t["rejected"],
-                    c["documents"],
-                    c["tokens"],
-                    c["max_token_id"],
-                    p["rows"],
-                    p["real_tokens"],
-                    p["pad_tokens"],
-                    p["padded_layout_rows"],
-                    p["llmc_files"],
-                ]  # fmt: skip
-            )
+    packing = {p["shard_id"]: p for p in packed}
+    return table_of([row for t in tokenized for row in stats_rows(t, packing.get(t["shard_id"], {"splits": {}}))])
+
+
+def table_of(rows: list[tuple]) -> pd.DataFrame:
+    """The stats table of rows as `stats_rows` makes them, in order of shard and split."""
     return pd.DataFrame(rows, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
 
 
@@ -277,7 +286,6 @@ def reference_sample(config: TokenmillConfig, plan: dict, table: pd.DataFrame, s
     per_shard = table.groupby("shard_id").documents.sum()
     total = int(per_shard.sum())
     wanted = min(total, max(cfg.check_min_documents, int(np.ceil(cfg.check_fraction * total))))
-    shards = {s["shard_id"]: s for s in plan["shards"]}
     read, held = [], 0
     for shard_id in rng.permutation(per_shard.index[per_shard > 0].to_numpy()):
         if held >= 2 * wanted and len(read) >= 3:
@@ -287,6 +295,8 @@ def reference_sample(config: TokenmillConfig, plan: dict, table: pd.DataFrame, s
     # Positions are drawn first, over the documents of the shards read in shard order, so that only the
     # sampled texts are kept while reading.
     read.sort()
+    read_ids = set(read)  # these shards of the plan only: not a dict held for each of its shards
+    shards = {s["shard_id"]: s for s in plan["shards"] if s["shard_id"] in read_ids}
     chosen = np.sort(rng.choice(held, size=min(wanted, held), replace=False))
     starts = np.cumsum([0] + [int(per_shard[s]) for s in read])
     names = list(config.split)
@@ -376,16 +386,25 @@ def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: Toke
     return problems
 
 
-def shard_rows(table: pd.DataFrame) -> list[dict]:
+def shard_rows(table: pd.DataFrame) -> Shards:
     """The stats table as one item per shard, `{"shard_id", "rows": [a dict per split], "bytes"}`, for
-    `check_shard`; `bytes` (4 per token: about what its files hold) sizes the Dask tasks (`tasks.shards`)."""
-    records = table.sort_values("shard_id", kind="stable").to_dict(orient="records")
-    # consecutive records by shard: pandas' groupby made a frame per shard (two minutes for 100,000 shards)
-    items = []
-    for sid, rows in itertools.groupby(records, key=operator.itemgetter("shard_id")):
-        rows = list(rows)
-        items.append({"shard_id": int(sid), "rows": rows, "bytes": 4 * sum(int(r["tokens"]) for r in rows)})
-    return items
+    `check_shard`; `bytes` (4 per token: about what its files hold) sizes the Dask tasks (`tasks.shards`). As
+    columns (`Shards`): an item is made only while its shard is sent to be checked (a dict per row, held for
+    every shard while they are checked, was 1 KB a row)."""
+    ordered = table.sort_values("shard_id", kind="stable")
+    ids = ordered.shard_id.to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.zeros(0, np.int64)
+    rows = pa.Table.from_pandas(ordered[COLUMNS], preserve_index=False).to_struct_array().combine_chunks()
+    tokens = np.add.reduceat(ordered.tokens.to_numpy(np.int64), starts) if len(ids) else np.zeros(0, np.int64)
+    return Shards(
+        pa.table(
+            {
+                "shard_id": ids[starts],
+                "rows": pa.ListArray.from_arrays(np.r_[starts, len(ids)].astype(np.int32), rows),
+                "bytes": 4 * tokens,
+            }
+        )
+    )
 
 
 def check_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo) -> list[str]:
@@ -446,8 +465,15 @@ def validate(
             problems += reference.result()
     if problems:
         raise ValidationFailed("dataset files failed validation:\n" + "\n".join(f"  - {p}" for p in problems))
-    store.write_json(layout.STATS, table.to_dict(orient="records"))
+    store.write_json(layout.STATS, STREAMED, records(table))
     return table
+
+
+def records(table: pd.DataFrame) -> Iterator[dict]:
+    """The table's rows as dicts (as `to_dict(orient="records")` makes them), a few thousand at a time: a dict
+    per row is about 1 KB."""
+    for start in range(0, len(table), ROWS_AT_ONCE):
+        yield from table.iloc[start : start + ROWS_AT_ONCE].to_dict(orient="records")
 
 
 def _failure_report(error: SchemaErrors, table: pd.DataFrame) -> str:
