@@ -22,7 +22,6 @@ def choose_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: Token
     """Made on a worker, whose encoders are loaded (tokenmill.tokenize.preload_encoder), ahead of the sample
     stage's shards (every shard waits for the choice)."""
     started = time.perf_counter()
-    shards = tokenize.verification_shards(shards)
     choice = on_a_worker(tokenize.choose_run_encoder, config, shards, tokenizer, priority=1)
     get_run_logger().info(
         "encoder: %s %s: %s (%.1f s)", choice.backend, choice.version, choice.reason, time.perf_counter() - started

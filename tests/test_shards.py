@@ -34,7 +34,7 @@ def test_a_shard_that_keeps_failing_is_failed_alone_and_one_that_fails_once_is_r
 
 def test_workers_run_shard_stages_without_importing_prefect(gpt2_run, dask_cluster):
     """The workers run library code only: a shard task that brought in `tasks/` (and so Prefect) cost each
-    worker about 1.5 s of CPU at the start of every run, on the cores the shards need."""
+    worker about 1.2 s of CPU at the start of every run, on the cores the shards need."""
     from distributed import Client
 
     with Client(dask_cluster) as client:

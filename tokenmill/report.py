@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tokenmill import layout
 from tokenmill.formats.megatron import MegatronIndex
 from tokenmill.storage import Store
 
@@ -86,7 +87,7 @@ def _png(figure) -> bytes:
 
 def megatron_indexes(paths: pa.Array) -> pa.Array:
     """The Megatron indexes among a dataset's files (the manifest's `megatron-idx`), in their order."""
-    return paths.filter(pc.match_substring_regex(paths, r"^megatron/[^/]+/shard-\d+\.idx$"))
+    return paths.filter(pc.match_substring_regex(paths, layout.MEGATRON_INDEX))
 
 
 def document_lengths(store: Store, indexes: Sequence[str]) -> tuple[np.ndarray, int, int]:

@@ -133,18 +133,13 @@ def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:
     preload_backends(config.output.store().url_of(layout.TOKENIZER), tokenizer.sha256, config.tokenizer.encoder)
 
 
-def verification_shards(shards: list[dict]) -> list[dict]:
-    """The shards the verification sample is drawn from: at most VERIFY_SHARDS, evenly spaced across the run."""
-    return shards[:: -(-len(shards) // VERIFY_SHARDS)] if shards else []
-
-
 def verification_sample(config: TokenmillConfig, shards: list[dict], documents: int) -> list[str]:
     """About `documents` texts drawn across the shards: an equal share from the start of each of at most
     VERIFY_SHARDS evenly spaced shards, read in small batches (so this costs little however large the shards,
     and however many)."""
     if not shards or not documents:
         return []
-    shards = verification_shards(shards)
+    shards = shards[:: -(-len(shards) // VERIFY_SHARDS)]
     share = max(1, -(-documents // len(shards)))
     texts: list[str] = []
     for shard in shards:

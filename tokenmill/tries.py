@@ -1,6 +1,6 @@
 """A shard stage's work as a Dask task runs it: each shard of a bundle tried on its own, failures kept as values.
 
-It runs on the workers, which must not import Prefect (about 1.5 s of CPU per worker, at the start of every
+It runs on the workers, which must not import Prefect (about 1.2 s of CPU per worker, at the start of every
 run): it lives here, beside the library functions it calls, not in `tasks/`.
 """
 
