@@ -19,6 +19,7 @@ import importlib
 import threading
 import time
 
+import numpy as np
 import pandas as pd
 from distributed import default_client
 from prefect import flow, get_run_logger
@@ -36,7 +37,7 @@ from flows.cluster import dask_client, on_every_worker, prepare_cluster
 from flows.server import retry_refused_connections
 from tasks.partition import partition
 from tasks.publish import already_published, publish
-from tasks.sample import sample_shards
+from tasks.sample import holdout_shards, sample_shards
 from tasks.shards import GroupFailed, ShardsFailed, in_groups, shard_id
 from tasks.shuffle_documents import gather_shards, scatter_shards
 from tasks.shuffle_index import shuffle_index
@@ -158,10 +159,18 @@ def cluster_threads(client, config: TokenmillConfig) -> int:
     return max(threads, adaptive.maximum) if adaptive and not config.dask.scheduler() else max(threads, 1)
 
 
-def start_sample(config: TokenmillConfig, plan: dict) -> StageRun:
+def start_sample(config: TokenmillConfig, plan: dict, stage_task=sample_shards) -> StageRun:
     """The sample stage, started: it reads a bounded few MB over all shards, so one task run (each costs ~0.1 s
-    of CPU here and in the Prefect server), its shards still Dask tasks with their own retries."""
-    return StageRun(sample_shards, config, plan["shards"], *sample_fractions(config, plan), groups=1)
+    of CPU here and in the Prefect server), its shards still Dask tasks with their own retries. `holdout_shards`
+    when only the tokenizer report needs it (it keeps no result per shard)."""
+    return StageRun(stage_task, config, plan["shards"], *sample_fractions(config, plan), groups=1)
+
+
+def shard_ids(shards) -> np.ndarray:
+    """The shards' ids (8 bytes a shard)."""
+    if isinstance(shards, Shards):
+        return shards.table["shard_id"].to_numpy()
+    return np.array([s["shard_id"] for s in shards], dtype=np.int64)
 
 
 def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool = False) -> dict:
@@ -195,18 +204,17 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
     if not rebuild and (done := already_published(config, quoted_plan, tokenizer)) is not None:
         return unchanged_summary(config, done, time.perf_counter() - started)
     if config.fertility.enabled and not training:  # drawn on the cluster while the encoder is chosen
-        sampling = start_sample(config, plan)
+        sampling = start_sample(config, plan, holdout_shards)
     import_while_waiting()
     encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run (on a worker); shards get the choice
     tokenize_started = time.perf_counter()
     tokenizing = StageRun(tokenize_shards, config, shards, tokenizer, encoder)
-    # The report (on a worker, beside the shards) needs the tokenizer, its encoder and the held-out sample. The
-    # samples (a dict per shard) are its alone: the flow lets go of them, so they go when the report ends.
-    report = (
-        tokenizer_report.submit(config, tokenizer, quote(sampling.results()), encoder)
-        if config.fertility.enabled
-        else None
-    )
+    # The report (on a worker, beside the shards) needs the tokenizer, its encoder and the held-out sample, whose
+    # files the shard ids name, once the sample stage has written them. The flow lets go of the samples.
+    report = None
+    if config.fertility.enabled:
+        sampling.group_results  # noqa: B018 (waited for: every held-out file written, or ShardsFailed)
+        report = tokenizer_report.submit(config, tokenizer, quote(shard_ids(shards)), encoder)
     sampling = None
     table, totals = tokenize_and_pack(tokenizing)
     tokenize_seconds = time.perf_counter() - tokenize_started

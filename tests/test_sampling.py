@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import orjson
 import pytest
 
@@ -142,3 +143,10 @@ def test_held_out_sample_of_plain_jsonl_reads_a_few_percent_the_same_whatever_th
         assert 0.7 * 500_000 < sum(s["holdout_bytes"] for s in samples) < 1.1 * 500_000
     assert not any(s["documents"] for s in small)  # no training sample for a pretrained tokenizer
     assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100
+
+
+def test_holdout_records_of_shard_ids_are_those_of_the_sample_results(sampled):
+    """The report is sent the shard ids alone (a result dict per shard went through Dask's scheduler)."""
+    config, samples = sampled
+    ids = np.array([s["shard_id"] for s in samples])
+    assert list(sampling.holdout_records(config, ids)) == list(sampling.holdout_records(config, samples))

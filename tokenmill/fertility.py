@@ -89,9 +89,13 @@ def flagged(report: dict, name: str = DATASET) -> list[str]:
 
 
 def tokenizer_report(
-    config: TokenmillConfig, tokenizer: TokenizerInfo, samples: list[dict], encoder: EncoderChoice | None = None
+    config: TokenmillConfig,
+    tokenizer: TokenizerInfo,
+    samples: Iterable[dict | int],
+    encoder: EncoderChoice | None = None,
 ) -> dict:
-    """Measure the held-out sample and write `report/fertility.{json,md}`; return the report. The dataset's
+    """Measure the held-out sample (`samples`: the sample stage's results, or the shard ids, as
+    `sampling.holdout_records` takes them) and write `report/fertility.{json,md}`; return the report. The dataset's
     tokenizer is counted by the run's `encoder` when given (verified to give hf's ids: the same counts, at
     the fast backend's speed), else by hf."""
     store = config.output.store()

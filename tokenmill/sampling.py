@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 import numpy as np
@@ -292,10 +292,11 @@ def training_texts(config: TokenmillConfig, samples: list[dict]) -> Iterator[str
                     yield r["text"]
 
 
-def holdout_records(config: TokenmillConfig, samples: list[dict]) -> Iterator[dict]:
-    """The held-out documents, `{"text": ..., <group_by fields>...}`, shard by shard."""
+def holdout_records(config: TokenmillConfig, samples: Iterable[dict | int]) -> Iterator[dict]:
+    """The held-out documents, `{"text": ..., <group_by fields>...}`, shard by shard: of the sample stage's
+    results, or of the shards whose ids are given (their held-out files are named by them)."""
     store = config.output.store()
     for s in samples:
-        with store.open(s["holdout"]) as f:
+        with store.open(s["holdout"] if isinstance(s, dict) else layout.holdout_file(int(s))) as f:
             for line in f:
                 yield orjson.loads(line)
