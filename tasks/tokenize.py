@@ -3,7 +3,6 @@ something to pack) its pack, chained on the cluster; and the run's encoder choic
 (verified on a sample across shards)."""
 
 import time
-from typing import NamedTuple
 
 import pandas as pd
 from prefect import get_run_logger, task
@@ -14,7 +13,7 @@ from tokenmill import pack, tokenize
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
 from tokenmill.tokenizer import TokenizerInfo
-from tokenmill.validate import stats_rows, table_of
+from tokenmill.validate import StatsColumns, stats_rows
 
 
 @task(name="choose_encoder", **UNCACHED)
@@ -29,21 +28,28 @@ def choose_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: Token
     return choice
 
 
-class Kept(NamedTuple):
-    """What a group keeps of a shard's tokenize and pack results (a few KB) until it ends."""
+class Kept:
+    """What a group keeps of its shards' tokenize and pack results until it ends (`run_on_dask`'s `keep`, called
+    with each shard's): their stats rows as columns (`StatsColumns`, about 0.2 KB a shard; a tuple per row and a
+    tuple per shard were 0.9 KB a shard) and the group's totals."""
 
-    rows: list[tuple]  # its rows of the stats table
-    reused: bool
-    bytes_in: int
-    seconds: float
-    redone: tuple[str, ...]
+    def __init__(self):
+        self.rows = StatsColumns()
+        self.shards = self.reused = self.bytes_in = self.fresh_bytes = 0
+        self.fresh_seconds = 0.0
+        self.redone: list[tuple[int, str]] = []  # (shard id, what changed in its committed files)
 
-
-def kept(results: tuple) -> Kept:
-    tokenized = results[0]
-    rows = stats_rows(tokenized, results[1] if len(results) > 1 else pack.skipped(tokenized))
-    redone = tuple(r["redone"] for r in results if r.get("redone"))
-    return Kept(rows, tokenized["reused"], tokenized["bytes_in"], tokenized["seconds"], redone)
+    def __call__(self, results: tuple) -> None:
+        tokenized = results[0]
+        self.rows.add(stats_rows(tokenized, results[1] if len(results) > 1 else pack.skipped(tokenized)))
+        self.redone += [(tokenized["shard_id"], r["redone"]) for r in results if r.get("redone")]
+        self.shards += 1
+        self.bytes_in += tokenized["bytes_in"]
+        if tokenized["reused"]:
+            self.reused += 1
+        else:
+            self.fresh_bytes += tokenized["bytes_in"]
+            self.fresh_seconds += tokenized["seconds"]
 
 
 @task(name="tokenize", **GROUP_TASK)
@@ -54,20 +60,19 @@ def tokenize_shards(
     stages = [Stage("tokenize", tokenize.tokenize_shard, (tokenizer, encoder))]
     if pack.writes_files(config):
         stages.append(Stage("pack", pack.pack_shard, (tokenizer,)))
-    results = run_on_dask(config, items, stages, keep=kept)
-    table = table_of([row for r in results for row in r.rows])
-    fresh = [r for r in results if not r.reused]
-    fresh_bytes, fresh_seconds = sum(r.bytes_in for r in fresh), sum(r.seconds for r in fresh)
+    kept = Kept()
+    run_on_dask(config, items, stages, keep=kept)
+    table = kept.rows.table()
     totals = {
         "shards": group_label([shard_id(i) for i in items]),
-        "reused": len(results) - len(fresh),
+        "reused": kept.reused,
         "documents": int(table.groupby("shard_id").documents_in.first().sum()),
         "rejected": int(table.groupby("shard_id").rejected.first().sum()),
         "tokens": int(table.tokens.sum()),
         "packed_rows": int(table.packed_rows.sum()),
-        "bytes_in": sum(r.bytes_in for r in results),
-        "tokenize_mb_per_s": round(fresh_bytes / 1e6 / fresh_seconds, 2) if fresh_seconds else None,
+        "bytes_in": kept.bytes_in,
+        "tokenize_mb_per_s": round(kept.fresh_bytes / 1e6 / kept.fresh_seconds, 2) if kept.fresh_seconds else None,
         # shards whose committed files had changed since (see tokenmill.commits), each with what changed
-        "redone": [reason for r in results for reason in r.redone],
+        "redone": [reason for _, reason in sorted(kept.redone)],
     }
     return table, totals

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pandas as pd
 import pytest
 
 from tokenmill.config import load_config
 from tokenmill.tokenizer import TokenizerInfo
-from tokenmill.validate import ValidationFailed, stats_table, validate
+from tokenmill.validate import StatsColumns, ValidationFailed, stats_table, table_of, validate
+from tokenmill.validate import records as validate_records
 
 from .conftest import EXAMPLES, read_jsonl
 
@@ -160,3 +162,15 @@ def test_ids_that_differ_from_the_reference_fail_naming_the_file(one_split_datas
     tokens.tofile(bin_path)
     with pytest.raises(ValidationFailed, match=r"re-encoded with hf differ(.|\n)*megatron/train/shard-00001\.bin"):
         validate(config, plan, tokenizer, table)
+
+
+def test_stats_columns_give_the_table_of_the_rows_in_any_order(dataset):
+    """A tokenize group keeps its shards' stats rows as columns (8 bytes a number), in the order they finish."""
+    *_, table = dataset
+    rows = list(table.itertuples(index=False, name=None))
+    columns = StatsColumns()
+    for start in range(len(rows) - 2, -1, -2):  # a shard's rows at a time, last shard first
+        columns.add(rows[start : start + 2])
+    kept = columns.table()
+    pd.testing.assert_frame_equal(kept, table_of(rows))
+    assert kept.equals(table) and list(validate_records(kept)) == list(validate_records(table))
