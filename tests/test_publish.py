@@ -165,3 +165,23 @@ def test_a_streamed_list_is_written_as_the_whole_would_be(tmp_path):
             store.write_json("streamed.json", streamed, iter(rows))
             store.write_json("whole.json", whole)
             assert (tmp_path / "streamed.json").read_bytes() == (tmp_path / "whole.json").read_bytes()
+
+
+def test_listed_files_are_the_manifests_in_its_order_with_their_sizes_and_digests(gpt2_run):
+    """The file list is kept as it was made (digests as 32 bytes; no reordered copy) and listed in the manifest's
+    order: path order, each file with its size and the sha256 of its bytes."""
+    import pandas as pd
+
+    from tokenmill.publish import SHA256, listed_files
+    from tokenmill.storage import Store
+
+    store = Store(gpt2_run)
+    table = pd.DataFrame(json.loads((gpt2_run / "stats.json").read_text()))
+    files = listed_files(store, table)
+    entries = list(files.entries())
+    manifest = json.loads((gpt2_run / "manifest.json").read_text())["files"]
+    assert entries == [{k: f[k] for k in ("path", "bytes", "sha256")} for f in manifest]
+    paths = [e["path"] for e in entries]
+    assert paths == sorted(paths) == files.paths().to_pylist() and len(files) == len(paths) > 20
+    assert files.table.schema.field("sha256").type == SHA256
+    assert all(store.digest(e["path"]) == {"bytes": e["bytes"], "sha256": e["sha256"]} for e in entries)

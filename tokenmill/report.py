@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -19,6 +20,9 @@ import pyarrow.compute as pc
 from tokenmill import layout
 from tokenmill.formats.megatron import MegatronIndex
 from tokenmill.storage import Store
+
+if TYPE_CHECKING:
+    from tokenmill.publish import Files
 
 SUMMARY = "report/summary.md"
 PLOTS = {
@@ -122,14 +126,14 @@ def load_matplotlib():
     return plt
 
 
-def plots(store: Store, manifest: dict, files: pa.Table, table: pd.DataFrame) -> dict[str, bytes]:
+def plots(store: Store, manifest: dict, files: Files, table: pd.DataFrame) -> dict[str, bytes]:
     plt = load_matplotlib()
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     def _figure():
         return plt.subplots(figsize=(6, 3.2), gridspec_kw={"left": 0.15, "right": 0.97, "top": 0.9, "bottom": 0.2})
 
-    lengths, read, indexes = document_lengths(store, megatron_indexes(files["path"].combine_chunks()))
+    lengths, read, indexes = document_lengths(store, megatron_indexes(files.paths()))
     figure, ax = _figure()
     if len(lengths):
         bins = np.logspace(0, np.log10(max(lengths.max(), 10)), 40)
@@ -170,7 +174,7 @@ def plots(store: Store, manifest: dict, files: pa.Table, table: pd.DataFrame) ->
     return {"document_lengths": document_plot, "tokens_per_shard": shard_plot, "utilization": _png(figure)}
 
 
-def write_report(store: Store, manifest: dict, files: pa.Table, table: pd.DataFrame, run: dict | None = None) -> str:
+def write_report(store: Store, manifest: dict, files: Files, table: pd.DataFrame, run: dict | None = None) -> str:
     """Write the report files into the dataset (`manifest` and `files`: what `publish.publish` returns); return
     the markdown with the plots inline, for the run's Prefect artifact (the file's relative image links lead
     nowhere in the UI; the three PNGs are about 40 KB)."""
