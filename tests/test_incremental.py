@@ -175,7 +175,7 @@ def test_nightly_runs_over_a_growing_input(run_cli, s3_server, enwiki_docs, tmp_
 
 def test_a_named_version_published_from_another_input_is_not_overwritten(tmp_path, gpt2_info):
     from tokenmill.config import TokenmillConfig
-    from tokenmill.publish import VersionConflict, already_published, version_store
+    from tokenmill.publish import FILES_LISTED, VersionConflict, already_published, version_store
 
     (tmp_path / "a.jsonl").write_text('{"id": "1", "text": "one"}\n')
     config = TokenmillConfig.model_validate(
@@ -199,4 +199,4 @@ def test_a_named_version_published_from_another_input_is_not_overwritten(tmp_pat
         already_published(config, plan, tokenizer)
     manifest["inputs"]["hash"] = "the-input-now"
     version_store(config, "2026-11").write_json("manifest.json", manifest)
-    assert already_published(config, plan, tokenizer) == manifest
+    assert already_published(config, plan, tokenizer) == {**manifest, FILES_LISTED: 0}

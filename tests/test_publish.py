@@ -185,3 +185,18 @@ def test_listed_files_are_the_manifests_in_its_order_with_their_sizes_and_digest
     assert paths == sorted(paths) == files.paths().to_pylist() and len(files) == len(paths) > 20
     assert files.table.schema.field("sha256").type == SHA256
     assert all(store.digest(e["path"]) == {"bytes": e["bytes"], "sha256": e["sha256"]} for e in entries)
+
+
+def test_a_manifest_is_read_less_its_files_which_are_counted(gpt2_run, tmp_path):
+    """A run over an already published version reads its manifest without the list of files (at 490,000 files,
+    0.4 GB as dicts): the rest as it is, and the number of files; laid out otherwise, it is read whole."""
+    from tokenmill.publish import FILES_LISTED, manifest_less_files
+    from tokenmill.storage import Store
+
+    manifest = json.loads((gpt2_run / "manifest.json").read_text())
+    less = {k: v for k, v in manifest.items() if k != "files"} | {FILES_LISTED: len(manifest["files"])}
+    assert manifest_less_files(Store(gpt2_run)) == less and less[FILES_LISTED] > 20
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))  # one line
+    assert manifest_less_files(Store(tmp_path)) == less
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "files": []}, indent=2))
+    assert manifest_less_files(Store(tmp_path)) == less | {FILES_LISTED: 0}
