@@ -15,7 +15,6 @@ Every task runs in this flow's process; the shard work runs on the Dask cluster 
 from __future__ import annotations
 
 import functools
-import importlib
 import threading
 import time
 
@@ -52,6 +51,7 @@ from tokenmill.runs import save_run_config
 from tokenmill.sampling import fractions as sample_fractions
 from tokenmill.shuffle_documents import check_counts, shuffled_shards
 from tokenmill.tokenize import preload_encoder
+from tokenmill.validate import load_pandera
 
 # Before any flow run is created (the CLI's, a deployment's): that first call, too, waits out a server restart.
 retry_refused_connections()
@@ -256,11 +256,11 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
 
 def import_while_waiting() -> None:
     """Validate's schema library and publish's plotting library, imported in a thread while the flow waits for
-    the encoder choice (on a worker): half a second of imports that came after the tokenize stage, on every run's
-    critical path, and then delayed the start of its shards (they compete for this process)."""
+    the encoder choice (on a worker): a second or more of imports that came after the tokenize stage, on every
+    run's critical path, and then delayed the start of its shards (they compete for this process)."""
 
     def load() -> None:
-        importlib.import_module("pandera.pandas")
+        load_pandera()
         load_matplotlib()
 
     threading.Thread(target=load, name="tokenmill-imports", daemon=True).start()

@@ -86,6 +86,14 @@ def table_of(rows: list[tuple]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
 
 
+def load_pandera() -> None:
+    """Import pandera and its pandas backends, which its first validation imports (with its data strategies,
+    and hypothesis where installed: 0.8 s), so that a caller can have it done while it waits for other work."""
+    import pandera.pandas as pa
+
+    pa.DataFrameSchema({"n": pa.Column(int)}).validate(pd.DataFrame({"n": [0]}))
+
+
 def stats_schema(
     shard_ids: list[int], splits: list[str], vocab_size: int, pack: PackConfig | None
 ) -> pa.DataFrameSchema:
