@@ -80,7 +80,7 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
 
         try:
             connect()
-            with progress_bars(cfg.output.path):
+            with progress_bars(cfg.output.path), heartbeats_only_if_asked():
                 state = corpus_to_tokens(config=cfg, return_state=True)
         except Exception as e:  # the flow's logs above hold the details; end with the reason, not a traceback
             raise _fail(f"run failed: {failure_message(e, api_url)}") from None
@@ -89,6 +89,21 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     # With Prefect, Dask, pandas and matplotlib loaded, the garbage collector's passes over the whole heap
     # at interpreter exit took 0.6-1 s; frozen objects are skipped (exit handlers and flushing still run).
     gc.freeze()
+
+
+@contextlib.contextmanager
+def heartbeats_only_if_asked():
+    """A flow run here sends Prefect's flow-run heartbeats (for an automation that marks a run whose process died
+    as crashed) only where PREFECT_FLOWS_HEARTBEAT_FREQUENCY, or a Prefect profile, asks for them: their thread
+    sleeps in 1 s steps and Prefect waits for it as the run ends, half a second on average added to every
+    `tokenmill run`. Deployments' runs (run by a worker, or `tokenmill serve`) keep Prefect's default."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
+
+    if "heartbeat_frequency" in get_current_settings().flows.model_fields_set:
+        yield
+        return
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
 
 
 def failure_message(error: Exception, api_url: str) -> str:
