@@ -1,6 +1,6 @@
 """corpus_to_tokens: the main flow, DESIGN.md's DAG.
 
-pretrained_tokenizer (its encoders loaded on every worker meanwhile) ─► partition     (with tokenizer.path)
+pretrained_tokenizer (then its encoders loaded on every worker)  ║  partition   (side by side)
 partition ─► [scatter[shards] ─► gather[shards]]        (partition.shuffle: the global document shuffle)
           ─► (sample[shards] ─► train_tokenizer | the pretrained tokenizer) ─► already_published ─► (done)
           ─► [sample[shards]] ─► tokenizer_report (beside tokenize)
@@ -170,11 +170,13 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
     started = time.perf_counter()
     save_run_config(config)
     training = config.tokenizer.train is not None
-    # A pretrained tokenizer is installed first, so that the workers load its encoders while the input is partitioned.
-    tokenizer = None if training else pretrained_tokenizer(config)
-    if tokenizer is not None:
-        on_every_worker(default_client(), preload_encoder, config, tokenizer)
+    # A pretrained tokenizer is installed while the input is partitioned, and the workers load its encoders as
+    # soon as it is (the partition goes on meanwhile, then the encoder choice needs them).
+    installing = None if training else pretrained_tokenizer.submit(config)
+    if installing is not None:
+        installing.add_done_callback(functools.partial(preload_installed, config))
     plan = partition(config, cluster_threads)
+    tokenizer = None if installing is None else installing.result()
     shards = plan["shards"]
     logger.info("planned %d shards of %d MB over %d files", len(shards), plan["shard_size"] / 1e6, len(plan["files"]))
     shuffle_seconds = None
@@ -252,6 +254,13 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         logger.info("deleted %d old versions (output.publish.keep_versions): %s", len(deleted), ", ".join(deleted))
     create_markdown_artifact(published["report"], key="tokenmill-summary", description="Run summary")
     return summary
+
+
+def preload_installed(config: TokenmillConfig, installed) -> None:
+    """Load an installed tokenizer's encoders on every worker, not awaited (a failed install fails the run where
+    the flow asks for its result)."""
+    if installed.state.is_completed():
+        on_every_worker(default_client(), preload_encoder, config, installed.result())
 
 
 def import_while_waiting() -> None:

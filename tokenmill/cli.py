@@ -72,10 +72,13 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     api_url = ensure_api()  # first: the cluster's workers inherit PREFECT_API_URL
     scheduler = cfg.dask.scheduler() or "LocalCluster"
     console.print(f"Prefect UI: {ui_url(api_url)}, Dask: {scheduler}", highlight=False)
-    from flows.cluster import local_cluster_started_early
+    from flows.cluster import local_cluster_started_early, local_cluster_threads
     from flows.server import supervised
+    from tokenmill.partition import plan_ahead
 
     with ends_promptly(), local_cluster_started_early(cfg.dask) as connect, supervised(api_url):
+        if not cfg.dask.scheduler():  # the partition stage's threads are known now: it plans while Prefect imports
+            plan_ahead(cfg, local_cluster_threads(cfg.dask))
         from flows.main import corpus_to_tokens
 
         try:

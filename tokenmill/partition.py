@@ -19,7 +19,7 @@ import math
 import os
 import struct
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 
 import fsspec
@@ -276,13 +276,37 @@ def plan_key(config: TokenmillConfig, files: list[dict]) -> str:
     return _digest([config.section_hash("input", "partition"), inputs_hash(files)])
 
 
+# Plans being made ahead of their run's partition stage, by output: (input and partition config, threads, plan).
+_AHEAD: dict[str, tuple[str, int, Future]] = {}
+
+
+def plan_ahead(config: TokenmillConfig, cluster_threads: int) -> None:
+    """Start `load_or_plan` in a thread (`tokenmill run` does, while it imports Prefect): the run's own call then
+    waits for it, and takes its result where the config and threads are the same and it did not fail (else plans
+    again, and fails there)."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-plan")
+    planned = pool.submit(_load_or_plan, config, cluster_threads)
+    _AHEAD[config.output.path] = (config.section_hash("input", "partition"), cluster_threads, planned)
+    pool.shutdown(wait=False)  # its thread ends with the plan
+
+
 def load_or_plan(config: TokenmillConfig, cluster_threads: int = 1) -> tuple[dict, dict | None]:
     """The plan in the output if the input and partition config are as it recorded them (so a rerun or retry
     of a half-finished run sees the same shards), else a new one written there. Against the earlier plan, by
     `source`: a shard made from the same pieces of the same file versions keeps its committed output (moved to
     its new id if it has one), and the outputs of the shards that are gone are discarded. Returns the plan and
     the change: None for the recorded plan, else what `change_between` says ({} for a first plan). A resolved
-    `auto` shard size sticks: a new plan over an output that has one keeps its size, whatever the cluster now."""
+    `auto` shard size sticks: a new plan over an output that has one keeps its size, whatever the cluster now. A
+    plan made ahead (`plan_ahead`) is this call's result."""
+    if (ahead := _AHEAD.pop(config.output.path, None)) is not None:
+        config_key, threads, planned = ahead
+        made = planned.exception() is None  # waited for: one plan at a time in an output
+        if made and (config_key, threads) == (config.section_hash("input", "partition"), cluster_threads):
+            return planned.result()
+    return _load_or_plan(config, cluster_threads)
+
+
+def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[dict, dict | None]:
     store = config.output.store()
     earlier = store.read_json(layout.PLAN) if store.exists(layout.PLAN) else None
     sticky = earlier.get("shard_size") if earlier and config.partition.shard_size == "auto" else None
