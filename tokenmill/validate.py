@@ -10,12 +10,10 @@ decode back to their text.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from contextvars import copy_context
-from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -378,16 +376,13 @@ def check_reference(config: TokenmillConfig, item: dict, tokenizer: TokenizerInf
     expected = tok.encode_batch_fast([text for *_, text in sample], add_special_tokens=False)
     head, tail = int(config.tokenizer.prepend_bos), int(config.tokenizer.append_eod)
     wrong, undecodable = [], []
-    with tempfile.TemporaryDirectory(prefix="tokenmill-") as tmp:
+    with ExitStack() as files:
         readers: dict[str, MegatronReader] = {}
         for (split, shard_id, index, text), reference in zip(sample, expected, strict=True):
             prefix = layout.megatron_prefix(split, shard_id)
             if prefix not in readers:
-                local = Path(tmp) / prefix.replace("/", "-")
-                for ext in (".bin", ".idx"):
-                    with store.local_copies(prefix + ext) as (path,):
-                        shutil.copyfile(path, f"{local}{ext}")
-                readers[prefix] = MegatronReader(local)
+                bin_path, idx_path = files.enter_context(store.local_copies(prefix + ".bin", prefix + ".idx"))
+                readers[prefix] = MegatronReader(prefix, bin_path=bin_path, idx_path=idx_path)
             stored = readers[prefix][index]
             ids = stored[head : len(stored) - tail].tolist()
             if ids != reference.ids:
