@@ -34,7 +34,9 @@ from tokenmill.hashing import unit_interval
 from tokenmill.readers import Piece, compression_of, count_newlines, format_of
 from tokenmill.storage import list_files, options_for
 
-SCAN_CHUNK = 16 << 20
+# The line count reads into one buffer of this size, reused: 16 MB reads were each a fresh allocation, paged in
+# anew (40% slower over a 1.2 GB file).
+SCAN_CHUNK = 256 << 10
 LINE_PROBE = 64 << 10  # read at a cut until its line ends
 # shard_size: auto. Eight shards per cluster thread balance the load (a thread's last shard ends near the
 # others'); 16 MB keeps a shard's fixed costs (files, markers, a Dask task) small beside its work; 1 GB keeps a
@@ -93,12 +95,12 @@ def _line_start(f, target: int) -> int:
 
 def _newlines(fs, path: str, start: int, end: int) -> int:
     """The line endings in bytes [start, end) of the file."""
-    count = 0
+    count, buffer = 0, memoryview(bytearray(SCAN_CHUNK))
     with fs.open(path, "rb") as f:
         f.seek(start)
-        while start < end and (chunk := f.read(min(SCAN_CHUNK, end - start))):
-            count += count_newlines(chunk)
-            start += len(chunk)
+        while start < end and (read := f.readinto(buffer[: min(SCAN_CHUNK, end - start)])):
+            count += count_newlines(buffer[:read])
+            start += read
     return count
 
 
