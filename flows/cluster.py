@@ -87,6 +87,12 @@ def local_cluster_kwargs(dask_config: DaskConfig) -> dict:
     }
 
 
+def local_cluster_threads(dask_config: DaskConfig) -> int:
+    """The threads a LocalCluster's shards will have (an adaptive one's at its maximum)."""
+    adaptive = dask_config.adaptive
+    return adaptive.maximum if adaptive else local_cluster_kwargs(dask_config)["n_workers"]
+
+
 def adapt_kwargs(dask_config: DaskConfig) -> dict | None:
     adaptive = dask_config.adaptive
     return {"minimum": adaptive.minimum, "maximum": adaptive.maximum} if adaptive else None

@@ -1,6 +1,6 @@
 """corpus_to_tokens: the main flow, DESIGN.md's DAG.
 
-pretrained_tokenizer (its encoders loaded on every worker meanwhile) ─► partition     (with tokenizer.path)
+pretrained_tokenizer (then its encoders loaded on every worker)  ║  partition   (side by side)
 partition ─► [scatter[shards] ─► gather[shards]]        (partition.shuffle: the global document shuffle)
           ─► (sample[shards] ─► train_tokenizer | the pretrained tokenizer) ─► already_published ─► (done)
           ─► [sample[shards]] ─► tokenizer_report (beside tokenize)
@@ -15,7 +15,6 @@ Every task runs in this flow's process; the shard work runs on the Dask cluster 
 from __future__ import annotations
 
 import functools
-import importlib
 import threading
 import time
 
@@ -53,6 +52,7 @@ from tokenmill.runs import save_run_config
 from tokenmill.sampling import fractions as sample_fractions
 from tokenmill.shuffle_documents import check_counts, shuffled_shards
 from tokenmill.tokenize import preload_encoder
+from tokenmill.validate import load_pandera
 
 # Before any flow run is created (the CLI's, a deployment's): that first call, too, waits out a server restart.
 retry_refused_connections()
@@ -179,11 +179,13 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
     started = time.perf_counter()
     save_run_config(config)
     training = config.tokenizer.train is not None
-    # A pretrained tokenizer is installed first, so that the workers load its encoders while the input is partitioned.
-    tokenizer = None if training else pretrained_tokenizer(config)
-    if tokenizer is not None:
-        on_every_worker(default_client(), preload_encoder, config, tokenizer)
+    # A pretrained tokenizer is installed while the input is partitioned, and the workers load its encoders as
+    # soon as it is (the partition goes on meanwhile, then the encoder choice needs them).
+    installing = None if training else pretrained_tokenizer.submit(config)
+    if installing is not None:
+        installing.add_done_callback(functools.partial(preload_installed, config))
     plan = partition(config, cluster_threads)
+    tokenizer = None if installing is None else installing.result()
     shards = plan["shards"]
     logger.info("planned %d shards of %d MB over %d files", len(shards), plan["shard_size"] / 1e6, len(plan["files"]))
     shuffle_seconds = None
@@ -262,13 +264,20 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
     return summary
 
 
+def preload_installed(config: TokenmillConfig, installed) -> None:
+    """Load an installed tokenizer's encoders on every worker, not awaited (a failed install fails the run where
+    the flow asks for its result)."""
+    if installed.state.is_completed():
+        on_every_worker(default_client(), preload_encoder, config, installed.result())
+
+
 def import_while_waiting() -> None:
     """Validate's schema library and publish's plotting library, imported in a thread while the flow waits for
-    the encoder choice (on a worker): half a second of imports that came after the tokenize stage, on every run's
-    critical path, and then delayed the start of its shards (they compete for this process)."""
+    the encoder choice (on a worker): a second or more of imports that came after the tokenize stage, on every
+    run's critical path, and then delayed the start of its shards (they compete for this process)."""
 
     def load() -> None:
-        importlib.import_module("pandera.pandas")
+        load_pandera()
         load_matplotlib()
 
     threading.Thread(target=load, name="tokenmill-imports", daemon=True).start()

@@ -1,5 +1,6 @@
 """validate: counts reconcile and files are sound, or the run fails with a readable report. Each shard's files
-are checked on the cluster (`check[shard]`), the rest here."""
+are checked on the cluster (`check[shard]`), and so are the documents of the reference's sample, a shard at a time
+(`reference[shard]`, beside them); the rest here."""
 
 import pandas as pd
 from prefect import task
@@ -13,8 +14,7 @@ from tokenmill.tokenizer import TokenizerInfo
 
 @task(name="validate", **UNCACHED)
 def validate(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> pd.DataFrame:
-    def on_the_cluster(shards: list[dict]) -> list[str]:
-        checks = run_on_dask(config, shards, [Stage("check", library.check_shard, (tokenizer,))])
-        return [p for (problems,) in checks for p in problems]
+    def on_the_cluster(name: str, items: list[dict], work, args: tuple) -> list:
+        return [result for (result,) in run_on_dask(config, items, [Stage(name, work, args)])]
 
     return library.validate(config, plan, tokenizer, table, on_the_cluster)

@@ -261,6 +261,28 @@ def test_rerun_shards_redoes_exactly_the_named_shards(run_cli, gpt2_run, tmp_pat
     assert missing.returncode == 1 and "no shards [9]" in missing.stdout
 
 
+def test_tokenmill_run_sends_flow_run_heartbeats_only_when_asked(gpt2_run, prefect_api):
+    """Prefect waits for its heartbeat thread (1 s steps) as a flow run ends: gpt2_run's `tokenmill run` sent no
+    heartbeat (its other events are there), and a setting that asks for heartbeats keeps them."""
+    import httpx
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
+
+    from tokenmill.cli import heartbeats_only_if_asked
+
+    run_id = re.search(r"/runs/flow-run/([0-9a-f-]{36})", (gpt2_run.parent / "stdout.txt").read_text()).group(1)
+    of_the_run = {"resource": {"id": [f"prefect.flow-run.{run_id}"]}, "event": {"prefix": ["prefect.flow-run."]}}
+    query = {"filter": of_the_run, "limit": 50}
+    deadline = time.monotonic() + 60  # the server stores events in batches: wait for the run's last one
+    while "prefect.flow-run.Completed" not in (
+        events := {e["event"] for e in httpx.post(f"{prefect_api}/events/filter", json=query).json()["events"]}
+    ):
+        assert time.monotonic() < deadline, events
+        time.sleep(1)
+    assert "prefect.flow-run.Running" in events and "prefect.flow-run.heartbeat" not in events
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 60}), heartbeats_only_if_asked():
+        assert get_current_settings().flows.heartbeat_frequency == 60
+
+
 def test_flow_runs_on_an_external_dask_cluster(gpt2_run, dask_cluster, prefect_client):
     """gpt2_run ran on the session's `dask scheduler` + `dask worker` processes: the shard work ran there (each
     worker holds the encoder it loaded), and the Prefect API has a task run per shard (4 shards: one per group)."""

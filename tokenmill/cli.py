@@ -72,15 +72,18 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     api_url = ensure_api()  # first: the cluster's workers inherit PREFECT_API_URL
     scheduler = cfg.dask.scheduler() or "LocalCluster"
     console.print(f"Prefect UI: {ui_url(api_url)}, Dask: {scheduler}", highlight=False)
-    from flows.cluster import local_cluster_started_early
+    from flows.cluster import local_cluster_started_early, local_cluster_threads
     from flows.server import supervised
+    from tokenmill.partition import plan_ahead
 
     with ends_promptly(), local_cluster_started_early(cfg.dask) as connect, supervised(api_url):
+        if not cfg.dask.scheduler():  # the partition stage's threads are known now: it plans while Prefect imports
+            plan_ahead(cfg, local_cluster_threads(cfg.dask))
         from flows.main import corpus_to_tokens
 
         try:
             connect()
-            with progress_bars(cfg.output.path):
+            with progress_bars(cfg.output.path), heartbeats_only_if_asked():
                 state = corpus_to_tokens(config=cfg, return_state=True)
         except Exception as e:  # the flow's logs above hold the details; end with the reason, not a traceback
             raise _fail(f"run failed: {failure_message(e, api_url)}") from None
@@ -89,6 +92,21 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     # With Prefect, Dask, pandas and matplotlib loaded, the garbage collector's passes over the whole heap
     # at interpreter exit took 0.6-1 s; frozen objects are skipped (exit handlers and flushing still run).
     gc.freeze()
+
+
+@contextlib.contextmanager
+def heartbeats_only_if_asked():
+    """A flow run here sends Prefect's flow-run heartbeats (for an automation that marks a run whose process died
+    as crashed) only where PREFECT_FLOWS_HEARTBEAT_FREQUENCY, or a Prefect profile, asks for them: their thread
+    sleeps in 1 s steps and Prefect waits for it as the run ends, half a second on average added to every
+    `tokenmill run`. Deployments' runs (run by a worker, or `tokenmill serve`) keep Prefect's default."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
+
+    if "heartbeat_frequency" in get_current_settings().flows.model_fields_set:
+        yield
+        return
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
 
 
 def failure_message(error: Exception, api_url: str) -> str:

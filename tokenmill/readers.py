@@ -437,7 +437,7 @@ def _fast_jsonl(
         yield from read_documents([piece], options)
 
 
-def count_newlines(data: bytes) -> int:
+def count_newlines(data: bytes | memoryview) -> int:
     """The line endings in `data`, vectorised (2.5x `bytes.count`)."""
     return int(np.count_nonzero(np.frombuffer(data, np.uint8) == 10))
 

@@ -10,12 +10,11 @@ decode back to their text.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from contextlib import ExitStack
+from contextvars import copy_context
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -46,6 +45,11 @@ COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens
            "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files"]  # fmt: skip
 ROWS_AT_ONCE = 10_000  # stats rows (or a dataset's files) made into Python objects at a time
 _NOT_PACKED = {"rows": -1, "real_tokens": -1, "pad_tokens": -1, "padded_layout_rows": -1, "llmc_files": -1}
+
+
+# Runs `work(config, item, *args)` over the items, named `name` (a stage of shard work), where the caller wants:
+# each item's result, in order.
+RunShards = Callable[[str, Sequence[dict], Callable, tuple], list]
 
 
 class ValidationFailed(Exception):
@@ -111,6 +115,14 @@ class StatsColumns:
         columns = {"shard_id": numbers[:, 0], "split": names[np.frombuffer(self.split_codes, dtype=np.int8)]}
         columns |= {name: numbers[:, i] for i, name in enumerate(COLUMNS[2:], start=1)}
         return pd.DataFrame(columns, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
+
+
+def load_pandera() -> None:
+    """Import pandera and its pandas backends, which its first validation imports (with its data strategies,
+    and hypothesis where installed: 0.8 s), so that a caller can have it done while it waits for other work."""
+    import pandera.pandas as pa
+
+    pa.DataFrameSchema({"n": pa.Column(int)}).validate(pd.DataFrame({"n": [0]}))
 
 
 def stats_schema(
@@ -305,10 +317,12 @@ def _check_shuffle(store: Store, split: str, split_rows: pd.DataFrame) -> list[s
 REFERENCE_CHECK = "_work/reference_check.json"
 
 
-def reference_sample(config: TokenmillConfig, plan: dict, table: pd.DataFrame, seed: int = 1):
-    """(split, shard id, sequence index, text) of a random sample of at least `tokenizer.check_min_documents`
-    and `tokenizer.check_fraction` of all documents: shards are read in random order until they hold twice
-    that many (and at least 3 shards, when there are), and the sample is drawn uniformly from them."""
+def reference_items(config: TokenmillConfig, plan: dict, table: pd.DataFrame, seed: int = 1) -> list[dict]:
+    """A random sample of at least `tokenizer.check_min_documents` and `tokenizer.check_fraction` of all
+    documents, as the shards it is read from, one item each for `check_reference`: `{"shard_id", "pieces"
+    (the plan's), "positions" (of the sampled documents among the shard's), "documents", "rejected"}`. Shards
+    are taken in random order until they hold twice that many documents (and at least 3 shards, when there
+    are), and the sample is drawn uniformly from their documents."""
     cfg, rng = config.tokenizer, np.random.default_rng(seed)
     per_shard = table.groupby("shard_id").documents.sum()
     total = int(per_shard.sum())
@@ -319,38 +333,43 @@ def reference_sample(config: TokenmillConfig, plan: dict, table: pd.DataFrame, s
             break
         read.append(int(shard_id))
         held += int(per_shard[shard_id])
-    # Positions are drawn first, over the documents of the shards read in shard order, so that only the
-    # sampled texts are kept while reading.
     read.sort()
     read_ids = set(read)  # these shards of the plan only: not a dict held for each of its shards
-    shards = {s["shard_id"]: s for s in plan["shards"] if s["shard_id"] in read_ids}
+    pieces = {s["shard_id"]: s["pieces"] for s in plan["shards"] if s["shard_id"] in read_ids}
     chosen = np.sort(rng.choice(held, size=min(wanted, held), replace=False))
     starts = np.cumsum([0] + [int(per_shard[s]) for s in read])
-    names = list(config.split)
     rejected = table.groupby("shard_id").rejected.first()
+    return [
+        {
+            "shard_id": shard_id,
+            "pieces": pieces[shard_id],
+            "positions": (chosen[(chosen >= starts[k]) & (chosen < starts[k + 1])] - starts[k]).tolist(),
+            "documents": int(per_shard[shard_id]),
+            "rejected": int(rejected[shard_id]),
+        }
+        for k, shard_id in enumerate(read)
+    ]
 
-    def sampled_from(k: int) -> list[tuple[str, int, int, str]]:
-        """(split, shard, index within the shard's split, text) of the chosen documents of shard `read[k]`."""
-        shard_id, position, found = read[k], int(starts[k]), []
-        mine = chosen[(chosen >= starts[k]) & (chosen < starts[k + 1])]
-        if len(names) == 1 and not rejected[shard_id]:  # every record a document, all in one split
-            texts = texts_at(config, shards[shard_id], mine - position, int(per_shard[shard_id]))
-            if texts is not None:
-                return [(names[0], shard_id, int(i), t) for i, t in zip(mine - position, texts, strict=True)]
-        counters = np.zeros(len(names), np.int64)
-        for batch, _ in read_documents(shard_pieces(shards[shard_id]), config.input.read_options(), columnar=True):
-            splits = assign_splits(batch.ids, config.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
-            texts = batch.text_values()
-            for i in mine[(mine >= position) & (mine < position + len(batch))] - position:
-                split = splits[i]
-                index = counters[split] + np.count_nonzero(splits[:i] == split)
-                found.append((names[split], shard_id, int(index), str(texts[i])))
-            counters += np.bincount(splits, minlength=len(names))
-            position += len(batch)
-        return found
 
-    with ThreadPoolExecutor(len(read)) as pool:  # pyarrow parses with the GIL released: one shard per thread
-        return [document for part in pool.map(sampled_from, range(len(read))) for document in part]
+def sampled_documents(config: TokenmillConfig, item: dict) -> list[tuple[str, int, int, str]]:
+    """(split, shard, index within the shard's split, text) of the sampled documents of an item of
+    `reference_items`, re-read from the input."""
+    shard_id, positions, names = item["shard_id"], np.asarray(item["positions"], np.int64), list(config.split)
+    if len(names) == 1 and not item["rejected"]:  # every record a document, all in one split
+        texts = texts_at(config, item, positions, item["documents"])
+        if texts is not None:
+            return [(names[0], shard_id, int(i), t) for i, t in zip(positions, texts, strict=True)]
+    found, position, counters = [], 0, np.zeros(len(names), np.int64)
+    for batch, _ in read_documents(shard_pieces(item), config.input.read_options(), columnar=True):
+        splits = assign_splits(batch.ids, config.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
+        texts = batch.text_values()
+        for i in positions[(positions >= position) & (positions < position + len(batch))] - position:
+            split = splits[i]
+            index = counters[split] + np.count_nonzero(splits[:i] == split)
+            found.append((names[split], shard_id, int(index), str(texts[i])))
+        counters += np.bincount(splits, minlength=len(names))
+        position += len(batch)
+    return found
 
 
 def texts_at(config: TokenmillConfig, shard: dict, positions: np.ndarray, documents: int) -> list[str] | None:
@@ -372,30 +391,25 @@ def texts_at(config: TokenmillConfig, shard: dict, positions: np.ndarray, docume
     return texts if position == documents and len(texts) == len(positions) else None
 
 
-def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame):
-    """Re-read a random sample of documents from the input (see `reference_sample`) and check each one's
-    stored ids: they equal the reference's (HF tokenizers) encoding, where more mismatches than
-    `tokenizer.allowed_mismatch_rate` fail the run, and they decode to the source text (after the tokenizer's
-    own normalization; documents that the tokenizer itself cannot round-trip are skipped). Names the files."""
+def check_reference(config: TokenmillConfig, item: dict, tokenizer: TokenizerInfo) -> dict:
+    """One shard's sampled documents (an item of `reference_items`) re-read from the input, their stored ids
+    checked (on a worker, whose reference is loaded): they equal the reference's (HF tokenizers) encoding, and
+    they decode to the source text (after the tokenizer's own normalization; documents that the tokenizer
+    itself cannot round-trip are skipped). `{"documents", "wrong", "undecodable"}`, the last two naming files."""
     store = config.output.store()
-    sample = reference_sample(config, plan, table)
-    if not sample:
-        return []
+    sample = sampled_documents(config, item)
     tok = loaded_backend(store.url_of(layout.TOKENIZER), tokenizer.sha256, "hf").tokenizer
     normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
     expected = tok.encode_batch_fast([text for *_, text in sample], add_special_tokens=False)
     head, tail = int(config.tokenizer.prepend_bos), int(config.tokenizer.append_eod)
     wrong, undecodable = [], []
-    with tempfile.TemporaryDirectory(prefix="tokenmill-") as tmp:
+    with ExitStack() as files:
         readers: dict[str, MegatronReader] = {}
         for (split, shard_id, index, text), reference in zip(sample, expected, strict=True):
             prefix = layout.megatron_prefix(split, shard_id)
             if prefix not in readers:
-                local = Path(tmp) / prefix.replace("/", "-")
-                for ext in (".bin", ".idx"):
-                    with store.local_copies(prefix + ext) as (path,):
-                        shutil.copyfile(path, f"{local}{ext}")
-                readers[prefix] = MegatronReader(local)
+                bin_path, idx_path = files.enter_context(store.local_copies(prefix + ".bin", prefix + ".idx"))
+                readers[prefix] = MegatronReader(prefix, bin_path=bin_path, idx_path=idx_path)
             stored = readers[prefix][index]
             ids = stored[head : len(stored) - tail].tolist()
             if ids != reference.ids:
@@ -404,11 +418,23 @@ def check_sampled_documents(config: TokenmillConfig, plan: dict, tokenizer: Toke
             if tok.decode(ids, skip_special_tokens=False) != source:
                 if tok.decode(reference.ids, skip_special_tokens=False) == source:  # lossless, yet it differs
                     undecodable.append(f"{prefix}.bin: document {index} does not decode to its source text")
-    rate, allowed = len(wrong) / len(sample), config.tokenizer.allowed_mismatch_rate
-    store.write_json(REFERENCE_CHECK, {"documents": len(sample), "mismatches": len(wrong), "allowed_rate": allowed})
+    return {"documents": len(sample), "wrong": wrong, "undecodable": undecodable}
+
+
+def reference_verdict(config: TokenmillConfig, checked: list[dict]) -> list[str]:
+    """What `check_reference` found over the whole sample, recorded in REFERENCE_CHECK: the problems, where
+    more documents differ than `tokenizer.allowed_mismatch_rate` allows, or some do not decode to their text."""
+    documents = sum(c["documents"] for c in checked)
+    if not documents:
+        return []
+    wrong = [w for c in checked for w in c["wrong"]]
+    undecodable = [u for c in checked for u in c["undecodable"]]
+    rate, allowed = len(wrong) / documents, config.tokenizer.allowed_mismatch_rate
+    store = config.output.store()
+    store.write_json(REFERENCE_CHECK, {"documents": documents, "mismatches": len(wrong), "allowed_rate": allowed})
     problems = undecodable[:10]
     if rate > allowed:
-        summary = f"{len(wrong)} of {len(sample)} documents re-encoded with hf differ (allowed rate {allowed})"
+        summary = f"{len(wrong)} of {documents} documents re-encoded with hf differ (allowed rate {allowed})"
         problems += [summary, *wrong[:10]]
     return problems
 
@@ -457,21 +483,21 @@ def _plain(value):
 
 
 def validate(
-    config: TokenmillConfig,
-    plan: dict,
-    tokenizer: TokenizerInfo,
-    table: pd.DataFrame,
-    check_shards: Callable[[list[dict]], list[str]] | None = None,
+    config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, run: RunShards | None = None
 ) -> pd.DataFrame:
     """Check the stats table (`stats_table` of the tokenize and pack results) and the files; write `stats.json`
-    and return the table, or raise ValidationFailed. `check_shards`: runs `check_shard` over the items of
-    `shard_rows` where the caller wants (on the cluster) and returns the problems; None: here."""
+    and return the table, or raise ValidationFailed. `run` runs the per-shard checks where the caller wants
+    (on the cluster); None: here."""
     packing = writes_packed(config)
     store = config.output.store()
+    run = run or (lambda name, items, work, args: [work(config, item, *args) for item in items])
     with ThreadPoolExecutor(1, thread_name_prefix="tokenmill-reference") as pool:
-        # The reference's re-encoding of sampled documents (hf, in native code) runs while the table and the
-        # files are checked; it counts only where they are sound: decoding damaged files means nothing.
-        reference = pool.submit(check_sampled_documents, config, plan, tokenizer, table)
+        # The reference's re-encoding of sampled documents runs while the table and the files are checked (in
+        # the caller's context: its logging); it counts only where they are sound: decoding damaged files
+        # means nothing.
+        sample, reference = reference_items(config, plan, table), None
+        if sample:
+            reference = pool.submit(copy_context().run, run, "reference", sample, check_reference, (tokenizer,))
         shard_ids = [s["shard_id"] for s in plan["shards"]]
         schema = stats_schema(shard_ids, list(config.split), tokenizer.vocab_size, config.pack if packing else None)
         from pandera.errors import SchemaErrors
@@ -480,16 +506,12 @@ def validate(
             schema.validate(table, lazy=True)
         except SchemaErrors as e:
             raise ValidationFailed(f"stats table failed validation:\n{_failure_report(e, table)}") from None
-        shards = shard_rows(table)
-        if check_shards is None:
-            problems = [p for shard in shards for p in check_shard(config, shard, tokenizer)]
-        else:
-            problems = check_shards(shards)
+        problems = [p for found in run("check", shard_rows(table), check_shard, (tokenizer,)) for p in found]
         if packing:
             for split in config.split:
                 problems += _check_shuffle(store, split, table[table.split == split])
-        if not problems:
-            problems += reference.result()
+        if not problems and reference is not None:
+            problems += reference_verdict(config, reference.result())
     if problems:
         raise ValidationFailed("dataset files failed validation:\n" + "\n".join(f"  - {p}" for p in problems))
     store.write_json(layout.STATS, STREAMED, records(table))
