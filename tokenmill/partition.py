@@ -18,6 +18,7 @@ import json
 import math
 import os
 import struct
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
@@ -286,10 +287,18 @@ def plan_ahead(config: TokenmillConfig, cluster_threads: int) -> None:
     """Start `load_or_plan` in a thread (`tokenmill run` does, while it imports Prefect): the run's own call then
     waits for it, and takes its result where the config and threads are the same and it did not fail (else plans
     again, and fails there)."""
-    pool = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-plan")
-    planned = pool.submit(_load_or_plan, config, cluster_threads)
+    planned: Future = Future()
+
+    def plan() -> None:
+        try:
+            planned.set_result(_load_or_plan(config, cluster_threads))
+        except BaseException as e:  # the stage's own call plans again, and fails there
+            planned.set_exception(e)
+
     _AHEAD[config.output.path] = (config.section_hash("input", "partition"), cluster_threads, planned)
-    pool.shutdown(wait=False)  # its thread ends with the plan
+    # A daemon: a run that ends early (interrupted, its API unreachable) does not wait for it at exit; a plan cut
+    # short is as a killed run's (plan.json is written whole; shards it was moving are redone).
+    threading.Thread(target=plan, name="tokenmill-plan", daemon=True).start()
 
 
 def load_or_plan(config: TokenmillConfig, cluster_threads: int = 1) -> tuple[dict, dict | None]:
