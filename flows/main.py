@@ -18,7 +18,6 @@ import functools
 import threading
 import time
 
-import numpy as np
 import pandas as pd
 from distributed import default_client
 from prefect import flow, get_run_logger
@@ -46,7 +45,7 @@ from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
 from tokenmill.pack import writes_packed
-from tokenmill.partition import Shards
+from tokenmill.partition import Shards, shard_ids
 from tokenmill.report import load_matplotlib
 from tokenmill.runs import save_run_config
 from tokenmill.sampling import fractions as sample_fractions
@@ -68,8 +67,8 @@ def shuffle(config: TokenmillConfig, plan: dict) -> tuple[Shards, float]:
     started = time.perf_counter()
     sources, n_outputs = plan["shards"], plan["shuffled_shards"]
     scattered = map_shards(scatter_shards, config, sources, n_outputs)
-    source_ids = [s["shard_id"] for s in sources]
-    gathered = map_shards(gather_shards, config, list(range(n_outputs)), quote(source_ids), plan["key"])
+    source_ids = quote(shard_ids(sources).tolist())
+    gathered = map_shards(gather_shards, config, list(range(n_outputs)), source_ids, plan["key"])
     check_counts(scattered, gathered)
     return Shards(shuffled_shards(config, plan["key"], gathered)), time.perf_counter() - started
 
@@ -164,13 +163,6 @@ def start_sample(config: TokenmillConfig, plan: dict, stage_task=sample_shards) 
     of CPU here and in the Prefect server), its shards still Dask tasks with their own retries. `holdout_shards`
     when only the tokenizer report needs it (it keeps no result per shard)."""
     return StageRun(stage_task, config, plan["shards"], *sample_fractions(config, plan), groups=1)
-
-
-def shard_ids(shards) -> np.ndarray:
-    """The shards' ids (8 bytes a shard)."""
-    if isinstance(shards, Shards):
-        return shards.table["shard_id"].to_numpy()
-    return np.array([s["shard_id"] for s in shards], dtype=np.int64)
 
 
 def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool = False) -> dict:

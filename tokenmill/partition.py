@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
@@ -369,6 +370,13 @@ class Shards(Sequence):
 
     def __repr__(self) -> str:
         return f"Shards({len(self)} shards)"
+
+
+def shard_ids(shards: Sequence[dict]) -> np.ndarray:
+    """The shards' ids (8 bytes a shard), read off the column where they are `Shards`."""
+    if isinstance(shards, Shards):
+        return shards.table["shard_id"].to_numpy()
+    return np.array([s["shard_id"] for s in shards], dtype=np.int64)
 
 
 def shard_pieces(shard: dict) -> list[Piece]:

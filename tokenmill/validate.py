@@ -32,7 +32,7 @@ from tokenmill.formats.packed import SUFFIXES, PackedReader, read_shuffle_index
 from tokenmill.hashing import assign_splits
 from tokenmill.pack import pad_id as pack_pad_id
 from tokenmill.pack import writes_packed
-from tokenmill.partition import Shards, shard_pieces
+from tokenmill.partition import Shards, shard_ids, shard_pieces
 from tokenmill.readers import field_value, kind_of, line_blocks, read_documents
 from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer import TokenizerInfo
@@ -498,8 +498,8 @@ def validate(
         sample, reference = reference_items(config, plan, table), None
         if sample:
             reference = pool.submit(copy_context().run, run, "reference", sample, check_reference, (tokenizer,))
-        shard_ids = [s["shard_id"] for s in plan["shards"]]
-        schema = stats_schema(shard_ids, list(config.split), tokenizer.vocab_size, config.pack if packing else None)
+        planned = shard_ids(plan["shards"]).tolist()
+        schema = stats_schema(planned, list(config.split), tokenizer.vocab_size, config.pack if packing else None)
         from pandera.errors import SchemaErrors
 
         try:
