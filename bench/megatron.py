@@ -309,6 +309,8 @@ def main() -> None:
     from flows.server import ensure_api
 
     os.environ["PREFECT_API_URL"] = ensure_api()  # a user's server is up before the run, as Megatron needs none
+    if args.work:
+        Path(args.work).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tokenmill-vs-megatron-", dir=args.work) as tmp:
         work = Path(tmp)
         corpus = work / "corpus.jsonl"
