@@ -13,7 +13,9 @@ tokenmill first in even ones), each from scratch, and every round records:
 - the CPU seconds of the tool's processes (polled, or `wait4`'s if more) and, for tokenmill, those of the
   Prefect server during the run: on a host shared with other work, wall time follows CPU time;
 - the tokens written (from the `.idx` files), which must be equal;
-- for tokenmill, the seconds of each phase of the run, from its log's time stamps;
+- for tokenmill, the seconds of each phase of the run, from its log's time stamps, and each phase's CPU seconds
+  by kind of process (flow, workers, forkserver, Prefect server) with the core-seconds none used: a phase
+  with idle cores is bound by one process, one without by the cores (a median table after the rounds);
 - the 1-minute load average when the round started (other work on the host slows both tools).
 
 With `--big-repeat N` it then runs once on enwiki_slice x N (x200: 12 GB): tokenmill's throughput against the
@@ -74,12 +76,15 @@ def _bench_tokenize():
 
 class Watched:
     """A command run to its exit while a thread polls its process tree: the wall time, the largest
-    process's and the whole tree's peak RSS, and why the watchdog killed it, if it did."""
+    process's and the whole tree's peak RSS, why the watchdog killed it, if it did, and each kind of process's
+    CPU seconds over time (`timeline`), with those of `beside` (a server the command talks to) since the start."""
 
-    def __init__(self, command: list[str], env: dict, cap: int, log: Path):
+    def __init__(self, command: list[str], env: dict, cap: int, log: Path, beside: psutil.Process | None = None):
         self.peak_process = self.peak_tree = 0
         self.killed = False
         self.cpu_by_process: dict[int, tuple[str, float]] = {}  # pid -> (what, CPU seconds when last seen)
+        self.timeline: list[tuple[float, dict[str, float]]] = []  # (time, CPU seconds so far by what)
+        self.beside, self.beside_cpu = beside, _cpu(beside)
         with open(log, "wb") as out:
             self.spawned, started = time.time(), time.perf_counter()
             self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -108,12 +113,17 @@ class Watched:
             for p in self._tree():
                 with contextlib.suppress(psutil.Error):
                     sizes.append(p.memory_info().rss)
-                    if p.pid not in self.cpu_by_process:
+                    what = self.cpu_by_process.get(p.pid, ("", 0.0))[0]
+                    if what in ("", p.name()):  # a process just forked may not show its command line yet
                         what = "main" if p.pid == self.process.pid else _role(p)
-                    else:
-                        what = self.cpu_by_process[p.pid][0]
                     times = p.cpu_times()
                     self.cpu_by_process[p.pid] = (what, times.user + times.system)
+            by_what: dict[str, float] = {}
+            for what, cpu in self.cpu_by_process.values():
+                by_what[what] = by_what.get(what, 0.0) + cpu
+            if self.beside is not None:
+                by_what["prefect server"] = _cpu(self.beside) - self.beside_cpu
+            self.timeline.append((time.time(), by_what))
             if sizes:
                 self.peak_process = max(self.peak_process, max(sizes))
                 self.peak_tree = max(self.peak_tree, sum(sizes))
@@ -213,7 +223,7 @@ def run_tokenmill(args, corpus: Path, out: Path, cap: int) -> dict:
     command = [sys.executable, "-m", "tokenmill", "run", str(config)]
     server = prefect_server()
     server_cpu = _cpu(server)
-    run = Watched(command, env, cap, out.parent / f"{out.name}.log")
+    run = Watched(command, env, cap, out.parent / f"{out.name}.log", beside=server)
     server_cpu = round(_cpu(server) - server_cpu, 1)
     counted = (None, None)
     if run.returncode == 0:
@@ -224,11 +234,28 @@ def run_tokenmill(args, corpus: Path, out: Path, cap: int) -> dict:
     by_role: dict[str, float] = {}
     for what, cpu in run.cpu_by_process.values():
         by_role[what] = round(by_role.get(what, 0) + cpu, 1)
+    times = phases(run.log, run.spawned, run.ended)
     return row | {
         "server_cpu_s": server_cpu,
         "cpu_by_process": by_role,
-        "phases": phases(run.log, run.spawned, run.ended),
+        "phases": times,
+        "phase_cpu": phase_cpu(run.timeline, run.spawned, times),
     }
+
+
+def phase_cpu(timeline: list[tuple[float, dict[str, float]]], spawned: float, times: dict[str, float]) -> dict:
+    """Each phase's CPU seconds by kind of process, and its idle core-seconds (the cores times its wall time,
+    less all of that): which phases are bound by one process and which by the cores."""
+    cores = os.cpu_count() or 1
+    out, start, before = {}, spawned, {}
+    for name, seconds in times.items():
+        end = start + seconds
+        polled = [by for t, by in timeline if t <= end]
+        now = polled[-1] if polled else {}
+        used = {what: round(cpu - before.get(what, 0.0), 2) for what, cpu in now.items()}
+        out[name] = used | {"idle": round(cores * seconds - sum(used.values()), 2)}
+        start, before = end, now
+    return out
 
 
 def prefect_server() -> psutil.Process | None:
@@ -282,6 +309,19 @@ def print_rounds(rows: list[dict]) -> None:
         cpu = f"{r['cpu_s']:.1f}" + (f" + {r['server_cpu_s']:.1f} server" if "server_cpu_s" in r else "")
         print(f"| {r['round']} | {r['tool']} | {r['load']:.1f} | {wall} | {cpu} | {r['peak_process_gb']:.2f} "
               f"| {r['peak_tree_gb']:.2f} | {counts} |")  # fmt: skip
+
+
+def print_phase_cpu(rows: list[dict]) -> None:
+    """Median CPU seconds per phase and kind of process, and idle core-seconds, over tokenmill's rounds."""
+    names = list(rows[0]["phase_cpu"])
+    kinds = sorted({k for r in rows for by in r["phase_cpu"].values() for k in by} - {"idle"}) + ["idle"]
+    print("\ntokenmill, median CPU seconds per phase (idle: core-seconds none of the run's processes used)")
+    print("| phase | wall s | " + " | ".join(kinds) + " |")
+    print("|---|--:|" + "--:|" * len(kinds))
+    for n in names:
+        wall = statistics.median(r["phases"].get(n, 0) for r in rows)
+        cells = [statistics.median(r["phase_cpu"].get(n, {}).get(k, 0) for r in rows) for k in kinds]
+        print(f"| {n} | {wall:.2f} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
 
 
 def main() -> None:
@@ -344,6 +384,7 @@ def main() -> None:
             names = list(by_tool["tokenmill"][0]["phases"])
             medians = {n: statistics.median(r["phases"].get(n, 0) for r in by_tool["tokenmill"]) for n in names}
             print("tokenmill, median seconds per phase: " + ", ".join(f"{n} {v:.1f}" for n, v in medians.items()))
+            print_phase_cpu(by_tool["tokenmill"])
         for tool in ("megatron", "tokenmill"):
             shutil.rmtree(work / tool, ignore_errors=True)
 
