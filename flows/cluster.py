@@ -39,6 +39,12 @@ dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": N
 # whose workers keep dying fails naming its memory (tasks.shards). External workers take the same settings from
 # DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE=False and ..._SPILL=False (see infra/).
 dask.config.set({"distributed.worker.memory.pause": False, "distributed.worker.memory.spill": False})
+# Dask keeps the last 1,000 messages of each batched connection, and other logs of that length, for debugging
+# (admin.low-level-log-length). The scheduler, in the flow's process, so kept nearly every compute-task message
+# of a run, each with its task's arguments (a bundle's shard dicts), and the client the pickled graphs it sent:
+# 58 and 8 MB at 20,002 shards by the end of validate, 3.3 KB a shard (tracemalloc; issue 12). tokenmill reads
+# none of these logs.
+dask.config.set({"distributed.admin.low-level-log-length": 0})
 # The cluster's start/stop chatter would drown the flow's own log lines; warnings still show.
 logging.getLogger("distributed").setLevel(logging.WARNING)
 

@@ -86,7 +86,9 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     """What a served deployment's run does when `dask:` names no scheduler (`tokenmill run` starts its
     LocalCluster itself, before the flow: the demo run above): the shard work runs in a worker process of a
     LocalCluster started for the run, which the stages find as the default client. Its workers never pause for
-    memory (a paused worker whose memory does not fall back waits forever: flows/cluster.py)."""
+    memory (a paused worker whose memory does not fall back waits forever: flows/cluster.py), and its scheduler,
+    in the flow's process, keeps none of the messages it sent them (each holds its task's arguments, shard dicts:
+    flows/cluster.py)."""
     script = textwrap.dedent("""
         import os
         import dask
@@ -99,12 +101,14 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
 
         if __name__ == "__main__":
             with dask_client(DaskConfig(n_workers=1)):
-                pid, pauses = default_client().submit(where).result()
-                print("worker" if pid != os.getpid() else "flow", pauses)
+                client = default_client()
+                pid, pauses = client.submit(where).result()
+                kept = sum(len(c.recent_message_log) for c in client.cluster.scheduler.stream_comms.values())
+                print("worker" if pid != os.getpid() else "flow", pauses, kept)
     """)
     env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"}
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True)
-    assert result.stdout.strip() == "worker False", result.stderr[-2000:]
+    assert result.stdout.strip() == "worker False 0", result.stderr[-2000:]
 
 
 def test_gpt2_token_ids_equal_the_reference_for_every_document(gpt2_run):
