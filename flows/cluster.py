@@ -43,7 +43,8 @@ dask.config.set({"distributed.worker.memory.pause": False, "distributed.worker.m
 # (admin.low-level-log-length). The scheduler, in the flow's process, so kept nearly every compute-task message
 # of a run, each with its task's arguments (a bundle's shard dicts), and the client the pickled graphs it sent:
 # 58 and 8 MB at 20,002 shards by the end of validate, 3.3 KB a shard (tracemalloc; issue 12). tokenmill reads
-# none of these logs.
+# none of these logs. An external scheduler takes the same setting from
+# DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH=0 (see infra/).
 dask.config.set({"distributed.admin.low-level-log-length": 0})
 # The cluster's start/stop chatter would drown the flow's own log lines; warnings still show.
 logging.getLogger("distributed").setLevel(logging.WARNING)
