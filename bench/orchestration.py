@@ -9,7 +9,8 @@ its own PREFECT_HOME) is started before each run, so its database holds that run
   shards, where "encoder alone" is gigatoken over every text in memory in one process, divided by the workers;
 - CPU seconds per shard of each process: the flow process (which also hosts the LocalCluster's scheduler),
   the Dask workers, the Prefect server;
-- the flow process's peak RSS, Prefect task runs and flow runs, the database's size, files per shard.
+- the flow process's peak RSS, and its RSS once the encoder is chosen (before the shards: the rise above it per
+  shard is what the flow holds per shard), Prefect task runs and flow runs, the database's size, files per shard.
 
     python bench/orchestration.py --shards 1000             # a quick look
     python bench/orchestration.py --shards 100000           # the 100,000-shard run (about 100 MB)
@@ -26,10 +27,12 @@ import sys
 sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
 
 import argparse
+import datetime
 import gzip
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -85,6 +88,7 @@ class ProcessWatch:
     def __init__(self, flow_pid: int, server_pid: int):
         self.flow, self.server_pid = psutil.Process(flow_pid), server_pid
         self.peak_rss, self.cpu = 0, {}
+        self.rss: list[tuple[float, int]] = []  # (time, the flow's RSS)
         server = psutil.Process(server_pid)
         self.baseline = sum(sum(p.cpu_times()[:2]) for p in [server, *server.children(recursive=True)])
         self.stop = threading.Event()
@@ -94,7 +98,9 @@ class ProcessWatch:
     def _poll(self) -> None:
         while not self.stop.wait(0.25):
             try:
-                self.peak_rss = max(self.peak_rss, self.flow.memory_info().rss)
+                rss = self.flow.memory_info().rss
+                self.peak_rss = max(self.peak_rss, rss)
+                self.rss.append((time.time(), rss))
                 roles = {self.flow.pid: "flow"} | {p.pid: "worker" for p in self.flow.children(recursive=True)}
                 server = psutil.Process(self.server_pid)
                 roles |= {server.pid: "server"} | {p.pid: "server" for p in server.children(recursive=True)}
@@ -103,6 +109,18 @@ class ProcessWatch:
                     self.cpu[pid] = (role, times.user + times.system)
             except psutil.Error:
                 continue
+
+    def rss_at(self, log: str, pattern: str) -> int | None:
+        """The flow's RSS when the log's first line matching `pattern` was written (Prefect stamps its lines
+        with the local time of day)."""
+        line = next((line for line in log.splitlines() if re.search(pattern, line)), None)
+        stamp = line and re.match(r"(\d\d):(\d\d):(\d\d\.\d+) \|", line)
+        if not stamp or not self.rss:
+            return None
+        day = datetime.datetime.fromtimestamp(self.rss[0][0]).replace(hour=0, minute=0, second=0, microsecond=0)
+        at = day.timestamp() + int(stamp[1]) * 3600 + int(stamp[2]) * 60 + float(stamp[3])
+        before = [rss for t, rss in self.rss if t <= at]
+        return before[-1] if before else None
 
     def close(self) -> dict[str, float]:
         self.stop.set()
@@ -154,6 +172,8 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
         "wall_s": round(wall, 1),
         "cpu_s": {role: round(seconds, 1) for role, seconds in sorted(cpu.items())},
         "flow_peak_rss_mb": round(watch.peak_rss / 2**20),
+        # once the encoder is chosen: what a run holds before its shards (Python, Prefect, Dask, the imports)
+        "flow_rss_at_choice_mb": round((watch.rss_at(output, r" - encoder: ") or 0) / 2**20),
         "task_runs": count(api, "task_runs"),
         "flow_runs": count(api, "flow_runs"),
         "db_mb": round(sum(p.stat().st_size for p in home.glob("prefect.db*")) / 2**20, 1),
@@ -189,7 +209,9 @@ def main() -> None:
         print(json.dumps(r))
         print(f"{n:,} shards in {r['wall_s']} s: {1000 * r['wall_s'] / n:.1f} ms per shard, orchestration "
               f"{1000 * (r['wall_s'] - encoder) / n:.1f} ms per shard; CPU per shard {per_shard}; flow peak RSS "
-              f"{r['flow_peak_rss_mb']} MB; {r['task_runs']} task runs, {r['flow_runs']} flow runs, "
+              f"{r['flow_peak_rss_mb']} MB ({r['flow_rss_at_choice_mb']} MB once the encoder was chosen: "
+              f"{(r['flow_peak_rss_mb'] - r['flow_rss_at_choice_mb']) * 2**20 / n / 1000:.1f} KB per shard above it); "
+              f"{r['task_runs']} task runs, {r['flow_runs']} flow runs, "
               f"database {r['db_mb']} MB, {r['files_per_shard']} files per shard", flush=True)  # fmt: skip
 
 
