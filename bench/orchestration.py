@@ -27,12 +27,10 @@ import sys
 sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
 
 import argparse
-import datetime
 import gzip
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import tempfile
@@ -43,6 +41,8 @@ from pathlib import Path
 import httpx
 import orjson
 import psutil
+
+from tokenmill.tokenize import ENCODER_CHOICE
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -85,10 +85,11 @@ class ProcessWatch:
     """Peak RSS of one process and the CPU seconds of process groups, polled (exited processes keep their
     last reading)."""
 
-    def __init__(self, flow_pid: int, server_pid: int):
+    def __init__(self, flow_pid: int, server_pid: int, choice: Path):
         self.flow, self.server_pid = psutil.Process(flow_pid), server_pid
         self.peak_rss, self.cpu = 0, {}
-        self.rss: list[tuple[float, int]] = []  # (time, the flow's RSS)
+        # the flow's RSS once the run's encoder choice (`choice`) is written: what it holds before its shards
+        self.choice, self.rss_at_choice = choice, 0
         server = psutil.Process(server_pid)
         self.baseline = sum(sum(p.cpu_times()[:2]) for p in [server, *server.children(recursive=True)])
         self.stop = threading.Event()
@@ -100,7 +101,8 @@ class ProcessWatch:
             try:
                 rss = self.flow.memory_info().rss
                 self.peak_rss = max(self.peak_rss, rss)
-                self.rss.append((time.time(), rss))
+                if not self.rss_at_choice and self.choice.exists():
+                    self.rss_at_choice = rss
                 roles = {self.flow.pid: "flow"} | {p.pid: "worker" for p in self.flow.children(recursive=True)}
                 server = psutil.Process(self.server_pid)
                 roles |= {server.pid: "server"} | {p.pid: "server" for p in server.children(recursive=True)}
@@ -109,18 +111,6 @@ class ProcessWatch:
                     self.cpu[pid] = (role, times.user + times.system)
             except psutil.Error:
                 continue
-
-    def rss_at(self, log: str, pattern: str) -> int | None:
-        """The flow's RSS when the log's first line matching `pattern` was written (Prefect stamps its lines
-        with the local time of day)."""
-        line = next((line for line in log.splitlines() if re.search(pattern, line)), None)
-        stamp = line and re.match(r"(\d\d):(\d\d):(\d\d\.\d+) \|", line)
-        if not stamp or not self.rss:
-            return None
-        day = datetime.datetime.fromtimestamp(self.rss[0][0]).replace(hour=0, minute=0, second=0, microsecond=0)
-        at = day.timestamp() + int(stamp[1]) * 3600 + int(stamp[2]) * 60 + float(stamp[3])
-        before = [rss for t, rss in self.rss if t <= at]
-        return before[-1] if before else None
 
     def close(self) -> dict[str, float]:
         self.stop.set()
@@ -154,7 +144,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
     began = time.perf_counter()
     process = subprocess.Popen([python, "-m", "tokenmill", "run", str(config)], env=env, cwd=code,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    watch = ProcessWatch(process.pid, server_pid)
+    watch = ProcessWatch(process.pid, server_pid, out / ENCODER_CHOICE)
     output, _ = process.communicate()
     wall = time.perf_counter() - began
     cpu = watch.close()
@@ -172,8 +162,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
         "wall_s": round(wall, 1),
         "cpu_s": {role: round(seconds, 1) for role, seconds in sorted(cpu.items())},
         "flow_peak_rss_mb": round(watch.peak_rss / 2**20),
-        # once the encoder is chosen: what a run holds before its shards (Python, Prefect, Dask, the imports)
-        "flow_rss_at_choice_mb": round((watch.rss_at(output, r" - encoder: ") or 0) / 2**20),
+        "flow_rss_at_choice_mb": round(watch.rss_at_choice / 2**20),
         "task_runs": count(api, "task_runs"),
         "flow_runs": count(api, "flow_runs"),
         "db_mb": round(sum(p.stat().st_size for p in home.glob("prefect.db*")) / 2**20, 1),
