@@ -483,9 +483,10 @@ def _session(p: psutil.Process) -> int | None:
 
 
 def _workers(root: int) -> list[psutil.Process]:
-    """The Dask worker processes of a run's LocalCluster: the children of its forkserver."""
+    """The Dask worker processes of a run's LocalCluster: the children of its forkserver (in the cluster's own
+    process, a child of the run's)."""
     try:
-        for child in psutil.Process(root).children():
+        for child in psutil.Process(root).children(recursive=True):
             if "forkserver" in " ".join(child.cmdline()):
                 return child.children()
     except psutil.Error:

@@ -141,6 +141,8 @@ def _role(process: psutil.Process) -> str:
     command = " ".join(process.cmdline())
     if "forkserver" in command and process.parent() and "forkserver" in " ".join(process.parent().cmdline()):
         return "dask worker or nanny"
+    if "serve_local_cluster" in command:
+        return "dask scheduler and nannies"
     for name in ("forkserver", "resource_tracker", "prefect"):
         if name in command:
             return name

@@ -7,10 +7,11 @@ its own PREFECT_HOME) is started before each run, so its database holds that run
 
 - wall time from process start to exit, per shard, and orchestration per shard: (wall - encoder alone) /
   shards, where "encoder alone" is gigatoken over every text in memory in one process, divided by the workers;
-- CPU seconds per shard of each process: the flow process (which also hosts the LocalCluster's scheduler),
-  the Dask workers, the Prefect server;
+- CPU seconds per shard of each process: the flow process, the LocalCluster's process (its scheduler and
+  nannies), the Dask workers, the Prefect server;
 - the flow process's peak RSS, and its RSS once the encoder is chosen (before the shards: the rise above it per
-  shard is what the flow holds per shard), Prefect task runs and flow runs, the database's size, files per shard.
+  shard is what the flow holds per shard), the LocalCluster process's peak RSS, Prefect task runs and flow runs,
+  the database's size, files per shard.
 
     python bench/orchestration.py --shards 1000             # a quick look
     python bench/orchestration.py --shards 100000           # the 100,000-shard run (about 100 MB)
@@ -82,12 +83,12 @@ def encoder_alone_seconds(corpus: Path, tokenizer: Path) -> float:
 
 
 class ProcessWatch:
-    """Peak RSS of one process and the CPU seconds of process groups, polled (exited processes keep their
-    last reading)."""
+    """Peak RSS of the flow's process and of the LocalCluster's (its scheduler and nannies), and the CPU seconds
+    of process groups, polled (exited processes keep their last reading)."""
 
     def __init__(self, flow_pid: int, server_pid: int, choice: Path):
         self.flow, self.server_pid = psutil.Process(flow_pid), server_pid
-        self.peak_rss, self.cpu = 0, {}
+        self.peak_rss, self.peak_cluster_rss, self.cpu = 0, 0, {}
         # the flow's RSS once the run's encoder choice (`choice`) is written: what it holds before its shards
         self.choice, self.rss_at_choice = choice, 0
         server = psutil.Process(server_pid)
@@ -103,7 +104,11 @@ class ProcessWatch:
                 self.peak_rss = max(self.peak_rss, rss)
                 if not self.rss_at_choice and self.choice.exists():
                     self.rss_at_choice = rss
-                roles = {self.flow.pid: "flow"} | {p.pid: "worker" for p in self.flow.children(recursive=True)}
+                roles = {self.flow.pid: "flow"}
+                for child in self.flow.children(recursive=True):
+                    roles[child.pid] = "scheduler" if "serve_local_cluster" in " ".join(child.cmdline()) else "worker"
+                    if roles[child.pid] == "scheduler":
+                        self.peak_cluster_rss = max(self.peak_cluster_rss, child.memory_info().rss)
                 server = psutil.Process(self.server_pid)
                 roles |= {server.pid: "server"} | {p.pid: "server" for p in server.children(recursive=True)}
                 for pid, role in roles.items():
@@ -163,6 +168,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
         "cpu_s": {role: round(seconds, 1) for role, seconds in sorted(cpu.items())},
         "flow_peak_rss_mb": round(watch.peak_rss / 2**20),
         "flow_rss_at_choice_mb": round(watch.rss_at_choice / 2**20),
+        "scheduler_peak_rss_mb": round(watch.peak_cluster_rss / 2**20),
         "task_runs": count(api, "task_runs"),
         "flow_runs": count(api, "flow_runs"),
         "db_mb": round(sum(p.stat().st_size for p in home.glob("prefect.db*")) / 2**20, 1),
@@ -199,7 +205,8 @@ def main() -> None:
         print(f"{n:,} shards in {r['wall_s']} s: {1000 * r['wall_s'] / n:.1f} ms per shard, orchestration "
               f"{1000 * (r['wall_s'] - encoder) / n:.1f} ms per shard; CPU per shard {per_shard}; flow peak RSS "
               f"{r['flow_peak_rss_mb']} MB ({r['flow_rss_at_choice_mb']} MB once the encoder was chosen: "
-              f"{(r['flow_peak_rss_mb'] - r['flow_rss_at_choice_mb']) * 2**20 / n / 1000:.1f} KB per shard above it); "
+              f"{(r['flow_peak_rss_mb'] - r['flow_rss_at_choice_mb']) * 2**20 / n / 1000:.1f} KB per shard above it), "
+              f"the LocalCluster's process (scheduler, nannies) {r['scheduler_peak_rss_mb']} MB; "
               f"{r['task_runs']} task runs, {r['flow_runs']} flow runs, "
               f"database {r['db_mb']} MB, {r['files_per_shard']} files per shard", flush=True)  # fmt: skip
 

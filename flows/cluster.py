@@ -1,27 +1,33 @@
 """The Dask side of where the flow runs, with the settings measured to matter here (loopback-only dashboard,
 one thread per worker, no encoder thread oversubscription, glibc's adaptive malloc, no hang when a worker
-dies, workers forked from a preloaded forkserver, quick worker exits). Imports Dask only, so `tokenmill run`
-can start its LocalCluster while Prefect is still being imported."""
+dies, workers forked from a preloaded forkserver, quick worker exits), and the body of the LocalCluster's own
+process (`flows.local_cluster` starts it)."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
 import importlib
+import json
 import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
+import sys
 import traceback
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dask
 from distributed import Client, LocalCluster, fire_and_forget
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from tokenmill.config import DaskConfig
+from flows.local_cluster import ClusterStartError, local_cluster_process
+
+if TYPE_CHECKING:
+    from tokenmill.config import DaskConfig
 
 # LocalCluster closes a dead worker's slot for good after 15 s, and Prefect then waits forever on
 # "Lost all workers"; a long timeout lets the nanny bring the worker back instead.
@@ -76,35 +82,6 @@ for _name in ("tornado.application", "bokeh.server.protocol_handler", "bokeh.ser
     logging.getLogger(_name).addFilter(ClosedDashboardTab())
 
 
-def local_cluster_kwargs(dask_config: DaskConfig) -> dict:
-    """LocalCluster arguments: worker processes on 127.0.0.1, one thread each."""
-    cores = os.cpu_count() or 1
-    n_workers = dask_config.n_workers or cores
-    adaptive = dask_config.adaptive
-    return {
-        "n_workers": adaptive.minimum if adaptive else n_workers,
-        "threads_per_worker": 1,
-        "processes": True,
-        "host": "127.0.0.1",
-        "dashboard_address": "127.0.0.1:0",
-        "silence_logs": logging.ERROR,
-        "memory_limit": dask_config.memory_limit,
-        # The encoder's own thread pool gets this worker's share of the cores, no more.
-        "env": {"RAYON_NUM_THREADS": str(max(1, cores // (adaptive.maximum if adaptive else n_workers)))},
-    }
-
-
-def local_cluster_threads(dask_config: DaskConfig) -> int:
-    """The threads a LocalCluster's shards will have (an adaptive one's at its maximum)."""
-    adaptive = dask_config.adaptive
-    return adaptive.maximum if adaptive else local_cluster_kwargs(dask_config)["n_workers"]
-
-
-def adapt_kwargs(dask_config: DaskConfig) -> dict | None:
-    adaptive = dask_config.adaptive
-    return {"minimum": adaptive.minimum, "maximum": adaptive.maximum} if adaptive else None
-
-
 # Worker processes fork from a server that has imported what every worker needs, instead of each starting a
 # fresh interpreter and importing it all again (about 3 s of CPU per worker: Prefect, the flow, the encoders).
 FORKSERVER = "forkserver" in multiprocessing.get_all_start_methods()  # Linux and macOS; not Windows
@@ -113,7 +90,7 @@ if FORKSERVER:
 # The shard stages' library modules (workers run them without Prefect) and the encoders (optional: may be missing).
 WORKER_MODULES = [
     *("tokenmill.tries", "tokenmill.tokenize", "tokenmill.pack", "tokenmill.sampling", "tokenmill.shuffle_documents"),
-    *("gigatoken", "awkward", "tiktoken"),
+    *("gigatoken", "awkward", "tiktoken", "distributed.nanny"),
 ]
 
 
@@ -125,28 +102,47 @@ def warm_up() -> None:
             importlib.import_module(module)
 
 
-class ClusterStartError(RuntimeError):
-    """The run's LocalCluster did not start."""
-
-
-def start_local_cluster(dask_config: DaskConfig) -> LocalCluster:
+def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
+    """A LocalCluster made with `kwargs` (`local_cluster_kwargs`), adapting between `adapt`'s bounds if given."""
     if FORKSERVER:
         multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
         multiprocessing.forkserver.ensure_running()  # now, with these: Dask's own preload list would replace them
     try:
-        cluster = LocalCluster(**local_cluster_kwargs(dask_config))
+        cluster = LocalCluster(**kwargs)
     except RuntimeError:  # a worker process died as it started (killed, out of memory): once more
         try:
-            cluster = LocalCluster(**local_cluster_kwargs(dask_config))
+            cluster = LocalCluster(**kwargs)
         except RuntimeError as e:
             reason = "; ".join(dict.fromkeys(str(c) for c in (e, e.__cause__) if c))
             raise ClusterStartError(
                 f"the local Dask cluster could not start, twice ({reason}: a worker process died as it started); "
                 "nothing was run: run the same command again"
             ) from None
-    if adapt := adapt_kwargs(dask_config):
+    if adapt:
         cluster.adapt(**adapt)
     return cluster
+
+
+def serve_local_cluster(spec: str) -> None:
+    """The LocalCluster process's body (`local_cluster_process`): start the cluster `spec` describes, say its
+    scheduler's address (or why it did not start) on stdout as a line of JSON, then keep it until stdin ends,
+    which it does when the flow's process closes it or dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the flow's process decides
+    # The answer gets stdout's pipe; everything else printed here or in the workers goes to stderr (a pipe no
+    # one reads would fill and block its writer).
+    answer = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    spec = json.loads(spec)
+    try:
+        cluster = start_local_cluster(spec["cluster"], spec["adapt"])
+    except ClusterStartError as e:
+        print(json.dumps({"error": str(e)}), file=answer, flush=True)
+        sys.exit(1)
+    print(json.dumps({"address": cluster.scheduler_address}), file=answer, flush=True)
+    answer.close()
+    sys.stdin.read()
+    cluster.close()
+    gc.freeze()  # as the workers (QuickExit): no collector passes over the heap at exit
 
 
 @contextlib.contextmanager
@@ -154,7 +150,7 @@ def dask_client(dask_config: DaskConfig) -> Iterator[Client]:
     """A client of the scheduler `dask_config` names, or of a LocalCluster started (and closed) here; it is the
     process's default client, which the shard stages submit to."""
     with contextlib.ExitStack() as stack:
-        address = dask_config.scheduler() or stack.enter_context(start_local_cluster(dask_config))
+        address = dask_config.scheduler() or stack.enter_context(local_cluster_process(dask_config))()
         yield stack.enter_context(Client(address, set_as_default=True))
 
 
@@ -171,29 +167,6 @@ def on_every_worker(client: Client, work: Callable, *args) -> None:
     meanwhile (a worker's shard tasks queue behind it)."""
     for worker in client.scheduler_info()["workers"]:
         fire_and_forget(client.submit(work, *args, workers=[worker], pure=False))
-
-
-@contextlib.contextmanager
-def local_cluster_started_early(dask_config: DaskConfig) -> Iterator[Callable[[], None]]:
-    """With no scheduler configured, start the run's LocalCluster in a thread now, so that its workers boot
-    while the caller imports Prefect (about 2 s of a `tokenmill run`), and yield `connect`, which waits for it
-    and points TOKENMILL_DASK_ADDRESS at it; the cluster is closed on exit. With a scheduler, `connect` does
-    nothing."""
-    if dask_config.scheduler():
-        yield lambda: None
-        return
-    with ThreadPoolExecutor(1, thread_name_prefix="tokenmill-cluster") as pool:
-        starting = pool.submit(start_local_cluster, dask_config)
-
-        def connect() -> None:
-            os.environ["TOKENMILL_DASK_ADDRESS"] = starting.result().scheduler_address
-
-        try:
-            yield connect
-        finally:
-            os.environ.pop("TOKENMILL_DASK_ADDRESS", None)
-            if starting.exception() is None:  # a cluster that failed to start raised in `connect`
-                starting.result().close()
 
 
 class QuickExit(WorkerPlugin):

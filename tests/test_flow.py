@@ -3,6 +3,7 @@ the session's Dask cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ import textwrap
 import warnings
 
 import numpy as np
+import psutil
 import pytest
 from tokenizers import Tokenizer
 
@@ -87,8 +89,8 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     LocalCluster itself, before the flow: the demo run above): the shard work runs in a worker process of a
     LocalCluster started for the run, which the stages find as the default client. Its workers never pause for
     memory (a paused worker whose memory does not fall back waits forever: flows/cluster.py), and its scheduler,
-    in the flow's process, keeps none of the messages it sent them (each holds its task's arguments, shard dicts:
-    flows/cluster.py)."""
+    in a process of its own, keeps none of the messages it sent them (each holds its task's arguments, shard
+    dicts: flows/cluster.py). The cluster's processes end with the flow's."""
     script = textwrap.dedent("""
         import os
         import dask
@@ -99,16 +101,32 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
         def where():
             return os.getpid(), dask.config.get("distributed.worker.memory.pause")
 
+        def kept(dask_scheduler):
+            return os.getpid(), sum(len(c.recent_message_log) for c in dask_scheduler.stream_comms.values())
+
         if __name__ == "__main__":
             with dask_client(DaskConfig(n_workers=1)):
                 client = default_client()
                 pid, pauses = client.submit(where).result()
-                kept = sum(len(c.recent_message_log) for c in client.cluster.scheduler.stream_comms.values())
-                print("worker" if pid != os.getpid() else "flow", pauses, kept)
+                scheduler, messages = client.run_on_scheduler(kept)
+                where_it_ran = "worker" if pid != os.getpid() else "flow"
+                print(where_it_ran, pauses, scheduler != os.getpid(), messages, flush=True)
     """)
     env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"}
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True)
-    assert result.stdout.strip() == "worker False 0", result.stderr[-2000:]
+    flow = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    stdout, stderr = flow.communicate(timeout=120)
+    assert stdout.strip() == "worker False True 0", stderr[-2000:]
+    assert not alive_in_session(flow.pid)  # the cluster's processes ended with the flow's
+
+
+def alive_in_session(session: int) -> list[psutil.Process]:
+    alive = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(process.pid) == session and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+    return alive
 
 
 def test_gpt2_token_ids_equal_the_reference_for_every_document(gpt2_run):

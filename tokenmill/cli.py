@@ -72,7 +72,7 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     api_url = ensure_api()  # first: the cluster's workers inherit PREFECT_API_URL
     scheduler = cfg.dask.scheduler() or "LocalCluster"
     console.print(f"Prefect UI: {ui_url(api_url)}, Dask: {scheduler}", highlight=False)
-    from flows.cluster import local_cluster_started_early, local_cluster_threads
+    from flows.local_cluster import local_cluster_started_early, local_cluster_threads
     from flows.server import supervised
     from tokenmill.partition import plan_ahead
 
