@@ -309,11 +309,12 @@ class DaskConfig(_Section):
     memory_limit: str | None = Field(
         "auto", description="Per LocalCluster worker (e.g. 4GiB): a runaway shard is killed, not the node."
     )
-    groups_per_stage: int = Field(
-        32,
+    groups_per_stage: int | None = Field(
+        None,
         ge=1,
-        description="Most Prefect task runs per shard stage: beyond it, each covers a group of shards "
-        "(every shard still runs as its own Dask task). A task run costs ~0.2 s of CPU; a Dask task ~2 ms.",
+        description="Most Prefect task runs per shard stage, each over a group of shards (every shard still runs "
+        "as its own Dask task); null: one per cluster thread, at most 32. A task run costs ~50 ms of CPU in the "
+        "flow and the Prefect server; a Dask task ~2 ms.",
     )
 
     def scheduler(self) -> str | None:
