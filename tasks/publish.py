@@ -20,8 +20,11 @@ def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerI
 
 
 @task(name="publish", **UNCACHED)
-def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, run: dict) -> dict:
+def publish(
+    config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, run: dict, plots: dict
+) -> dict:
+    """`plots`: the report's (`report.plots`), drawn while validate ran."""
     manifest, files = library.publish(config, plan, tokenizer, table)  # the manifest less its list of files
-    markdown = report.write_report(config.output.store(), manifest, files, table, run)
+    markdown = report.write_report(config.output.store(), manifest, plots, run)
     published = library.publish_version(config, manifest, files, extra_files=report.FILES)
     return {"manifest": manifest, "published": published, "report": markdown}
