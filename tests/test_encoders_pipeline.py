@@ -11,9 +11,9 @@ from tokenizers import Tokenizer
 from tokenmill import readers
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import MegatronReader
-from tokenmill.partition import load_or_plan
+from tokenmill.partition import Shards, load_or_plan, shard_ids
 from tokenmill.readers import Piece, ReadOptions, read_documents
-from tokenmill.tokenize import choose_run_encoder, tokenize_shard, with_specials
+from tokenmill.tokenize import VERIFY_SHARDS, choose_run_encoder, tokenize_shard, verification_shards, with_specials
 from tokenmill.tokenizer import install_pretrained
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
@@ -103,3 +103,14 @@ def test_a_five_million_character_document_is_tokenized_exactly(tmp_path):
     reader = MegatronReader(tmp_path / "out" / "megatron" / "train" / "shard-00000")
     reference = Tokenizer.from_file(str(tokenizer_path)).encode_batch_fast(documents, add_special_tokens=False)
     assert [reader[i].tolist() for i in range(4)] == [e.ids + [tokenizer.eod_id] for e in reference]
+
+
+def test_the_encoder_choice_is_sent_only_the_shards_its_sample_reads():
+    """At most VERIFY_SHARDS, evenly spaced (the whole plan of 98,176 shards was an 11 MB Dask task); drawn again
+    from those, the same shards: the worker's sample is the one the whole plan gives."""
+    shards = Shards([{"shard_id": i, "source": f"s{i}", "bytes": 1} for i in range(1000)])
+    sent = verification_shards(shards)
+    assert shard_ids(sent).tolist() == list(range(0, 1000, 4)) and len(sent) <= VERIFY_SHARDS
+    assert list(verification_shards(sent)) == list(sent)
+    assert list(verification_shards(shards[:10])) == list(shards[:10])
+    assert len(verification_shards(Shards([]))) == 0

@@ -12,6 +12,7 @@ each split's tokens are written as one slice. No Python runs per document or per
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict
 
@@ -133,13 +134,18 @@ def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:
     preload_backends(config.output.store().url_of(layout.TOKENIZER), tokenizer.sha256, config.tokenizer.encoder)
 
 
-def verification_sample(config: TokenmillConfig, shards: list[dict], documents: int) -> list[str]:
-    """About `documents` texts drawn across the shards: an equal share from the start of each of at most
-    VERIFY_SHARDS evenly spaced shards, read in small batches (so this costs little however large the shards,
-    and however many)."""
-    if not shards or not documents:
+def verification_shards(shards: Sequence[dict]) -> Sequence[dict]:
+    """The shards the verification sample is drawn from: at most VERIFY_SHARDS, evenly spaced across the run."""
+    return shards[:: -(-len(shards) // VERIFY_SHARDS)] if len(shards) else shards
+
+
+def verification_sample(config: TokenmillConfig, shards: Sequence[dict], documents: int) -> list[str]:
+    """About `documents` texts drawn across the shards: an equal share from the start of each of
+    `verification_shards`, read in small batches (so this costs little however large the shards, and however
+    many)."""
+    if not len(shards) or not documents:
         return []
-    shards = shards[:: -(-len(shards) // VERIFY_SHARDS)]
+    shards = verification_shards(shards)
     share = max(1, -(-documents // len(shards)))
     texts: list[str] = []
     for shard in shards:
