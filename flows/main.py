@@ -62,7 +62,7 @@ retry_refused_connections()
 # throttle (a group still queued is not yet a task run).
 GROUP_THREADS = 64
 # Task runs per shard stage by default: one per cluster thread, at most this many. A task run costs about 50 ms
-# of CPU in the flow and the server; a task run per shard took 0.4 s off a 10 s run of 16 shards on 2 cores.
+# of CPU in the flow and the server; one per shard made a 10 s run of 16 shards on 2 cores 0.4 s slower.
 MAX_GROUPS = 32
 PROGRESS_EVERY_S = 1.0  # the least time between two updates of a stage's progress artifact
 

@@ -1,15 +1,14 @@
 """Shard stages as Prefect tasks over groups of shards, each group's shards run as plain Dask futures.
 
-A Prefect task run costs about 50 ms of CPU (the flow's task engine and the server's events, logs and state
-writes; README "Orchestration"), a Dask task a few ms. So a shard stage is at most `dask.groups_per_stage`
-Prefect task runs (by default one per cluster thread, at most 32), each over a group of consecutive shards. A
-group sends its shards to the cluster as Dask tasks of the library's shard
-functions, keyed `(<stage>-shard-<run>, shard id)` (the Dask dashboard shows `<stage>-shard`), each with its own
-retries, a bounded window at a time; consecutive stages chain per shard on the cluster (a shard's pack starts
-when its tokenize ends, and the result goes from worker to worker). The group tasks run in the flow's process;
-the workers run library code only, so shard work never talks to the Prefect server. A group fails naming every
-shard of it that failed and the stage it failed in; the others are committed (their markers), so Retry redoes
-only the failed ones.
+A Prefect task run costs about 50 ms of CPU (the flow's task engine and the server's events, logs and state writes;
+README "Orchestration"), a Dask task a few ms. So a shard stage is at most `dask.groups_per_stage` Prefect task
+runs (by default one per cluster thread, at most 32), each over a group of consecutive shards. A group sends its
+shards to the cluster as Dask tasks of the library's shard functions, keyed `(<stage>-shard-<run>, shard id)` (the
+Dask dashboard shows `<stage>-shard`), each with its own retries, a bounded window at a time; consecutive stages
+chain per shard on the cluster (a shard's pack starts when its tokenize ends, and the result goes from worker to
+worker). The group tasks run in the flow's process; the workers run library code only, so shard work never talks to
+the Prefect server. A group fails naming every shard of it that failed and the stage it failed in; the others are
+committed (their markers), so Retry redoes only the failed ones.
 """
 
 from __future__ import annotations
