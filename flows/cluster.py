@@ -13,7 +13,6 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -126,22 +125,26 @@ def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
 def serve_local_cluster(spec: str) -> None:
     """The LocalCluster process's body (`local_cluster_process`): start the cluster `spec` describes, say its
     scheduler's address (or why it did not start) on stdout as a line of JSON, then keep it until stdin ends,
-    which it does when the flow's process closes it or dies."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the flow's process decides
+    which it does when the flow's process closes it or dies. Ctrl-C, which reaches the run's whole process
+    group, ends it quietly, and the workers with it, as it ends the flow's process: with workers that went on,
+    a shard group's wait for them outlived the flow's Dask client and the run never exited."""
     # The answer gets stdout's pipe; everything else printed here or in the workers goes to stderr (a pipe no
     # one reads would fill and block its writer).
     answer = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     spec = json.loads(spec)
     try:
-        cluster = start_local_cluster(spec["cluster"], spec["adapt"])
-    except ClusterStartError as e:
-        print(json.dumps({"error": str(e)}), file=answer, flush=True)
-        sys.exit(1)
-    print(json.dumps({"address": cluster.scheduler_address}), file=answer, flush=True)
-    answer.close()
-    sys.stdin.read()
-    cluster.close()
+        try:
+            cluster = start_local_cluster(spec["cluster"], spec["adapt"])
+        except ClusterStartError as e:
+            print(json.dumps({"error": str(e)}), file=answer, flush=True)
+            sys.exit(1)
+        print(json.dumps({"address": cluster.scheduler_address}), file=answer, flush=True)
+        answer.close()
+        sys.stdin.read()
+        cluster.close()
+    except KeyboardInterrupt:
+        os._exit(130)  # the flow's process reports the interruption; the workers got the same signal
     gc.freeze()  # as the workers (QuickExit): no collector passes over the heap at exit
 
 

@@ -3,6 +3,7 @@ byte-identically; a full disk fails the write naming the file and leaves nothing
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from tokenmill.storage import StorageError, Store
 from tokenmill.tokenize import tokenize_shard
 from tokenmill.tokenizer import install_pretrained
 
-from .conftest import EXAMPLES, REPO, TOKENIZERS
+from .conftest import CORPORA, EXAMPLES, REPO, TOKENIZERS
 
 
 def small_config(out: Path) -> TokenmillConfig:
@@ -198,3 +199,39 @@ def test_a_command_ends_soon_after_its_work_whatever_prefect_still_waits_for(bod
     assert done.returncode == code, done.stderr
     assert time.monotonic() - started < 60  # not the 300 s the thread would hold it
     assert "tokenmill: exiting without waiting longer for the Prefect API (1 s)" in done.stderr
+
+
+def test_ctrl_c_mid_run_ends_the_run_and_its_cluster_at_once(prefect_api, tmp_path):
+    """Ctrl-C reaches the run's whole process group: the flow's process, its LocalCluster's and the workers. A
+    cluster that ignored it kept its workers going while the flow's Dask client closed, and a shard group's wait
+    for them never returned: the run hung. Now it ends within seconds, leaving no process behind."""
+    import signal
+
+    import psutil
+
+    corpus = CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz"
+    env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"PREFECT_API_URL": prefect_api}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
+         "--set", f"input.paths=[{corpus}]", "--set", "partition.shard_size=4MB"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's foreground job has it
+    )  # fmt: skip
+    seen = []
+    for line in run.stdout:  # interrupted once the shards are being tokenized
+        seen.append(line)
+        if "encoder: " in line:
+            break
+    assert run.poll() is None, "".join(seen)
+    os.killpg(run.pid, signal.SIGINT)
+    started = time.monotonic()
+    rest = run.communicate(timeout=60)[0]
+    assert run.returncode == 130 and time.monotonic() - started < 30, "".join(seen) + rest
+    assert "Execution was aborted by an interrupt signal" in rest
+    time.sleep(2)
+    left = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(process.pid) == run.pid and process.status() != psutil.STATUS_ZOMBIE:
+                left.append(process.cmdline())
+    assert not left
