@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from flows.server import free_port
@@ -183,3 +185,13 @@ def pytest_runtest_makereport(item, call):
     if ui is not None and report.failed and call.when == "call":
         ui.shot("at-failure")
         report.sections.append(("screenshots", "\n".join(ui.paths)))
+
+
+def alive_in_session(session: int) -> list[psutil.Process]:
+    """The processes of a session (a command started with `start_new_session=True`: its pid) still running."""
+    alive = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(process.pid) == session and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+    return alive

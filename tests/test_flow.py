@@ -3,7 +3,6 @@ the session's Dask cluster."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -14,7 +13,6 @@ import textwrap
 import warnings
 
 import numpy as np
-import psutil
 import pytest
 from tokenizers import Tokenizer
 
@@ -22,7 +20,7 @@ from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import PackedReader
 from tokenmill.hashing import assign_splits
 
-from .conftest import EXAMPLES, REPO, TOKENIZERS, dataset_files, read_jsonl
+from .conftest import EXAMPLES, REPO, TOKENIZERS, alive_in_session, dataset_files, read_jsonl
 
 DEMO_FILES = sorted(p for p in (EXAMPLES / "data").iterdir() if ".jsonl" in p.name)
 
@@ -118,15 +116,6 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     stdout, stderr = flow.communicate(timeout=120)
     assert stdout.strip() == "worker False True 0", stderr[-2000:]
     assert not alive_in_session(flow.pid)  # the cluster's processes ended with the flow's
-
-
-def alive_in_session(session: int) -> list[psutil.Process]:
-    alive = []
-    for process in psutil.process_iter():
-        with contextlib.suppress(OSError, psutil.Error):
-            if os.getsid(process.pid) == session and process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(process)
-    return alive
 
 
 def test_gpt2_token_ids_equal_the_reference_for_every_document(gpt2_run):
