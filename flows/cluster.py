@@ -11,7 +11,6 @@ import importlib
 import json
 import logging
 import multiprocessing
-import multiprocessing.forkserver
 import os
 import sys
 import traceback
@@ -23,10 +22,10 @@ import dask
 from distributed import Client, LocalCluster, fire_and_forget
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from flows.local_cluster import ClusterStartError, local_cluster_process
+from flows.local_cluster import WORKER_MODULES, ClusterStartError, local_cluster_process
 
 if TYPE_CHECKING:
-    from tokenmill.config import DaskConfig
+    from tokenmill.config import DaskConfig, TokenizerConfig
 
 # LocalCluster closes a dead worker's slot for good after 15 s, and Prefect then waits forever on
 # "Lost all workers"; a long timeout lets the nanny bring the worker back instead.
@@ -81,16 +80,10 @@ for _name in ("tornado.application", "bokeh.server.protocol_handler", "bokeh.ser
     logging.getLogger(_name).addFilter(ClosedDashboardTab())
 
 
-# Worker processes fork from a server that has imported what every worker needs, instead of each starting a
-# fresh interpreter and importing it all again (about 3 s of CPU per worker: Prefect, the flow, the encoders).
-FORKSERVER = "forkserver" in multiprocessing.get_all_start_methods()  # Linux and macOS; not Windows
-if FORKSERVER:
+# Worker processes fork from a server that has imported what every worker needs (flows.local_cluster starts it),
+# instead of each starting a fresh interpreter and importing it all again.
+if "forkserver" in multiprocessing.get_all_start_methods():  # Linux and macOS; not Windows
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
-# The shard stages' library modules (workers run them without Prefect) and the encoders (optional: may be missing).
-WORKER_MODULES = [
-    *("tokenmill.tries", "tokenmill.tokenize", "tokenmill.pack", "tokenmill.sampling", "tokenmill.shuffle_documents"),
-    *("gigatoken", "awkward", "tiktoken", "distributed.nanny"),
-]
 
 
 def warm_up() -> None:
@@ -103,9 +96,6 @@ def warm_up() -> None:
 
 def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
     """A LocalCluster made with `kwargs` (`local_cluster_kwargs`), adapting between `adapt`'s bounds if given."""
-    if FORKSERVER:
-        multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
-        multiprocessing.forkserver.ensure_running()  # now, with these: Dask's own preload list would replace them
     try:
         cluster = LocalCluster(**kwargs)
     except RuntimeError:  # a worker process died as it started (killed, out of memory): once more
@@ -122,8 +112,9 @@ def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
     return cluster
 
 
-def serve_local_cluster(spec: str) -> None:
-    """The LocalCluster process's body (`local_cluster_process`): start the cluster `spec` describes, say its
+def run_local_cluster(spec: str) -> None:
+    """The LocalCluster process's body once its forkserver runs (`local_cluster_process`, then
+    `flows.local_cluster.serve_local_cluster`): start the cluster `spec` describes, say its
     scheduler's address (or why it did not start) on stdout as a line of JSON, then keep it until stdin ends,
     which it does when the flow's process closes it or dies. Ctrl-C, which reaches the run's whole process
     group, ends it quietly, and the workers with it, as it ends the flow's process: with workers that went on,
@@ -149,11 +140,12 @@ def serve_local_cluster(spec: str) -> None:
 
 
 @contextlib.contextmanager
-def dask_client(dask_config: DaskConfig) -> Iterator[Client]:
-    """A client of the scheduler `dask_config` names, or of a LocalCluster started (and closed) here; it is the
-    process's default client, which the shard stages submit to."""
+def dask_client(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> Iterator[Client]:
+    """A client of the scheduler `dask_config` names, or of a LocalCluster started (and closed) here, whose
+    workers start with `tokenizer`'s encoders; it is the process's default client, which the shard stages
+    submit to."""
     with contextlib.ExitStack() as stack:
-        address = dask_config.scheduler() or stack.enter_context(local_cluster_process(dask_config))()
+        address = dask_config.scheduler() or stack.enter_context(local_cluster_process(dask_config, tokenizer))()
         yield stack.enter_context(Client(address, set_as_default=True))
 
 

@@ -154,7 +154,7 @@ def corpus_to_tokens(config: TokenmillConfig, rebuild: bool = False) -> dict:
     """Tokenize, pack, validate and publish a corpus as one dataset (see the README for the config), with the
     shard work on the Dask cluster that `config.dask` names (a LocalCluster when it names none). A run over the
     input and config of a version already published ends at once, unless `rebuild` (rerun-shards sets it)."""
-    with dask_client(config.dask) as client:
+    with dask_client(config.dask, config.tokenizer) as client:
         prepare_cluster(client)
         link = client.dashboard_link
         get_run_logger().info("Dask dashboard: %s", link)

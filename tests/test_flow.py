@@ -88,33 +88,41 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     LocalCluster started for the run, which the stages find as the default client. Its workers never pause for
     memory (a paused worker whose memory does not fall back waits forever: flows/cluster.py), and its scheduler,
     in a process of its own, keeps none of the messages it sent them (each holds its task's arguments, shard
-    dicts: flows/cluster.py). The cluster's processes end with the flow's."""
+    dicts: flows/cluster.py). Its workers start with the run's tokenizer's encoders, which the forkserver they fork
+    from loaded (flows/local_cluster.py). The cluster's processes end with the flow's."""
     script = textwrap.dedent("""
         import os
         import dask
         from distributed import default_client
         from flows.cluster import dask_client
-        from tokenmill.config import DaskConfig
+        from tokenmill import encoders
+        from tokenmill.config import DaskConfig, TokenizerConfig
 
         def where():
-            return os.getpid(), dask.config.get("distributed.worker.memory.pause")
+            return os.getpid(), dask.config.get("distributed.worker.memory.pause"), sorted(encoders.LOADED)
 
         def kept(dask_scheduler):
             return os.getpid(), sum(len(c.recent_message_log) for c in dask_scheduler.stream_comms.values())
 
         if __name__ == "__main__":
-            with dask_client(DaskConfig(n_workers=1)):
+            with dask_client(DaskConfig(n_workers=1), TokenizerConfig(path=os.environ["TOKENIZER"])):
                 client = default_client()
-                pid, pauses = client.submit(where).result()
+                pid, pauses, loaded = client.submit(where).result()
                 scheduler, messages = client.run_on_scheduler(kept)
                 where_it_ran = "worker" if pid != os.getpid() else "flow"
                 print(where_it_ran, pauses, scheduler != os.getpid(), messages, flush=True)
+                print(*(f"{backend}:{sha256}" for sha256, backend in loaded), flush=True)
     """)
-    env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"}
+    tokenizer = TOKENIZERS / "gpt2" / "tokenizer.json"
+    env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"TOKENIZER": str(tokenizer)}
     flow = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     stdout, stderr = flow.communicate(timeout=120)
-    assert stdout.strip() == "worker False True 0", stderr[-2000:]
+    lines = stdout.splitlines()
+    assert lines[0] == "worker False True 0", stderr[-2000:]
+    # the worker started with the run's tokenizer's encoders, loaded once by the forkserver it was forked from
+    sha256 = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
+    assert lines[1].split() == [f"gigatoken:{sha256}", f"hf:{sha256}"], stderr[-2000:]
     assert not alive_in_session(flow.pid)  # the cluster's processes ended with the flow's
 
 

@@ -76,7 +76,7 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     from flows.server import supervised
     from tokenmill.partition import plan_ahead
 
-    with ends_promptly(), local_cluster_started_early(cfg.dask) as connect, supervised(api_url):
+    with ends_promptly(), local_cluster_started_early(cfg.dask, cfg.tokenizer) as connect, supervised(api_url):
         if not cfg.dask.scheduler():  # the partition stage's threads are known now: it plans while Prefect imports
             plan_ahead(cfg, local_cluster_threads(cfg.dask))
         with imports_without_collector():

@@ -108,8 +108,12 @@ class GigatokenEncoder:
 
         self.tokenizer = gigatoken.Tokenizer.from_json(tokenizer_json)
         self.version = package_version("gigatoken")
-        # A worker process owns one core: gigatoken's own thread pool only where it was given more.
-        self.parallel = int(os.environ.get("RAYON_NUM_THREADS", "1")) > 1
+
+    @property
+    def parallel(self) -> bool:
+        """A worker process owns one core: gigatoken's own thread pool only where it was given more (read at each
+        call: an encoder loaded in the forkserver serves workers given their share of the cores since)."""
+        return int(os.environ.get("RAYON_NUM_THREADS", "1")) > 1
 
     def encode_batch(self, texts: Texts) -> tuple[np.ndarray, np.ndarray]:
         import awkward as ak
@@ -365,19 +369,34 @@ def guarded(reference: HFEncoder, fast: Encoder | None, choice: EncoderChoice) -
     return GuardedEncoder(fast, reference, choice.unsafe_code_points())
 
 
-@functools.lru_cache(maxsize=8)
+# Backends loaded in this process, by the tokenizer's sha256 and the backend's name: a tokenizer's bytes name it
+# wherever they were read from (the LocalCluster's forkserver loads the configured file before the run has
+# installed it in the output; see `preload_tokenizer`). A long-lived worker keeps the last few.
+LOADED: dict[tuple[str, str], Encoder] = {}
+KEPT_BACKENDS = 8
+
+
+def keep_loaded(sha256: str, backend: str, encoder: Encoder) -> Encoder:
+    if len(LOADED) >= KEPT_BACKENDS:
+        del LOADED[next(iter(LOADED))]
+    LOADED[(sha256, backend)] = encoder
+    return encoder
+
+
 def loaded_backend(url: str, sha256: str, backend: str) -> Encoder:
     """An unguarded backend for the tokenizer at `url`, loaded once per process and tokenizer, and warmed: a
     process's first call into gigatoken costs about 0.3 s of one-time set-up, whatever the text."""
-    import fsspec
+    if (sha256, backend) not in LOADED:
+        import fsspec
 
-    with fsspec.open(url, "rb") as f:
-        data = f.read()
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise RuntimeError(f"{url} changed while the run was using it (sha256 differs)")
-    encoder = new_backend(backend, data)
-    encoder.encode_batch(["warm-up"])
-    return encoder
+        with fsspec.open(url, "rb") as f:
+            data = f.read()
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise RuntimeError(f"{url} changed while the run was using it (sha256 differs)")
+        encoder = new_backend(backend, data)
+        encoder.encode_batch(["warm-up"])
+        return keep_loaded(sha256, backend, encoder)
+    return LOADED[(sha256, backend)]
 
 
 @functools.lru_cache(maxsize=4)
@@ -388,15 +407,35 @@ def load_encoder(url: str, sha256: str, choice: EncoderChoice) -> Encoder:
 
 
 def preload_backends(url: str, sha256: str, requested: str) -> None:
-    """Load the backends a run with `tokenizer.encoder: requested` will most likely use (the reference, and the
-    first fast one installed that can represent the tokenizer, as `choose_encoder` tries them), so that a
-    worker's first shard does not wait for them (about 0.6 s per worker process)."""
-    loaded_backend(url, sha256, "hf")  # the reference, which guards every other backend
+    """Load the backends a run with `tokenizer.encoder: requested` will most likely use, so that a worker's first
+    shard does not wait for them (about 0.6 s per worker process)."""
+    load_likely_backends(lambda backend: loaded_backend(url, sha256, backend), requested)
+
+
+def preload_tokenizer(tokenizer_json: bytes, requested: str) -> None:
+    """`preload_backends` for a tokenizer in memory, in a process that forks workers (the LocalCluster's
+    forkserver), so that they start with its encoders. Only the fast backend is warmed: the reference's first
+    call would start its thread pool, whose threads a forked worker would not have."""
+    sha256 = hashlib.sha256(tokenizer_json).hexdigest()
+
+    def load(backend: str) -> None:
+        encoder = new_backend(backend, tokenizer_json)
+        if backend != "hf":
+            encoder.encode_batch(["warm-up"])
+        keep_loaded(sha256, backend, encoder)
+
+    load_likely_backends(load, requested)
+
+
+def load_likely_backends(load, requested: str) -> None:
+    """`load(backend)` the reference, which guards every other backend, and the first fast backend installed that
+    can represent the tokenizer, as `choose_encoder` tries them."""
+    load("hf")
     for backend in BACKENDS if requested == "auto" else (requested,):
         if backend == "hf":
             return
         with contextlib.suppress(ImportError, NotRepresentable):
-            loaded_backend(url, sha256, backend)
+            load(backend)
             return
 
 
