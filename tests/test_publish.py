@@ -187,6 +187,26 @@ def test_listed_files_are_the_manifests_in_its_order_with_their_sizes_and_digest
     assert all(store.digest(e["path"]) == {"bytes": e["bytes"], "sha256": e["sha256"]} for e in entries)
 
 
+def test_a_commit_marker_that_does_not_list_a_shards_files_stops_publish_naming_the_shard(gpt2_run, tmp_path):
+    """The manifest's shard files are the ones their commit markers recorded; a marker listing fewer (or more)
+    than the validated stats name stops publish, naming the shard, before anything is written."""
+    import pandas as pd
+
+    from tokenmill.publish import listed_files
+    from tokenmill.storage import Store
+    from tokenmill.validate import ValidationFailed
+
+    out = tmp_path / "copy"
+    shutil.copytree(gpt2_run, out)
+    table = pd.DataFrame(json.loads((out / "stats.json").read_text()))
+    rel = out / "_commits" / "tokenize" / "shard-00001.json"
+    done = json.loads(rel.read_text())
+    done["files"].pop(sorted(done["files"])[0])
+    rel.write_text(json.dumps(done))
+    with pytest.raises(ValidationFailed, match=r"shard 00001 \((\d+) files recorded, (?!\1)\d+ in the stats\)"):
+        listed_files(Store(out), table)
+
+
 def test_a_manifest_is_read_less_its_files_which_are_counted(gpt2_run, tmp_path):
     """A run over an already published version reads its manifest without the list of files (at 490,000 files,
     0.4 GB as dicts): the rest as it is, and the number of files; laid out otherwise, it is read whole."""

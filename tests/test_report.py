@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from tokenmill import report
 from tokenmill.formats.megatron import write_index
@@ -25,19 +24,17 @@ def test_tokens_per_shard_bars_are_bounded_and_keep_the_totals():
 
 
 def test_document_lengths_read_a_bounded_sample_of_indexes(tmp_path, monkeypatch):
+    """The indexes the stats name (a split's shards with documents), at most MAX_INDEXES evenly spaced."""
     monkeypatch.setattr(report, "MAX_INDEXES", 4)
-    files = []
     for shard in range(10):
         rel = f"megatron/train/shard-{shard:05d}.idx"
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         write_index(tmp_path / rel, np.array([shard + 1, 100 + shard]), np.dtype(np.uint16))
-        files.append(rel)
-    indexes = report.megatron_indexes(pa.array(["manifest.json", *files, "packed/train/shard-00000.tokens.npy"]))
-    assert indexes.to_pylist() == files
-    lengths, read, indexes = report.document_lengths(Store(tmp_path), indexes)
+    table = pd.DataFrame({"shard_id": [*range(10), 3], "split": ["train"] * 10 + ["val"], "documents": [2] * 10 + [0]})
+    lengths, read, indexes = report.document_lengths(Store(tmp_path), table)
     assert (read, indexes) == (4, 10)
     assert sorted(lengths.tolist()) == sorted([s + 1 for s in (0, 3, 6, 9)] + [100 + s for s in (0, 3, 6, 9)])
 
     monkeypatch.setattr(report, "MAX_INDEXES", 256)
-    lengths, read, indexes = report.document_lengths(Store(tmp_path), files)
+    lengths, read, indexes = report.document_lengths(Store(tmp_path), table)
     assert (read, indexes, len(lengths)) == (10, 10, 20)

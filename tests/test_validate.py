@@ -73,6 +73,23 @@ def test_a_document_missing_from_the_stats_fails(dataset):
         validate(config, plan, tokenizer, table)
 
 
+def test_the_stats_are_checked_a_few_shards_at_a_time_and_every_failure_is_named(dataset, monkeypatch):
+    """Checked in runs of whole shards (of 3 rows or more: a shard's two split rows never part): an intact table
+    validates, and a shard failing in each of two runs is named with the other."""
+    from tokenmill import validate as library
+
+    out, config, plan, tokenizer, table = dataset
+    monkeypatch.setattr(library, "ROWS_AT_ONCE", 3)
+    validate(config, plan, tokenizer, table)
+    last = int(table.shard_id.max())
+    assert last >= 3
+    broken = table.copy()
+    broken.loc[broken.shard_id.isin([0, last]), "documents_in"] += 1
+    with pytest.raises(ValidationFailed, match=f"documents out \\+ rejected: shard 00000/train, shard 00000/val, "
+                                               f"shard {last:05d}/train, shard {last:05d}/val$"):  # fmt: skip
+        validate(config, plan, tokenizer, broken)
+
+
 def test_a_missing_shard_fails(dataset):
     out, config, plan, tokenizer, table = dataset
     with pytest.raises(ValidationFailed, match="missing or duplicated"):

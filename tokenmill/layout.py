@@ -69,7 +69,6 @@ def reserve_file(shard_id: int) -> str:
 _SHARD_FILE = re.compile(
     r"^(?P<family>megatron|packed)/(?P<split>[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>bin|idx|tokens\.npy|cu_seqlens\.npy|row_offsets\.npy)$"
 )
-MEGATRON_INDEX = r"^megatron/[^/]+/shard-\d+\.idx$"  # the files `describe` calls megatron-idx (a column filter)
 _KINDS = {
     "bin": "megatron-bin",
     "idx": "megatron-idx",

@@ -39,7 +39,6 @@ from tokenmill.tokenizer import TokenizerInfo
 
 if TYPE_CHECKING:
     import pandera.pandas as pa
-    from pandera.errors import SchemaErrors
 
 COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens", "max_token_id",
            "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files"]  # fmt: skip
@@ -128,8 +127,9 @@ def load_pandera() -> None:
 def stats_schema(
     shard_ids: list[int], splits: list[str], vocab_size: int, pack: PackConfig | None
 ) -> pa.DataFrameSchema:
-    """`shard_ids`: the plan's (a grown input's plan may have gaps where shards were dropped); `pack` is None
-    when no packed rows are written."""
+    """The checks of any run of whole shards' rows of the stats table (`validate` checks it a few thousand rows at
+    a time); `shard_ids`: the plan's (a grown input's plan may have gaps where shards were dropped); `pack` is
+    None when no packed rows are written."""
     import pandera.pandas as pa  # a fifth of a second to import: not in every worker that unpickles the flow
 
     def per_shard_reconciles(df: pd.DataFrame) -> pd.Series:
@@ -138,10 +138,6 @@ def stats_schema(
             g["documents_in"].transform("first") - g["documents"].transform("sum") - g["rejected"].transform("first")
         )
         return balance == 0
-
-    def every_shard_and_split_once(df: pd.DataFrame) -> bool:
-        expected = {(s, sp) for s in shard_ids for sp in splits}
-        return len(df) == len(expected) and set(zip(df.shard_id, df.split, strict=True)) == expected
 
     def packed_tokens_match(df: pd.DataFrame) -> pd.Series:
         if pack is None:
@@ -169,12 +165,51 @@ def stats_schema(
         },
         checks=[
             pa.Check(per_shard_reconciles, error="documents_in != documents out + rejected"),
-            pa.Check(every_shard_and_split_once, error="a planned shard is missing or duplicated"),
             pa.Check(packed_tokens_match, error="packed real tokens != tokenized tokens"),
         ],
         strict=True,
         ordered=True,
     )
+
+
+EVERY_SHARD_ONCE = "a planned shard is missing or duplicated"
+
+
+def every_shard_and_split_once(table: pd.DataFrame, shard_ids: list[int], splits: list[str]) -> bool:
+    """Each planned shard has exactly one row per split: no (shard, split) twice and as many rows as pairs (the
+    schema checks that each row's shard and split are planned ones)."""
+    return len(table) == len(set(shard_ids)) * len(splits) and not table.duplicated(["shard_id", "split"]).any()
+
+
+def check_stats(table: pd.DataFrame, schema: pa.DataFrameSchema, shard_ids: list[int], splits: list[str]) -> None:
+    """The stats table against `schema`, a few thousand rows at a time and whole shards each (pandera's checks take
+    a few times the rows' memory: 50 MB for 98,176 rows at once), and every shard and split once; raises
+    ValidationFailed naming the failed checks and their shards."""
+    from pandera.errors import SchemaErrors
+
+    found = []
+    for rows in shard_chunks(table):
+        try:
+            schema.validate(rows, lazy=True)
+        except SchemaErrors as e:
+            found.append(e.failure_cases)
+    lines = _failure_lines(pd.concat(found, ignore_index=True), table) if found else []
+    if not every_shard_and_split_once(table, shard_ids, splits):
+        lines.append(f"  - {EVERY_SHARD_ONCE}")
+    if lines:
+        raise ValidationFailed("stats table failed validation:\n" + "\n".join(lines))
+
+
+def shard_chunks(table: pd.DataFrame) -> Iterator[pd.DataFrame]:
+    """The table (in shard order, as `table_of` makes it) about ROWS_AT_ONCE rows at a time, a shard's rows never
+    split between two."""
+    ids, start = table.shard_id.to_numpy(), 0
+    while start < len(table):
+        end = min(start + ROWS_AT_ONCE, len(table))
+        while end < len(table) and ids[end] == ids[end - 1]:
+            end += 1
+        yield table.iloc[start:end]
+        start = end
 
 
 def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None, bos_id: int | None) -> list[str]:
@@ -498,14 +533,9 @@ def validate(
         sample, reference = reference_items(config, plan, table), None
         if sample:
             reference = pool.submit(copy_context().run, run, "reference", sample, check_reference, (tokenizer,))
-        planned = shard_ids(plan["shards"]).tolist()
-        schema = stats_schema(planned, list(config.split), tokenizer.vocab_size, config.pack if packing else None)
-        from pandera.errors import SchemaErrors
-
-        try:
-            schema.validate(table, lazy=True)
-        except SchemaErrors as e:
-            raise ValidationFailed(f"stats table failed validation:\n{_failure_report(e, table)}") from None
+        planned, splits = shard_ids(plan["shards"]).tolist(), list(config.split)
+        check_stats(table, stats_schema(planned, splits, tokenizer.vocab_size, config.pack if packing else None),
+                    planned, splits)  # fmt: skip
         problems = [p for found in run("check", shard_rows(table), check_shard, (tokenizer,)) for p in found]
         if packing:
             for split in config.split:
@@ -525,13 +555,14 @@ def records(table: pd.DataFrame) -> Iterator[dict]:
         yield from table.iloc[start : start + ROWS_AT_ONCE].to_dict(orient="records")
 
 
-def _failure_report(error: SchemaErrors, table: pd.DataFrame) -> str:
-    """One line per failed check, naming the shards and splits (not pandera's cell-by-cell dump)."""
+def _failure_lines(cases: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+    """One line per failed check (pandera's failure cases), naming the shards and splits (not pandera's
+    cell-by-cell dump)."""
     lines = []
-    for check, cases in error.failure_cases.groupby("check", sort=False):
-        rows = sorted({int(i) for i in cases["index"].dropna()})
+    for check, found in cases.groupby("check", sort=False):
+        rows = sorted({int(i) for i in found["index"].dropna()})
         where = ", ".join(f"shard {table.shard_id[i]:05d}/{table.split[i]}" for i in rows[:10])
         if len(rows) > 10:
             where += f" and {len(rows) - 10} more"
         lines.append(f"  - {check}" + (f": {where}" if where else ""))
-    return "\n".join(lines)
+    return lines
