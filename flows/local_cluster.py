@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tokenmill.config import DaskConfig, TokenizerConfig
 
-# What every worker imports, loaded once by the forkserver the workers fork from, instead of by each worker
-# (about 3 s of CPU per worker): the shard stages' library modules (workers run them without Prefect), the
-# encoders (optional: may be missing) and Dask's worker.
-WORKER_MODULES = [
+# The library modules of the work the flow sends the cluster (workers run them without Prefect).
+STAGE_MODULES = (
     *("tokenmill.tries", "tokenmill.tokenize", "tokenmill.pack", "tokenmill.sampling", "tokenmill.shuffle_documents"),
-    *("gigatoken", "awkward", "tiktoken", "distributed.nanny"),
-]
+    *("tokenmill.validate", "tokenmill.fertility"),
+)
+# What every worker imports, loaded once by the forkserver the workers fork from, instead of by each worker
+# (about 3 s of CPU per worker): the stages, the encoders (optional: may be missing) and Dask's worker.
+WORKER_MODULES = [*STAGE_MODULES, "gigatoken", "awkward", "tiktoken", "distributed.nanny"]
 # The run's tokenizer config, for the forkserver's `flows.forkserver_tokenizer`.
 FORKSERVER_TOKENIZER = "TOKENMILL_FORKSERVER_TOKENIZER"
 
