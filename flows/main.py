@@ -271,7 +271,9 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
 
 def preload_installed(config: TokenmillConfig, installed) -> None:
     """Load an installed tokenizer's encoders on every worker, not awaited (a failed install fails the run where
-    the flow asks for its result)."""
+    the flow asks for its result). `wait()` first: a done future's state, until waited for, is read from the
+    server, which can still say Pending (a run's first task: the preload was skipped)."""
+    installed.wait()
     if installed.state.is_completed():
         on_every_worker(default_client(), preload_encoder, config, installed.result())
 

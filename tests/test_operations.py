@@ -301,6 +301,46 @@ def test_flow_runs_on_an_external_dask_cluster(gpt2_run, dask_cluster, prefect_c
     assert prefect_client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["demo-gpt2"])))
 
 
+def test_workers_of_an_external_cluster_load_the_installed_tokenizers_encoders_at_once(
+    dask_cluster, prefect_api, prefect_client, tmp_path
+):
+    """Workers that no forkserver of tokenmill's made (the session's `dask worker`s) load the run's tokenizer as soon
+    as the flow has installed it (`flows.main.preload_installed`, the install task's done callback, not awaited).
+    (The callback waits for the future before reading its state, which is otherwise read from the Prefect server
+    and was seen still Pending for a flow's first task; this test did not catch that race in 3 tries.)"""
+    import functools
+
+    from distributed import Client
+    from prefect import flow
+    from prefect.logging.handlers import APILogHandler
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.main import preload_installed
+    from tasks.train_tokenizer import pretrained_tokenizer
+    from tokenmill.config import load_config
+
+    config = load_config(REPO / "examples" / "gpt2.yaml", [f"output.path={tmp_path / 'out'}"])
+
+    def loaded(client) -> dict:
+        return client.run(lambda: sorted(backend for _, backend in __import__("tokenmill.encoders").encoders.LOADED))
+
+    @flow
+    def install_and_preload() -> dict:
+        with Client(dask_cluster, set_as_default=True) as client:
+            client.run(lambda: __import__("tokenmill.encoders").encoders.LOADED.clear())
+            installing = pretrained_tokenizer.submit(config)
+            installing.add_done_callback(functools.partial(preload_installed, config))
+            installing.result()
+            return wait_for(lambda: all(b == ["gigatoken", "hf"] for b in loaded(client).values()) and loaded(client),
+                            30, "every worker to load the encoders")  # fmt: skip
+
+    with temporary_settings({PREFECT_API_URL: prefect_api}):
+        state = install_and_preload(return_state=True)
+        APILogHandler().flush()  # while the server is up: at exit, with the session's server gone, it complained
+    assert state.is_completed() and len(state.result()) == 2
+    assert prefect_client.read_flow_run(state.state_details.flow_run_id).state.is_completed()  # on the session's server
+
+
 def test_prefect_server_on_postgresql(tmp_path):
     """A whole run against a Prefect server backed by PostgreSQL (Debian's server, started here), the server
     SIGKILLed once the run's first shard has committed and restarted on the same port and database 3 s later
