@@ -207,8 +207,12 @@ def committed_digests(store: Store, shard_ids: list[int]) -> tuple[pa.Table, np.
 
     stages = ("tokenize", "pack")
     markers = (marker(stage, shard_id) for shard_id in shard_ids for stage in stages)
+    # On object stores each marker is a request, which threads overlap; on a local disk reading one is the
+    # interpreter's work, and 8 threads took 1.6x the time of one (196,352 markers: 31-34 s against 19-21 s) and
+    # left 40 MB more free memory in their malloc arenas.
+    reading = map(recorded, markers) if store.is_local else threaded(recorded, markers)
     parts, rows, counts = [], [], np.zeros(len(shard_ids), np.int64)
-    for index, files in enumerate(threaded(recorded, markers)):  # on object stores each marker is a request
+    for index, files in enumerate(reading):
         rows += [(rel, digest["bytes"], digest["sha256"]) for rel, digest in files.items()]
         counts[index // len(stages)] += len(files)
         if len(rows) >= ROWS_AT_ONCE:
