@@ -321,8 +321,9 @@ def test_workers_of_an_external_cluster_load_the_installed_tokenizers_encoders_a
 
     config = load_config(REPO / "examples" / "gpt2.yaml", [f"output.path={tmp_path / 'out'}"])
 
-    def loaded(client) -> dict:
-        return client.run(lambda: sorted(backend for _, backend in __import__("tokenmill.encoders").encoders.LOADED))
+    def every_worker_loaded(client) -> dict | None:
+        loaded = client.run(lambda: sorted(backend for _, backend in __import__("tokenmill.encoders").encoders.LOADED))
+        return loaded if loaded and all(b == ["gigatoken", "hf"] for b in loaded.values()) else None
 
     @flow
     def install_and_preload() -> dict:
@@ -331,8 +332,7 @@ def test_workers_of_an_external_cluster_load_the_installed_tokenizers_encoders_a
             installing = pretrained_tokenizer.submit(config)
             installing.add_done_callback(functools.partial(preload_installed, config))
             installing.result()
-            return wait_for(lambda: all(b == ["gigatoken", "hf"] for b in loaded(client).values()) and loaded(client),
-                            30, "every worker to load the encoders")  # fmt: skip
+            return wait_for(lambda: every_worker_loaded(client), 30, "every worker to load the encoders")
 
     with temporary_settings({PREFECT_API_URL: prefect_api}):
         state = install_and_preload(return_state=True)

@@ -376,7 +376,12 @@ LOADED: dict[tuple[str, str], Encoder] = {}
 KEPT_BACKENDS = 8
 
 
-def keep_loaded(sha256: str, backend: str, encoder: Encoder) -> Encoder:
+def keep_loaded(sha256: str, backend: str, tokenizer_json: bytes, warm: bool = True) -> Encoder:
+    """`backend` for the tokenizer `tokenizer_json` (of that sha256), built, warmed (a process's first call into
+    gigatoken costs about 0.3 s of one-time set-up, whatever the text) and kept in LOADED."""
+    encoder = new_backend(backend, tokenizer_json)
+    if warm:
+        encoder.encode_batch(["warm-up"])
     if len(LOADED) >= KEPT_BACKENDS:
         del LOADED[next(iter(LOADED))]
     LOADED[(sha256, backend)] = encoder
@@ -384,19 +389,16 @@ def keep_loaded(sha256: str, backend: str, encoder: Encoder) -> Encoder:
 
 
 def loaded_backend(url: str, sha256: str, backend: str) -> Encoder:
-    """An unguarded backend for the tokenizer at `url`, loaded once per process and tokenizer, and warmed: a
-    process's first call into gigatoken costs about 0.3 s of one-time set-up, whatever the text."""
-    if (sha256, backend) not in LOADED:
-        import fsspec
+    """An unguarded backend for the tokenizer at `url`, loaded (`keep_loaded`) once per process and tokenizer."""
+    if (sha256, backend) in LOADED:
+        return LOADED[(sha256, backend)]
+    import fsspec
 
-        with fsspec.open(url, "rb") as f:
-            data = f.read()
-        if hashlib.sha256(data).hexdigest() != sha256:
-            raise RuntimeError(f"{url} changed while the run was using it (sha256 differs)")
-        encoder = new_backend(backend, data)
-        encoder.encode_batch(["warm-up"])
-        return keep_loaded(sha256, backend, encoder)
-    return LOADED[(sha256, backend)]
+    with fsspec.open(url, "rb") as f:
+        data = f.read()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise RuntimeError(f"{url} changed while the run was using it (sha256 differs)")
+    return keep_loaded(sha256, backend, data)
 
 
 @functools.lru_cache(maxsize=4)
@@ -417,14 +419,7 @@ def preload_tokenizer(tokenizer_json: bytes, requested: str) -> None:
     forkserver), so that they start with its encoders. Only the fast backend is warmed: the reference's first
     call would start its thread pool, whose threads a forked worker would not have."""
     sha256 = hashlib.sha256(tokenizer_json).hexdigest()
-
-    def load(backend: str) -> None:
-        encoder = new_backend(backend, tokenizer_json)
-        if backend != "hf":
-            encoder.encode_batch(["warm-up"])
-        keep_loaded(sha256, backend, encoder)
-
-    load_likely_backends(load, requested)
+    load_likely_backends(lambda backend: keep_loaded(sha256, backend, tokenizer_json, warm=backend != "hf"), requested)
 
 
 def load_likely_backends(load, requested: str) -> None:

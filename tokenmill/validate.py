@@ -172,22 +172,21 @@ def stats_schema(
     )
 
 
-EVERY_SHARD_ONCE = "a planned shard is missing or duplicated"
-
-
 def every_shard_and_split_once(table: pd.DataFrame, shard_ids: list[int], splits: list[str]) -> bool:
     """Each planned shard has exactly one row per split: no (shard, split) twice and as many rows as pairs (the
     schema checks that each row's shard and split are planned ones)."""
     return len(table) == len(set(shard_ids)) * len(splits) and not table.duplicated(["shard_id", "split"]).any()
 
 
-def check_stats(table: pd.DataFrame, schema: pa.DataFrameSchema, shard_ids: list[int], splits: list[str]) -> None:
-    """The stats table against `schema`, a few thousand rows at a time and whole shards each (pandera's checks take
-    a few times the rows' memory: 50 MB for 98,176 rows at once), and every shard and split once; raises
-    ValidationFailed naming the failed checks and their shards."""
+def check_stats(
+    table: pd.DataFrame, shard_ids: list[int], splits: list[str], vocab_size: int, pack: PackConfig | None
+) -> None:
+    """The stats table against `stats_schema` (of these arguments), a few thousand rows at a time and whole shards
+    each (pandera's checks take a few times the rows' memory: 50 MB for 98,176 rows at once), and every shard and
+    split once; raises ValidationFailed naming the failed checks and their shards."""
     from pandera.errors import SchemaErrors
 
-    found = []
+    schema, found = stats_schema(shard_ids, splits, vocab_size, pack), []
     for rows in shard_chunks(table):
         try:
             schema.validate(rows, lazy=True)
@@ -195,7 +194,7 @@ def check_stats(table: pd.DataFrame, schema: pa.DataFrameSchema, shard_ids: list
             found.append(e.failure_cases)
     lines = _failure_lines(pd.concat(found, ignore_index=True), table) if found else []
     if not every_shard_and_split_once(table, shard_ids, splits):
-        lines.append(f"  - {EVERY_SHARD_ONCE}")
+        lines.append("  - a planned shard is missing or duplicated")
     if lines:
         raise ValidationFailed("stats table failed validation:\n" + "\n".join(lines))
 
@@ -534,8 +533,7 @@ def validate(
         if sample:
             reference = pool.submit(copy_context().run, run, "reference", sample, check_reference, (tokenizer,))
         planned, splits = shard_ids(plan["shards"]).tolist(), list(config.split)
-        check_stats(table, stats_schema(planned, splits, tokenizer.vocab_size, config.pack if packing else None),
-                    planned, splits)  # fmt: skip
+        check_stats(table, planned, splits, tokenizer.vocab_size, config.pack if packing else None)
         problems = [p for found in run("check", shard_rows(table), check_shard, (tokenizer,)) for p in found]
         if packing:
             for split in config.split:
