@@ -67,28 +67,30 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     cfg = _load(config, overrides)
     if _interactive():  # the bars replace Prefect's per-task log lines on the terminal (the UI keeps them)
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    from flows.server import ensure_api, ui_url
-
-    api_url = ensure_api()  # first: the cluster's workers inherit PREFECT_API_URL
-    scheduler = cfg.dask.scheduler() or "LocalCluster"
-    console.print(f"Prefect UI: {ui_url(api_url)}, Dask: {scheduler}", highlight=False)
     from flows.local_cluster import local_cluster_started_early, local_cluster_threads
-    from flows.server import supervised
-    from tokenmill.partition import plan_ahead
 
-    with ends_promptly(), local_cluster_started_early(cfg.dask, cfg.tokenizer) as connect, supervised(api_url):
+    # The cluster's process first, as soon as the config is read: it boots on the other core while this one
+    # finds the Prefect server and imports Prefect (its workers run library code only, never Prefect's).
+    with ends_promptly(), local_cluster_started_early(cfg.dask, cfg.tokenizer) as connect:
+        from flows.server import ensure_api, supervised, ui_url
+        from tokenmill.partition import plan_ahead
+
+        api_url = ensure_api()
+        scheduler = cfg.dask.scheduler() or "LocalCluster"
+        console.print(f"Prefect UI: {ui_url(api_url)}, Dask: {scheduler}", highlight=False)
         if not cfg.dask.scheduler():  # the partition stage's threads are known now: it plans while Prefect imports
             plan_ahead(cfg, local_cluster_threads(cfg.dask))
-        with imports_without_collector():
-            from flows.main import corpus_to_tokens
+        with supervised(api_url):
+            with imports_without_collector():
+                from flows.main import corpus_to_tokens
 
-        try:
-            connect()
-            with progress_bars(cfg.output.path), heartbeats_only_if_asked():
-                state = corpus_to_tokens(config=cfg, return_state=True)
-        except Exception as e:  # the flow's logs above hold the details; end with the reason, not a traceback
-            raise _fail(f"run failed: {failure_message(e, api_url)}") from None
-        summary, link = outcome(state, "run", api_url)
+            try:
+                connect()
+                with progress_bars(cfg.output.path), heartbeats_only_if_asked():
+                    state = corpus_to_tokens(config=cfg, return_state=True)
+            except Exception as e:  # the flow's logs above hold the details; end with the reason, not a traceback
+                raise _fail(f"run failed: {failure_message(e, api_url)}") from None
+            summary, link = outcome(state, "run", api_url)
     print_summary(summary, link)
     # With Prefect, Dask, pandas and matplotlib loaded, the garbage collector's passes over the whole heap
     # at interpreter exit took 0.6-1 s; frozen objects are skipped (exit handlers and flushing still run).

@@ -11,13 +11,16 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from tokenmill.readers import ReadOptions
-from tokenmill.storage import Store
+# Imported where used: with pyarrow and fsspec, importing the config was half the time `tokenmill run` took to
+# start its cluster's process.
+if TYPE_CHECKING:
+    from tokenmill.readers import ReadOptions
+    from tokenmill.storage import Store
 
 
 class _Section(BaseModel):
@@ -60,6 +63,8 @@ class InputConfig(_Section):
     storage: StorageConfig = StorageConfig()
 
     def read_options(self, fields: tuple[str, ...] = ()) -> ReadOptions:
+        from tokenmill.readers import ReadOptions
+
         return ReadOptions(
             text_field=self.text_field,
             id_field=self.id_field,
@@ -285,6 +290,8 @@ class OutputConfig(_Section):
 
     def store(self) -> Store:
         """The build directory, where every stage writes."""
+        from tokenmill.storage import Store
+
         return Store(self.path, self.storage.fsspec_options())
 
     @field_validator("formats")
@@ -358,6 +365,8 @@ class TokenmillConfig(_Section):
 
     def publish_root(self) -> Store:
         """`<publish path>/<name>`: the versions of this dataset and their LATEST pointer."""
+        from tokenmill.storage import Store
+
         root = self.output.publish.path or self.output.path
         return Store(f"{root}/{self.name}", self.output.publish.storage.fsspec_options())
 
