@@ -22,7 +22,8 @@ import dask
 from distributed import Client, LocalCluster, fire_and_forget
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from flows.local_cluster import STAGE_MODULES, WORKER_MODULES, ClusterStartError, local_cluster_process
+from flows.local_cluster import WORKER_MODULES, ClusterStartError, local_cluster_process
+from tokenmill.tries import Sealed
 
 if TYPE_CHECKING:
     from tokenmill.config import DaskConfig, TokenizerConfig
@@ -132,10 +133,6 @@ def run_local_cluster(spec: str) -> None:
             sys.exit(1)
         print(json.dumps({"address": cluster.scheduler_address}), file=answer, flush=True)
         answer.close()
-        # Dask's scheduler unpickles every task it is sent, importing its function's and arguments' modules the
-        # first time: tokenmill's config, plan and stages held up the run's first Dask tasks (the encoder choice,
-        # the sample) 0.2 s. Imported now, while the flow starts its run.
-        warm_up(STAGE_MODULES)
         sys.stdin.read()
         cluster.close()
     except KeyboardInterrupt:
@@ -165,7 +162,7 @@ def on_every_worker(client: Client, work: Callable, *args) -> None:
     """Run `work(*args)` once on each worker the cluster has now, not awaited: the flow has other work
     meanwhile (a worker's shard tasks queue behind it)."""
     for worker in client.scheduler_info()["workers"]:
-        fire_and_forget(client.submit(work, *args, workers=[worker], pure=False))
+        fire_and_forget(client.submit(Sealed(work, *args), workers=[worker], pure=False))
 
 
 class QuickExit(WorkerPlugin):

@@ -24,7 +24,7 @@ from prefect import get_run_logger
 from prefect.utilities.annotations import quote
 
 from tasks import UNCACHED
-from tokenmill.tries import SHARD_RETRIES, EachShard, Failed
+from tokenmill.tries import SHARD_RETRIES, EachShard, Failed, Sealed
 
 WINDOW_PER_THREAD = 4  # a group keeps at most this many Dask tasks per cluster thread on the cluster at once
 # Shards smaller than this share a Dask task, consecutive ones up to this many bytes (and MAX_SHARDS_PER_TASK),
@@ -119,6 +119,7 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
     results: list = [None] * len(items)
     failures: dict[str, dict[int, str]] = {stage.name: {} for stage in stages}
     chains, running, submitted, reused = as_completed(), {}, 0, 0
+    work = {stage.name: Sealed(EachShard(stage.work, config, stage.args)) for stage in stages}
 
     def submit(count: int) -> None:
         nonlocal submitted
@@ -129,9 +130,8 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
         arguments, per_stage = [list(items[bundle.start : bundle.stop]) for bundle in batch], []
         for stage in stages:
             arguments = client.map(
-                EachShard(stage.work), [config] * len(batch), arguments, *[[a] * len(batch) for a in stage.args],
-                key=[(f"{stage.name}-shard-{run}", ids[bundle[0]]) for bundle in batch], retries=SHARD_RETRIES,
-                pure=False,
+                work[stage.name], arguments, key=[(f"{stage.name}-shard-{run}", ids[bundle[0]]) for bundle in batch],
+                retries=SHARD_RETRIES, pure=False,
             )  # fmt: skip
             per_stage.append(arguments)
         for bundle, *futures in zip(batch, *per_stage, strict=True):
@@ -178,7 +178,7 @@ def on_a_worker(work: Callable, *args, priority: int = 0):
     """`work(*args)` (a library call) on a worker of the cluster, waited for: for work that uses what every worker
     has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU). `priority`
     orders it among the shard tasks waiting for a worker (theirs is 0)."""
-    return default_client().submit(work, *args, pure=False, priority=priority).result()
+    return default_client().submit(Sealed(work, *args), pure=False, priority=priority).result()
 
 
 def _error(future) -> str:

@@ -28,18 +28,24 @@ def test_a_shard_that_keeps_failing_is_failed_alone_and_one_that_fails_once_is_r
 
     earlier = Failed("OSError: disk")
     failed = Failed("ValueError: shard 2 cannot be read")
-    assert EachShard(work)(None, [1, 2, 3, earlier], 10) == [11, failed, 13, earlier]
+    assert EachShard(work, None, (10,))([1, 2, 3, earlier]) == [11, failed, 13, earlier]
     assert tries == {1: 1, 2: 3, 3: 2}  # 1 + SHARD_RETRIES tries at most; a Failed shard is not tried again
 
 
-def test_workers_run_shard_stages_without_importing_prefect(gpt2_run, dask_cluster):
+def test_workers_import_no_prefect_and_the_scheduler_no_tokenmill(gpt2_run, dask_cluster):
     """The workers run library code only: a shard task that brought in `tasks/` (and so Prefect) cost each
-    worker about 1.2 s of CPU at the start of every run, on the cores the shards need."""
+    worker about 1.2 s of CPU at the start of every run, on the cores the shards need. The scheduler, which
+    unpickles every task it is sent, gets them sealed (`tokenmill.tries.Sealed`): it imported tokenmill, pydantic
+    and the encoders for them (0.5 s of CPU as each run started), and needed tokenmill installed."""
     from distributed import Client
 
     with Client(dask_cluster) as client:
         loaded = client.run(lambda: sorted(m for m in ("prefect", "tasks", "flows.main") if m in sys.modules))
+        scheduler = client.run_on_scheduler(
+            lambda: sorted(m for m in sys.modules if m.split(".")[0] in ("tokenmill", "pydantic", "tokenizers"))
+        )
     assert len(loaded) == 2 and all(modules == [] for modules in loaded.values()), loaded
+    assert scheduler == ["tokenmill", "tokenmill.tries"], scheduler
 
 
 def test_no_task_hashes_its_inputs_or_persists_its_result():

@@ -6,6 +6,7 @@ run): it lives here, beside the library functions it calls, not in `tasks/`.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,15 +26,32 @@ class EachShard:
     1 + SHARD_RETRIES times; a shard that still fails is `Failed` and the others go on."""
 
     work: Callable
+    config: object
+    args: tuple = ()
 
-    def __call__(self, config, bundle: list, *args) -> list:
-        return [item if isinstance(item, Failed) else self._tried(config, item, args) for item in bundle]
+    def __call__(self, bundle: list) -> list:
+        return [item if isinstance(item, Failed) else self._tried(item) for item in bundle]
 
-    def _tried(self, config, item, args: tuple):
+    def _tried(self, item):
         error = None
         for _ in range(1 + SHARD_RETRIES):
             try:
-                return self.work(config, item, *args)
+                return self.work(self.config, item, *self.args)
             except Exception as e:  # a shard's work is safe to run again (see tokenmill.commits)
                 error = e
         return Failed(f"{type(error).__name__}: {error}")
+
+
+class Sealed:
+    """`work(*args, *more)`, with `work` and `args` pickled here and unpickled only where it runs. Dask's scheduler
+    unpickles every task it is sent: tasks holding tokenmill's functions, config (pydantic models) and tokenizer
+    made it import tokenmill, pydantic, pyarrow and the encoders (0.5 s of CPU as every run starts, and tokenmill
+    installed beside any scheduler); sealed, they are bytes to it, and this module."""
+
+    def __init__(self, work: Callable, *args):
+        self.pickled = pickle.dumps((work, args), protocol=pickle.HIGHEST_PROTOCOL)
+        self.__name__ = getattr(work, "__name__", type(work).__name__)  # Dask names unkeyed tasks after it
+
+    def __call__(self, *more):
+        work, args = pickle.loads(self.pickled)
+        return work(*args, *more)
