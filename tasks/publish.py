@@ -25,6 +25,7 @@ def publish(
 ) -> dict:
     """`plots`: the report's (`report.plots`), drawn while validate ran."""
     manifest, files = library.publish(config, plan, tokenizer, table)  # the manifest less its list of files
-    markdown = report.write_report(config.output.store(), manifest, plots, run)
-    published = library.publish_version(config, manifest, files, extra_files=report.FILES)
+    with files:
+        markdown = report.write_report(config.output.store(), manifest, plots, run)
+        published = library.publish_version(config, manifest, files, extra_files=report.FILES)
     return {"manifest": manifest, "published": published, "report": markdown}

@@ -55,7 +55,8 @@ def build_dataset(config: TokenmillConfig) -> tuple:
     packed = [pack_shard(config, t, tokenizer) for t in tokenized]
     table = stats_table(tokenized, packed)
     write_shuffle_indexes(config, table)
-    publish(config, plan, tokenizer, validate(config, plan, tokenizer, table))
+    with publish(config, plan, tokenizer, validate(config, plan, tokenizer, table))[1]:  # its list of files, spooled
+        pass
     manifest = config.output.store().read_json("manifest.json")  # as users read it
     return manifest, (config, plan, tokenizer, table), (tokenized, packed)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import boto3
 import pytest
@@ -168,23 +169,56 @@ def test_a_streamed_list_is_written_as_the_whole_would_be(tmp_path):
 
 
 def test_listed_files_are_the_manifests_in_its_order_with_their_sizes_and_digests(gpt2_run):
-    """The file list is kept as it was made (digests as 32 bytes; no reordered copy) and listed in the manifest's
-    order: path order, each file with its size and the sha256 of its bytes."""
+    """The file list is spooled to disk as the markers are read and listed, merged, in the manifest's order: path
+    order, each file with its size and the sha256 of its bytes, as often as asked; the spool goes on close."""
     import pandas as pd
 
-    from tokenmill.publish import SHA256, listed_files
+    from tokenmill.publish import listed_files
     from tokenmill.storage import Store
 
     store = Store(gpt2_run)
     table = pd.DataFrame(json.loads((gpt2_run / "stats.json").read_text()))
-    files = listed_files(store, table)
-    entries = list(files.entries())
+    with listed_files(store, table) as files:
+        entries = list(files.entries())
+        assert list(files.entries()) == entries
+        spool = Path(files.directory.name)
+        assert len(list(spool.iterdir())) > 2  # a spool per directory of shard files, and one for the others
+    assert not spool.exists()
     manifest = json.loads((gpt2_run / "manifest.json").read_text())["files"]
     assert entries == [{k: f[k] for k in ("path", "bytes", "sha256")} for f in manifest]
     paths = [e["path"] for e in entries]
-    assert paths == sorted(paths) == files.paths().to_pylist() and len(files) == len(paths) > 20
-    assert files.table.schema.field("sha256").type == SHA256
+    assert paths == sorted(paths) and len(files) == len(paths) > 20
     assert all(store.digest(e["path"]) == {"bytes": e["bytes"], "sha256": e["sha256"]} for e in entries)
+
+
+def test_files_past_shard_99999_are_listed_in_path_order(tmp_path):
+    """Shard names grow a digit at 100,000 ("shard-100000" sorts before "shard-10001"): the markers are read in the
+    order of the shards' names, so each directory's spool is in path order, and a file out of order is an error,
+    never a silently unsorted manifest."""
+    import pandas as pd
+
+    from tokenmill import layout
+    from tokenmill.commits import commit
+    from tokenmill.publish import Files, listed_files
+    from tokenmill.storage import Store
+
+    store = Store(tmp_path)
+    store.write_bytes(layout.PLAN, b"{}")
+    store.write_bytes(layout.TOKENIZER, b"{}")
+    store.write_bytes(layout.STATS, b"[]")
+    ids = [9999, 10000, 10001, 99999, 100000, 100001]
+    for shard_id in ids:
+        prefix = layout.megatron_prefix("train", shard_id)
+        recorded = {f"{prefix}.{ext}": {"bytes": shard_id, "sha256": ext * 8} for ext in ("bin", "idx")}
+        commit(store, "tokenize", shard_id, "key", {}, recorded)
+    row = {"documents": 1, "packed_rows": 0, "llmc_files": 0, "rejected": 0, "split": "train"}
+    table = pd.DataFrame([{"shard_id": shard_id, **row} for shard_id in ids])
+    with listed_files(store, table) as files:
+        paths = [e["path"] for e in files.entries()]
+    assert paths == sorted(paths) and len(paths) == 2 * len(ids) + 3
+    with Files() as files, pytest.raises(RuntimeError, match="shard-100000.bin after megatron/train/shard-10001.bin"):
+        files.add("megatron/train", "megatron/train/shard-10001.bin", {"bytes": 1, "sha256": "0"})  # numeric order
+        files.add("megatron/train", "megatron/train/shard-100000.bin", {"bytes": 1, "sha256": "0"})
 
 
 def test_a_commit_marker_that_does_not_list_a_shards_files_stops_publish_naming_the_shard(gpt2_run, tmp_path):

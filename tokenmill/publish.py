@@ -4,18 +4,20 @@ sha256, and the counts and packing stats. Its presence is the proof that the dat
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import os
 import shutil
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from typing import BinaryIO
 
 import numpy as np
 import orjson
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from tokenmill import __version__, layout
 from tokenmill.commits import marker
@@ -25,7 +27,7 @@ from tokenmill.formats.packed import SUFFIXES
 from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenize import ENCODER_CHOICE
 from tokenmill.tokenizer import TokenizerInfo
-from tokenmill.validate import REFERENCE_CHECK, ROWS_AT_ONCE, ValidationFailed
+from tokenmill.validate import REFERENCE_CHECK, ValidationFailed
 
 HASH_THREADS = 8  # files hashed at once: all cores locally, and overlapping requests on object stores
 
@@ -34,8 +36,7 @@ def shard_file_counts(table: pd.DataFrame) -> pd.Series:
     """How many files the validated stats say each shard has (by shard id): each split's Megatron pair where it
     has documents, packed arrays where it has rows, its llm.c files, and the shard's rejects where it has any."""
     per_row = 2 * (table.documents > 0) + len(SUFFIXES) * (table.packed_rows > 0) + table.llmc_files
-    shards = table.assign(files=per_row).groupby("shard_id")
-    return shards.files.sum() + (shards.rejected.first() > 0)
+    return per_row.groupby(table.shard_id).sum() + (table.rejected.groupby(table.shard_id).first() > 0)
 
 
 def other_files(store: Store, table: pd.DataFrame) -> list[str]:
@@ -205,79 +206,84 @@ def threaded(work: Callable, items: Iterable, threads: int = HASH_THREADS) -> It
             yield pending.popleft().result()
 
 
-def committed_digests(store: Store, shard_ids: list[int]) -> tuple[pa.Table, np.ndarray]:
-    """The path, size and sha256 of every file the shards' tokenize and pack stages wrote, as their commit markers
-    recorded them (hashed as they were written, and checked again whenever a marker is reused): publish need
-    not read the dataset's bytes again, which on a grown input would be all of them every night. A table
-    (`digest_table`), made a few thousand files at a time (a dict per file: 0.2 GB at 500,000 files), and each
-    shard's number of files."""
+class Files:
+    """The manifest's files, in path order, spooled to this machine's disk as they are listed: a file of lines per
+    spool, each written in path order, merged as they are read (`entries`), so that the list costs the same memory
+    at any size. Held in memory, 490,886 files were a 38 MB table, and 100 MB more of peak while it was made and
+    put in order: publish's peak grew with the shards. A context manager: the spool goes on exit."""
+
+    def __init__(self):
+        self.directory = tempfile.TemporaryDirectory(prefix="tokenmill-files-")
+        self.spools: dict[str, BinaryIO] = {}
+        self.last: dict[str, str] = {}  # each spool's last path
+        self.count = 0
+
+    def add(self, spool: str, path: str, digest: dict) -> None:
+        """A file (its `{"bytes", "sha256"}`), after every other file of `spool` in path order."""
+        if path <= self.last.get(spool, ""):
+            raise RuntimeError(f"publish listed {path} after {self.last[spool]} (spool {spool!r}): a tokenmill bug")
+        if spool not in self.spools:
+            self.spools[spool] = open(os.path.join(self.directory.name, str(len(self.spools))), "wb")  # noqa: SIM115
+        self.spools[spool].write(orjson.dumps([path, digest["bytes"], digest["sha256"]]) + b"\n")
+        self.last[spool] = path
+        self.count += 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def entries(self) -> Iterator[dict]:
+        """Each file's `{"path", "bytes", "sha256"}`, in path order (lists compare by their first item, the path)."""
+        for f in self.spools.values():
+            f.flush()
+        for path, size, sha256 in heapq.merge(*map(self._read, self.spools.values())):
+            yield {"path": path, "bytes": size, "sha256": sha256}
+
+    @staticmethod
+    def _read(spool: BinaryIO) -> Iterator[list]:
+        with open(spool.name, "rb") as f:
+            yield from map(orjson.loads, f)
+
+    def __enter__(self) -> Files:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for f in self.spools.values():
+            f.close()
+        self.directory.cleanup()
+
+
+def listed_files(store: Store, table: pd.DataFrame) -> Files:
+    """The manifest's files with their sizes and sha256, in path order (`Files`): each shard's as its tokenize and
+    pack commit markers recorded them (hashed as they were written, and checked again whenever a marker is reused:
+    publish need not read the dataset's bytes again, which on a grown input would be all of them every night),
+    which must be as many as the validated stats name, and the dataset's other files (`other_files`), hashed here.
+    The shards are read in the order of their names, so that each directory's files come in path order."""
+    shards = shard_file_counts(table)
+    shards = shards.iloc[np.argsort([layout.shard_name(i) for i in shards.index], kind="stable")]
+    stages = ("tokenize", "pack")
 
     def recorded(rel: str) -> dict:
         return store.read_json(rel).get("files", {}) if store.exists(rel) else {}
 
-    stages = ("tokenize", "pack")
-    markers = (marker(stage, shard_id) for shard_id in shard_ids for stage in stages)
-    parts, rows, counts = [], [], np.zeros(len(shard_ids), np.int64)
-    for index, files in enumerate(threaded(recorded, markers, threads_for(store))):
-        rows += [(rel, digest["bytes"], digest["sha256"]) for rel, digest in files.items()]
-        counts[index // len(stages)] += len(files)
-        if len(rows) >= ROWS_AT_ONCE:
-            parts.append(digest_table(rows))
-            rows = []
-    return pa.concat_tables([*parts, digest_table(rows)]), counts
-
-
-SHA256 = pa.binary(32)  # a digest as its 32 bytes: half its hex text
-
-
-def digest_table(rows: list[tuple[str, int, str]]) -> pa.Table:
-    """(path, bytes, sha256) rows as a table, the hex digests kept as their bytes (`SHA256`)."""
-    paths, sizes, sha256s = zip(*rows, strict=True) if rows else ((), (), ())
-    return pa.table({"path": pa.array(paths, pa.string()), "bytes": pa.array(sizes, pa.int64()),
-                     "sha256": pa.array(map(bytes.fromhex, sha256s), SHA256)})  # fmt: skip
-
-
-class Files:
-    """The manifest's files: a table (`digest_table`) and the manifest's order of its rows, listed in that order a
-    few thousand at a time. The table stays as it was made: a reordered copy, with hex digests, was another
-    55 MB at 490,000 files."""
-
-    def __init__(self, table: pa.Table, order: np.ndarray):
-        self.table, self.order = table, order
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-    def paths(self) -> pa.Array:
-        """Every file's path, in order."""
-        return self.table["path"].take(self.order).combine_chunks()
-
-    def entries(self) -> Iterator[dict]:
-        """Each file's `{"path", "bytes", "sha256"}` (the digest in hex), in order."""
-        for start in range(0, len(self.order), ROWS_AT_ONCE):
-            for file in self.table.take(self.order[start : start + ROWS_AT_ONCE]).to_pylist():
-                yield {**file, "sha256": file["sha256"].hex()}
-
-
-def listed_files(store: Store, table: pd.DataFrame) -> Files:
-    """The manifest's files with their sizes and sha256, in path order: each shard's as its commit markers recorded
-    them, which must be as many as the validated stats name, and the dataset's other files (`other_files`),
-    hashed here. Made from the markers alone, and ordered by an array: naming every file from the stats as well,
-    and matching the two lists, took 130 MB more at 490,000 files."""
-    shards = shard_file_counts(table)
-    digests, counts = committed_digests(store, shards.index.tolist())
-    if len(wrong := np.flatnonzero(counts != shards.to_numpy())):
-        named = ", ".join(f"shard {shards.index[i]:05d} ({counts[i]} files recorded, {shards.iloc[i]} in the stats)"
-                          for i in wrong[:10])  # fmt: skip
-        raise ValidationFailed(
-            f"the commit markers of {len(wrong)} shards do not list the files the validated stats name: {named}; "
-            "nothing was published; `tokenmill rerun OUTPUT --shard N` redoes a shard"
-        )
-    others = other_files(store, table)
-    hashed = zip(others, threaded(store.digest, others), strict=True)  # hashlib and file reads release the GIL
-    digests = pa.concat_tables([digests, digest_table([(rel, d["bytes"], d["sha256"]) for rel, d in hashed])])
-    order = pc.sort_indices(digests, sort_keys=[("path", "ascending")])  # UTF-8's byte order: Python's sort
-    return Files(digests, order.to_numpy().astype(np.int64))
+    with ExitStack() as removed_on_error:
+        files, counts = removed_on_error.enter_context(Files()), np.zeros(len(shards), np.int64)
+        markers = (marker(stage, shard_id) for shard_id in shards.index for stage in stages)
+        for index, recorded_files in enumerate(threaded(recorded, markers, threads_for(store))):
+            for rel, digest in sorted(recorded_files.items()):
+                files.add(os.path.dirname(rel), rel, digest)
+            counts[index // len(stages)] += len(recorded_files)
+        if len(wrong := sorted(np.flatnonzero(counts != shards.to_numpy()), key=lambda i: shards.index[i])):
+            named = ", ".join(f"shard {shards.index[i]:05d} ({counts[i]} files recorded, {shards.iloc[i]} in the stats)"
+                              for i in wrong[:10])  # fmt: skip
+            raise ValidationFailed(
+                f"the commit markers of {len(wrong)} shards do not list the files the validated stats name: {named}; "
+                "nothing was published; `tokenmill rerun OUTPUT --shard N` redoes a shard"
+            )
+        others = sorted(other_files(store, table))
+        for rel, digest in zip(others, threaded(store.digest, others), strict=True):  # hashlib releases the GIL
+            files.add("", rel, digest)
+        removed_on_error.pop_all()
+    return files
 
 
 def manifest_entries(files: Files) -> Iterator[dict]:
@@ -288,8 +294,8 @@ def manifest_entries(files: Files) -> Iterator[dict]:
 
 def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> tuple[dict, Files]:
     """Write `manifest.json` for the validated dataset; return it without its list of files, and the files
-    (`Files`). The list is written an entry at a time, never held as
-    a dict per file (with the text, about 10 KB per shard)."""
+    (`Files`, for `publish_version`; the caller closes them). The list is written an entry at a time, never held
+    as a dict per file (with the text, about 10 KB per shard)."""
     store = config.output.store()
     shard_rows = table.drop_duplicates("shard_id")
     files = listed_files(store, table)
