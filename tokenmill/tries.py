@@ -45,8 +45,8 @@ class EachShard:
 class Sealed:
     """`work(*args, *more)`, with `work` and `args` pickled here and unpickled only where it runs. Dask's scheduler
     unpickles every task it is sent: tasks holding tokenmill's functions, config (pydantic models) and tokenizer
-    made it import tokenmill, pydantic, pyarrow and the encoders (0.5 s of CPU as every run starts, and tokenmill
-    installed beside any scheduler); sealed, they are bytes to it, and this module."""
+    made it import tokenmill's stages, pydantic, pyarrow and the encoders (0.5 s of CPU as every run starts);
+    sealed, they are bytes to it, and this module (standard library only) is all it imports."""
 
     def __init__(self, work: Callable, *args):
         self.pickled = pickle.dumps((work, args), protocol=pickle.HIGHEST_PROTOCOL)
