@@ -223,6 +223,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         report = tokenizer_report.submit(config, tokenizer, quote(shard_ids(shards)), encoder)
     sampling = None
     table, totals = tokenize_and_pack(tokenizing)
+    tokenizing = None  # its groups' tables, as many rows as the stats table, were held to the run's end
     tokenize_seconds = time.perf_counter() - tokenize_started
     if totals["reused"]:
         logger.info("reused %d of %d committed tokenize shards", totals["reused"], len(shards))
