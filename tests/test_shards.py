@@ -35,8 +35,8 @@ def test_a_shard_that_keeps_failing_is_failed_alone_and_one_that_fails_once_is_r
 def test_workers_import_no_prefect_and_the_scheduler_no_tokenmill(gpt2_run, dask_cluster):
     """The workers run library code only: a shard task that brought in `tasks/` (and so Prefect) cost each
     worker about 1.2 s of CPU at the start of every run, on the cores the shards need. The scheduler, which
-    unpickles every task it is sent, gets them sealed (`tokenmill.tries.Sealed`): it imported tokenmill, pydantic
-    and the encoders for them (0.5 s of CPU as each run started), and needed tokenmill installed."""
+    unpickles every task it is sent, gets them sealed (`tokenmill.tries.Sealed`): it imported tokenmill's stages,
+    pydantic and the encoders for them (0.5 s of CPU as each run started)."""
     from distributed import Client
 
     with Client(dask_cluster) as client:
