@@ -24,8 +24,8 @@ def publish(
     config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, run: dict, plots: dict
 ) -> dict:
     """`plots`: the report's (`report.plots`), drawn while validate ran."""
-    manifest, files = library.publish(config, plan, tokenizer, table)  # the manifest less its list of files
-    with files:
+    with library.Files() as files:  # the dataset's files, spooled until the version is published
+        manifest = library.publish(config, plan, tokenizer, table, files)  # the manifest less its list of files
         markdown = report.write_report(config.output.store(), manifest, plots, run)
         published = library.publish_version(config, manifest, files, extra_files=report.FILES)
     return {"manifest": manifest, "published": published, "report": markdown}

@@ -119,7 +119,7 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
     results: list = [None] * len(items)
     failures: dict[str, dict[int, str]] = {stage.name: {} for stage in stages}
     chains, running, submitted, reused = as_completed(), {}, 0, 0
-    work = {stage.name: Sealed(EachShard(stage.work, config, stage.args)) for stage in stages}
+    sealed = [Sealed(EachShard(stage.work, config, stage.args)) for stage in stages]
 
     def submit(count: int) -> None:
         nonlocal submitted
@@ -128,9 +128,9 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
         if not batch:
             return
         arguments, per_stage = [list(items[bundle.start : bundle.stop]) for bundle in batch], []
-        for stage in stages:
+        for stage, work in zip(stages, sealed, strict=True):
             arguments = client.map(
-                work[stage.name], arguments, key=[(f"{stage.name}-shard-{run}", ids[bundle[0]]) for bundle in batch],
+                work, arguments, key=[(f"{stage.name}-shard-{run}", ids[bundle[0]]) for bundle in batch],
                 retries=SHARD_RETRIES, pure=False,
             )  # fmt: skip
             per_stage.append(arguments)

@@ -17,7 +17,7 @@ from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import PackedReader
 from tokenmill.pack import pack_shard, write_shuffle_indexes
 from tokenmill.partition import load_or_plan
-from tokenmill.publish import publish
+from tokenmill.publish import Files, publish
 from tokenmill.tokenize import tokenize_shard
 from tokenmill.tokenizer import install_pretrained
 from tokenmill.validate import ValidationFailed, stats_table, validate
@@ -55,8 +55,8 @@ def build_dataset(config: TokenmillConfig) -> tuple:
     packed = [pack_shard(config, t, tokenizer) for t in tokenized]
     table = stats_table(tokenized, packed)
     write_shuffle_indexes(config, table)
-    with publish(config, plan, tokenizer, validate(config, plan, tokenizer, table))[1]:  # its list of files, spooled
-        pass
+    with Files() as files:
+        publish(config, plan, tokenizer, validate(config, plan, tokenizer, table), files)
     manifest = config.output.store().read_json("manifest.json")  # as users read it
     return manifest, (config, plan, tokenizer, table), (tokenized, packed)
 

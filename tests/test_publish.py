@@ -168,17 +168,18 @@ def test_a_streamed_list_is_written_as_the_whole_would_be(tmp_path):
             assert (tmp_path / "streamed.json").read_bytes() == (tmp_path / "whole.json").read_bytes()
 
 
-def test_listed_files_are_the_manifests_in_its_order_with_their_sizes_and_digests(gpt2_run):
+def test_spooled_files_are_the_manifests_in_its_order_with_their_sizes_and_digests(gpt2_run):
     """The file list is spooled to disk as the markers are read and listed, merged, in the manifest's order: path
     order, each file with its size and the sha256 of its bytes, as often as asked; the spool goes on close."""
     import pandas as pd
 
-    from tokenmill.publish import listed_files
+    from tokenmill.publish import Files, spool_files
     from tokenmill.storage import Store
 
     store = Store(gpt2_run)
     table = pd.DataFrame(json.loads((gpt2_run / "stats.json").read_text()))
-    with listed_files(store, table) as files:
+    with Files() as files:
+        spool_files(store, table, files)
         entries = list(files.entries())
         assert list(files.entries()) == entries
         spool = Path(files.directory.name)
@@ -199,7 +200,7 @@ def test_files_past_shard_99999_are_listed_in_path_order(tmp_path):
 
     from tokenmill import layout
     from tokenmill.commits import commit
-    from tokenmill.publish import Files, listed_files
+    from tokenmill.publish import Files, spool_files
     from tokenmill.storage import Store
 
     store = Store(tmp_path)
@@ -213,7 +214,8 @@ def test_files_past_shard_99999_are_listed_in_path_order(tmp_path):
         commit(store, "tokenize", shard_id, "key", {}, recorded)
     row = {"documents": 1, "packed_rows": 0, "llmc_files": 0, "rejected": 0, "split": "train"}
     table = pd.DataFrame([{"shard_id": shard_id, **row} for shard_id in ids])
-    with listed_files(store, table) as files:
+    with Files() as files:
+        spool_files(store, table, files)
         paths = [e["path"] for e in files.entries()]
     assert paths == sorted(paths) and len(paths) == 2 * len(ids) + 3
     with Files() as files, pytest.raises(RuntimeError, match="shard-100000.bin after megatron/train/shard-10001.bin"):
@@ -226,7 +228,7 @@ def test_a_commit_marker_that_does_not_list_a_shards_files_stops_publish_naming_
     than the validated stats name stops publish, naming the shard, before anything is written."""
     import pandas as pd
 
-    from tokenmill.publish import listed_files
+    from tokenmill.publish import Files, spool_files
     from tokenmill.storage import Store
     from tokenmill.validate import ValidationFailed
 
@@ -237,8 +239,9 @@ def test_a_commit_marker_that_does_not_list_a_shards_files_stops_publish_naming_
     done = json.loads(rel.read_text())
     done["files"].pop(sorted(done["files"])[0])
     rel.write_text(json.dumps(done))
-    with pytest.raises(ValidationFailed, match=r"shard 00001 \((\d+) files recorded, (?!\1)\d+ in the stats\)"):
-        listed_files(Store(out), table)
+    match = r"shard 00001 \((\d+) files recorded, (?!\1)\d+ in the stats\)"
+    with Files() as files, pytest.raises(ValidationFailed, match=match):
+        spool_files(Store(out), table, files)
 
 
 def test_a_manifest_is_read_less_its_files_which_are_counted(gpt2_run, tmp_path):

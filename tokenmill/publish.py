@@ -12,7 +12,6 @@ import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from typing import BinaryIO
 
 import numpy as np
@@ -252,12 +251,12 @@ class Files:
         self.directory.cleanup()
 
 
-def listed_files(store: Store, table: pd.DataFrame) -> Files:
-    """The manifest's files with their sizes and sha256, in path order (`Files`): each shard's as its tokenize and
-    pack commit markers recorded them (hashed as they were written, and checked again whenever a marker is reused:
-    publish need not read the dataset's bytes again, which on a grown input would be all of them every night),
-    which must be as many as the validated stats name, and the dataset's other files (`other_files`), hashed here.
-    The shards are read in the order of their names, so that each directory's files come in path order."""
+def spool_files(store: Store, table: pd.DataFrame, files: Files) -> None:
+    """Add the manifest's files to `files`, with their sizes and sha256: each shard's as its tokenize and pack commit
+    markers recorded them (hashed as they were written, and checked again whenever a marker is reused: publish need
+    not read the dataset's bytes again, which on a grown input would be all of them every night), which must be as
+    many as the validated stats name, and the dataset's other files (`other_files`), hashed here. The shards are
+    read in the order of their names, so that each directory's files come in path order."""
     shards = shard_file_counts(table)
     shards = shards.iloc[np.argsort([layout.shard_name(i) for i in shards.index], kind="stable")]
     stages = ("tokenize", "pack")
@@ -265,25 +264,22 @@ def listed_files(store: Store, table: pd.DataFrame) -> Files:
     def recorded(rel: str) -> dict:
         return store.read_json(rel).get("files", {}) if store.exists(rel) else {}
 
-    with ExitStack() as removed_on_error:
-        files, counts = removed_on_error.enter_context(Files()), np.zeros(len(shards), np.int64)
-        markers = (marker(stage, shard_id) for shard_id in shards.index for stage in stages)
-        for index, recorded_files in enumerate(threaded(recorded, markers, threads_for(store))):
-            for rel, digest in sorted(recorded_files.items()):
-                files.add(os.path.dirname(rel), rel, digest)
-            counts[index // len(stages)] += len(recorded_files)
-        if len(wrong := sorted(np.flatnonzero(counts != shards.to_numpy()), key=lambda i: shards.index[i])):
-            named = ", ".join(f"shard {shards.index[i]:05d} ({counts[i]} files recorded, {shards.iloc[i]} in the stats)"
-                              for i in wrong[:10])  # fmt: skip
-            raise ValidationFailed(
-                f"the commit markers of {len(wrong)} shards do not list the files the validated stats name: {named}; "
-                "nothing was published; `tokenmill rerun OUTPUT --shard N` redoes a shard"
-            )
-        others = sorted(other_files(store, table))
-        for rel, digest in zip(others, threaded(store.digest, others), strict=True):  # hashlib releases the GIL
-            files.add("", rel, digest)
-        removed_on_error.pop_all()
-    return files
+    counts = np.zeros(len(shards), np.int64)
+    markers = (marker(stage, shard_id) for shard_id in shards.index for stage in stages)
+    for index, recorded_files in enumerate(threaded(recorded, markers, threads_for(store))):
+        for rel, digest in sorted(recorded_files.items()):
+            files.add(os.path.dirname(rel), rel, digest)
+        counts[index // len(stages)] += len(recorded_files)
+    if len(wrong := sorted(np.flatnonzero(counts != shards.to_numpy()), key=lambda i: shards.index[i])):
+        named = ", ".join(f"shard {shards.index[i]:05d} ({counts[i]} files recorded, {shards.iloc[i]} in the stats)"
+                          for i in wrong[:10])  # fmt: skip
+        raise ValidationFailed(
+            f"the commit markers of {len(wrong)} shards do not list the files the validated stats name: {named}; "
+            "nothing was published; `tokenmill rerun OUTPUT --shard N` redoes a shard"
+        )
+    others = sorted(other_files(store, table))
+    for rel, digest in zip(others, threaded(store.digest, others), strict=True):  # hashlib releases the GIL
+        files.add("", rel, digest)
 
 
 def manifest_entries(files: Files) -> Iterator[dict]:
@@ -292,13 +288,13 @@ def manifest_entries(files: Files) -> Iterator[dict]:
         yield {**file, **layout.describe(file["path"])}
 
 
-def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> tuple[dict, Files]:
-    """Write `manifest.json` for the validated dataset; return it without its list of files, and the files
-    (`Files`, for `publish_version`; the caller closes them). The list is written an entry at a time, never held
-    as a dict per file (with the text, about 10 KB per shard)."""
+def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, files: Files) -> dict:
+    """Write `manifest.json` for the validated dataset, its list of files spooled into `files` (`spool_files`, kept for
+    `publish_version`) and written an entry at a time, never held as a dict per file (with the text, about 10 KB per
+    shard); return the manifest without that list."""
     store = config.output.store()
     shard_rows = table.drop_duplicates("shard_id")
-    files = listed_files(store, table)
+    spool_files(store, table, files)
     version = dataset_version(config, plan, tokenizer)
     sources = {str(s["shard_id"]): s["source"] for s in plan["shards"]}
     manifest = {
@@ -332,7 +328,7 @@ def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table
         "packing": packing_summary(table.sum(numeric_only=True), config.pack.seq_len),
     }
     store.write_json(layout.MANIFEST, {**manifest, "files": STREAMED}, manifest_entries(files))
-    return manifest, files
+    return manifest
 
 
 def publish_version(config: TokenmillConfig, manifest: dict, files: Files, extra_files: list[str] = ()) -> dict:
