@@ -1,6 +1,7 @@
 import gzip
 import json
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -9,7 +10,7 @@ import zstandard
 from tokenmill import partition
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import Shards, auto_shard_size, load_or_plan, plan_shards, shard_pieces
-from tokenmill.readers import InputError, Piece, ReadOptions, read_documents
+from tokenmill.readers import InputError, Piece, ReadOptions, line_blocks, read_documents
 
 from .conftest import CORPUS
 
@@ -60,6 +61,33 @@ def test_line_numbers_at_cuts_are_exact(tmp_path):
     config = make_config([str(path)], 30_000, tmp_path, id_field=None)
     docs, _ = read_all(config, plan_shards(config))
     assert [d[0] for d in docs] == [f"big.jsonl:{i + 1}" for i in range(3000)]
+
+
+def test_a_local_files_blocks_are_mapped_and_read_as_a_stream_reads_them(tmp_path):
+    """A local uncompressed file's line blocks are views of memory maps (`readers._whole_line_blocks`); the same
+    bytes in any other filesystem are read as a stream. Both give the same blocks of whole lines with the same
+    line numbers, for a piece at the file's start, one within it and one to its end without a last newline,
+    with lines longer than a block and blank lines."""
+    lines = [b'{"text": "%s"}' % (b"x" * (i * 7919 % 20000)) if i % 13 else b"" for i in range(400)]
+    data = b"\n".join(lines)  # no newline at the end
+    local = tmp_path / "x.jsonl"
+    local.write_bytes(data)
+    fsspec.filesystem("memory").pipe("/lines/x.jsonl", data)
+    cut, later = data.index(b"\n", 100_000) + 1, data.index(b"\n", 900_000) + 1
+    first = data[:cut].count(b"\n") + 1
+    for start, end, line in ((0, cut, 1), (cut, later, first), (cut, None, first)):
+        blocks = {}
+        for path in (str(local), "memory://lines/x.jsonl"):
+            read = list(line_blocks(Piece(path, start, end, line), ReadOptions(), batch_bytes=30_000))
+            blocks[path] = [(bytes(block), first_line, newlines) for block, first_line, newlines in read]
+        mapped, streamed = blocks.values()
+        assert mapped == streamed and len(mapped) > 2
+        assert b"".join(block for block, _, _ in mapped) == data[start:end]
+        assert all(block.endswith(b"\n") for block, _, _ in mapped[:-1])
+        for (block, first_line, newlines), (_, next_line, _) in zip(mapped, mapped[1:], strict=False):
+            assert newlines == block.count(b"\n") and next_line == first_line + newlines
+    assert type(next(line_blocks(Piece(str(local)), ReadOptions()))[0]) is memoryview
+    assert type(next(line_blocks(Piece("memory://lines/x.jsonl"), ReadOptions()))[0]) is bytes
 
 
 def test_small_and_compressed_files_are_grouped_whole_in_order(tmp_path):

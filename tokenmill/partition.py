@@ -33,13 +33,12 @@ from tokenmill import layout
 from tokenmill.commits import discard, land, lift
 from tokenmill.config import TokenmillConfig
 from tokenmill.hashing import unit_interval
-from tokenmill.readers import Piece, compression_of, count_newlines, format_of
+from tokenmill.readers import Piece, compression_of, count_newlines, format_of, line_start
 from tokenmill.storage import list_files, options_for
 
 # The line count reads into one buffer of this size, reused: 16 MB reads were each a fresh allocation, paged in
 # anew (40% slower over a 1.2 GB file).
 SCAN_CHUNK = 256 << 10
-LINE_PROBE = 64 << 10  # read at a cut until its line ends
 # shard_size: auto. Eight shards per cluster thread balance the load (a thread's last shard ends near the
 # others'); 16 MB keeps a shard's fixed costs (files, markers, a Dask task) small beside its work; 1 GB keeps a
 # 100 TB corpus at about 100,000 shards, where a retried shard costs seconds, not minutes.
@@ -75,24 +74,13 @@ def cut_points(url: str, size: int, n_pieces: int, storage_options: dict) -> lis
     GIL): this count is the one pass partition makes over a whole file, on every core."""
     fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
     with fs.open(path, "rb") as f:
-        offsets = sorted({_line_start(f, size * k // n_pieces) for k in range(1, n_pieces)} - {size})
+        offsets = sorted({line_start(f, size * k // n_pieces) for k in range(1, n_pieces)} - {size})
     if not offsets:
         return []
     starts = [0, *offsets[:-1]]
     with ThreadPoolExecutor(min(len(offsets), os.cpu_count() or 1)) as pool:
         counts = pool.map(lambda start, end: _newlines(fs, path, start, end), starts, offsets)
         return [(offset, lines + 1) for offset, lines in zip(offsets, itertools.accumulate(counts), strict=True)]
-
-
-def _line_start(f, target: int) -> int:
-    """Where a line starts at or after `target`: just past the first newline at or after max(target - 1, 0), or
-    at the file's end."""
-    position = f.seek(max(target - 1, 0))
-    while chunk := f.read(LINE_PROBE):
-        if (nl := chunk.find(b"\n")) >= 0:
-            return position + nl + 1
-        position += len(chunk)
-    return position
 
 
 def _newlines(fs, path: str, start: int, end: int) -> int:

@@ -418,7 +418,7 @@ def texts_at(config: TokenmillConfig, shard: dict, positions: np.ndarray, docume
     texts, position = [], 0
     for piece in pieces:
         for block, _, _ in line_blocks(piece, options):
-            records = [line for line in block.split(b"\n") if line.strip()]  # blank lines are not records
+            records = [line for line in bytes(block).split(b"\n") if line.strip()]  # blank lines are not records
             for i in positions[(positions >= position) & (positions < position + len(records))] - position:
                 texts.append(field_value(orjson.loads(records[i]), options.text_field))
             position += len(records)
