@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import json
 import logging
 import multiprocessing
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +21,7 @@ import dask
 from distributed import Client, LocalCluster, fire_and_forget
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from flows.local_cluster import WORKER_MODULES, ClusterStartError, local_cluster_process
+from flows.local_cluster import ClusterStartError, local_cluster_process, warm_up, without_collector
 from tokenmill.tries import Sealed
 
 if TYPE_CHECKING:
@@ -87,14 +86,6 @@ if "forkserver" in multiprocessing.get_all_start_methods():  # Linux and macOS; 
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
 
 
-def warm_up(modules: Sequence[str] = WORKER_MODULES) -> None:
-    """Import `modules` now, not when the first task needs them: run on each worker as a run starts, for workers
-    that no preloaded forkserver made (any cluster tokenmill did not start)."""
-    for module in modules:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(module)
-
-
 def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
     """A LocalCluster made with `kwargs` (`local_cluster_kwargs`), adapting between `adapt`'s bounds if given."""
     try:
@@ -127,7 +118,8 @@ def run_local_cluster(spec: str) -> None:
     spec = json.loads(spec)
     try:
         try:
-            cluster = start_local_cluster(spec["cluster"], spec["adapt"])
+            with without_collector():
+                cluster = start_local_cluster(spec["cluster"], spec["adapt"])
         except ClusterStartError as e:
             print(json.dumps({"error": str(e)}), file=answer, flush=True)
             sys.exit(1)

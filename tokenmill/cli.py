@@ -67,7 +67,7 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     cfg = _load(config, overrides)
     if _interactive():  # the bars replace Prefect's per-task log lines on the terminal (the UI keeps them)
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    from flows.local_cluster import local_cluster_started_early, local_cluster_threads
+    from flows.local_cluster import local_cluster_started_early, local_cluster_threads, without_collector
 
     # The cluster's process first, as soon as the config is read: it boots on the other core while this one
     # finds the Prefect server and imports Prefect (its workers run library code only, never Prefect's).
@@ -81,7 +81,7 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
         if not cfg.dask.scheduler():  # the partition stage's threads are known now: it plans while Prefect imports
             plan_ahead(cfg, local_cluster_threads(cfg.dask))
         with supervised(api_url):
-            with imports_without_collector():
+            with without_collector():
                 from flows.main import corpus_to_tokens
 
             try:
@@ -95,20 +95,6 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
     # With Prefect, Dask, pandas and matplotlib loaded, the garbage collector's passes over the whole heap
     # at interpreter exit took 0.6-1 s; frozen objects are skipped (exit handlers and flushing still run).
     gc.freeze()
-
-
-@contextlib.contextmanager
-def imports_without_collector():
-    """The flow's libraries (Prefect, Dask, pandas) imported with the garbage collector off, then frozen out of
-    its passes: its passes over the growing heap were 0.3 s of the 1.8 s of CPU these imports take, on every
-    run's critical path (and later passes skip them too). The few thousand objects the imports leave as cyclic
-    garbage (about 1 MB) are frozen with them."""
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.enable()
 
 
 @contextlib.contextmanager
@@ -283,10 +269,11 @@ def rerun(
     ] = [],  # noqa: B006
 ) -> None:
     """Redo shards of an earlier run, then validate and publish again (the run's config is read from OUTPUT)."""
+    from flows.local_cluster import without_collector
     from flows.server import ensure_api
 
     api_url = ensure_api()
-    with imports_without_collector():
+    with without_collector():
         from flows.rerun import rerun_shards
 
     with ends_promptly():
