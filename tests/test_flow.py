@@ -89,7 +89,9 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     memory (a paused worker whose memory does not fall back waits forever: flows/cluster.py), and its scheduler,
     in a process of its own, keeps none of the messages it sent them (each holds its task's arguments, shard
     dicts: flows/cluster.py). Its workers start with the run's tokenizer's encoders, which the forkserver they fork
-    from loaded (flows/local_cluster.py). The cluster's processes end with the flow's."""
+    from loaded (flows/local_cluster.py). Its worker samples for the Profile page ten times a second and its
+    worker and scheduler tick and monitor once a second, not 100, 50 and 2 times (flows.cluster.HOUSEKEEPING).
+    The cluster's processes end with the flow's."""
     script = textwrap.dedent("""
         import os
         import dask
@@ -104,6 +106,10 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
         def kept(dask_scheduler):
             return os.getpid(), sum(len(c.recent_message_log) for c in dask_scheduler.stream_comms.values())
 
+        def periods(names, dask_worker=None, dask_scheduler=None):  # ms between the server's housekeeping calls
+            callbacks = (dask_worker or dask_scheduler).periodic_callbacks
+            return [int(callbacks[name].callback_time) for name in names]
+
         if __name__ == "__main__":
             with dask_client(DaskConfig(n_workers=1), TokenizerConfig(path=os.environ["TOKENIZER"])):
                 client = default_client()
@@ -112,6 +118,8 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
                 where_it_ran = "worker" if pid != os.getpid() else "flow"
                 print(where_it_ran, pauses, scheduler != os.getpid(), messages, flush=True)
                 print(*(f"{backend}:{sha256}" for sha256, backend in loaded), flush=True)
+                [worker] = client.run(periods, ["profile", "tick", "monitor"]).values()
+                print(*worker, *client.run_on_scheduler(periods, ["tick", "monitor"]), flush=True)
     """)
     tokenizer = TOKENIZERS / "gpt2" / "tokenizer.json"
     env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"TOKENIZER": str(tokenizer)}
@@ -123,6 +131,7 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     # the worker started with the run's tokenizer's encoders, loaded once by the forkserver it was forked from
     sha256 = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
     assert lines[1].split() == [f"gigatoken:{sha256}", f"hf:{sha256}"], stderr[-2000:]
+    assert lines[2] == "100 1000 1000 1000 1000", stderr[-2000:]
     assert not alive_in_session(flow.pid)  # the cluster's processes ended with the flow's
 
 

@@ -146,6 +146,28 @@ def test_compose_ports_bound_to_loopback(compose):
     assert len(published) >= 5  # prefect 4200, dask 8786 + 8787, minio 9000 + 9001
 
 
+def test_external_clusters_keep_dasks_housekeeping_as_the_local_cluster_does(compose):
+    """compose's and Kubernetes' Dask workers run with the housekeeping rates tokenmill's own LocalCluster sets
+    (flows.cluster.HOUSEKEEPING: its profiler, tick and system monitor cost 8% of a run's CPU at Dask's defaults),
+    and their schedulers with those a scheduler runs (the tick and the system monitor)."""
+    from flows.cluster import HOUSEKEEPING
+
+    wanted = {f"DASK_{key.upper().replace('.', '__').replace('-', '_')}": v for key, v in HOUSEKEEPING.items()}
+    for_scheduler = {name: v for name, v in wanted.items() if "__WORKER__" not in name}
+    assert len(wanted) == 3 and len(for_scheduler) == 2
+    services = compose["services"]
+    assert wanted.items() <= {k: str(v) for k, v in services["dask-worker"]["environment"].items()}.items()
+    assert for_scheduler.items() <= {k: str(v) for k, v in services["dask-scheduler"]["environment"].items()}.items()
+    containers = {
+        c["name"]: {e["name"]: e.get("value") for e in c.get("env", [])}
+        for doc in load_all(K8S / "40-dask.yaml")
+        if doc["kind"] == "Deployment"
+        for c in doc["spec"]["template"]["spec"]["containers"]
+    }
+    assert wanted.items() <= containers["worker"].items()
+    assert for_scheduler.items() <= containers["scheduler"].items()
+
+
 def test_compose_images_pinned(compose):
     for name, svc in compose["services"].items():
         assert "image" in svc, f"{name} has no image"
