@@ -48,8 +48,11 @@ dask.config.set({"distributed.worker.memory.pause": False, "distributed.worker.m
 # of a run, each with its task's arguments (a bundle's shard dicts), and the client the pickled graphs it sent:
 # 58 and 8 MB at 20,002 shards by the end of validate, 3.3 KB a shard (tracemalloc; issue 12). tokenmill reads
 # none of these logs. An external scheduler takes the same setting from
-# DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH=0 (see infra/).
-dask.config.set({"distributed.admin.low-level-log-length": 0})
+# DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH=0 (see infra/). Workers keep theirs: the history of their
+# Profile page is one of these logs, which a length of 0 left empty.
+LOG_LENGTH = "distributed.admin.low-level-log-length"
+WORKER_LOG_LENGTH = {LOG_LENGTH: dask.config.get(LOG_LENGTH)}
+dask.config.set({LOG_LENGTH: 0})
 # Dask's housekeeping in every worker, nanny and scheduler: a profiler sampling each worker's threads every 10 ms
 # (the dashboard's Profile page), an event-loop tick every 20 ms (to warn of a blocked loop) and a system monitor
 # every 500 ms (the dashboard's CPU and memory graphs). Each wakes its process's event loop, and the profiler
@@ -101,7 +104,9 @@ if "forkserver" in multiprocessing.get_all_start_methods():  # Linux and macOS; 
 
 
 def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
-    """A LocalCluster made with `kwargs` (`local_cluster_kwargs`), adapting between `adapt`'s bounds if given."""
+    """A LocalCluster made with `kwargs` (`local_cluster_kwargs`), adapting between `adapt`'s bounds if given. Its
+    scheduler serves HTTP at the dashboard's address, but the dashboard's pages come later (`attach_dashboard`)."""
+    kwargs = kwargs | {"scheduler_kwargs": {"dashboard": False}, "config": WORKER_LOG_LENGTH}  # the workers' config
     try:
         cluster = LocalCluster(**kwargs)
     except RuntimeError:  # a worker process died as it started (killed, out of memory): once more
@@ -116,6 +121,21 @@ def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
     if adapt:
         cluster.adapt(**adapt)
     return cluster
+
+
+def attach_dashboard(cluster: LocalCluster) -> None:
+    """Add the dashboard's pages (bokeh) to the running scheduler's HTTP server, as Dask does when it starts one
+    with a dashboard. Importing bokeh and building its applications took 0.45 s of CPU as the cluster started, on
+    every run's start-up, which the flow's own imports needed; once the cluster has said its address, the pages
+    come while the flow plans and chooses its encoder, a second or so into the run."""
+    import distributed.dashboard.scheduler
+
+    scheduler = cluster.scheduler
+
+    async def attach() -> None:
+        distributed.dashboard.scheduler.connect(scheduler.http_application, scheduler.http_server, scheduler, "/")
+
+    cluster.sync(attach)
 
 
 def run_local_cluster(spec: str) -> None:
@@ -139,6 +159,7 @@ def run_local_cluster(spec: str) -> None:
             sys.exit(1)
         print(json.dumps({"address": cluster.scheduler_address}), file=answer, flush=True)
         answer.close()
+        attach_dashboard(cluster)
         sys.stdin.read()
         cluster.close()
     except KeyboardInterrupt:

@@ -90,10 +90,12 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     in a process of its own, keeps none of the messages it sent them (each holds its task's arguments, shard
     dicts: flows/cluster.py). Its workers start with the run's tokenizer's encoders, which the forkserver they fork
     from loaded (flows/local_cluster.py). Its worker samples for the Profile page ten times a second and its
-    worker and scheduler tick and monitor once a second, not 100, 50 and 2 times (flows.cluster.HOUSEKEEPING).
+    worker and scheduler tick and monitor once a second, not 100, 50 and 2 times (flows.cluster.HOUSEKEEPING), and
+    its worker keeps the Profile page's history (a Dask log the scheduler's setting had emptied).
     The cluster's processes end with the flow's."""
     script = textwrap.dedent("""
         import os
+        import time
         import dask
         from distributed import default_client
         from flows.cluster import dask_client
@@ -110,6 +112,11 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
             callbacks = (dask_worker or dask_scheduler).periodic_callbacks
             return [int(callbacks[name].callback_time) for name in names]
 
+        def busy(seconds):
+            start = time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                pass
+
         if __name__ == "__main__":
             with dask_client(DaskConfig(n_workers=1), TokenizerConfig(path=os.environ["TOKENIZER"])):
                 client = default_client()
@@ -120,6 +127,9 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
                 print(*(f"{backend}:{sha256}" for sha256, backend in loaded), flush=True)
                 [worker] = client.run(periods, ["profile", "tick", "monitor"]).values()
                 print(*worker, *client.run_on_scheduler(periods, ["tick", "monitor"]), flush=True)
+                client.submit(busy, 1.5).result()
+                time.sleep(1.5)  # past a profile cycle (1 s): what the Profile page shows is its history's
+                print(client.profile()["count"] >= 5, flush=True)
     """)
     tokenizer = TOKENIZERS / "gpt2" / "tokenizer.json"
     env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"TOKENIZER": str(tokenizer)}
@@ -132,6 +142,7 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     sha256 = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
     assert lines[1].split() == [f"gigatoken:{sha256}", f"hf:{sha256}"], stderr[-2000:]
     assert lines[2] == "100 1000 1000 1000 1000", stderr[-2000:]
+    assert lines[3] == "True", stderr[-2000:]  # the Profile page has its samples (ten a second, kept)
     assert not alive_in_session(flow.pid)  # the cluster's processes ended with the flow's
 
 
