@@ -159,7 +159,10 @@ def run_local_cluster(spec: str) -> None:
             sys.exit(1)
         print(json.dumps({"address": cluster.scheduler_address}), file=answer, flush=True)
         answer.close()
-        attach_dashboard(cluster)
+        try:
+            attach_dashboard(cluster)
+        except Exception as e:  # the shards do not need it
+            logging.getLogger(__name__).warning("the Dask dashboard did not start (%r): the run goes on without it", e)
         sys.stdin.read()
         cluster.close()
     except KeyboardInterrupt:
