@@ -1,7 +1,7 @@
 """The Dask side of where the flow runs, with the settings measured to matter here (loopback-only dashboard,
 one thread per worker, no encoder thread oversubscription, glibc's adaptive malloc, no hang when a worker
-dies, workers forked from a preloaded forkserver, quick worker exits), and the body of the LocalCluster's own
-process (`flows.local_cluster` starts it)."""
+dies, workers forked from a preloaded forkserver, quick worker exits, Dask's housekeeping at low rates), and the
+body of the LocalCluster's own process (`flows.local_cluster` starts it)."""
 
 from __future__ import annotations
 
