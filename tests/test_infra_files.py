@@ -148,7 +148,7 @@ def test_compose_ports_bound_to_loopback(compose):
 
 def test_external_clusters_keep_dasks_housekeeping_as_the_local_cluster_does(compose):
     """compose's and Kubernetes' Dask workers run with the housekeeping rates tokenmill's own LocalCluster sets
-    (flows.cluster.HOUSEKEEPING: its profiler, tick and system monitor cost 8% of a run's CPU at Dask's defaults),
+    (flows.cluster.HOUSEKEEPING: its profiler, tick and system monitor cost 9% of a run's CPU at Dask's defaults),
     and their schedulers with those a scheduler runs (the tick and the system monitor)."""
     from flows.cluster import HOUSEKEEPING
 

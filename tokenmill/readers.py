@@ -449,7 +449,7 @@ def count_newlines(data: Buffer) -> int:
 
 
 def count_crlf(data: Buffer) -> int:
-    """The CRLF line endings in `data` (a carriage return is rare in JSONL: only as whitespace between tokens)."""
+    """The CRLF line endings in `data`, vectorised (a block with no carriage return at all costs one comparison)."""
     data = np.frombuffer(data, np.uint8)
     returns = data[:-1] == 13
     return int(np.count_nonzero(data[np.flatnonzero(returns) + 1] == 10)) if returns.any() else 0
