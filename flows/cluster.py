@@ -5,6 +5,7 @@ body of the LocalCluster's own process (`flows.local_cluster` starts it)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import json
@@ -138,6 +139,45 @@ def attach_dashboard(cluster: LocalCluster) -> None:
     cluster.sync(attach)
 
 
+DASHBOARD_CLOSE_S = 5.0  # the most a run's end waits for its dashboard's tabs to let go (they take milliseconds)
+BOKEH_WEBSOCKET = ("bokeh", "server", "views", "ws.py")
+
+
+def close_dashboard(cluster: LocalCluster) -> None:
+    """Close the dashboard's websockets, and wait until their handlers are done, before the cluster's event loop
+    ends. A tab still open at a run's end could be mid-way through a message (a page's document, sent as it
+    opens): the loop's end cancelled that write, and tornado logged the CancelledError's traceback ("Uncaught
+    exception GET /status/ws") on the run's terminal. Bokeh's server does not close its connections when it
+    stops (its `BokehTornado.stop` says so), so this does: no new tab or request, then a close frame to each open one (it
+    goes out after any write in flight), until no tab is connected and no websocket handler is running (a tab
+    that was opening meanwhile is closed in a later pass). With no tab open it returns at once."""
+    from bokeh.server.tornado import BokehTornado
+
+    scheduler = cluster.scheduler
+    pages = [app for app in scheduler.http_application.applications if isinstance(app, BokehTornado)]
+
+    def handling() -> bool:
+        """Whether a websocket handler of Bokeh's is running: a tab opening, or a message being answered."""
+        codes = (getattr(task.get_coro(), "cr_code", None) for task in asyncio.all_tasks())
+        return any(code and Path(code.co_filename).parts[-4:] == BOKEH_WEBSOCKET for code in codes)
+
+    async def close() -> None:
+        scheduler.http_server.stop()  # no new connection
+        await scheduler.http_server.close_all_connections()  # nor a new request on a kept-alive one
+        deadline = asyncio.get_running_loop().time() + DASHBOARD_CLOSE_S
+        while asyncio.get_running_loop().time() < deadline:
+            connections = [c for app in pages for c in app._clients]
+            if not connections and not handling():
+                break
+            for connection in connections:
+                connection._socket.close(1001, "the run ended")  # 1001: going away; once more is a no-op
+            await asyncio.sleep(0.02)
+        for app in pages:
+            app.stop()
+
+    cluster.sync(close)
+
+
 def run_local_cluster(spec: str) -> None:
     """The LocalCluster process's body once its forkserver runs (`local_cluster_process`, then
     `flows.local_cluster.serve_local_cluster`): start the cluster `spec` describes, say its
@@ -164,6 +204,7 @@ def run_local_cluster(spec: str) -> None:
         except Exception as e:  # the shards do not need it
             logging.getLogger(__name__).warning("the Dask dashboard did not start (%r): the run goes on without it", e)
         sys.stdin.read()
+        close_dashboard(cluster)
         cluster.close()
     except KeyboardInterrupt:
         os._exit(130)  # the flow's process reports the interruption; the workers got the same signal
