@@ -148,9 +148,9 @@ def close_dashboard(cluster: LocalCluster) -> None:
     ends. A tab still open at a run's end could be mid-way through a message (a page's document, sent as it
     opens): the loop's end cancelled that write, and tornado logged the CancelledError's traceback ("Uncaught
     exception GET /status/ws") on the run's terminal. Bokeh's server does not close its connections when it
-    stops (its `BokehTornado.stop` says so), so this does: no new tab or request, then a close frame to each open one (it
-    goes out after any write in flight), until no tab is connected and no websocket handler is running (a tab
-    that was opening meanwhile is closed in a later pass). With no tab open it returns at once."""
+    stops (its `BokehTornado.stop` says so), so this does: no new tab or request, then a close frame to each
+    open tab (it goes out after any write in flight), until no tab is connected and no websocket handler is
+    running (a tab that was opening meanwhile is closed in a later pass). With no tab open it returns at once."""
     from bokeh.server.tornado import BokehTornado
 
     scheduler = cluster.scheduler
