@@ -4,7 +4,7 @@ pretrained_tokenizer (then its encoders loaded on every worker)  ║  partition 
 partition ─► [scatter[shards] ─► gather[shards]]        (partition.shuffle: the global document shuffle)
           ─► (sample[shards] ─► train_tokenizer | the pretrained tokenizer) ─► already_published ─► (done)
           ─► [sample[shards]] ─► tokenizer_report (beside tokenize)
-          ─► tokenize[shards] (each shard's pack chained to it) ─► shuffle_index ─► validate ─► publish
+          ─► tokenize[shards] (each shard's pack chained to it) ─► shuffle_index ─► validate ─► (mix) ─► publish
 
 A run over the input and config that an already published version was made from stops at already_published.
 
@@ -34,6 +34,7 @@ from prefect.utilities.annotations import quote
 
 from flows.cluster import dask_client, on_every_worker, prepare_cluster
 from flows.server import retry_refused_connections
+from tasks.mix import resolve_mix
 from tasks.partition import partition
 from tasks.publish import already_published, publish
 from tasks.sample import holdout_shards, sample_shards
@@ -234,6 +235,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         shuffle_index(config, table)
     drawing = draw_plots_meanwhile(config, table)
     stats = validate(config, quoted_plan, tokenizer, table)
+    mix = resolve_mix(config, quoted_plan, tokenizer, stats) if config.mixture else None
     if report is not None:
         create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
     bytes_in = totals["bytes_in"]
@@ -244,7 +246,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         "shuffle_seconds": None if shuffle_seconds is None else round(shuffle_seconds, 2),
         "flow_seconds": round(time.perf_counter() - started, 2),
     }
-    published = publish(config, quoted_plan, tokenizer, stats, run, quote(drawing.result()))
+    published = publish(config, quoted_plan, tokenizer, stats, run, quote(drawing.result()), mix)
     manifest = published["manifest"]
     summary = {
         "output": config.output.path,

@@ -21,11 +21,17 @@ def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerI
 
 @task(name="publish", **UNCACHED)
 def publish(
-    config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, run: dict, plots: dict
+    config: TokenmillConfig,
+    plan: dict,
+    tokenizer: TokenizerInfo,
+    table: pd.DataFrame,
+    run: dict,
+    plots: dict,
+    mix: dict | None = None,
 ) -> dict:
-    """`plots`: the report's (`report.plots`), drawn while validate ran."""
+    """`plots`: the report's (`report.plots`), drawn while validate ran; `mix`: a mixture's, resolved."""
     with library.Files() as files:  # the dataset's files, spooled until the version is published
-        manifest = library.publish(config, plan, tokenizer, table, files)  # the manifest less its list of files
+        manifest = library.publish(config, plan, tokenizer, table, files, mix)  # the manifest less its list of files
         markdown = report.write_report(config.output.store(), manifest, plots, run)
         published = library.publish_version(config, manifest, files, extra_files=report.FILES)
     return {"manifest": manifest, "published": published, "report": markdown}

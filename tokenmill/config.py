@@ -78,6 +78,47 @@ class InputConfig(_Section):
         )
 
 
+SOURCE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class SourceConfig(_Section):
+    """One source of a mixture: its input, and one target for its share of the mix's training tokens."""
+
+    name: str = Field(
+        pattern=SOURCE_NAME, description="Names its outputs (megatron/<name>/<split>/...) and its row of the mix."
+    )
+    input: InputConfig
+    weight: float | None = Field(
+        None, gt=0, description="Its share of the mix's training tokens, relative to the other sources' weights."
+    )
+    tokens: int | None = Field(None, gt=0, description="Its budget: the training tokens a trainer draws from it.")
+    epochs: float | None = Field(None, gt=0, description="How many times its training tokens are drawn (2.5: 2.5x).")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> SourceConfig:
+        targets = [k for k in ("weight", "tokens", "epochs") if getattr(self, k) is not None]
+        if len(targets) != 1:
+            raise ValueError(
+                f"source {self.name!r}: set exactly one of weight, tokens or epochs (got {targets or 'none'})"
+            )
+        return self
+
+
+class MixConfig(_Section):
+    """How the sources' targets resolve into the mix a trainer draws (see tokenmill.mix)."""
+
+    total_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="Training tokens of the whole mix; the weighted sources share what the budgeted and epoch "
+        "sources leave. null: the largest mix in which no weighted source repeats (its epochs at most 1).",
+    )
+    max_epochs: float = Field(
+        4.0, gt=0, description="A source drawn more times than this stops the run, naming it (raise it to allow)."
+    )
+    seed: int = Field(0, description="Seed of the mix's shuffle (the packed loader's order over every source).")
+
+
 class PartitionConfig(_Section):
     shard_size: ByteSize | Literal["auto"] = Field(
         "auto",
@@ -333,7 +374,11 @@ class TokenmillConfig(_Section):
     """A tokenmill run: which corpus, how to tokenize and pack it, and where to put the result."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Dataset name.")
-    input: InputConfig
+    input: InputConfig | None = Field(None, description="The corpus, for a dataset of one source (else `sources`).")
+    sources: list[SourceConfig] | None = Field(
+        None, min_length=1, description="A mixture: every source's input and target, built in one run."
+    )
+    mix: MixConfig = MixConfig()
     partition: PartitionConfig = PartitionConfig()
     split: dict[str, float] = Field(
         default_factory=lambda: {"train": 1.0},
@@ -355,10 +400,49 @@ class TokenmillConfig(_Section):
                 raise ValueError(f"split name {name!r} must be a plain identifier")
         return split
 
+    @model_validator(mode="after")
+    def _one_corpus(self) -> TokenmillConfig:
+        if (self.input is None) == (self.sources is None):
+            raise ValueError("set exactly one of input (one corpus) or sources (a mixture)")
+        names = [s.name for s in self.sources or ()]
+        if duplicates := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"sources: each name once (repeated: {', '.join(duplicates)})")
+        if self.sources and self.partition.shuffle:
+            raise ValueError("partition.shuffle shuffles one corpus; a mixture is shuffled by its mix (mix.seed)")
+        return self
+
+    @property
+    def mixture(self) -> bool:
+        return self.sources is not None
+
+    def inputs(self) -> dict[str, InputConfig]:
+        """Each source's input by name; a dataset of one `input` is the source named ""."""
+        return {"": self.input} if self.sources is None else {s.name: s.input for s in self.sources}
+
+    def input_of(self, shard: dict) -> InputConfig:
+        """The input config a shard of the plan is read with: its source's."""
+        return self.inputs()[shard.get("mix_source", "")]
+
+    def streams_of(self, shard: dict) -> list[str]:
+        """Where a shard of the plan puts its documents, in split order: its source's streams."""
+        return self.streams(shard.get("mix_source", ""))
+
+    def streams(self, source: str | None = None) -> list[str]:
+        """Where documents go, in split order: the split names (`<source>/<split>` in a mixture) of `source`, or
+        of every source. Each is a directory of every format (megatron/<stream>/shard-NNNNN.bin...)."""
+        sources = self.inputs() if source is None else [source]
+        return [f"{name}/{split}" if name else split for name in sources for split in self.split]
+
     def dataset_config(self) -> dict:
         """The part of the config that defines the dataset's content (recorded in the manifest): not where it
         is read from or written to, nor how it is computed."""
-        return self.model_dump(mode="json", exclude={"output": True, "dask": True, "input": {"storage"}})
+        excluded = {"output": True, "dask": True, "input": {"storage"}, "sources": {"__all__": {"input": {"storage"}}}}
+        config = self.model_dump(mode="json", exclude=excluded)
+        if self.sources is None:  # a dataset of one input as it always was (its version hashes unchanged)
+            del config["sources"], config["mix"]
+        else:
+            del config["input"]
+        return config
 
     def dataset_hash(self) -> str:
         return self.section_hash(*self.dataset_config())
@@ -372,10 +456,16 @@ class TokenmillConfig(_Section):
 
     def section_hash(self, *sections: str) -> str:
         """A short hash of the named config sections: the cache key of a stage that depends on them."""
-        chosen = {k: v for k, v in self.dataset_config().items() if k in sections}
+        config = self.dataset_config()
         # The input is what its files hold (the plan's fingerprints), not the patterns that found them: a
         # pattern that finds the same files keys the same work, and one more file listed redoes only its shards.
-        chosen.get("input", {}).pop("paths", None)
+        # A mixture's input is its sources' inputs, not their targets: retuning the mix redoes no shard.
+        inputs = [config.get("input", {})] if self.sources is None else [s["input"] for s in config["sources"]]
+        for source_input in inputs:
+            source_input.pop("paths", None)
+        if self.sources is not None:
+            config["input"] = {s["name"]: s["input"] for s in config["sources"]}
+        chosen = {k: v for k, v in config.items() if k in sections}
         canonical = json.dumps(chosen, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -11,6 +11,10 @@ STATS = "stats.json"
 MANIFEST = "manifest.json"
 LATEST = "LATEST"  # beside the versions of a dataset: the name of the newest complete one
 PRIVATE = ("_commits/", "_work/")  # bookkeeping, not part of the published dataset
+# A mixture's files for the trainers (tokenmill.mix): Megatron's --data-args-path and --per-split-data-args-path.
+MIX = "mix"
+MIX_TRAIN_ARGS = "mix/megatron/train.args"
+MIX_PER_SPLIT_ARGS = "mix/megatron/per_split.json"
 
 
 def shard_name(shard_id: int) -> str:
@@ -28,6 +32,11 @@ def megatron_prefix(split: str, shard_id: int) -> str:
 
 def packed_prefix(split: str, shard_id: int) -> str:
     return f"packed/{split}/{shard_name(shard_id)}"
+
+
+def mix_merged_prefix(split: str, source: str) -> str:
+    """A mixture source's documents of a (validation or test) split as one Megatron dataset."""
+    return f"mix/megatron/{split}/{source}"
 
 
 def shuffle_file(split: str) -> str:
@@ -67,7 +76,7 @@ def reserve_file(shard_id: int) -> str:
 
 
 _SHARD_FILE = re.compile(
-    r"^(?P<family>megatron|packed)/(?P<split>[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>bin|idx|tokens\.npy|cu_seqlens\.npy|row_offsets\.npy)$"
+    r"^(?P<family>megatron|packed)/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>bin|idx|tokens\.npy|cu_seqlens\.npy|row_offsets\.npy)$"
 )
 _KINDS = {
     "bin": "megatron-bin",
@@ -82,12 +91,14 @@ def describe(rel: str) -> dict:
     """The manifest's view of a file: its kind, and its split and shard where it has them."""
     if m := _SHARD_FILE.match(rel):
         return {"kind": _KINDS[m["ext"]], "split": m["split"], "shard": int(m["shard"])}
-    if m := re.match(r"^llmc/(?P<split>[^/]+)/shard-(?P<shard>\d+)-\d+\.bin$", rel):
+    if m := re.match(r"^llmc/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)-\d+\.bin$", rel):
         return {"kind": "llmc", "split": m["split"], "shard": int(m["shard"])}
-    if m := re.match(r"^packed/(?P<split>[^/]+)/shuffle\.npy$", rel):
+    if m := re.match(r"^packed/(?P<split>(?:[^/]+/)?[^/]+)/shuffle\.npy$", rel):
         return {"kind": "packed-shuffle", "split": m["split"], "shard": None}
     if m := re.match(r"^rejects/shard-(\d+)\.jsonl$", rel):
         return {"kind": "rejects", "split": None, "shard": int(m[1])}
+    if rel.startswith("mix/"):
+        return {"kind": "mix", "split": None, "shard": None}
     kind = {PLAN: "plan", TOKENIZER: "tokenizer", STATS: "stats"}.get(rel, "other")
     if rel in FERTILITY_REPORT:
         kind = "fertility-report"

@@ -106,7 +106,7 @@ def write_shuffle_indexes(config: TokenmillConfig, table: pd.DataFrame) -> dict[
     rewritten on every run."""
     store = config.output.store()
     rows = {}
-    for split in config.split:
+    for split in config.streams():
         packed = table[(table.split == split) & (table.packed_rows > 0)].sort_values("shard_id")
         rows_per_shard = list(zip(packed.shard_id.tolist(), packed.packed_rows.tolist(), strict=True))
         rows[split] = sum(n for _, n in rows_per_shard)

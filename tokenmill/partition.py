@@ -136,11 +136,11 @@ def plan_shards(
 
     `earlier` (a plan of the same input and partition config over an input that has changed since) saves
     reading: an unchanged file's uncompressed size and cut points are taken from it."""
-    options = config.input.storage.fsspec_options()
-    files = list_files(config.input.paths, options)
+    files = list_inputs(config)
     known = {f["path"]: f for f in earlier["files"]} if earlier else {}
     for f in files:  # an unchanged file's uncompressed size is known (measuring it reads the file's end)
         before = known.get(f["path"])
+        options = config.inputs()[f.get("mix_source", "")].storage.fsspec_options()
         f["bytes"] = before["bytes"] if before and _fingerprint(before) == f else uncompressed_size(f["path"], options)
     total = sum(f["bytes"] for f in files)
     if shard_size is None:
@@ -149,10 +149,13 @@ def plan_shards(
     current = {f["path"]: f for f in files}
     unchanged = {path for path, f in current.items() if known.get(path) == f}
     cuts = _cuts_of(earlier, unchanged) if earlier and earlier.get("shard_size") == shard_size else {}
-    shards = [
-        {"shard_id": i, "pieces": [asdict(p) for p in pieces], "bytes": nbytes}
-        for i, (pieces, nbytes) in enumerate(_cut_into_shards(files, shard_size, options, cuts))
-    ]
+    shards = []
+    for name, source_input in config.inputs().items():  # a source's shards hold its files only
+        of_source = [f for f in files if f.get("mix_source", "") == name]
+        options = source_input.storage.fsspec_options()
+        for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, cuts):
+            shard = {"shard_id": len(shards), "pieces": [asdict(p) for p in pieces], "bytes": nbytes}
+            shards.append(shard | ({"mix_source": name} if name else {}))
     for shard in shards:
         shard["source"] = _source_of(shard, current)
     plan = {
@@ -166,6 +169,25 @@ def plan_shards(
         "shards": shards,
     }
     return plan
+
+
+def list_inputs(config: TokenmillConfig) -> list[dict]:
+    """Every input file as it is now (`list_files`), source by source; in a mixture each names its source
+    (`mix_source`), which is then part of its fingerprint: a file is read as its source's, into its outputs."""
+    files: list[dict] = []
+    for name, source_input in config.inputs().items():
+        try:
+            found = list_files(source_input.paths, source_input.storage.fsspec_options())
+        except FileNotFoundError as e:
+            if not name:
+                raise
+            raise FileNotFoundError(f"source {name!r}: {e}") from None
+        files += [f | {"mix_source": name} for f in found] if name else found
+    paths = [f["path"] for f in files]
+    if len(set(paths)) < len(paths):
+        twice = sorted({f"{f['path']} ({f['mix_source']})" for f in files if paths.count(f["path"]) > 1})
+        raise ValueError(f"an input file may belong to one source only: {', '.join(twice[:5])}")
+    return files
 
 
 def change_between(earlier: dict, plan: dict) -> dict:

@@ -40,9 +40,10 @@ def shard_file_counts(table: pd.DataFrame) -> pd.Series:
 
 def other_files(store: Store, table: pd.DataFrame) -> list[str]:
     """The dataset's files that are no shard's: the plan, the tokenizer, the stats, each split's shuffle index
-    where it has packed rows, and the fertility report where there is one."""
+    where it has packed rows, the fertility report where there is one, and a mixture's files for the trainers."""
     shuffles = [layout.shuffle_file(split) for split, rows in table.groupby("split").packed_rows.sum().items() if rows]
-    return [layout.PLAN, layout.TOKENIZER, layout.STATS, *shuffles, *filter(store.exists, layout.FERTILITY_REPORT)]
+    fertility = filter(store.exists, layout.FERTILITY_REPORT)
+    return [layout.PLAN, layout.TOKENIZER, layout.STATS, *shuffles, *fertility, *store.list(layout.MIX)]
 
 
 def packing_summary(r: pd.Series, seq_len: int) -> dict:
@@ -288,10 +289,17 @@ def manifest_entries(files: Files) -> Iterator[dict]:
         yield {**file, **layout.describe(file["path"])}
 
 
-def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, files: Files) -> dict:
+def publish(
+    config: TokenmillConfig,
+    plan: dict,
+    tokenizer: TokenizerInfo,
+    table: pd.DataFrame,
+    files: Files,
+    mix: dict | None = None,
+) -> dict:
     """Write `manifest.json` for the validated dataset, its list of files spooled into `files` (`spool_files`, kept for
     `publish_version`) and written an entry at a time, never held as a dict per file (with the text, about 10 KB per
-    shard); return the manifest without that list."""
+    shard); return the manifest without that list. `mix`: a mixture's, resolved (tokenmill.mix)."""
     store = config.output.store()
     shard_rows = table.drop_duplicates("shard_id")
     spool_files(store, table, files)
@@ -326,6 +334,7 @@ def publish(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table
         },
         "splits": split_summary(table, config.pack.seq_len),
         "packing": packing_summary(table.sum(numeric_only=True), config.pack.seq_len),
+        **({"mix": mix} if mix is not None else {}),
     }
     store.write_json(layout.MANIFEST, {**manifest, "files": STREAMED}, manifest_entries(files))
     return manifest

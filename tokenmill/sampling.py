@@ -192,7 +192,7 @@ def sample_shard(config: TokenmillConfig, shard: dict, f: float, g: float) -> di
 
     # Bad records are the tokenize stage's to report (it names their file and line; a block read here cannot
     # know its line numbers): the sample only leaves them out.
-    options = dataclasses.replace(config.input.read_options(fields), on_invalid="quarantine")
+    options = dataclasses.replace(config.input_of(shard).read_options(fields), on_invalid="quarantine")
     documents = _documents(shard, options, stride(f, g), salt, read_all=bool(stratify))
     for scale, batch, keys, nbytes_read in documents:
         sizes["bytes_read"] += nbytes_read

@@ -74,14 +74,14 @@ def tokenize_shard(
     eod_id = tokenizer.eod_id if config.tokenizer.append_eod else None
     bos_id = tokenizer.bos_id if config.tokenizer.prepend_bos else None
     dtype = token_dtype(tokenizer.vocab_size)
-    splits = list(config.split)
+    splits = config.streams_of(shard)  # the split names, `<source>/<split>` in a mixture
     counts = {s: {"documents": 0, "tokens": 0, "max_token_id": -1} for s in splits}
     documents_in = bytes_in = 0
     rejects: list[bytes] = []
     files: dict[str, dict] = {}  # size and sha256 of each file written, for the marker
     with ExitStack() as stack:
         writers: dict[str, tuple[BinWriter, object]] = {}
-        options = config.input.read_options()
+        options = config.input_of(shard).read_options()
         for batch, batch_rejects in read_documents(shard_pieces(shard), options, columnar=True):
             documents_in += len(batch) + len(batch_rejects)
             bytes_in += batch.nbytes
@@ -150,7 +150,9 @@ def verification_sample(config: TokenmillConfig, shards: Sequence[dict], documen
     texts: list[str] = []
     for shard in shards:
         taken = 0
-        for batch, _ in read_documents(shard_pieces(shard), config.input.read_options(), True, SAMPLE_BATCH_BYTES):
+        for batch, _ in read_documents(
+            shard_pieces(shard), config.input_of(shard).read_options(), True, SAMPLE_BATCH_BYTES
+        ):
             values = batch.text_values()
             step = max(1, len(values) // share)
             picked = values[::step][: share - taken]

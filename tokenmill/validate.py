@@ -173,9 +173,11 @@ def stats_schema(
 
 
 def every_shard_and_split_once(table: pd.DataFrame, shard_ids: list[int], splits: list[str]) -> bool:
-    """Each planned shard has exactly one row per split: no (shard, split) twice and as many rows as pairs (the
-    schema checks that each row's shard and split are planned ones)."""
-    return len(table) == len(set(shard_ids)) * len(splits) and not table.duplicated(["shard_id", "split"]).any()
+    """Each planned shard has exactly one row per split of its source: no (shard, split) twice and as many rows as
+    pairs (the schema checks that each row's shard and split are planned ones). In a mixture the splits are
+    `<source>/<split>`, and a shard has its own source's only: as many as the split names."""
+    per_shard = len({split.rsplit("/", 1)[-1] for split in splits})
+    return len(table) == len(set(shard_ids)) * per_shard and not table.duplicated(["shard_id", "split"]).any()
 
 
 def check_stats(
@@ -369,14 +371,18 @@ def reference_items(config: TokenmillConfig, plan: dict, table: pd.DataFrame, se
         held += int(per_shard[shard_id])
     read.sort()
     read_ids = set(read)  # these shards of the plan only: not a dict held for each of its shards
-    pieces = {s["shard_id"]: s["pieces"] for s in plan["shards"] if s["shard_id"] in read_ids}
+    read_from = {
+        s["shard_id"]: {k: s[k] for k in ("pieces", "mix_source") if k in s}
+        for s in plan["shards"]
+        if s["shard_id"] in read_ids
+    }
     chosen = np.sort(rng.choice(held, size=min(wanted, held), replace=False))
     starts = np.cumsum([0] + [int(per_shard[s]) for s in read])
     rejected = table.groupby("shard_id").rejected.first()
     return [
         {
             "shard_id": shard_id,
-            "pieces": pieces[shard_id],
+            **read_from[shard_id],
             "positions": (chosen[(chosen >= starts[k]) & (chosen < starts[k + 1])] - starts[k]).tolist(),
             "documents": int(per_shard[shard_id]),
             "rejected": int(rejected[shard_id]),
@@ -388,13 +394,13 @@ def reference_items(config: TokenmillConfig, plan: dict, table: pd.DataFrame, se
 def sampled_documents(config: TokenmillConfig, item: dict) -> list[tuple[str, int, int, str]]:
     """(split, shard, index within the shard's split, text) of the sampled documents of an item of
     `reference_items`, re-read from the input."""
-    shard_id, positions, names = item["shard_id"], np.asarray(item["positions"], np.int64), list(config.split)
+    shard_id, positions, names = item["shard_id"], np.asarray(item["positions"], np.int64), config.streams_of(item)
     if len(names) == 1 and not item["rejected"]:  # every record a document, all in one split
         texts = texts_at(config, item, positions, item["documents"])
         if texts is not None:
             return [(names[0], shard_id, int(i), t) for i, t in zip(positions, texts, strict=True)]
     found, position, counters = [], 0, np.zeros(len(names), np.int64)
-    for batch, _ in read_documents(shard_pieces(item), config.input.read_options(), columnar=True):
+    for batch, _ in read_documents(shard_pieces(item), config.input_of(item).read_options(), columnar=True):
         splits = assign_splits(batch.ids, config.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
         texts = batch.text_values()
         for i in positions[(positions >= position) & (positions < position + len(batch))] - position:
@@ -411,7 +417,7 @@ def texts_at(config: TokenmillConfig, shard: dict, positions: np.ndarray, docume
     are then its records (non-blank lines) in order: every line is split off, only the chosen ones are parsed
     (a fifth of the time of reading the shard as tokenize did). None where the shard is not all JSONL, or where
     its records do not number `documents`: the caller then reads it as tokenize did."""
-    options = config.input.read_options()
+    options = config.input_of(shard).read_options()
     pieces = shard_pieces(shard)
     if any(kind_of(piece, options) != "jsonl" for piece in pieces):
         return None
@@ -532,11 +538,11 @@ def validate(
         sample, reference = reference_items(config, plan, table), None
         if sample:
             reference = pool.submit(copy_context().run, run, "reference", sample, check_reference, (tokenizer,))
-        planned, splits = shard_ids(plan["shards"]).tolist(), list(config.split)
+        planned, splits = shard_ids(plan["shards"]).tolist(), config.streams()
         check_stats(table, planned, splits, tokenizer.vocab_size, config.pack if packing else None)
         problems = [p for found in run("check", shard_rows(table), check_shard, (tokenizer,)) for p in found]
         if packing:
-            for split in config.split:
+            for split in config.streams():
                 problems += _check_shuffle(store, split, table[table.split == split])
         if not problems and reference is not None:
             problems += reference_verdict(config, reference.result())

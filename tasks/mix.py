@@ -1,0 +1,22 @@
+"""mix: a mixture's sources resolved into the mix a trainer draws, from the validated tokens, and its Megatron
+data-args files written for the version being published (tokenmill.mix)."""
+
+import pandas as pd
+from prefect import task
+from prefect.artifacts import create_table_artifact
+
+from tasks import UNCACHED
+from tokenmill import mix as library
+from tokenmill.config import TokenmillConfig
+from tokenmill.publish import dataset_version, version_store
+from tokenmill.tokenizer import TokenizerInfo
+
+
+@task(name="mix", **UNCACHED)
+def resolve_mix(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict:
+    resolved = library.resolve(config, table)
+    published = version_store(config, dataset_version(config, plan, tokenizer)).url
+    library.write_megatron_mix(config, table, resolved, published)
+    description = f"the mix of {len(resolved['sources'])} sources: {resolved['total_tokens']:,} tokens drawn"
+    create_table_artifact(library.summary_rows(resolved), key="mix", description=description)
+    return resolved

@@ -1,0 +1,175 @@
+"""A mixture's sources resolved into the mix a trainer draws, from the tokens actually made, and the files that
+say it in each trainer's terms.
+
+Each source has one target: a `weight` (its share of the training tokens the weighted sources share), a `tokens`
+budget, or `epochs`. The budgets and epochs are drawn as given; the weighted sources share what `mix.total_tokens`
+leaves, or, with no total, the largest mix in which none of them repeats. A source drawn more than its training
+tokens repeats (fractional epochs); more than `mix.max_epochs` stops the run naming it.
+
+Megatron: `mix/megatron/train.args` (what `--data-args-path` reads: `weight prefix` pairs over every training shard,
+each shard's weight its source's share times its part of the source's tokens, so megatron-core's
+`BlendedMegatronDatasetBuilder` draws each source in its share), and `mix/megatron/per_split.json` (what
+`--per-split-data-args-path` reads) whose validation and test blends list one prefix per source, each source's
+shards merged into one `mix/megatron/<split>/<source>.bin/.idx`, so that `--multiple-validation-sets` reports a loss
+per source. Prefixes name the published version's files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from tokenmill import layout
+from tokenmill.config import TokenmillConfig
+from tokenmill.formats.megatron import MegatronIndex, write_index
+from tokenmill.storage import Store
+
+
+class MixError(ValueError):
+    """A mixture whose targets the tokens made cannot meet (the message names the source and the numbers)."""
+
+
+# Megatron's split names (its Split enum and --per-split-data-args-path keys) for tokenmill's.
+MEGATRON_SPLITS = {"train": "train", "val": "valid", "valid": "valid", "validation": "valid", "test": "test"}
+
+
+def training_split(config: TokenmillConfig) -> str:
+    """The split a trainer draws the mix from: `train`, else the first."""
+    return "train" if "train" in config.split else next(iter(config.split))
+
+
+def resolve(config: TokenmillConfig, table: pd.DataFrame) -> dict:
+    """The mix from the stats table (a row per shard and split): per source its documents and tokens per split,
+    its target, and the training tokens a trainer draws from it, their share of the mix and the epochs that
+    makes. Raises MixError where a target cannot be met."""
+    train, mix = training_split(config), config.mix
+    by_stream = table.groupby("split")[["documents", "tokens"]].sum()
+    made = {
+        s.name: {
+            split: {
+                k: int(by_stream.loc[f"{s.name}/{split}", k]) if f"{s.name}/{split}" in by_stream.index else 0
+                for k in ("documents", "tokens")
+            }  # fmt: skip
+            for split in config.split
+        }
+        for s in config.sources
+    }
+    available = {name: splits[train]["tokens"] for name, splits in made.items()}
+    for name, tokens in available.items():
+        if not tokens:
+            raise MixError(f"source {name!r} made no {train} tokens (every record invalid, or all in other splits)")
+    drawn = {
+        s.name: s.tokens if s.tokens is not None else s.epochs * available[s.name]
+        for s in config.sources
+        if s.weight is None
+    }
+    weighted = {s.name: s.weight for s in config.sources if s.weight is not None}
+    if weighted:
+        if mix.total_tokens is not None:
+            left = mix.total_tokens - sum(drawn.values())
+            if left <= 0:
+                raise MixError(
+                    f"the budgets and epochs of {', '.join(drawn)} draw {sum(drawn.values()):,.0f} tokens, "
+                    f"mix.total_tokens is {mix.total_tokens:,}: nothing is left for {', '.join(weighted)}"
+                )
+        else:  # the largest mix in which no weighted source repeats: the scarcest one drawn once
+            left = min(available[n] * sum(weighted.values()) / w for n, w in weighted.items())
+        drawn |= {n: left * w / sum(weighted.values()) for n, w in weighted.items()}
+    total = sum(drawn.values())
+    sources = {}
+    for s in config.sources:
+        epochs = drawn[s.name] / available[s.name]
+        if epochs > mix.max_epochs:
+            raise MixError(
+                f"source {s.name!r} would be drawn {epochs:.2f} times ({drawn[s.name]:,.0f} of its "
+                f"{available[s.name]:,} {train} tokens), over mix.max_epochs {mix.max_epochs:g}: give it a smaller "
+                "target, give the mix more of the other sources, or raise mix.max_epochs"
+            )
+        target = next((k, getattr(s, k)) for k in ("weight", "tokens", "epochs") if getattr(s, k) is not None)
+        sources[s.name] = {
+            "splits": made[s.name],
+            "target": {"kind": target[0], "value": target[1]},
+            "tokens_drawn": round(drawn[s.name]),
+            "share": round(drawn[s.name] / total, 6),
+            "epochs": round(epochs, 4),
+        }
+    return {"split": train, "total_tokens": round(total), "sources": sources}
+
+
+def stream_shards(table: pd.DataFrame, stream: str) -> pd.DataFrame:
+    """The shards of a stream that hold documents, in shard order, with their tokens."""
+    rows = table[(table.split == stream) & (table.documents > 0)]
+    return rows.sort_values("shard_id")[["shard_id", "tokens"]]
+
+
+def blend_args(pairs: Iterable[tuple[float, str]]) -> str:
+    """Megatron's `weight prefix weight prefix ...`, one pair a line (it reads the file split on whitespace)."""
+    return "".join(f"{weight:.12g} {prefix}\n" for weight, prefix in pairs)
+
+
+def write_megatron_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict, published: str) -> list[str]:
+    """Write the Megatron files of the mix (module docstring) into the build, their prefixes under `published`
+    (the version's URL); return their paths."""
+    store, train = config.output.store(), resolved["split"]
+    store.remove_tree(layout.MIX)  # an earlier mix's files (a source since removed)
+    written = []
+    pairs = []
+    for name, source in resolved["sources"].items():
+        shards = stream_shards(table, f"{name}/{train}")
+        for shard_id, tokens in zip(shards.shard_id, shards.tokens, strict=True):
+            prefix = layout.megatron_prefix(f"{name}/{train}", int(shard_id))
+            pairs.append((source["share"] * tokens / source["splits"][train]["tokens"], f"{published}/{prefix}"))
+    store.write_bytes(layout.MIX_TRAIN_ARGS, blend_args(pairs).encode())
+    written.append(layout.MIX_TRAIN_ARGS)
+    per_split = {"train": [str(x) for pair in pairs for x in (f"{pair[0]:.12g}", pair[1])]}
+    for split in config.split:
+        if split == train or split not in MEGATRON_SPLITS:
+            continue
+        merged = []
+        for name, source in resolved["sources"].items():
+            if not source["splits"][split]["documents"]:
+                continue
+            prefix, stream = layout.mix_merged_prefix(split, name), f"{name}/{split}"
+            shards = [layout.megatron_prefix(stream, int(i)) for i in stream_shards(table, stream).shard_id]
+            written += merge_megatron(store, shards, prefix)
+            merged += [str(source["splits"][split]["tokens"]), f"{published}/{prefix}"]
+        per_split[MEGATRON_SPLITS[split]] = merged
+    store.write_bytes(layout.MIX_PER_SPLIT_ARGS, (json.dumps(per_split, indent=2) + "\n").encode())
+    return written + [layout.MIX_PER_SPLIT_ARGS]
+
+
+def merge_megatron(store: Store, prefixes: list[str], merged: str) -> list[str]:
+    """Megatron files `prefixes` (each a shard's documents) as one `merged.bin/.idx`, in order."""
+    lengths, dtype = [], None
+    with store.writing(merged + ".bin") as tmp, open(tmp, "wb") as out:
+        for prefix in prefixes:
+            with store.local_copies(prefix + ".idx") as (idx,):
+                index = MegatronIndex(idx)
+                lengths.append(np.array(index.lengths))
+                dtype = index.dtype
+            with store.open(prefix + ".bin") as f:
+                while chunk := f.read(8 << 20):
+                    out.write(chunk)
+    with store.writing(merged + ".idx") as tmp:
+        write_index(tmp, np.concatenate(lengths), dtype)
+    return [merged + ".bin", merged + ".idx"]
+
+
+def summary_rows(resolved: dict) -> list[dict]:
+    """The mix as a table a person reads: a row per source."""
+    split = resolved["split"]
+    return [
+        {
+            "source": name,
+            "documents": sum(s["documents"] for s in source["splits"].values()),
+            f"{split} tokens": source["splits"][split]["tokens"],
+            "target": f"{source['target']['kind']} {source['target']['value']:g}",
+            "tokens drawn": source["tokens_drawn"],
+            "share": f"{100 * source['share']:.2f}%",
+            "epochs": f"{source['epochs']:.2f}",
+        }
+        for name, source in resolved["sources"].items()
+    ]
