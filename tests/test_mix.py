@@ -1,0 +1,237 @@
+"""Mixtures: three sources built in one run, the mix resolved from the tokens made, drawn by megatron-core's own
+BlendedMegatronDatasetBuilder from the published data-args files in the resolved shares, each source's validation
+set on its own; weights retuned without redoing a shard; one source growing redoes only its new shards. The
+resolution's rules (budgets, epochs, totals, max_epochs) on tables made here."""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+import types
+import warnings
+
+import pandas as pd
+import pytest
+import yaml
+
+from tokenmill.config import TokenmillConfig
+from tokenmill.layout import megatron_prefix
+from tokenmill.mix import MixError, resolve
+from tokenmill.partition import list_inputs
+
+from .conftest import CORPORA, TOKENIZERS
+
+SEQ_LEN = 256
+
+
+def mixture(tmp_path, sources: list[dict], **mix) -> dict:
+    return {
+        "name": "mix3",
+        "sources": sources,
+        "mix": mix,
+        "split": {"train": 0.95, "val": 0.05},
+        "partition": {"shard_size": "4MB"},
+        "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json")},
+        "pack": {"mode": "none"},
+        "output": {"path": str(tmp_path / "build"), "publish": {"path": str(tmp_path / "published")}},
+    }
+
+
+def three_sources(news_dir) -> list[dict]:
+    return [
+        {"name": "multilingual", "input": {"paths": [str(CORPORA / "multilingual" / "*.jsonl.gz")]}, "weight": 0.6},
+        {"name": "code", "input": {"paths": [str(CORPORA / "code" / "*.jsonl.gz")]}, "weight": 0.3},
+        {"name": "news", "input": {"paths": [f"{news_dir}/*.jsonl.gz"]}, "weight": 0.1},
+    ]
+
+
+def run_mix(run_cli, tmp_path, config: dict) -> dict:
+    """`tokenmill run` of `config`; the published version's manifest and where it is."""
+    path = tmp_path / "mix.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_cli("run", str(path))
+    root = tmp_path / "published" / "mix3"
+    version = root / (root / "LATEST").read_text().strip()
+    return json.loads((version / "manifest.json").read_text()) | {"root": version}
+
+
+def made_times(build, plan: dict) -> dict[str, tuple[str, int]]:
+    """Each shard's source and the mtime of its training tokens, by what the shard is made from: written only
+    where the shard's tokenize body ran (a shard whose id changes as files land before it is renamed)."""
+    return {
+        s["source"]: (
+            s["mix_source"],
+            (build / f"{megatron_prefix(s['mix_source'] + '/train', s['shard_id'])}.bin").stat().st_mtime_ns,
+        )
+        for s in plan["shards"]
+    }
+
+
+def drawn_by_megatron(root, manifest: dict) -> tuple[dict[str, float], list]:
+    """Each source's share of the training samples megatron-core's builder draws from the published data-args
+    files (as Megatron-LM reads them), asked for the mix's tokens in samples; and the validation datasets."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        builder = pytest.importorskip("megatron.core.datasets.blended_megatron_dataset_builder")
+        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+        from megatron.core.datasets.utils import get_blend_from_list
+    train = get_blend_from_list((root / "mix/megatron/train.args").read_text().split())  # Megatron-LM's reading
+    per_split = json.loads((root / "mix/megatron/per_split.json").read_text())
+    tokenizer = manifest["tokenizer"]
+    config = GPTDatasetConfig(
+        random_seed=1,
+        sequence_length=SEQ_LEN,
+        blend_per_split=[train, get_blend_from_list(per_split["valid"]), None],
+        multiple_validation_sets=True,
+        full_validation=False,
+        tokenizer=types.SimpleNamespace(
+            eod=tokenizer["eod_id"],
+            pad=tokenizer["eod_id"],
+            vocab_size=tokenizer["vocab_size"],
+            unique_identifiers={"tokenizer": tokenizer["sha256"]},
+        ),  # fmt: skip
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+    )
+    samples = manifest["mix"]["total_tokens"] // SEQ_LEN
+    sizes = [samples, 64, 0]
+    trained, validation, _ = builder.BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+    counts = collections.Counter(
+        trained.datasets[int(i)].dataset_path.split("/megatron/")[1].split("/")[0] for i in trained.dataset_index
+    )
+    return {source: n / len(trained) for source, n in counts.items()}, validation
+
+
+def test_a_mix_of_three_sources_is_drawn_by_megatron_in_its_resolved_shares(run_cli, tmp_path):
+    news = tmp_path / "news"
+    news.mkdir()
+    shutil.copy(CORPORA / "web_scrapinghub_aeb" / "web_scrapinghub_aeb.jsonl.gz", news)
+    config = mixture(tmp_path, three_sources(news))
+    first = run_mix(run_cli, tmp_path, config)
+    build = tmp_path / "build"
+    plan = json.loads((build / "plan.json").read_text())
+    assert {s.get("mix_source") for s in plan["shards"]} == {"multilingual", "code", "news"}
+    for f in first["files"]:  # every shard file under its source's directory
+        if f["kind"].startswith("megatron"):
+            assert f["path"].split("/")[1] in {"multilingual", "code", "news"}, f["path"]
+    # no total: the largest mix in which no weighted source repeats (the scarcest, by weight, drawn once)
+    sources = first["mix"]["sources"]
+    assert max(s["epochs"] for s in sources.values()) == pytest.approx(1.0, abs=1e-3)
+    assert {n: s["share"] for n, s in sources.items()} == pytest.approx({"multilingual": 0.6, "code": 0.3, "news": 0.1})
+
+    # Retuned: the total makes news (a tenth) repeat 2.5 times; no shard is tokenized again
+    before = made_times(build, plan)
+    news_tokens = sources["news"]["splits"]["train"]["tokens"]
+    config["mix"] = {"total_tokens": 25 * news_tokens}
+    second = run_mix(run_cli, tmp_path, config)
+    assert made_times(build, plan) == before
+    sources = second["mix"]["sources"]
+    assert sources["news"]["epochs"] == pytest.approx(2.5, abs=1e-3)
+    assert second["version"] != first["version"]  # another mix is another version; its shards the same files
+    shares, validation = drawn_by_megatron(second["root"], second)
+    for name, source in sources.items():
+        assert shares[name] == pytest.approx(source["share"], rel=0.01), (name, shares)
+    # one validation set per source, each all of that source's validation documents
+    assert len(validation) == 3
+    val_documents = sorted(s["splits"]["val"]["documents"] for s in sources.values())
+    assert sorted(d.dataset.index.sequence_lengths.size for d in validation) == val_documents
+
+    # news grows by a file: only its new shard is made, the mix follows the new counts, the old version verifies
+    shutil.copy(CORPORA / "web_dclm_annotated" / "web_dclm_annotated.jsonl.gz", news)
+    third = run_mix(run_cli, tmp_path, config)
+    plan = json.loads((build / "plan.json").read_text())
+    after = made_times(build, plan)
+    assert [source for made_from, (source, _) in after.items() if before.get(made_from) != after[made_from]] == ["news"]
+    grown = third["mix"]["sources"]["news"]["splits"]["train"]["tokens"]
+    assert grown > news_tokens and third["mix"]["sources"]["news"]["epochs"] < 2.5
+    assert run_cli("inspect", str(second["root"]), "--verify").returncode == 0
+
+
+def table(tokens: dict[str, int]) -> pd.DataFrame:
+    """A stats table with one shard per source: its train tokens, and a tenth as many in val."""
+    rows = []
+    for shard_id, (source, n) in enumerate(tokens.items()):
+        rows += [
+            {"shard_id": shard_id, "split": f"{source}/train", "documents": n // 100, "tokens": n},
+            {"shard_id": shard_id, "split": f"{source}/val", "documents": 1, "tokens": n // 10},
+        ]
+    return pd.DataFrame(rows)
+
+
+def config_of(sources: list[dict], **mix) -> TokenmillConfig:
+    sources = [{"input": {"paths": [f"/data/{s['name']}/*"]}} | s for s in sources]
+    return TokenmillConfig.model_validate(
+        {
+            "name": "m",
+            "sources": sources,
+            "mix": mix,
+            "split": {"train": 0.9, "val": 0.1},
+            "tokenizer": {"path": "t.json"},
+            "output": {"path": "/tmp/out"},
+        }  # fmt: skip
+    )
+
+
+def test_budgets_and_epochs_are_drawn_as_given_and_the_weights_share_the_rest():
+    config = config_of(
+        [{"name": "web", "weight": 3}, {"name": "code", "weight": 1}, {"name": "books", "tokens": 500},
+         {"name": "math", "epochs": 2.5}],
+        total_tokens=10_000,
+    )  # fmt: skip
+    mix = resolve(config, table({"web": 20_000, "code": 5_000, "books": 1_000, "math": 400}))["sources"]
+    assert mix["books"]["tokens_drawn"] == 500 and mix["books"]["epochs"] == 0.5
+    assert mix["math"]["tokens_drawn"] == 1_000 and mix["math"]["epochs"] == 2.5
+    assert mix["web"]["tokens_drawn"] == 6_375 and mix["code"]["tokens_drawn"] == 2_125  # 8,500 shared 3:1
+    assert sum(s["share"] for s in mix.values()) == pytest.approx(1.0)
+    assert mix["web"]["splits"] == {
+        "train": {"documents": 200, "tokens": 20_000},
+        "val": {"documents": 1, "tokens": 2_000},
+    }
+
+
+def test_a_source_repeated_past_max_epochs_stops_the_run_naming_it():
+    config = config_of([{"name": "web", "weight": 0.9}, {"name": "tiny", "weight": 0.1}], total_tokens=100_000)
+    with pytest.raises(MixError, match=r"source 'tiny' would be drawn 10.00 times .* over mix.max_epochs 4"):
+        resolve(config, table({"web": 100_000, "tiny": 1_000}))
+    config.mix.max_epochs = 10
+    assert resolve(config, table({"web": 100_000, "tiny": 1_000}))["sources"]["tiny"]["epochs"] == 10
+
+
+def test_budgets_over_the_total_and_a_source_with_no_tokens_are_named():
+    config = config_of([{"name": "web", "weight": 1}, {"name": "books", "tokens": 5_000}], total_tokens=4_000)
+    with pytest.raises(MixError, match="books draw 5,000 tokens, mix.total_tokens is 4,000: nothing is left for web"):
+        resolve(config, table({"web": 10_000, "books": 10_000}))
+    with pytest.raises(MixError, match="source 'books' made no train tokens"):
+        resolve(config, table({"web": 10_000, "books": 0}))
+
+
+def test_a_source_whose_paths_match_nothing_is_named(tmp_path):
+    (tmp_path / "web").mkdir()
+    (tmp_path / "web" / "a.jsonl").write_text('{"text": "x"}\n')
+    config = config_of([{"name": "web", "weight": 1}, {"name": "code", "weight": 1}])
+    config.sources[0].input.paths = [str(tmp_path / "web" / "*.jsonl")]
+    config.sources[1].input.paths = [str(tmp_path / "code" / "*.jsonl")]
+    with pytest.raises(FileNotFoundError, match=r"source 'code': input path .*code/\*\.jsonl' matches no file"):
+        list_inputs(config)
+    config.sources[1].input.paths = config.sources[0].input.paths
+    with pytest.raises(ValueError, match="an input file may belong to one source only"):
+        list_inputs(config)
+
+
+def test_a_mixture_config_takes_one_target_per_source_and_names_each_source_once():
+    with pytest.raises(ValueError, match="set exactly one of weight, tokens or epochs"):
+        config_of([{"name": "web", "weight": 1, "epochs": 2}])
+    with pytest.raises(ValueError, match="each name once"):
+        config_of([{"name": "web", "weight": 1}, {"name": "web", "weight": 2}])
+    config = config_of([{"name": "web", "weight": 1}, {"name": "code", "epochs": 1}])
+    assert config.streams() == ["web/train", "web/val", "code/train", "code/val"]
+    # retuning the targets keys the same shard work; another input config does not
+    retuned = config_of([{"name": "web", "weight": 5}, {"name": "code", "epochs": 3}])
+    assert retuned.section_hash("input", "partition", "split", "tokenizer") == config.section_hash(
+        "input", "partition", "split", "tokenizer"
+    )
+    assert retuned.dataset_hash() != config.dataset_hash()
+    retuned.sources[1].input.text_field = "content"
+    assert retuned.section_hash("input") != config.section_hash("input")
