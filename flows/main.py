@@ -257,6 +257,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         **manifest["counts"],
         "splits": manifest["splits"],
         "packing": manifest["packing"],
+        "mix": manifest.get("mix"),
         **run,
     }
     logger.info(
@@ -320,5 +321,6 @@ def unchanged_summary(config: TokenmillConfig, done: dict, seconds: float) -> di
         **manifest["counts"],
         "splits": manifest["splits"],
         "packing": manifest["packing"],
+        "mix": manifest.get("mix"),
         "flow_seconds": round(seconds, 2),
     }

@@ -222,9 +222,17 @@ def print_summary(summary: dict, link: str | None) -> None:
     )
     for reason in summary.get("shards_redone", []):
         console.print(f"[yellow]redone:[/yellow] {reason}", highlight=False)
+    if mix := summary.get("mix"):  # a row per source; the splits of all of them below
+        from tokenmill.mix import summary_rows
+
+        rows = summary_rows(mix)
+        table = Table(*rows[0], title=f"the mix: {mix['total_tokens']:,} {mix['split']} tokens drawn")
+        for row in rows:
+            table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()))
+        console.print(table)
     # Metrics down, splits across: stays readable in 80 columns, however many stats there are.
     everything = {"documents": summary["documents_out"], "tokens": summary["tokens"], "packing": summary["packing"]}
-    columns = {**summary["splits"], "all": everything}
+    columns = {**({} if mix else summary["splits"]), "all": everything}
     table = Table("", *columns)
     metrics = {
         "documents": lambda s: f"{s['documents']:,}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -23,8 +24,8 @@ PLOTS = {
     "document_lengths": "report/document_lengths.png",
     "tokens_per_shard": "report/tokens_per_shard.png",
     "utilization": "report/utilization.png",
+    "mix": "report/mix.png",  # a mixture's (`mix_plot`)
 }
-FILES = [SUMMARY, *PLOTS.values()]
 MAX_BARS = 200  # bars in the tokens-per-shard plot
 MAX_INDEXES = 256  # Megatron indexes read for the document-length plot
 
@@ -33,8 +34,14 @@ def percent(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction:.2%}"
 
 
-def summary_markdown(manifest: dict, run: dict | None = None) -> str:
-    """Counts, tokens per split, encoder, packing against the padded layout, and the run's throughput."""
+def files(images: dict[str, bytes]) -> list[str]:
+    """The report's files, with these plots (`plots`, and a mixture's `mix_plot`)."""
+    return [SUMMARY, *(PLOTS[name] for name in images)]
+
+
+def summary_markdown(manifest: dict, run: dict | None = None, images: Iterable[str] = PLOTS) -> str:
+    """Counts, tokens per split, encoder, packing against the padded layout, the run's throughput and a
+    mixture's mix; `images`: the plots to show."""
     counts = manifest["counts"]
     lines = [
         f"# {manifest['name']} {manifest.get('version', '')}",
@@ -69,7 +76,14 @@ def summary_markdown(manifest: dict, run: dict | None = None) -> str:
             f"{percent(p.get('utilization'))} | {percent(padded.get('utilization'))} "
             f"({padded.get('sequences', 0):,} rows) |"
         )
-    lines += ["", *(f"![{name}]({path.removeprefix('report/')})" for name, path in PLOTS.items())]
+    if mix := manifest.get("mix"):
+        from tokenmill.mix import summary_rows
+
+        rows = summary_rows(mix)
+        lines += ["", f"The mix: {mix['total_tokens']:,} {mix['split']} tokens drawn.", ""]
+        lines += [f"| {' | '.join(rows[0])} |", f"|{'---|' * len(rows[0])}"]
+        lines += [f"| {' | '.join(f'{v:,}' if isinstance(v, int) else str(v) for v in r.values())} |" for r in rows]
+    lines += ["", *(f"![{name}]({PLOTS[name].removeprefix('report/')})" for name in images)]
     return "\n".join(lines) + "\n"
 
 
@@ -167,11 +181,25 @@ def plots(store: Store, table: pd.DataFrame, seq_len: int) -> dict[str, bytes]:
     return {"document_lengths": document_plot, "tokens_per_shard": shard_plot, "utilization": _png(figure)}
 
 
+def mix_plot(mix: dict) -> bytes:
+    """A mixture's sources: each one's share of the training tokens drawn, and how many times it is drawn."""
+    plt = load_matplotlib()
+    names = list(mix["sources"])
+    figure, ax = plt.subplots(figsize=(6, 0.6 + 0.45 * len(names)), gridspec_kw={"left": 0.25, "right": 0.85})
+    shares = [mix["sources"][n]["share"] for n in names]
+    ax.barh(names, shares, color="#4c72b0")
+    for y, name in enumerate(names):
+        ax.annotate(f" {mix['sources'][name]['epochs']:.2f} epochs", (shares[y], y), va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set(title=f"The mix: share of {mix['total_tokens']:,} {mix['split']} tokens", xlim=(0, max(shares) * 1.3))
+    return _png(figure)
+
+
 def write_report(store: Store, manifest: dict, images: dict[str, bytes], run: dict | None = None) -> str:
     """Write the report files into the dataset (`manifest`: what `publish.publish` returns; `images`: `plots`);
     return the markdown with the plots inline, for the run's Prefect artifact (the file's relative image links
     lead nowhere in the UI; the three PNGs are about 40 KB)."""
-    markdown = summary_markdown(manifest, run)
+    markdown = summary_markdown(manifest, run, images)
     for name, data in images.items():
         store.write_bytes(PLOTS[name], data)
     store.write_bytes(SUMMARY, markdown.encode())
