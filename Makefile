@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup postgres chromium demo test lint format bench faults clean
+.PHONY: setup postgres chromium demo test docs lint format bench faults clean
 
 $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ test: setup postgres chromium
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
 
+# The docs site (mkdocs.yml, docs/) into site/; strict: a broken link or anchor fails. docs/configuration.md is
+# generated: python -m tokenmill.config_reference > docs/configuration.md
+docs: setup
+	$(BIN)/mkdocs build --strict
+
 lint: setup
 	$(BIN)/ruff check .
 
@@ -62,4 +67,4 @@ faults: setup
 	$(BIN)/python bench/faults.py --trials $(TRIALS) --report out/faults.json $(FAULTS_ARGS)
 
 clean:
-	rm -rf out .pytest_cache .ruff_cache
+	rm -rf out site .pytest_cache .ruff_cache

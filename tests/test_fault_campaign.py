@@ -45,7 +45,7 @@ def test_a_few_trials_of_each_flow_level_fault(tmp_path):
 
 def test_a_server_left_down_and_a_worker_killed_for_memory(tmp_path, monkeypatch):
     """Prefect's client retries cut to one, so the run left without its server fails in seconds rather than the
-    default's 2.5 minutes (README, Prefect server outages)."""
+    default's 2.5 minutes (docs/guarantees.md, Prefect server outages)."""
     monkeypatch.setenv("PREFECT_CLIENT_MAX_RETRIES", "1")
     status, table = campaign(tmp_path, "server_outage,oom", seed=159)  # the kill at 36% of a clean run
     check(status, table)
