@@ -1,5 +1,5 @@
-"""mix: a mixture's sources resolved into the mix a trainer draws, from the validated tokens, and its Megatron
-data-args files written for the version being published (tokenmill.mix)."""
+"""mix: a mixture's sources resolved into the mix a trainer draws, from the validated tokens, and the files that
+say it: Megatron's data-args files for the version being published, and the packed loader's mix (tokenmill.mix)."""
 
 import pandas as pd
 from prefect import task
@@ -16,7 +16,7 @@ from tokenmill.tokenizer import TokenizerInfo
 def resolve_mix(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict:
     resolved = library.resolve(config, table)
     published = version_store(config, dataset_version(config, plan, tokenizer)).url
-    library.write_megatron_mix(config, table, resolved, published)
+    library.write_mix(config, table, resolved, published)
     description = f"the mix of {len(resolved['sources'])} sources: {resolved['total_tokens']:,} tokens drawn"
     create_table_artifact(library.summary_rows(resolved), key="mix", description=description)
     return resolved

@@ -1,7 +1,7 @@
-"""Mixtures: three sources built in one run, the mix resolved from the tokens made, drawn by megatron-core's own
-BlendedMegatronDatasetBuilder from the published data-args files in the resolved shares, each source's validation
-set on its own; weights retuned without redoing a shard; one source growing redoes only its new shards. The
-resolution's rules (budgets, epochs, totals, max_epochs) on tables made here."""
+"""Mixtures: three sources built in one run, the mix resolved from the tokens made, drawn in the resolved shares by
+megatron-core's own BlendedMegatronDatasetBuilder from the published data-args files and by tokenmill.loader, each
+source's validation set on its own; weights retuned without redoing a shard; one source growing redoes only its
+new shards. The resolution's rules (budgets, epochs, totals, max_epochs) on tables made here."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import shutil
 import types
 import warnings
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
 from tokenmill.config import TokenmillConfig
-from tokenmill.layout import megatron_prefix
+from tokenmill.layout import megatron_prefix, packed_prefix
 from tokenmill.mix import MixError, resolve
 from tokenmill.partition import list_inputs
 
@@ -33,7 +34,7 @@ def mixture(tmp_path, sources: list[dict], **mix) -> dict:
         "split": {"train": 0.95, "val": 0.05},
         "partition": {"shard_size": "4MB"},
         "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json")},
-        "pack": {"mode": "none"},
+        "pack": {"mode": "concat", "seq_len": SEQ_LEN},
         "output": {"path": str(tmp_path / "build"), "publish": {"path": str(tmp_path / "published")}},
     }
 
@@ -104,6 +105,24 @@ def drawn_by_megatron(root, manifest: dict) -> tuple[dict[str, float], list]:
     return {source: n / len(trained) for source, n in counts.items()}, validation
 
 
+def rows_drawn(root, plan: dict) -> dict[str, float]:
+    """Each source's share of the rows `tokenmill.loader.PackedSplit(root, "train")` yields, from the mix's index
+    of (shard, row) pairs; and the loader's samples are those rows."""
+    from tokenmill.formats.packed import PackedReader
+    from tokenmill.loader import PackedSplit, training_sample
+
+    mixed, index = PackedSplit(root, "train"), np.load(root / "mix/packed/train.npy")
+    assert len(mixed) == len(index)
+    source_of = {s["shard_id"]: s["mix_source"] for s in plan["shards"]}
+    for i in (0, len(index) // 2, len(index) - 1):
+        shard, row = (int(v) for v in index[i])
+        stored = PackedReader(root / packed_prefix(f"{source_of[shard]}/train", shard))
+        expected = training_sample(*stored[row])
+        assert all(np.array_equal(mixed[i][k], expected[k]) for k in expected)
+    counts = collections.Counter(source_of[int(shard)] for shard in index[:, 0])
+    return {source: n / len(index) for source, n in counts.items()}
+
+
 def test_a_mix_of_three_sources_is_drawn_by_megatron_in_its_resolved_shares(run_cli, tmp_path):
     news = tmp_path / "news"
     news.mkdir()
@@ -131,6 +150,10 @@ def test_a_mix_of_three_sources_is_drawn_by_megatron_in_its_resolved_shares(run_
     assert sources["news"]["epochs"] == pytest.approx(2.5, abs=1e-3)
     assert second["version"] != first["version"]  # another mix is another version; its shards the same files
     shares, validation = drawn_by_megatron(second["root"], second)
+    for name, source in sources.items():
+        assert shares[name] == pytest.approx(source["share"], rel=0.01), (name, shares)
+    # the packed loader's mix: each source's rows in its share, read through tokenmill.loader
+    shares = rows_drawn(second["root"], json.loads((build / "plan.json").read_text()))
     for name, source in sources.items():
         assert shares[name] == pytest.approx(source["share"], rel=0.01), (name, shares)
     # one validation set per source, each all of that source's validation documents

@@ -39,6 +39,11 @@ def mix_merged_prefix(split: str, source: str) -> str:
     return f"mix/megatron/{split}/{source}"
 
 
+def mix_packed_file(split: str) -> str:
+    """A mixture's packed rows of a split as the mix draws them: (shard id, row) pairs, shuffled (tokenmill.mix)."""
+    return f"mix/packed/{split}.npy"
+
+
 def shuffle_file(split: str) -> str:
     """The split's global shuffle index over its packed rows, across shards."""
     return f"packed/{split}/shuffle.npy"

@@ -2,7 +2,8 @@
 
 - `training_sample`: one packed row as `input_ids`, `labels`, `position_ids` and `cu_seqlens`.
 - `PackedSplit` (numpy only): every packed row of one split across its shards, memory-mapped, in the
-  order of the split's global shuffle index (or in shard order).
+  order of the split's global shuffle index (or in shard order); of a mixture, the mix (every source's rows
+  as often as the mix draws them, shuffled), or one source's split (`<source>/<split>`).
 - `PackedTorchDataset` and `collate_thd` (need torch; imported from here only when asked for): a
   `torch.utils.data.IterableDataset` giving each rank, and each DataLoader worker within a rank, its
   own samples; and a collate function that flattens a batch for varlen (THD) attention.
@@ -57,8 +58,10 @@ class PackedSplit:
     """The packed rows of one split of a dataset directory, as training samples (`split[i]`).
 
     With `shuffle` sample i is the row at entry i of `packed/<split>/shuffle.npy`; without, rows come in
-    shard order. Files are memory-mapped on first access in each process (so the object pickles small,
-    as DataLoader workers need).
+    shard order. A mixture's training split is its mix: sample i is entry i of `mix/packed/<split>.npy`, every
+    source's rows drawn as often as the mix says, shuffled (`shuffle` does not apply); its other splits, and
+    each source's, are `<source>/<split>`. Files are memory-mapped on first access in each process (so the
+    object pickles small, as DataLoader workers need).
     """
 
     def __init__(self, root: str | Path, split: str, *, shuffle: bool = True, mask_cross_document_labels: bool = True):
@@ -66,17 +69,23 @@ class PackedSplit:
         self.mask_cross_document_labels = mask_cross_document_labels
         manifest = json.loads((self.root / layout.MANIFEST).read_text())
         self.extra_token = bool(manifest["config"]["pack"].get("extra_token", False))
-        self.shard_ids = sorted(
-            f["shard"] for f in manifest["files"] if f["kind"] == "packed-tokens" and f["split"] == split
-        )
+        self.mixed = manifest.get("mix", {}).get("split") == split
+        in_split = (lambda s: s.endswith(f"/{split}")) if self.mixed else (lambda s: s == split)
+        streams = {
+            f["shard"]: f["split"] for f in manifest["files"] if f["kind"] == "packed-tokens" and in_split(f["split"])
+        }
+        self.shard_ids = sorted(streams)
+        self.streams = [streams[shard] for shard in self.shard_ids]  # each shard's `<source>/<split>` in a mixture
         if not self.shard_ids:
             raise ValueError(f"{self.root}: split {split!r} has no packed rows")
+        self.order_file = layout.mix_packed_file(split) if self.mixed else layout.shuffle_file(split)
+        self.shuffle = shuffle or self.mixed
         self._shard_position = {shard: i for i, shard in enumerate(self.shard_ids)}
         counts = [self._readers_or_open()[i].rows.shape[0] for i in range(len(self.shard_ids))]
         self._first_row = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
     def __len__(self) -> int:
-        return int(self._first_row[-1])
+        return len(self._order_or_open()) if self.mixed else int(self._first_row[-1])
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         return training_sample(
@@ -98,13 +107,14 @@ class PackedSplit:
     def _readers_or_open(self) -> list[PackedReader]:
         if getattr(self, "_readers", None) is None:
             self._readers = [
-                PackedReader(self.root / layout.packed_prefix(self.split, shard)) for shard in self.shard_ids
+                PackedReader(self.root / layout.packed_prefix(stream, shard))
+                for stream, shard in zip(self.streams, self.shard_ids, strict=True)
             ]
         return self._readers
 
     def _order_or_open(self) -> np.ndarray:
         if getattr(self, "_order", None) is None:
-            self._order = read_shuffle_index(self.root / layout.shuffle_file(self.split))
+            self._order = read_shuffle_index(self.root / self.order_file)
         return self._order
 
     def __getstate__(self) -> dict:

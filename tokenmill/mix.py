@@ -12,6 +12,9 @@ each shard's weight its source's share times its part of the source's tokens, so
 `--per-split-data-args-path` reads) whose validation and test blends list one prefix per source, each source's
 shards merged into one `mix/megatron/<split>/<source>.bin/.idx`, so that `--multiple-validation-sets` reports a loss
 per source. Prefixes name the published version's files.
+
+Packed (THD): `mix/packed/<split>.npy`, the (shard, row) pairs of every source's training rows as the mix draws
+them (`write_packed_mix`), which `tokenmill.loader.PackedSplit(root, "train")` reads in order.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ import pandas as pd
 from tokenmill import layout
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import MegatronIndex, write_index
+from tokenmill.formats.packed import write_shuffle_index
+from tokenmill.pack import writes_packed
+from tokenmill.packing import global_shuffle_index
 from tokenmill.storage import Store
 
 
@@ -110,11 +116,19 @@ def blend_args(pairs: Iterable[tuple[float, str]]) -> str:
     return "".join(f"{weight:.12g} {prefix}\n" for weight, prefix in pairs)
 
 
+def write_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict, published: str) -> None:
+    """The mix's files, made anew (an earlier mix's go: a source since removed): Megatron's, and the packed
+    loader's where packed rows are written."""
+    config.output.store().remove_tree(layout.MIX)
+    write_megatron_mix(config, table, resolved, published)
+    if writes_packed(config):
+        write_packed_mix(config, table, resolved)
+
+
 def write_megatron_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict, published: str) -> list[str]:
     """Write the Megatron files of the mix (module docstring) into the build, their prefixes under `published`
     (the version's URL); return their paths."""
     store, train = config.output.store(), resolved["split"]
-    store.remove_tree(layout.MIX)  # an earlier mix's files (a source since removed)
     written = []
     pairs = []
     for name, source in resolved["sources"].items():
@@ -139,6 +153,26 @@ def write_megatron_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: d
         per_split[MEGATRON_SPLITS[split]] = merged
     store.write_bytes(layout.MIX_PER_SPLIT_ARGS, (json.dumps(per_split, indent=2) + "\n").encode())
     return written + [layout.MIX_PER_SPLIT_ARGS]
+
+
+def write_packed_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict) -> str:
+    """Write the mix of packed rows (`mix/packed/<split>.npy`, read by `tokenmill.loader.PackedSplit`): each
+    source's training rows as many times as its epochs say, whole epochs in full and the fraction as a seeded
+    sample of its rows without repeats, all shuffled together with `mix.seed`; return its path."""
+    train, seed = resolved["split"], config.mix.seed
+    drawn = []
+    for k, (name, source) in enumerate(resolved["sources"].items()):
+        packed = table[(table.split == f"{name}/{train}") & (table.packed_rows > 0)].sort_values("shard_id")
+        rows = global_shuffle_index(list(zip(packed.shard_id, packed.packed_rows, strict=True)), seed)
+        whole, fraction = divmod(source["epochs"], 1)
+        part = np.random.default_rng([seed, k]).choice(len(rows), round(fraction * len(rows)), replace=False)
+        drawn += [rows] * int(whole) + [rows[np.sort(part)]]
+    index = np.concatenate(drawn)
+    index = index[np.random.default_rng(seed).permutation(len(index))]
+    rel = layout.mix_packed_file(train)
+    with config.output.store().writing(rel) as tmp:
+        write_shuffle_index(tmp, index)
+    return rel
 
 
 def merge_megatron(store: Store, prefixes: list[str], merged: str) -> list[str]:
