@@ -258,3 +258,37 @@ def test_a_mixture_config_takes_one_target_per_source_and_names_each_source_once
     assert retuned.dataset_hash() != config.dataset_hash()
     retuned.sources[1].input.text_field = "content"
     assert retuned.section_hash("input") != config.section_hash("input")
+
+
+def test_the_tokenizer_of_a_mix_is_trained_on_a_sample_in_the_mix_shares(tmp_path):
+    """A tenth of the mix from the largest source, nine tenths from the two smaller: the texts the tokenizer is
+    trained on (the sample written, as `training_texts` reads it) take each source in its share of the mix, in
+    text bytes, not its share of the corpus."""
+    from tokenmill import sampling
+    from tokenmill.partition import plan_shards
+
+    sources = [
+        {"name": "code", "input": {"paths": [str(CORPORA / "code" / "*.jsonl.gz")]}, "weight": 0.1},
+        {"name": "multilingual", "input": {"paths": [str(CORPORA / "multilingual" / "*.jsonl.gz")]}, "weight": 0.6},
+        {"name": "web", "input": {"paths": [str(CORPORA / "web_trafilatura_pages" / "*.jsonl.gz")]}, "weight": 0.3},
+    ]
+    config = mixture(tmp_path, sources)
+    config["tokenizer"] = {"train": {"sample_size": "3MB", "vocab_size": 1000}}
+    config = TokenmillConfig.model_validate(config)
+    plan = plan_shards(config)
+    f, g = sampling.fractions(config, plan)
+    samples = [sampling.sample_shard(config, shard, f, g) for shard in plan["shards"]]
+    source_of = {}  # each sampled text's source, from the sample files written
+    for sample, shard in zip(samples, plan["shards"], strict=True):
+        for line in (tmp_path / "build" / sample["path"]).read_text().splitlines():
+            source_of[json.loads(line)["text"]] = shard["mix_source"]
+    trained_on = collections.Counter()
+    for text in sampling.training_texts(config, samples):
+        trained_on[source_of[text]] += len(text.encode())
+    corpus = collections.Counter()
+    for shard in plan["shards"]:
+        corpus[shard["mix_source"]] += shard["bytes"]
+    assert corpus["code"] / corpus.total() > 0.4  # the largest source by far, a tenth of the mix
+    for source in sources:
+        assert trained_on[source["name"]] / trained_on.total() == pytest.approx(source["weight"], rel=0.1), trained_on
+    assert trained_on.total() == pytest.approx(3_000_000, rel=0.1)

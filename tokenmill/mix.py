@@ -47,6 +47,38 @@ def training_split(config: TokenmillConfig) -> str:
     return "train" if "train" in config.split else next(iter(config.split))
 
 
+def draw(config: TokenmillConfig, available: dict[str, float]) -> dict[str, float]:
+    """The training tokens drawn from each source, given the tokens each has (`available`): budgets and epochs
+    as given, the weighted sources sharing the rest of `mix.total_tokens` by weight, or with no total the most
+    they can without repeating (the scarcest by weight drawn once)."""
+    total_tokens = config.mix.total_tokens
+    drawn = {s.name: s.tokens or s.epochs * available[s.name] for s in config.sources if s.weight is None}
+    weighted = {s.name: s.weight for s in config.sources if s.weight is not None}
+    if not weighted:
+        return drawn
+    if total_tokens is not None:
+        left = total_tokens - sum(drawn.values())
+        if left <= 0:
+            raise MixError(
+                f"the budgets and epochs of {', '.join(drawn)} draw {sum(drawn.values()):,.0f} tokens, "
+                f"mix.total_tokens is {total_tokens:,}: nothing is left for {', '.join(weighted)}"
+            )
+    else:
+        left = min(available[n] * sum(weighted.values()) / w for n, w in weighted.items())
+    return drawn | {n: left * w / sum(weighted.values()) for n, w in weighted.items()}
+
+
+# The tokenizer's training sample is drawn before there are tokens: its sources' shares are the mix's over their
+# input bytes, a budget in tokens counted as this many bytes (about English text's with a 32k-50k vocabulary).
+BYTES_PER_TOKEN = 4
+
+
+def sample_shares(config: TokenmillConfig, source_bytes: dict[str, int]) -> dict[str, float]:
+    """Each source's share of the tokenizer's training sample: its share of the mix, estimated from its bytes."""
+    drawn = draw(config, {name: nbytes / BYTES_PER_TOKEN for name, nbytes in source_bytes.items()})
+    return {name: tokens / sum(drawn.values()) for name, tokens in drawn.items()}
+
+
 def resolve(config: TokenmillConfig, table: pd.DataFrame) -> dict:
     """The mix from the stats table (a row per shard and split): per source its documents and tokens per split,
     its target, and the training tokens a trainer draws from it, their share of the mix and the epochs that
@@ -67,23 +99,7 @@ def resolve(config: TokenmillConfig, table: pd.DataFrame) -> dict:
     for name, tokens in available.items():
         if not tokens:
             raise MixError(f"source {name!r} made no {train} tokens (every record invalid, or all in other splits)")
-    drawn = {
-        s.name: s.tokens if s.tokens is not None else s.epochs * available[s.name]
-        for s in config.sources
-        if s.weight is None
-    }
-    weighted = {s.name: s.weight for s in config.sources if s.weight is not None}
-    if weighted:
-        if mix.total_tokens is not None:
-            left = mix.total_tokens - sum(drawn.values())
-            if left <= 0:
-                raise MixError(
-                    f"the budgets and epochs of {', '.join(drawn)} draw {sum(drawn.values()):,.0f} tokens, "
-                    f"mix.total_tokens is {mix.total_tokens:,}: nothing is left for {', '.join(weighted)}"
-                )
-        else:  # the largest mix in which no weighted source repeats: the scarcest one drawn once
-            left = min(available[n] * sum(weighted.values()) / w for n, w in weighted.items())
-        drawn |= {n: left * w / sum(weighted.values()) for n, w in weighted.items()}
+    drawn = draw(config, available)
     total = sum(drawn.values())
     sources = {}
     for s in config.sources:

@@ -59,15 +59,37 @@ STAGE = "sample"
 NO_VALUE = "(none)"  # the group of a document that lacks the field
 BLOCK_BYTES = 64 << 10  # a run of neighbouring documents (about 40 Wikipedia articles)
 OVERSAMPLE = 4  # the blocks read hold this many times the sample's bytes
+# A mixture's sample draws this much more of each source than its share, by input bytes, then keeps the share in
+# text bytes (`training_texts`): a source's text is a smaller part of its input where JSON escapes more of it
+# (code: about two thirds).
+MIX_MARGIN = 1.6
+MIX_SALT = "mix-sample:"  # the hashes of sampled texts that trim a mixture's sources to their shares
 
 
-def fractions(config: TokenmillConfig, plan: dict) -> tuple[float, float]:
-    """(training fraction, held-out fraction) of the corpus: f and g in the module docstring."""
+def fractions(config: TokenmillConfig, plan: dict) -> tuple[float | dict[str, float], float]:
+    """(training fraction, held-out fraction) of the corpus: f and g in the module docstring. In a mixture the
+    training sample mirrors the mix: f is a fraction per source (`source_fraction`), each source's share of the
+    sample its share of the mix (`tokenmill.mix.sample_shares`) with a margin that `training_texts` trims; the
+    held-out sample stays proportional."""
     total = max(sum(s["bytes"] for s in plan["shards"]), 1)
     train = config.tokenizer.train
     f = min(1.0, int(train.sample_size) / total) if train is not None else 0.0
-    g = min(1.0 - f, int(config.fertility.holdout_size) / total) if config.fertility.enabled else 0.0
+    if train is not None and config.mixture:
+        from tokenmill.mix import sample_shares
+
+        source_bytes = dict.fromkeys(config.inputs(), 0)
+        for shard in plan["shards"]:
+            source_bytes[shard["mix_source"]] += shard["bytes"]
+        shares = sample_shares(config, source_bytes)
+        f = {n: min(1.0, MIX_MARGIN * int(train.sample_size) * shares[n] / max(b, 1)) for n, b in source_bytes.items()}
+    highest = max(f.values()) if isinstance(f, dict) else f
+    g = min(1.0 - highest, int(config.fertility.holdout_size) / total) if config.fertility.enabled else 0.0
     return f, g
+
+
+def source_fraction(f: float | dict[str, float], shard: dict) -> float:
+    """A shard's training fraction (`fractions`): its source's, in a mixture."""
+    return f[shard["mix_source"]] if isinstance(f, dict) else f
 
 
 def stride(f: float, g: float) -> int:
@@ -173,10 +195,10 @@ def _documents(
             yield (every if block % every == phase else 0), batch, batch.ids, len(lines)
 
 
-def sample_shard(config: TokenmillConfig, shard: dict, f: float, g: float) -> dict:
+def sample_shard(config: TokenmillConfig, shard: dict, f: float | dict[str, float], g: float) -> dict:
     """Write this shard's training sample, held-out sample (and reserve) under `_work/`; return their
-    paths and sizes (per group too, when stratified) and the bytes read."""
-    store, shard_id = config.output.store(), shard["shard_id"]
+    paths and sizes (per group too, when stratified) and the bytes read. `f`: as `fractions` gives it."""
+    store, shard_id, f = config.output.store(), shard["shard_id"], source_fraction(f, shard)
     key = stage_key(config, shard, f, g)
     if (done := committed(store, STAGE, shard_id, key)) is not None:
         return done
@@ -228,6 +250,8 @@ def sample_shard(config: TokenmillConfig, shard: dict, f: float, g: float) -> di
     store.write_bytes(layout.sample_file(shard_id), b"".join(sample))
     store.write_bytes(layout.holdout_file(shard_id), b"".join(holdout))
     result = {"shard_id": shard_id, "path": layout.sample_file(shard_id), "holdout": layout.holdout_file(shard_id)}
+    if "mix_source" in shard:  # what `mix_thresholds` needs of a mixture's shard
+        result |= {"mix_source": shard["mix_source"], "input_bytes": shard["bytes"]}
     result |= sizes
     if stratify:
         # A group whose share in this shard alone reaches the minimum needs no reserve from this shard.
@@ -275,12 +299,14 @@ def training_files(samples: list[dict]) -> list[str]:
 
 
 def training_texts(config: TokenmillConfig, samples: list[dict]) -> Iterator[str]:
-    """The training sample's texts: shard by shard, then the stratification top-ups, in a fixed order."""
+    """The training sample's texts: shard by shard, then the stratification top-ups, in a fixed order. A mixture's
+    sources in their shares of the mix, in text bytes (`mix_thresholds`)."""
     store = config.output.store()
-    for s in samples:
-        with store.open(s["path"]) as f:
-            for line in f:
-                yield orjson.loads(line)["text"]
+    thresholds = mix_thresholds(config, samples)
+    for s, texts in zip(samples, sample_texts(config, samples), strict=True):
+        if (threshold := thresholds.get(s.get("mix_source"))) is not None:
+            texts = [t for t, h in zip(texts, unit_interval(texts, MIX_SALT), strict=True) if h < threshold]
+        yield from texts
     if not any("reserve" in s for s in samples):
         return
     thresholds = top_up_thresholds(store, samples, int(config.tokenizer.train.min_group_size))
@@ -290,6 +316,39 @@ def training_texts(config: TokenmillConfig, samples: list[dict]) -> Iterator[str
                 r = orjson.loads(line)
                 if r["h"] <= thresholds.get(r["group"], -1.0):
                     yield r["text"]
+
+
+def mix_thresholds(config: TokenmillConfig, samples: list[dict]) -> dict[str, float]:
+    """For a mixture, each source's hash threshold (over `MIX_SALT` hashes of its sampled texts) below which its
+    texts make its share of `sample_size` in text bytes, to within one document: its sample (drawn with a margin
+    by `fractions`) is trimmed in hash order. A source whose sample falls short keeps all of it."""
+    if not config.mixture or config.tokenizer.train is None:
+        return {}
+    from tokenmill.mix import sample_shares
+
+    source_bytes = dict.fromkeys(config.inputs(), 0)
+    for s in samples:
+        source_bytes[s["mix_source"]] += s["input_bytes"]
+    shares, size = sample_shares(config, source_bytes), int(config.tokenizer.train.sample_size)
+    hashed: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for s, texts in zip(samples, sample_texts(config, samples), strict=True):
+        sizes = [len(t.encode()) for t in texts]
+        hashed[s["mix_source"]] += zip(unit_interval(texts, MIX_SALT).tolist(), sizes, strict=True)
+    thresholds = {}
+    for name, pairs in hashed.items():
+        pairs.sort()
+        total = np.cumsum([n for _, n in pairs])
+        kept = int(np.searchsorted(total, shares[name] * size))  # the texts before it make the share
+        thresholds[name] = pairs[kept][0] if kept < len(pairs) else 1.0
+    return thresholds
+
+
+def sample_texts(config: TokenmillConfig, samples: list[dict]) -> Iterator[list[str]]:
+    """Each shard's training sample's texts, shard by shard."""
+    store = config.output.store()
+    for s in samples:
+        with store.open(s["path"]) as f:
+            yield [orjson.loads(line)["text"] for line in f]
 
 
 def holdout_records(config: TokenmillConfig, samples: Iterable[dict | int]) -> Iterator[dict]:
