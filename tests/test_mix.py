@@ -170,6 +170,10 @@ def test_a_mix_of_three_sources_is_drawn_by_megatron_in_its_resolved_shares(run_
     grown = third["mix"]["sources"]["news"]["splits"]["train"]["tokens"]
     assert grown > news_tokens and third["mix"]["sources"]["news"]["epochs"] < 2.5
     assert run_cli("inspect", str(second["root"]), "--verify").returncode == 0
+    shown = run_cli("inspect", str(third["root"])).stdout
+    assert "    news: weight 0.1 -> " in shown and "--data-args-path" in shown, shown
+    moved = run_cli("diff", str(second["root"]), str(third["root"])).stdout
+    assert "web_dclm_annotated.jsonl.gz (news)" in moved and f"source news: {news_tokens:,} -> {grown:,}" in moved
 
 
 def table(tokens: dict[str, int]) -> pd.DataFrame:

@@ -43,6 +43,18 @@ def summary_lines(dataset: Dataset) -> list[str]:
     ]
     for split, s in m["splits"].items():
         lines.append(f"  {split}: {s['documents']:,} documents, {s['tokens']:,} tokens")
+    if mix := m.get("mix"):
+        lines.append(
+            f"  the mix: {mix['total_tokens']:,} {mix['split']} tokens drawn from {len(mix['sources'])} sources"
+        )
+        for name, source in mix["sources"].items():
+            target = source["target"]
+            lines.append(
+                f"    {name}: {target['kind']} {target['value']:g} -> {source['share']:.2%} of the mix, "
+                f"{source['epochs']:.2f} epochs of its {source['splits'][mix['split']]['tokens']:,} tokens"
+            )
+        lines.append(f"  Megatron: --data-args-path {dataset.store.url}/{layout.MIX_TRAIN_ARGS}")
+        lines.append(f"            --per-split-data-args-path {dataset.store.url}/{layout.MIX_PER_SPLIT_ARGS}")
     files = m["files"]
     lines.append(f"  {len(files)} files, {sum(f['bytes'] for f in files) / 1e6:,.1f} MB")
     if inputs := m.get("inputs"):
@@ -67,12 +79,28 @@ def diff_lines(old: Dataset, new: Dataset) -> list[str]:
         raise NotADataset("a manifest lists no input files (an older tokenmill made it): nothing to compare")
     changes = input_changes(a["inputs"]["files"], b["inputs"]["files"])
     lines = [f"{a['name']} {a['version']} -> {b['name']} {b['version']}"]
+    source_of = {f["path"]: f["mix_source"] for m in (a, b) for f in m["inputs"]["files"] if "mix_source" in f}
     for kind, paths in changes.items():
         lines.append(f"  {len(paths)} input files {kind}")
-        lines += [f"    {'+~-'[list(changes).index(kind)]} {p}" for p in paths]
+        lines += [
+            f"    {'+~-'[list(changes).index(kind)]} {p}" + (f" ({source_of[p]})" if p in source_of else "")
+            for p in paths
+        ]
     for key in ("documents_in", "documents_out", "documents_rejected", "tokens"):
         before, after = a["counts"][key], b["counts"][key]
         lines.append(f"  {key}: {before:,} -> {after:,} ({after - before:+,})")
+    if "mix" in a or "mix" in b:  # per source: its training tokens, its share of the mix and its epochs
+        old_mix, new_mix = a.get("mix", {"sources": {}}), b.get("mix", {"sources": {}})
+        for name in dict.fromkeys([*old_mix["sources"], *new_mix["sources"]]):
+            was, now = old_mix["sources"].get(name), new_mix["sources"].get(name)
+            if was is None or now is None:
+                lines.append(f"  source {name}: {'added' if was is None else 'removed'}")
+                continue
+            before, after = (s["splits"][m["split"]]["tokens"] for s, m in ((was, old_mix), (now, new_mix)))
+            lines.append(
+                f"  source {name}: {before:,} -> {after:,} tokens ({after - before:+,}); share "
+                f"{was['share']:.2%} -> {now['share']:.2%}; epochs {was['epochs']:.2f} -> {now['epochs']:.2f}"
+            )
     return lines
 
 
