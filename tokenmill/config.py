@@ -44,6 +44,9 @@ class StorageConfig(_Section):
 
 
 class InputConfig(_Section):
+    """The corpus: which files, their format, where each record keeps its text and id, and what makes a record
+    invalid (docs/inputs.md)."""
+
     paths: list[str] = Field(description="Local paths, globs or fsspec URLs (s3://...) of the input files.")
     format: Literal["auto", "jsonl", "parquet", "text"] = Field(
         "auto", description="auto: from the file name (.jsonl[.gz|.zst], .parquet, anything else is plain text)."
@@ -60,7 +63,7 @@ class InputConfig(_Section):
     )
     min_chars: int = Field(1, ge=0, description="Shorter texts are invalid records (empty ones by default).")
     max_chars: int | None = Field(None, ge=1, description="Longer texts are invalid records; null: no limit.")
-    storage: StorageConfig = StorageConfig()
+    storage: StorageConfig = Field(StorageConfig(), description="Credentials and endpoint for s3:// input paths.")
 
     def read_options(self, fields: tuple[str, ...] = ()) -> ReadOptions:
         from tokenmill.readers import ReadOptions
@@ -87,7 +90,7 @@ class SourceConfig(_Section):
     name: str = Field(
         pattern=SOURCE_NAME, description="Names its outputs (megatron/<name>/<split>/...) and its row of the mix."
     )
-    input: InputConfig
+    input: InputConfig = Field(description="The source's files and how to read them, as a single input's.")
     weight: float | None = Field(
         None, gt=0, description="Its share of the mix's training tokens, relative to the other sources' weights."
     )
@@ -120,10 +123,12 @@ class MixConfig(_Section):
 
 
 class PartitionConfig(_Section):
+    """How the input is cut into shards, the unit of work, retry and reuse (docs/inputs.md)."""
+
     shard_size: ByteSize | Literal["auto"] = Field(
         "auto",
         description="Target uncompressed text bytes per shard, e.g. 64MB or 1GiB; auto: the corpus over 8 shards "
-        "per cluster thread, between 16 MB and 1 GB (see the README's Sizing shards).",
+        "per cluster thread, between 16 MB and 1 GB (docs/inputs.md).",
     )
     shuffle: bool = Field(
         False, description="Shuffle documents across all input files before tokenizing (on the Dask cluster)."
@@ -132,7 +137,7 @@ class PartitionConfig(_Section):
 
 
 class TrainConfig(_Section):
-    """Training a tokenizer with HF `tokenizers` on a sample of the input (README: Tokenizer)."""
+    """Training a tokenizer with HF `tokenizers` on a sample of the input (docs/tokenizers.md)."""
 
     algorithm: Literal["bpe", "unigram", "wordpiece"] = Field(
         "bpe",
@@ -176,13 +181,19 @@ class TiktokenConfig(_Section):
 
 
 class TokenizerConfig(_Section):
+    """The tokenizer: a pretrained one or one trained on a sample, its special tokens, the encoder backend, and
+    how validate re-checks its ids (docs/tokenizers.md)."""
+
     path: str | None = Field(
         None,
         description="A pretrained tokenizer: a tokenizer.json, a directory holding one (HF layout), "
         "a tiktoken rank file (.tiktoken, Llama-3's tokenizer.model), or hf:org/name on the Hugging Face hub.",
     )
-    hub: HubConfig = HubConfig()
-    tiktoken: TiktokenConfig = TiktokenConfig()
+    hub: HubConfig = Field(HubConfig(), description="For tokenizer.path hf:org/name: revision, cache, token, offline.")
+    tiktoken: TiktokenConfig = Field(
+        TiktokenConfig(),
+        description="For a tiktoken rank file that is not a known one: its split pattern and specials.",
+    )
     train: TrainConfig | None = Field(None, description="Train a tokenizer on a sample of the input instead.")
     eod: str = Field(
         "<|endoftext|>", description="End-of-document token, or auto: the pretrained tokenizer's own EOS token."
@@ -241,13 +252,15 @@ class FertilityConfig(_Section):
 
 
 class PackConfig(_Section):
+    """How each split's documents are packed into fixed-length rows (docs/outputs.md)."""
+
     mode: Literal["concat", "bfd", "window", "none"] = Field(
         "concat",
         description="concat: documents joined with EOD and cut into seq_len rows; bfd: whole documents "
         "best-fit into seq_len rows (longer ones cut), each row padded; window: each document split into "
         "seq_len windows overlapping by `stride` tokens, one window per row; none: no packing.",
     )
-    seq_len: int = Field(2048, ge=2)
+    seq_len: int = Field(2048, ge=2, description="Tokens per packed row (the training sequence length).")
     extra_token: bool = Field(
         False,
         description="concat only: rows are seq_len + 1 wide and consecutive rows share one token, so "
@@ -284,6 +297,8 @@ class PackConfig(_Section):
 
 
 class PublishConfig(_Section):
+    """Where and under which version the finished dataset is published, and how many versions are kept."""
+
     path: str | None = Field(
         None,
         description="Root the finished dataset is published under, as <path>/<name>/<version>/ with a LATEST "
@@ -301,7 +316,7 @@ class PublishConfig(_Section):
         description="After publishing, delete the versions older than the newest N of LATEST's lineage (never "
         "LATEST's); null: keep every version.",
     )
-    storage: StorageConfig = StorageConfig()
+    storage: StorageConfig = Field(StorageConfig(), description="Credentials and endpoint for an s3:// publish path.")
 
     @field_validator("path")
     @classmethod
@@ -310,9 +325,11 @@ class PublishConfig(_Section):
 
 
 class OutputConfig(_Section):
+    """Where the run builds the dataset, which formats it writes, and where it is published."""
+
     path: str = Field(description="Local directory or s3://bucket/prefix where the run builds the dataset.")
-    storage: StorageConfig = StorageConfig()
-    publish: PublishConfig = PublishConfig()
+    storage: StorageConfig = Field(StorageConfig(), description="Credentials and endpoint for an s3:// output path.")
+    publish: PublishConfig = Field(PublishConfig(), description="Where the finished dataset is published, versioned.")
     formats: list[Literal["megatron", "packed", "llmc"]] = Field(
         default_factory=lambda: ["megatron", "packed"],
         description="megatron: .bin/.idx per shard and split (always written: every other format is made "
@@ -344,11 +361,15 @@ class OutputConfig(_Section):
 
 
 class AdaptiveConfig(_Section):
+    """A LocalCluster that grows and shrinks with the load."""
+
     minimum: int = Field(1, ge=0, description="Fewest LocalCluster workers kept while idle.")
     maximum: int = Field(ge=1, description="Most LocalCluster workers started under load.")
 
 
 class DaskConfig(_Section):
+    """Where the shard work runs: a Dask scheduler's address, or a LocalCluster started for the run."""
+
     address: str | None = Field(None, description="Scheduler address; null starts a LocalCluster here.")
     n_workers: int | None = Field(None, ge=1, description="LocalCluster worker processes; null: one per core.")
     adaptive: AdaptiveConfig | None = Field(
@@ -378,17 +399,17 @@ class TokenmillConfig(_Section):
     sources: list[SourceConfig] | None = Field(
         None, min_length=1, description="A mixture: every source's input and target, built in one run."
     )
-    mix: MixConfig = MixConfig()
-    partition: PartitionConfig = PartitionConfig()
+    mix: MixConfig = Field(MixConfig(), description="How a mixture's targets resolve (with `sources`).")
+    partition: PartitionConfig = Field(PartitionConfig(), description="How the input is cut into shards.")
     split: dict[str, float] = Field(
         default_factory=lambda: {"train": 1.0},
         description="Split name -> fraction, assigned by a stable hash of the document id.",
     )
-    tokenizer: TokenizerConfig
-    fertility: FertilityConfig = FertilityConfig()
-    pack: PackConfig = PackConfig()
-    output: OutputConfig
-    dask: DaskConfig = DaskConfig()
+    tokenizer: TokenizerConfig = Field(description="The tokenizer: pretrained (path) or trained on a sample (train).")
+    fertility: FertilityConfig = Field(FertilityConfig(), description="The tokenizer report on a held-out sample.")
+    pack: PackConfig = Field(PackConfig(), description="Packing into fixed-length rows.")
+    output: OutputConfig = Field(description="Where the dataset is built and published, in which formats.")
+    dask: DaskConfig = Field(DaskConfig(), description="Where the shard work runs.")
 
     @field_validator("split")
     @classmethod
