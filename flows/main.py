@@ -152,7 +152,7 @@ def tokenize_and_pack(stage: StageRun) -> tuple[pd.DataFrame, dict]:
     task_runner=ThreadPoolTaskRunner(max_workers=GROUP_THREADS),
 )
 def corpus_to_tokens(config: TokenmillConfig, rebuild: bool = False) -> dict:
-    """Tokenize, pack, validate and publish a corpus as one dataset (see the README for the config), with the
+    """Tokenize, pack, validate and publish a corpus as one dataset (docs/configuration.md), with the
     shard work on the Dask cluster that `config.dask` names (a LocalCluster when it names none). A run over the
     input and config of a version already published ends at once, unless `rebuild` (rerun-shards sets it)."""
     with dask_client(config.dask, config.tokenizer) as client:

@@ -1,7 +1,7 @@
 """Shard stages as Prefect tasks over groups of shards, each group's shards run as plain Dask futures.
 
 A Prefect task run costs about 50 ms of CPU (the flow's task engine and the server's events, logs and state writes;
-README "Orchestration"), a Dask task a few ms. So a shard stage is at most `dask.groups_per_stage` Prefect task
+docs/performance.md), a Dask task a few ms. So a shard stage is at most `dask.groups_per_stage` Prefect task
 runs (by default one per cluster thread, at most 32), each over a group of consecutive shards. A group sends its
 shards to the cluster as Dask tasks of the library's shard functions, keyed `(<stage>-shard-<run>, shard id)` (the
 Dask dashboard shows `<stage>-shard`), each with its own retries, a bounded window at a time; consecutive stages
@@ -93,12 +93,16 @@ def group_label(ids: list[int]) -> str:
 
 
 def _run_name(parameters: dict) -> str:
-    """`<task name>[shard-00007]` or `<task name>[shards 00000-00099]`."""
+    """`<task name>[shard-00007]` or `<task name>[shards 00000-00099]`; in a mixture the group's sources follow,
+    `tokenize[shards 00040-00059: wiki, code]`."""
     from prefect.runtime import task_run
 
     items = parameters["items"]
     items = items.unwrap() if isinstance(items, quote) else items
-    return f"{task_run.task_name}[{group_label([shard_id(i) for i in items])}]"
+    label = group_label([shard_id(i) for i in items])
+    if sources := dict.fromkeys(i["mix_source"] for i in items if isinstance(i, dict) and "mix_source" in i):
+        label += f": {', '.join(sources)}"
+    return f"{task_run.task_name}[{label}]"
 
 
 def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple], object] = tuple) -> list:

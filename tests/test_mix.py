@@ -123,7 +123,7 @@ def rows_drawn(root, plan: dict) -> dict[str, float]:
     return {source: n / len(index) for source, n in counts.items()}
 
 
-def test_a_mix_of_three_sources_is_drawn_by_megatron_in_its_resolved_shares(run_cli, tmp_path):
+def test_a_mix_of_three_sources_is_drawn_by_megatron_in_its_resolved_shares(run_cli, prefect_client, tmp_path):
     news = tmp_path / "news"
     news.mkdir()
     shutil.copy(CORPORA / "web_scrapinghub_aeb" / "web_scrapinghub_aeb.jsonl.gz", news)
@@ -135,6 +135,11 @@ def test_a_mix_of_three_sources_is_drawn_by_megatron_in_its_resolved_shares(run_
     for f in first["files"]:  # every shard file under its source's directory
         if f["kind"].startswith("megatron"):
             assert f["path"].split("/")[1] in {"multilingual", "code", "news"}, f["path"]
+    # the shard stages' task runs name their sources
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    named = TaskRunFilter(name=TaskRunFilterName(like_="tokenize[shard"))
+    assert any(t.name.endswith("news]") for t in prefect_client.read_task_runs(task_run_filter=named))
     # no total: the largest mix in which no weighted source repeats (the scarcest, by weight, drawn once)
     sources = first["mix"]["sources"]
     assert max(s["epochs"] for s in sources.values()) == pytest.approx(1.0, abs=1e-3)
@@ -181,8 +186,8 @@ def table(tokens: dict[str, int]) -> pd.DataFrame:
     rows = []
     for shard_id, (source, n) in enumerate(tokens.items()):
         rows += [
-            {"shard_id": shard_id, "split": f"{source}/train", "documents": n // 100, "tokens": n},
-            {"shard_id": shard_id, "split": f"{source}/val", "documents": 1, "tokens": n // 10},
+            {"shard_id": shard_id, "split": f"{source}/train", "documents": n // 100, "tokens": n, "rejected": 0},
+            {"shard_id": shard_id, "split": f"{source}/val", "documents": 1, "tokens": n // 10, "rejected": 0},
         ]
     return pd.DataFrame(rows)
 
@@ -230,8 +235,15 @@ def test_budgets_over_the_total_and_a_source_with_no_tokens_are_named():
     config = config_of([{"name": "web", "weight": 1}, {"name": "books", "tokens": 5_000}], total_tokens=4_000)
     with pytest.raises(MixError, match="books draw 5,000 tokens, mix.total_tokens is 4,000: nothing is left for web"):
         resolve(config, table({"web": 10_000, "books": 10_000}))
-    with pytest.raises(MixError, match="source 'books' made no train tokens"):
-        resolve(config, table({"web": 10_000, "books": 0}))
+    empty = table({"web": 10_000, "books": 0})
+    with pytest.raises(MixError, match="source 'books' made no train tokens: its 1 documents all fell in other"):
+        resolve(config, empty)
+    empty.loc[empty.split.str.startswith("books/"), ["documents", "rejected"]] = [0, 7]
+    with pytest.raises(
+        MixError,
+        match=r"'books' made no train tokens: all 7 of its records were rejected \(see rejects/shard-00001.jsonl",
+    ):
+        resolve(config, empty)
 
 
 def test_a_source_whose_paths_match_nothing_is_named(tmp_path):

@@ -98,7 +98,7 @@ def resolve(config: TokenmillConfig, table: pd.DataFrame) -> dict:
     available = {name: splits[train]["tokens"] for name, splits in made.items()}
     for name, tokens in available.items():
         if not tokens:
-            raise MixError(f"source {name!r} made no {train} tokens (every record invalid, or all in other splits)")
+            raise MixError(f"source {name!r} made no {train} tokens: {why_empty(table, name)}")
     drawn = draw(config, available)
     total = sum(drawn.values())
     sources = {}
@@ -119,6 +119,21 @@ def resolve(config: TokenmillConfig, table: pd.DataFrame) -> dict:
             "epochs": round(epochs, 4),
         }
     return {"split": train, "total_tokens": round(total), "sources": sources}
+
+
+def why_empty(table: pd.DataFrame, source: str) -> str:
+    """Why a source made no training tokens: its records all rejected (naming the rejects files), or its
+    documents all in other splits."""
+    rows = table[table.split.str.startswith(f"{source}/")]
+    rejected = rows.groupby("shard_id").rejected.first()
+    if documents := int(rows.documents.sum()):
+        return f"its {documents:,} documents all fell in other splits (give the split a larger fraction)"
+    files = [layout.rejects_file(int(i)) for i in rejected.index[rejected > 0]]
+    more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+    return (
+        f"all {int(rejected.sum()):,} of its records were rejected (see {', '.join(files[:3])}{more} in the build "
+        "for each one's file, line and reason); fix its input config or its files and run again"
+    )
 
 
 def stream_shards(table: pd.DataFrame, stream: str) -> pd.DataFrame:
