@@ -14,6 +14,7 @@ Every task runs in this flow's process; the shard work runs on the Dask cluster 
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 import time
@@ -47,7 +48,7 @@ from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
 from tokenmill.pack import writes_packed
-from tokenmill.partition import Shards, shard_ids
+from tokenmill.partition import Shards, mix_sources, shard_ids
 from tokenmill.report import load_matplotlib
 from tokenmill.report import plots as report_plots
 from tokenmill.runs import save_run_config
@@ -99,15 +100,10 @@ class StageRun:
         """Each group's result, in order, or ShardsFailed naming every shard that failed (a flow must not end
         Completed with failed shards, which Prefect allows when their states are not returned)."""
         failures: dict[str, dict[int, str]] = {}
-        description = f"{self.stage_task.name}: shards done, in percent"
-        progress, done, reported = create_progress_artifact(0.0, description=description), 0, time.monotonic()
+        progress = StageProgress(self.stage_task.name, self.items)
         for future, group in zip(self.futures, self.groups, strict=True):
             future.wait()
-            done += len(group.unwrap())
-            # each update is an API call: at most one a second, and the last
-            if done == len(self.items) or time.monotonic() - reported >= PROGRESS_EVERY_S:
-                update_progress_artifact(progress, 100 * done / len(self.items))
-                reported = time.monotonic()
+            progress.done(group.unwrap())
             if future.state.is_completed():
                 continue
             error = future.state.result(raise_on_failure=False)
@@ -124,6 +120,27 @@ class StageRun:
     def results(self) -> list:
         """For a stage whose groups return a result per item: every item's result, in order."""
         return [result for group in self.group_results for result in group]
+
+
+class StageProgress:
+    """A shard stage's progress artifact (shards done, in percent), and in a mixture one more per source; updated
+    at most once a second (each update is an API call), and when the stage is done."""
+
+    def __init__(self, stage: str, items: list):
+        self.total = collections.Counter({"": len(items)}) + collections.Counter(mix_sources(items))
+        self.finished = collections.Counter()
+        self.artifacts = {}
+        for source in self.total:
+            whose = f"{source}'s shards" if source else "shards"
+            self.artifacts[source] = create_progress_artifact(0.0, description=f"{stage}: {whose} done, in percent")
+        self.reported = time.monotonic()
+
+    def done(self, items: list) -> None:
+        self.finished += collections.Counter({"": len(items)}) + collections.Counter(mix_sources(items))
+        if self.finished[""] == self.total[""] or time.monotonic() - self.reported >= PROGRESS_EVERY_S:
+            for source, artifact in self.artifacts.items():
+                update_progress_artifact(artifact, 100 * self.finished[source] / self.total[source])
+            self.reported = time.monotonic()
 
 
 def map_shards(stage_task, config: TokenmillConfig, items: list, *args, groups: int) -> list:

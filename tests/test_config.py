@@ -49,3 +49,22 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tokenmill", "check", str(bad)], capture_output=True, text=True)
     assert result.returncode == 2
     assert "pack.seq_len" in result.stdout and "Traceback" not in result.stdout + result.stderr
+
+
+def test_the_cli_says_its_version_and_run_help_names_every_config_section():
+    import os
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    from tokenmill.config import TokenmillConfig
+
+    said = subprocess.run([sys.executable, "-m", "tokenmill", "--version"], capture_output=True, text=True, check=True)
+    assert said.stdout.strip() == f"tokenmill {version('tokenmill')}"
+    env = {**os.environ, "COLUMNS": "200"}  # no line of it wrapped
+    shown = subprocess.run(
+        [sys.executable, "-m", "tokenmill", "run", "--help"], capture_output=True, text=True, env=env
+    )
+    assert shown.returncode == 0, shown.stderr
+    for name, field in TokenmillConfig.model_fields.items():
+        assert f"{name}: {field.description}" in shown.stdout, name

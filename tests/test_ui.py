@@ -110,6 +110,39 @@ def test_run_page_that_tokenmill_run_prints_shows_the_state_shard_tasks_and_summ
     ui.shot("summary-artifact")
 
 
+def test_a_mixture_run_page_shows_its_sources_in_the_task_runs_and_the_mix_in_the_summary(run_cli, tmp_path, ui):
+    """Two sources from ../shared/corpora: the run's task runs name their sources, and its summary artifact shows
+    the mix, a row per source, beside its plot."""
+    corpora = REPO.parent / "shared" / "corpora"
+    config = {
+        "name": "mix-ui",
+        "sources": [
+            {"name": "news", "input": {"paths": [str(corpora / "web_scrapinghub_aeb" / "*.jsonl.gz")]}, "weight": 2},
+            {"name": "web", "input": {"paths": [str(corpora / "web_dclm_annotated" / "*.jsonl.gz")]}, "weight": 1},
+        ],
+        "split": {"train": 0.9, "val": 0.1},
+        "tokenizer": {"path": str(REPO.parent / "shared" / "tokenizers" / "gpt2" / "tokenizer.json")},
+        "output": {"path": str(tmp_path / "out")},
+        "dask": {"groups_per_stage": 1},  # one task run over both sources' shards
+    }
+    path = tmp_path / "mix.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    page = ui.page
+    page.goto(printed_link(run_cli("run", str(path)).stdout))
+    page.get_by_text("Completed", exact=True).first.wait_for()
+    page.get_by_text("Task Runs", exact=True).click()
+    page.get_by_text("tokenize[shards 00000-00001: news, web]", exact=True).wait_for()
+    ui.shot("mixture-task-runs")
+    page.get_by_text("Artifacts", exact=True).click()
+    page.get_by_text("tokenmill-summary", exact=True).click()
+    page.get_by_text("The mix: ", exact=False).first.wait_for()
+    for row in ("weight 2", "weight 1"):
+        page.get_by_role("cell", name=row, exact=True).wait_for()
+    drawn = "() => Array.from(document.images).filter(i => i.complete && i.naturalWidth > 0).map(i => i.alt)"
+    page.wait_for_function(f"({drawn})().includes('mix')")
+    ui.shot("mixture-summary")
+
+
 def runs_building(client, output: Path) -> list:
     """The flow runs whose config builds in `output`."""
     return [

@@ -19,7 +19,6 @@ from rich.table import Table
 from tokenmill.config import TokenmillConfig, load_config
 
 app = typer.Typer(
-    help="tokenmill: a raw text corpus in, training-ready tokens out (a Prefect flow on Dask).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -61,9 +60,34 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-@app.command()
+def _version(shown: bool) -> None:
+    if shown:
+        from tokenmill import __version__
+
+        console.print(f"tokenmill {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print tokenmill's version and exit.")
+    ] = False,
+) -> None:
+    """tokenmill: a raw text corpus in, training-ready tokens out (a Prefect flow on Dask)."""
+
+
+# `tokenmill run --help`: the config's sections, from the model itself (docs/configuration.md has every key).
+RUN_HELP = (
+    "Run the whole flow (partition, tokenizer, tokenize, pack, validate, publish) for CONFIG.yaml.\n\n"
+    "CONFIG.yaml's sections (`tokenmill check CONFIG.yaml` prints every key with its default; docs/configuration.md "
+    "describes each):\n\n"
+    + "\n\n".join(f"{name}: {field.description}" for name, field in TokenmillConfig.model_fields.items())
+)
+
+
+@app.command(help=RUN_HELP)
 def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer reads the default)
-    """Run the whole flow (partition, tokenizer, tokenize, pack, validate, publish) for CONFIG.yaml."""
     cfg = _load(config, overrides)
     if _interactive():  # the bars replace Prefect's per-task log lines on the terminal (the UI keeps them)
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")

@@ -382,6 +382,14 @@ class Shards(Sequence):
         return f"Shards({len(self)} shards)"
 
 
+def mix_sources(shards: Sequence[dict]) -> list[str]:
+    """Each shard's mixture source, read off the column where they are `Shards` (empty for a single input)."""
+    if isinstance(shards, Shards):
+        names = shards.table.column_names
+        return shards.table["mix_source"].to_pylist() if "mix_source" in names else []
+    return [s["mix_source"] for s in shards if isinstance(s, dict) and "mix_source" in s]
+
+
 def shard_ids(shards: Sequence[dict]) -> np.ndarray:
     """The shards' ids (8 bytes a shard), read off the column where they are `Shards`."""
     if isinstance(shards, Shards):
