@@ -8,6 +8,9 @@ files are grouped, where a hash of each file's name decides the group ends (see 
 The shards are a function of the input set and the shard size alone, numbered in input order: the same
 files give the same shards with the same ids however the input grew. A file that lands or goes changes
 its own group, not the ones after it.
+
+In a mixture each source's files are cut on their own, source after source in config order (a shard holds one
+source's files, and names it: `mix_source`), the ids numbered across them.
 """
 
 from __future__ import annotations
@@ -138,9 +141,10 @@ def plan_shards(
     reading: an unchanged file's uncompressed size and cut points are taken from it."""
     files = list_inputs(config)
     known = {f["path"]: f for f in earlier["files"]} if earlier else {}
+    options_of = {name: source_input.storage.fsspec_options() for name, source_input in config.inputs().items()}
     for f in files:  # an unchanged file's uncompressed size is known (measuring it reads the file's end)
         before = known.get(f["path"])
-        options = config.inputs()[f.get("mix_source", "")].storage.fsspec_options()
+        options = options_of[f.get("mix_source", "")]
         f["bytes"] = before["bytes"] if before and _fingerprint(before) == f else uncompressed_size(f["path"], options)
     total = sum(f["bytes"] for f in files)
     if shard_size is None:
@@ -150,9 +154,8 @@ def plan_shards(
     unchanged = {path for path, f in current.items() if known.get(path) == f}
     cuts = _cuts_of(earlier, unchanged) if earlier and earlier.get("shard_size") == shard_size else {}
     shards = []
-    for name, source_input in config.inputs().items():  # a source's shards hold its files only
+    for name, options in options_of.items():  # a source's shards hold its files only
         of_source = [f for f in files if f.get("mix_source", "") == name]
-        options = source_input.storage.fsspec_options()
         for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, cuts):
             shard = {"shard_id": len(shards), "pieces": [asdict(p) for p in pieces], "bytes": nbytes}
             shards.append(shard | ({"mix_source": name} if name else {}))
