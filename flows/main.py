@@ -14,7 +14,6 @@ Every task runs in this flow's process; the shard work runs on the Dask cluster 
 
 from __future__ import annotations
 
-import collections
 import functools
 import threading
 import time
@@ -123,23 +122,20 @@ class StageRun:
 
 
 class StageProgress:
-    """A shard stage's progress artifact (shards done, in percent), and in a mixture one more per source; updated
-    at most once a second (each update is an API call), and when the stage is done."""
+    """A shard stage's progress artifact: shards done, in percent (in a mixture its description names the
+    sources); updated at most once a second (each update is an API call), and when the stage is done."""
 
     def __init__(self, stage: str, items: list):
-        self.total = collections.Counter({"": len(items)}) + collections.Counter(mix_sources(items))
-        self.finished = collections.Counter()
-        self.artifacts = {}
-        for source in self.total:
-            whose = f"{source}'s shards" if source else "shards"
-            self.artifacts[source] = create_progress_artifact(0.0, description=f"{stage}: {whose} done, in percent")
+        self.total, self.finished = len(items), 0
+        sources = mix_sources(items)
+        of_sources = f" ({', '.join(sources)})" if sources else ""
+        self.artifact = create_progress_artifact(0.0, description=f"{stage}: shards done, in percent{of_sources}")
         self.reported = time.monotonic()
 
     def done(self, items: list) -> None:
-        self.finished += collections.Counter({"": len(items)}) + collections.Counter(mix_sources(items))
-        if self.finished[""] == self.total[""] or time.monotonic() - self.reported >= PROGRESS_EVERY_S:
-            for source, artifact in self.artifacts.items():
-                update_progress_artifact(artifact, 100 * self.finished[source] / self.total[source])
+        self.finished += len(items)
+        if self.finished == self.total or time.monotonic() - self.reported >= PROGRESS_EVERY_S:
+            update_progress_artifact(self.artifact, 100 * self.finished / self.total)
             self.reported = time.monotonic()
 
 

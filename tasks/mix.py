@@ -3,7 +3,6 @@ say it: Megatron's data-args files for the version being published, and the pack
 
 import pandas as pd
 from prefect import task
-from prefect.artifacts import create_table_artifact
 
 from tasks import UNCACHED
 from tokenmill import mix as library
@@ -17,6 +16,4 @@ def resolve_mix(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, t
     resolved = library.resolve(config, table)
     published = version_store(config, dataset_version(config, plan, tokenizer)).url
     library.write_mix(config, table, resolved, published)
-    description = f"the mix of {len(resolved['sources'])} sources: {resolved['total_tokens']:,} tokens drawn"
-    create_table_artifact(library.summary_rows(resolved), key="mix", description=description)
-    return resolved
+    return resolved  # shown in the run's summary artifact (publish)

@@ -24,6 +24,7 @@ from prefect import get_run_logger
 from prefect.utilities.annotations import quote
 
 from tasks import UNCACHED
+from tokenmill.partition import mix_sources
 from tokenmill.tries import SHARD_RETRIES, EachShard, Failed, Sealed
 
 WINDOW_PER_THREAD = 4  # a group keeps at most this many Dask tasks per cluster thread on the cluster at once
@@ -100,7 +101,7 @@ def _run_name(parameters: dict) -> str:
     items = parameters["items"]
     items = items.unwrap() if isinstance(items, quote) else items
     label = group_label([shard_id(i) for i in items])
-    if sources := dict.fromkeys(i["mix_source"] for i in items if isinstance(i, dict) and "mix_source" in i):
+    if sources := mix_sources(items):
         label += f": {', '.join(sources)}"
     return f"{task_run.task_name}[{label}]"
 

@@ -20,7 +20,6 @@ them (`write_packed_mix`), which `tokenmill.loader.PackedSplit(root, "train")` r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -84,15 +83,9 @@ def resolve(config: TokenmillConfig, table: pd.DataFrame) -> dict:
     its target, and the training tokens a trainer draws from it, their share of the mix and the epochs that
     makes. Raises MixError where a target cannot be met."""
     train, mix = training_split(config), config.mix
-    by_stream = table.groupby("split")[["documents", "tokens"]].sum()
+    made_by_stream = table.groupby("split")[["documents", "tokens"]].sum().reindex(config.streams(), fill_value=0)
     made = {
-        s.name: {
-            split: {
-                k: int(by_stream.loc[f"{s.name}/{split}", k]) if f"{s.name}/{split}" in by_stream.index else 0
-                for k in ("documents", "tokens")
-            }  # fmt: skip
-            for split in config.split
-        }
+        s.name: {split: made_by_stream.loc[f"{s.name}/{split}"].astype(int).to_dict() for split in config.split}
         for s in config.sources
     }
     available = {name: splits[train]["tokens"] for name, splits in made.items()}
@@ -142,11 +135,6 @@ def stream_shards(table: pd.DataFrame, stream: str) -> pd.DataFrame:
     return rows.sort_values("shard_id")[["shard_id", "tokens"]]
 
 
-def blend_args(pairs: Iterable[tuple[float, str]]) -> str:
-    """Megatron's `weight prefix weight prefix ...`, one pair a line (it reads the file split on whitespace)."""
-    return "".join(f"{weight:.12g} {prefix}\n" for weight, prefix in pairs)
-
-
 def write_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict, published: str) -> None:
     """The mix's files, made anew (an earlier mix's go: a source since removed): Megatron's, and the packed
     loader's where packed rows are written."""
@@ -156,40 +144,36 @@ def write_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict, publ
         write_packed_mix(config, table, resolved)
 
 
-def write_megatron_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict, published: str) -> list[str]:
+def write_megatron_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict, published: str) -> None:
     """Write the Megatron files of the mix (module docstring) into the build, their prefixes under `published`
-    (the version's URL); return their paths."""
+    (the version's URL)."""
     store, train = config.output.store(), resolved["split"]
-    written = []
-    pairs = []
+    blends: dict[str, list[str]] = {"train": []}  # Megatron's split -> weight, prefix, weight, prefix, ...
     for name, source in resolved["sources"].items():
-        shards = stream_shards(table, f"{name}/{train}")
+        stream = f"{name}/{train}"
+        shards = stream_shards(table, stream)
         for shard_id, tokens in zip(shards.shard_id, shards.tokens, strict=True):
-            prefix = layout.megatron_prefix(f"{name}/{train}", int(shard_id))
-            pairs.append((source["share"] * tokens / source["splits"][train]["tokens"], f"{published}/{prefix}"))
-    store.write_bytes(layout.MIX_TRAIN_ARGS, blend_args(pairs).encode())
-    written.append(layout.MIX_TRAIN_ARGS)
-    per_split = {"train": [str(x) for pair in pairs for x in (f"{pair[0]:.12g}", pair[1])]}
+            weight = source["share"] * tokens / source["splits"][train]["tokens"]
+            blends["train"] += [f"{weight:.12g}", f"{published}/{layout.megatron_prefix(stream, int(shard_id))}"]
     for split in config.split:
         if split == train or split not in MEGATRON_SPLITS:
             continue
-        merged = []
+        blend = blends[MEGATRON_SPLITS[split]] = []
         for name, source in resolved["sources"].items():
-            if not source["splits"][split]["documents"]:
-                continue
-            prefix, stream = layout.mix_merged_prefix(split, name), f"{name}/{split}"
-            shards = [layout.megatron_prefix(stream, int(i)) for i in stream_shards(table, stream).shard_id]
-            written += merge_megatron(store, shards, prefix)
-            merged += [str(source["splits"][split]["tokens"]), f"{published}/{prefix}"]
-        per_split[MEGATRON_SPLITS[split]] = merged
-    store.write_bytes(layout.MIX_PER_SPLIT_ARGS, (json.dumps(per_split, indent=2) + "\n").encode())
-    return written + [layout.MIX_PER_SPLIT_ARGS]
+            if source["splits"][split]["documents"]:
+                stream, merged = f"{name}/{split}", layout.mix_merged_prefix(split, name)
+                shards = [layout.megatron_prefix(stream, int(i)) for i in stream_shards(table, stream).shard_id]
+                merge_megatron(store, shards, merged)
+                blend += [str(source["splits"][split]["tokens"]), f"{published}/{merged}"]
+    pairs = zip(blends["train"][::2], blends["train"][1::2], strict=True)
+    store.write_bytes(layout.MIX_TRAIN_ARGS, "".join(f"{weight} {prefix}\n" for weight, prefix in pairs).encode())
+    store.write_bytes(layout.MIX_PER_SPLIT_ARGS, (json.dumps(blends, indent=2) + "\n").encode())
 
 
-def write_packed_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict) -> str:
+def write_packed_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict) -> None:
     """Write the mix of packed rows (`mix/packed/<split>.npy`, read by `tokenmill.loader.PackedSplit`): each
     source's training rows as many times as its epochs say, whole epochs in full and the fraction as a seeded
-    sample of its rows without repeats, all shuffled together with `mix.seed`; return its path."""
+    sample of its rows without repeats, all shuffled together with `mix.seed`."""
     train, seed = resolved["split"], config.mix.seed
     drawn = []
     for k, (name, source) in enumerate(resolved["sources"].items()):
@@ -200,13 +184,11 @@ def write_packed_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dic
         drawn += [rows] * int(whole) + [rows[np.sort(part)]]
     index = np.concatenate(drawn)
     index = index[np.random.default_rng(seed).permutation(len(index))]
-    rel = layout.mix_packed_file(train)
-    with config.output.store().writing(rel) as tmp:
+    with config.output.store().writing(layout.mix_packed_file(train)) as tmp:
         write_shuffle_index(tmp, index)
-    return rel
 
 
-def merge_megatron(store: Store, prefixes: list[str], merged: str) -> list[str]:
+def merge_megatron(store: Store, prefixes: list[str], merged: str) -> None:
     """Megatron files `prefixes` (each a shard's documents) as one `merged.bin/.idx`, in order."""
     lengths, dtype = [], None
     with store.writing(merged + ".bin") as tmp, open(tmp, "wb") as out:
@@ -220,7 +202,6 @@ def merge_megatron(store: Store, prefixes: list[str], merged: str) -> list[str]:
                     out.write(chunk)
     with store.writing(merged + ".idx") as tmp:
         write_index(tmp, np.concatenate(lengths), dtype)
-    return [merged + ".bin", merged + ".idx"]
 
 
 def summary_rows(resolved: dict) -> list[dict]:

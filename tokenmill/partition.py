@@ -385,12 +385,13 @@ class Shards(Sequence):
         return f"Shards({len(self)} shards)"
 
 
-def mix_sources(shards: Sequence[dict]) -> list[str]:
-    """Each shard's mixture source, read off the column where they are `Shards` (empty for a single input)."""
+def mix_sources(shards: Sequence) -> list[str]:
+    """The mixture sources the shards hold, in order (empty for a single input, or items that are not shards),
+    read off the column where they are `Shards`."""
     if isinstance(shards, Shards):
-        names = shards.table.column_names
-        return shards.table["mix_source"].to_pylist() if "mix_source" in names else []
-    return [s["mix_source"] for s in shards if isinstance(s, dict) and "mix_source" in s]
+        table = shards.table
+        return table["mix_source"].unique().to_pylist() if "mix_source" in table.column_names else []
+    return list(dict.fromkeys(s["mix_source"] for s in shards if isinstance(s, dict) and "mix_source" in s))
 
 
 def shard_ids(shards: Sequence[dict]) -> np.ndarray:
