@@ -4,7 +4,8 @@ pretrained_tokenizer (then its encoders loaded on every worker)  ║  partition 
 partition ─► [scatter[shards] ─► gather[shards]]        (partition.shuffle: the global document shuffle)
           ─► (sample[shards] ─► train_tokenizer | the pretrained tokenizer) ─► already_published ─► (done)
           ─► [sample[shards]] ─► tokenizer_report (beside tokenize)
-          ─► tokenize[shards] (each shard's pack chained to it) ─► shuffle_index ─► validate ─► (mix) ─► publish
+          ─► tokenize[shards] (each shard's pack chained to it) ─► shuffle_index ─► validate ─► publish
+                                                                                   (mix, beside validate) ─┘
 
 A run over the input and config that an already published version was made from stops at already_published.
 
@@ -247,8 +248,11 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
     if writes_packed(config):
         shuffle_index(config, table)
     drawing = draw_plots_meanwhile(config, table)
+    # A mixture's mix, from the stats the shards committed, while validate checks them (on the cluster): a run
+    # that fails validation publishes nothing, whatever the mix wrote into the build.
+    mixing = resolve_mix.submit(config, quoted_plan, tokenizer, quote(table)) if config.mixture else None
     stats = validate(config, quoted_plan, tokenizer, table)
-    mix = resolve_mix(config, quoted_plan, tokenizer, stats) if config.mixture else None
+    mix = None if mixing is None else mixing.result()
     if report is not None:
         create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
     bytes_in = totals["bytes_in"]
