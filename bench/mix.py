@@ -4,7 +4,8 @@ otherwise (GPT-2, EOD, pack concat 2048; each run from scratch in a fresh output
 
 Sources (../shared/corpora, gzipped JSONL): enwiki_slice (57 MB of text), code (CPython's stdlib, 12 MB) and
 multilingual (7 MB), weights 0.6 / 0.3 / 0.1. Each round runs, in an order that rotates by round: the mix; the
-three single-source runs one after another (their walls summed); the single run over all files. Printed: each
+three single-source runs one after another (their walls summed); the single run over all files (after one
+untimed warm-up run: a fresh server's first run, and the page cache, are no contender's). Printed: each
 round's walls, the medians, the mix's wall against the three runs' sum, and MB/s of input for the mix and the
 single run (the mix must be no slower per byte). One Prefect server for all runs (started first).
 
@@ -88,6 +89,9 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "tokenmill", "server", "start"], env=env, capture_output=True, check=True)
     walls: dict[str, list[float]] = {}
     try:
+        # One untimed run first: a fresh server's first flow run, and a cold page cache, are no contender's cost.
+        run(configs(args.work, -1)["1 input, same files"][0], args.work, env)
+        shutil.rmtree(args.work / "round--1")
         for r in range(args.rounds):
             contenders = list(configs(args.work, r).items())
             contenders = contenders[r % 3 :] + contenders[: r % 3]  # interleaved: each goes first in turn
