@@ -295,8 +295,13 @@ def preload_installed(config: TokenmillConfig, installed) -> None:
     the flow asks for its result). `wait()` first: a done future's state, until waited for, is read from the
     server, which can still say Pending (a run's first task: the preload was skipped)."""
     installed.wait()
-    if installed.state.is_completed():
-        on_every_worker(default_client(), preload_encoder, config, installed.result())
+    if not installed.state.is_completed():
+        return
+    try:
+        client = default_client()
+    except ValueError:  # the run already ended (its input failed to partition, say) and closed its client
+        return
+    on_every_worker(client, preload_encoder, config, installed.result())
 
 
 def draw_plots_meanwhile(config: TokenmillConfig, table: pd.DataFrame) -> Future:

@@ -231,7 +231,7 @@ def test_a_source_repeated_past_max_epochs_stops_the_run_naming_it():
     assert resolve(config, table({"web": 100_000, "tiny": 1_000}))["sources"]["tiny"]["epochs"] == 10
 
 
-def test_budgets_over_the_total_and_a_source_with_no_tokens_are_named():
+def test_budgets_over_the_total_and_a_source_with_no_tokens_are_named(tmp_path):
     config = config_of([{"name": "web", "weight": 1}, {"name": "books", "tokens": 5_000}], total_tokens=4_000)
     with pytest.raises(MixError, match="books draw 5,000 tokens, mix.total_tokens is 4,000: nothing is left for web"):
         resolve(config, table({"web": 10_000, "books": 10_000}))
@@ -239,10 +239,15 @@ def test_budgets_over_the_total_and_a_source_with_no_tokens_are_named():
     with pytest.raises(MixError, match="source 'books' made no train tokens: its 1 documents all fell in other"):
         resolve(config, empty)
     empty.loc[empty.split.str.startswith("books/"), ["documents", "rejected"]] = [0, 7]
-    with pytest.raises(
-        MixError,
-        match=r"'books' made no train tokens: all 7 of its records were rejected \(see rejects/shard-00001.jsonl",
-    ):
+    rejects = tmp_path / "rejects" / "shard-00001.jsonl"
+    rejects.parent.mkdir()
+    rejects.write_text(json.dumps({"file": "b.jsonl", "line": 3, "reason": "text field 'text' missing"}) + "\n")
+    config.output.path = str(tmp_path)
+    said = (
+        r"'books' made no train tokens: all 7 records were rejected, the first at b.jsonl line 3: text field 'text' "
+        r"missing \(each one's file, line and reason: rejects/shard-00001.jsonl in "
+    )
+    with pytest.raises(MixError, match=said):
         resolve(config, empty)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import sys
 import threading
@@ -30,6 +31,41 @@ SetOption = Annotated[
     list[str],
     typer.Option("--set", help="Override a config key, e.g. --set pack.seq_len=4096 (repeatable; YAML values)."),
 ]
+DebugOption = Annotated[
+    bool, typer.Option("--debug", help="Show the tracebacks of failures on the terminal (the Prefect UI keeps them).")
+]
+
+
+class WithoutTraceback(logging.Formatter):
+    """A console handler's formatter that leaves tracebacks out: a failure is one line on the terminal (what
+    failed and why), the run's last line says what to do, and the whole traceback stays in the run's logs in the
+    Prefect UI (and on the terminal with --debug). The record is restored for the handlers after this one."""
+
+    def __init__(self, formatter: logging.Formatter):
+        super().__init__()
+        self.formatter = formatter
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
+        try:
+            return self.formatter.format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+def tracebacks_off_the_terminal() -> None:
+    """Every console handler Prefect's logging set up (its own loggers', and the root's, which the others reach)
+    formats without tracebacks (`WithoutTraceback`)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
+    for handler in {h for logger in loggers for h in logger.handlers if isinstance(h, PrefectConsoleHandler)}:
+        if not isinstance(handler.formatter, WithoutTraceback):
+            handler.setFormatter(WithoutTraceback(handler.formatter or logging.Formatter()))
 
 
 def _load(config: Path, overrides: list[str]) -> TokenmillConfig:
@@ -87,7 +123,7 @@ RUN_HELP = (
 
 
 @app.command(help=RUN_HELP)
-def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer reads the default)
+def run(config: Path, overrides: SetOption = [], debug: DebugOption = False) -> None:  # noqa: B006 (typer reads it)
     cfg = _load(config, overrides)
     if _interactive():  # the bars replace Prefect's per-task log lines on the terminal (the UI keeps them)
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
@@ -108,6 +144,8 @@ def run(config: Path, overrides: SetOption = []) -> None:  # noqa: B006 (typer r
             with without_collector():
                 from flows.main import corpus_to_tokens
 
+            if not debug:
+                tracebacks_off_the_terminal()
             try:
                 connect()
                 with progress_bars(cfg.output.path), heartbeats_only_if_asked():
@@ -299,6 +337,7 @@ def rerun(
     shards: Annotated[
         list[int], typer.Option("--shard", help="A shard to redo (repeatable); none: the uncommitted.")
     ] = [],  # noqa: B006
+    debug: DebugOption = False,
 ) -> None:
     """Redo shards of an earlier run, then validate and publish again (the run's config is read from OUTPUT)."""
     from flows.local_cluster import without_collector
@@ -308,6 +347,8 @@ def rerun(
     with without_collector():
         from flows.rerun import rerun_shards
 
+    if not debug:
+        tracebacks_off_the_terminal()
     with ends_promptly():
         try:
             state = rerun_shards(output=output, shard_ids=shards or None, return_state=True)

@@ -31,6 +31,7 @@ from tokenmill.formats.packed import write_shuffle_index
 from tokenmill.pack import writes_packed
 from tokenmill.packing import global_shuffle_index
 from tokenmill.storage import Store
+from tokenmill.validate import all_rejected
 
 
 class MixError(ValueError):
@@ -91,7 +92,7 @@ def resolve(config: TokenmillConfig, table: pd.DataFrame) -> dict:
     available = {name: splits[train]["tokens"] for name, splits in made.items()}
     for name, tokens in available.items():
         if not tokens:
-            raise MixError(f"source {name!r} made no {train} tokens: {why_empty(table, name)}")
+            raise MixError(f"source {name!r} made no {train} tokens: {why_empty(config, table, name)}")
     drawn = draw(config, available)
     total = sum(drawn.values())
     sources = {}
@@ -114,19 +115,13 @@ def resolve(config: TokenmillConfig, table: pd.DataFrame) -> dict:
     return {"split": train, "total_tokens": round(total), "sources": sources}
 
 
-def why_empty(table: pd.DataFrame, source: str) -> str:
-    """Why a source made no training tokens: its records all rejected (naming the rejects files), or its
+def why_empty(config: TokenmillConfig, table: pd.DataFrame, source: str) -> str:
+    """Why a source made no training tokens: its records all rejected (`validate.all_rejected`), or its
     documents all in other splits."""
     rows = table[table.split.str.startswith(f"{source}/")]
-    rejected = rows.groupby("shard_id").rejected.first()
     if documents := int(rows.documents.sum()):
         return f"its {documents:,} documents all fell in other splits (give the split a larger fraction)"
-    files = [layout.rejects_file(int(i)) for i in rejected.index[rejected > 0]]
-    more = f" and {len(files) - 3} more" if len(files) > 3 else ""
-    return (
-        f"all {int(rejected.sum()):,} of its records were rejected (see {', '.join(files[:3])}{more} in the build "
-        "for each one's file, line and reason); fix its input config or its files and run again"
-    )
+    return f"{all_rejected(config.output.store(), rows)}; fix its input config or its files and run again"
 
 
 def stream_shards(table: pd.DataFrame, stream: str) -> pd.DataFrame:

@@ -10,10 +10,12 @@ present and unique within the shard.
 
 from __future__ import annotations
 
+import gzip
 import io
 import mmap
 import os
 import stat
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ import pyarrow
 import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyarrow.parquet as pq
+import zstandard
 from fsspec.implementations.local import LocalFileSystem
 
 from tokenmill.storage import options_for
@@ -35,6 +38,9 @@ if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 
     import pandera.pandas as pa
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+# What reading a truncated or corrupt compressed file raises: gzip's stream ended early or its data is not gzip's
+# (EOFError, gzip.BadGzipFile, zlib.error), a zstd frame that does not decode.
+CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
 LINE_PROBE = 64 << 10  # read at a cut until its line ends

@@ -43,6 +43,7 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.hashing import unit_interval
 from tokenmill.partition import shard_pieces
 from tokenmill.readers import (
+    CORRUPT_STREAM,
     LINE_KINDS,
     Batch,
     Piece,
@@ -190,9 +191,12 @@ def _documents(
                 yield 1, batch, batch.ids, batch.nbytes
             continue
         phase = int(unit_interval([name], f"block:{salt}")[0] * every)
-        for block, lines in line_blocks(piece, options, 1 if read_all else every, 0 if read_all else phase):
-            batch, _ = read_lines(lines, 1, f"{name}#{block}", kind, options, set())
-            yield (every if block % every == phase else 0), batch, batch.ids, len(lines)
+        try:
+            for block, lines in line_blocks(piece, options, 1 if read_all else every, 0 if read_all else phase):
+                batch, _ = read_lines(lines, 1, f"{name}#{block}", kind, options, set())
+                yield (every if block % every == phase else 0), batch, batch.ids, len(lines)
+        except CORRUPT_STREAM:  # truncated or corrupt: the sample keeps what came before (tokenize names the file)
+            continue
 
 
 def sample_shard(config: TokenmillConfig, shard: dict, f: float | dict[str, float], g: float) -> dict:

@@ -55,6 +55,22 @@ class ValidationFailed(Exception):
     """The dataset is not sound; the message is the readable report."""
 
 
+def all_rejected(store: Store, rows: pd.DataFrame) -> str:
+    """What a person reads of stats rows (a row per shard and split) whose records were all rejected: how many,
+    the first one's file, line and reason, and the rejects files that give each one's."""
+    rejected = rows.groupby("shard_id").rejected.first()
+    files = [layout.rejects_file(int(i)) for i in rejected.index[rejected > 0]]
+    if not files:
+        return "its files hold no records"
+    with store.open(files[0]) as f:
+        first = orjson.loads(f.readline())
+    more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+    return (
+        f"all {int(rejected.sum()):,} records were rejected, the first at {first['file']} line {first['line']}: "
+        f"{first['reason']} (each one's file, line and reason: {', '.join(files[:3])}{more} in {store.url})"
+    )
+
+
 def stats_rows(tokenized: dict, packed: dict) -> list[tuple]:
     """A shard's rows of the stats table (one per split), from its tokenize and pack results."""
     rows = []
@@ -530,6 +546,11 @@ def validate(
     (on the cluster); None: here."""
     packing = writes_packed(config)
     store = config.output.store()
+    if not table.documents.sum():
+        raise ValidationFailed(
+            f"nothing to tokenize: {all_rejected(store, table)}; nothing was published: fix the input files or "
+            "the input config (input.text_field, input.format) and run again"
+        )
     run = run or (lambda name, items, work, args: [work(config, item, *args) for item in items])
     with ThreadPoolExecutor(1, thread_name_prefix="tokenmill-reference") as pool:
         # The reference's re-encoding of sampled documents runs while the table and the files are checked (in
