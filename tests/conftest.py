@@ -81,8 +81,8 @@ def dask_cluster(s3_server):
     processes += [subprocess.Popen(worker, cwd=REPO, env={**os.environ, **WORKER_ENV}, **quiet) for _ in range(2)]
     from distributed import Client
 
-    with Client(address, timeout=60) as client:
-        client.wait_for_workers(2, timeout=60)
+    with Client(address, timeout=120) as client:
+        client.wait_for_workers(2, timeout=120)
     yield address
     for process in reversed(processes):
         os.killpg(process.pid, signal.SIGTERM)

@@ -99,7 +99,7 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
             lambda: deployment_named(prefect_client, "corpus-to-tokens/ops"), 120, "the served deployment"
         )
         # the cron schedule produces scheduled runs
-        assert wait_for(lambda: prefect_client.read_flow_runs(limit=5), 60, "scheduled runs")
+        assert wait_for(lambda: prefect_client.read_flow_runs(limit=5), 180, "scheduled runs")
 
         # a run triggered through the API with parameters (the served config): shard 1 cannot be written
         run = prefect_client.create_flow_run_from_deployment(deployment.id, parameters=deployment.parameters)
@@ -120,7 +120,7 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
     tokenized_after = markers(out, "tokenize")
     assert len(tokenized_after) == 4
     assert {k: tokenized_after[k] for k in tokenized_before} == tokenized_before  # reused, not recomputed
-    wait_for(lambda: logged(prefect_client, run.id, "reused 3 of 4 committed tokenize shards"), 30, "the reuse log")
+    wait_for(lambda: logged(prefect_client, run.id, "reused 3 of 4 committed tokenize shards"), 180, "the reuse log")
 
     # the retried run equals a clean run
     retried, fresh = dataset_files(out), dataset_files(gpt2_run)
@@ -166,7 +166,7 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
             runs = [r for r in runs if r.name.startswith("tokenize[")]
             return runs if len(runs) == 3 and all(r.state and r.state.is_final() for r in runs) else None
 
-        groups = {r.name: r.state for r in wait_for(tokenize_runs, 60, "the tokenize task runs")}
+        groups = {r.name: r.state for r in wait_for(tokenize_runs, 180, "the tokenize task runs")}
         assert len(groups) == 3 and all(name.startswith("tokenize[shards ") for name in groups)
         failed = [name for name, state in groups.items() if state.is_failed()]
         assert len(failed) == 1 and "shard 00004" in groups[failed[0]].message, groups
@@ -332,7 +332,7 @@ def test_workers_of_an_external_cluster_load_the_installed_tokenizers_encoders_a
             installing = pretrained_tokenizer.submit(config)
             installing.add_done_callback(functools.partial(preload_installed, config))
             installing.result()
-            return wait_for(lambda: every_worker_loaded(client), 30, "every worker to load the encoders")
+            return wait_for(lambda: every_worker_loaded(client), 180, "every worker to load the encoders")
 
     with temporary_settings({PREFECT_API_URL: prefect_api}):
         state = install_and_preload(return_state=True)

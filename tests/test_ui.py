@@ -367,7 +367,7 @@ def test_custom_run_form_shows_the_config_and_runs_it_with_a_changed_field(
     elsewhere = tmp_path / "custom"
     fields[str(served)].fill(str(elsewhere))  # one changed field: where the dataset is built
     page.get_by_role("button", name="Submit", exact=True).click()
-    run = wait_for(lambda: runs_building(prefect_client, elsewhere), 60, "the run submitted from the form")[0]
+    run = wait_for(lambda: runs_building(prefect_client, elsewhere), 180, "the run submitted from the form")[0]
     assert run.parameters["config"]["output"]["path"] == str(elsewhere)
     assert final_state(prefect_client, run.id).is_completed()
     page.goto(f"{ui_url(prefect_api)}/runs/flow-run/{run.id}")
