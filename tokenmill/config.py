@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from tokenmill.storage import Store
 
 
+# A name that is also a path segment (a dataset, a version, a mixture source): no slash, no leading dot.
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -81,14 +85,11 @@ class InputConfig(_Section):
         )
 
 
-SOURCE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-
-
 class SourceConfig(_Section):
     """One source of a mixture: its input, and one target for its share of the mix's training tokens."""
 
     name: str = Field(
-        pattern=SOURCE_NAME, description="Names its outputs (megatron/<name>/<split>/...) and its row of the mix."
+        pattern=NAME, description="Names its outputs (megatron/<name>/<split>/...) and its row of the mix."
     )
     input: InputConfig = Field(description="The source's files and how to read them, as a single input's.")
     weight: float | None = Field(
@@ -306,7 +307,7 @@ class PublishConfig(_Section):
     )
     version: str | None = Field(
         None,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        pattern=NAME,
         description="Version name; null: a hash of the config, the input files' fingerprints and the tokenizer "
         "(a changed input publishes a new version).",
     )
@@ -394,7 +395,7 @@ class DaskConfig(_Section):
 class TokenmillConfig(_Section):
     """A tokenmill run: which corpus, how to tokenize and pack it, and where to put the result."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Dataset name.")
+    name: str = Field(pattern=NAME, description="Dataset name.")
     input: InputConfig | None = Field(None, description="The corpus, for a dataset of one source (else `sources`).")
     sources: list[SourceConfig] | None = Field(
         None, min_length=1, description="A mixture: every source's input and target, built in one run."
