@@ -29,7 +29,7 @@ def campaign(tmp_path, kinds: str, seed: int) -> tuple[int, dict]:
     status = faults.main(
         [
             "--trials", "1", "--kinds", kinds, "--seed", str(seed), "--corpus-mb", "0.6", "--shard-size", "48KB",
-            "--work", str(tmp_path / "work"), "--report", str(report), "--hang-s", "300",
+            "--work", str(tmp_path / "work"), "--report", str(report), "--hang-s", "300", "--big-mb", "16",
         ]
     )  # fmt: skip
     table = {row["kind"]: row for row in json.loads(report.read_text())["table"]}
