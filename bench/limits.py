@@ -1,0 +1,216 @@
+"""The limits of a tokenmill run on this machine, measured side by side with the run itself.
+
+For each corpus (enwiki_slice written `--repeats` times as one plain JSONL with unique ids: x20 is 1.2 GB,
+x200 12 GB, x500 30 GB), in one benchmark run:
+
+- **encoder alone**: gigatoken, one process, one thread (`RAYON_NUM_THREADS=1`, `parallel=False`), the texts
+  of the file's first `--prefix-mb` already in memory as Python strings, batches of 2,000. Its rate is in MB of
+  the *file* those texts came from per second, so it compares directly with a run's MB/s of input.
+- **parser alone**: pyarrow's JSON reader over the same prefix as tokenmill calls it (blocks of whole lines of
+  8 MB, one thread, the text and id columns as strings), the blocks already in memory.
+- **the limits they imply** on the machine's cores: the encoder ceiling `cores x encoder`, and the parse+encode
+  limit `cores / (1/parser + 1/encoder)`: what the cores could do if a run did nothing but parse and encode.
+- for where the time goes, the same prefix through tokenmill's own pieces, one process, one thread: its reader
+  (`read_documents`: the parse and the checks of every record) and its encoder as the tokenize stage calls it
+  (the gigatoken backend on the reader's batches, with the exactness guard);
+- **tokenmill**: `tokenmill run` (bench/megatron.py's: the default config but `pack.mode: none` and `id_field:
+  id`, a LocalCluster of one worker per core, the Prefect server started before): the whole run's MB/s, the
+  tokenize stage's (the file over the seconds from the encoder's choice to the last shard), and the largest
+  process's and the process tree's peak RSS.
+
+The limits are measured just before and just after each run (the host's speed drifts); a run's ratios are to
+their mean.
+
+    .venv/bin/python bench/limits.py --repeats 20,200,500 --work /tmp/limits
+"""
+
+from __future__ import annotations
+
+import sys
+
+# bench/tokenize.py shares its name with the stdlib's `tokenize`: keep bench/ off the import path.
+# ruff: noqa: E402
+sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+BATCH = 2000  # texts per encoder call (the encoder alone)
+
+
+def _bench(name: str):
+    """bench/<name>.py loaded by path (bench/ is off the import path)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _prefix(corpus: Path, limit: int) -> bytes:
+    """The file's whole lines within its first `limit` bytes."""
+    with open(corpus, "rb") as f:
+        data = f.read(limit)
+    return data[: data.rfind(b"\n") + 1]
+
+
+def _measure(corpus: str, tokenizer: str, limit: int) -> dict[str, float]:
+    """MB of file per second, each on one core in this (fresh) process: the encoder alone, the parser alone,
+    tokenmill's reader and its encoder as the tokenize stage calls it."""
+    import gigatoken
+    import orjson
+    import pyarrow
+    import pyarrow.json as pj
+
+    from tokenmill.encoders import build_encoder, choose_encoder
+    from tokenmill.readers import BATCH_BYTES, Piece, ReadOptions, read_documents
+
+    data = _prefix(Path(corpus), limit)
+    size = len(data)
+    rates = {}
+
+    texts = [orjson.loads(line)["text"] for line in data.splitlines()]
+    raw = gigatoken.Tokenizer.from_json(Path(tokenizer).read_bytes())
+    raw.encode_batch(texts[:10], parallel=False)  # its one-time set-up
+    started = time.perf_counter()
+    for i in range(0, len(texts), BATCH):
+        raw.encode_batch(texts[i : i + BATCH], parallel=False)
+    rates["encoder"] = size / (time.perf_counter() - started) / 1e6
+    del texts
+
+    blocks, start = [], 0
+    while start < size:
+        stop = data.find(b"\n", min(start + BATCH_BYTES, size - 1)) + 1 or size
+        blocks.append(data[start:stop])
+        start = stop
+    schema = pyarrow.schema([("text", pyarrow.string()), ("id", pyarrow.string())])
+    started = time.perf_counter()
+    for block in blocks:
+        pj.read_json(
+            pyarrow.BufferReader(block),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
+            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+        )
+    rates["parser"] = size / (time.perf_counter() - started) / 1e6
+    del blocks
+
+    piece, options = Piece(corpus, 0, size, 1), ReadOptions(text_field="text", id_field="id")
+    started = time.perf_counter()
+    batches = [batch for batch, _ in read_documents([piece], options, columnar=True)]
+    rates["tokenmill reader"] = size / (time.perf_counter() - started) / 1e6
+
+    tokenizer_json = Path(tokenizer).read_bytes()
+    sample = batches[0].text_values()[:200].to_pylist()
+    choice, _ = choose_encoder(tokenizer_json, "auto", sample)
+    encoder = build_encoder(tokenizer_json, choice)
+    started = time.perf_counter()
+    for batch in batches:
+        encoder.encode_batch(batch.text_values())
+    rates["tokenmill encoder"] = size / (time.perf_counter() - started) / 1e6
+    return rates
+
+
+def limits(corpus: Path, tokenizer: str, prefix_mb: float) -> dict[str, float]:
+    """`_measure` in a fresh single-threaded process."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    try:
+        with ProcessPoolExecutor(1) as pool:
+            return pool.submit(_measure, str(corpus), tokenizer, int(prefix_mb * 1e6)).result()
+    finally:
+        os.environ.pop("RAYON_NUM_THREADS")
+
+
+def with_implied(rates: dict[str, float], cores: int) -> dict[str, float]:
+    return rates | {
+        "encoder ceiling": cores * rates["encoder"],
+        "parse+encode limit": cores / (1 / rates["parser"] + 1 / rates["encoder"]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", default=str(SHARED / "corpora/enwiki_slice/enwiki_slice.jsonl.gz"))
+    parser.add_argument("--tokenizer", default=str(SHARED / "tokenizers/gpt2/tokenizer.json"))
+    parser.add_argument("--repeats", default="20,200", help="enwiki_slice copies per corpus, comma-separated")
+    parser.add_argument("--prefix-mb", type=float, default=300, help="the file's prefix the limits are timed on")
+    parser.add_argument("--memory-cap", type=float, default=20.0, help="GB: the watchdog kills a run's tree past it")
+    parser.add_argument("--work", default=None, help="directory for the corpora and outputs (default: a temp dir)")
+    args = parser.parse_args()
+    megatron, tokenize = _bench("megatron"), _bench("tokenize")
+    cores = os.cpu_count() or 1
+
+    from flows.server import ensure_api
+
+    os.environ["PREFECT_API_URL"] = ensure_api()  # a user's server is up before the run
+    if args.work:
+        Path(args.work).mkdir(parents=True, exist_ok=True)
+    cpu = platform.processor() or platform.machine()
+    print(f"{cores} cores {cpu}, {psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tokenmill-limits-", dir=args.work) as tmp:
+        work = Path(tmp)
+        for repeat in [int(r) for r in args.repeats.split(",")]:
+            corpus = work / "corpus.jsonl"
+            size = tokenize.make_corpus(Path(args.source), repeat, corpus)
+            before = limits(corpus, args.tokenizer, args.prefix_mb)
+            run = megatron.run_tokenmill(args, corpus, work / "tokenmill", int(args.memory_cap * 1e9))
+            after = limits(corpus, args.tokenizer, args.prefix_mb)
+            mean = with_implied({k: (before[k] + after[k]) / 2 for k in before}, cores)
+            stage_s = run["phases"].get("tokenize")
+            row = {
+                "corpus_gb": round(size / 1e9, 2),
+                "repeat": repeat,
+                "before": {k: round(v) for k, v in before.items()},
+                "after": {k: round(v) for k, v in after.items()},
+                "limits": {k: round(v) for k, v in mean.items()},
+                "run_s": run["wall_s"],
+                "run_mb_s": round(size / 1e6 / run["wall_s"]),
+                "tokenize_stage_s": stage_s,
+                "tokenize_stage_mb_s": round(size / 1e6 / stage_s) if stage_s else None,
+                "peak_process_gb": run["peak_process_gb"],
+                "peak_tree_gb": run["peak_tree_gb"],
+                "tokens": run["tokens"],
+                "exit": run["exit"],
+                "phases": run["phases"],
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            shutil.rmtree(work / "tokenmill", ignore_errors=True)
+            corpus.unlink()
+    print_table(rows)
+
+
+def print_table(rows: list[dict]) -> None:
+    print("\nMB of input per second; per core for the pieces alone, the run's for tokenmill. Limits: the mean of")
+    print("before and after each run. Ratios: tokenmill's whole run to the encoder ceiling, its tokenize stage to")
+    print("the parse+encode limit.\n")
+    print("| corpus | encoder | parser | tokenmill reader | tokenmill encoder | encoder ceiling | parse+encode limit "
+          "| tokenmill run | tokenize stage | run / ceiling | stage / limit | largest process | tree |")  # fmt: skip
+    print("|--:|" + "--:|" * 12)
+    for r in rows:
+        lim = r["limits"]
+        run_ratio = r["run_mb_s"] / lim["encoder ceiling"]
+        stage = r["tokenize_stage_mb_s"]
+        stage_ratio = f"{stage / lim['parse+encode limit']:.2f}" if stage else "-"
+        print(
+            f"| {r['corpus_gb']:.1f} GB | {lim['encoder']} | {lim['parser']} | {lim['tokenmill reader']} "
+            f"| {lim['tokenmill encoder']} | {lim['encoder ceiling']} | {lim['parse+encode limit']} "
+            f"| {r['run_mb_s']} ({r['run_s']:.1f} s) | {stage or '-'} ({r['tokenize_stage_s']} s) | {run_ratio:.2f} "
+            f"| {stage_ratio} | {r['peak_process_gb']:.2f} GB | {r['peak_tree_gb']:.2f} GB |"
+        )
+
+
+if __name__ == "__main__":
+    main()
