@@ -10,7 +10,7 @@ import zstandard
 from tokenmill import partition
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import Shards, auto_shard_size, load_or_plan, plan_shards, shard_pieces
-from tokenmill.readers import InputError, Piece, ReadOptions, line_blocks, read_documents
+from tokenmill.readers import InputError, Piece, ReadOptions, line_blocks, read_documents, record_spans
 
 from .conftest import CORPUS
 
@@ -88,6 +88,22 @@ def test_a_local_files_blocks_are_mapped_and_read_as_a_stream_reads_them(tmp_pat
             assert newlines == block.count(b"\n") and next_line == first_line + newlines
     assert type(next(line_blocks(Piece(str(local)), ReadOptions()))[0]) is memoryview
     assert type(next(line_blocks(Piece("memory://lines/x.jsonl"), ReadOptions()))[0]) is bytes
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        b'{"a":1}\n\n  \t\n{"b":2}\r\n \r\n {"c":3}\n\x0c\n{"d":4}',  # blank lines of every kind; no last newline
+        b"\n\n",
+        b"",
+        b'{"only":1}\n',
+        b'  {"indented":1}\n\r\n',
+    ],
+)
+def test_record_spans_are_the_non_blank_lines_as_splitting_finds_them(block):
+    starts, ends = record_spans(memoryview(block))
+    found = [block[a:b].rstrip(b"\r") for a, b in zip(starts, ends, strict=True)]
+    assert found == [line.rstrip(b"\r") for line in block.split(b"\n") if line.strip()]
 
 
 def test_small_and_compressed_files_are_grouped_whole_in_order(tmp_path):

@@ -15,6 +15,7 @@ import io
 import mmap
 import os
 import stat
+import threading
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +44,19 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
+PANDERA_IMPORT = threading.Lock()
+
+
+def schema_library():
+    """`pandera.pandas`, imported under a lock. Its modules import each other, so two threads importing it at once
+    can deadlock (Python then raises `_DeadlockError` in one of them): the flow imports it in a thread while it
+    waits for the encoder choice, and a small run's validate can need it before that is done."""
+    with PANDERA_IMPORT:
+        import pandera.pandas
+
+        return pandera.pandas
+
+
 LINE_PROBE = 64 << 10  # read at a cut until its line ends
 Buffer = bytes | memoryview
 OnInvalid = Literal["fail", "quarantine"]
@@ -309,7 +323,7 @@ def records(piece: Piece, options: ReadOptions) -> Iterator[Record]:
 
 def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchema:
     """The checks every batch passes: text a string within the size limits, id present and unique in the shard."""
-    import pandera.pandas as pa
+    pa = schema_library()
 
     def is_string(values: pd.Series) -> pd.Series:
         return values.map(lambda v: v is None or isinstance(v, str)).astype(bool)
@@ -350,8 +364,8 @@ def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchem
 def _validate(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> dict[int, str]:
     """Position in `raws` -> the first reason it is not a valid document."""
     import pandas as pd
-    import pandera.pandas as pa
 
+    pa = schema_library()
     problems = {i: r.problem for i, r in enumerate(raws) if r.problem}
     frame = pd.DataFrame({"text": [r.text for r in raws], "doc_id": [r.doc_id for r in raws]}, dtype=object).drop(
         index=list(problems)
@@ -459,6 +473,27 @@ def count_crlf(data: Buffer) -> int:
     data = np.frombuffer(data, np.uint8)
     returns = data[:-1] == 13
     return int(np.count_nonzero(data[np.flatnonzero(returns) + 1] == 10)) if returns.any() else 0
+
+
+ASCII_WHITESPACE = np.array(sorted(b" \t\n\r\x0b\x0c"), np.uint8)  # what bytes.strip() strips
+
+
+def record_spans(block: Buffer) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the records of a block of whole lines: its lines that are not blank, line endings
+    excluded, found with numpy (3.4 GB/s here, against 0.9 for splitting the block into Python bytes). Only the
+    lines that are empty or start with whitespace are looked at one by one: a JSON record starts with `{`."""
+    data = np.frombuffer(block, np.uint8)
+    ends = np.flatnonzero(data == 10)
+    if len(data) and data[-1] != 10:
+        ends = np.append(ends, len(data))
+    if not len(ends):
+        return ends, ends
+    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+    maybe_blank = np.flatnonzero((starts == ends) | np.isin(data[np.minimum(starts, len(data) - 1)], ASCII_WHITESPACE))
+    blank = [k for k in maybe_blank if not bytes(block[starts[k] : ends[k]]).strip()]
+    keep = np.ones(len(starts), bool)
+    keep[blank] = False
+    return starts[keep], ends[keep]
 
 
 def line_start(f: BinaryIO, target: int) -> int:

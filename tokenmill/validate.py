@@ -33,7 +33,7 @@ from tokenmill.hashing import assign_splits
 from tokenmill.pack import pad_id as pack_pad_id
 from tokenmill.pack import writes_packed
 from tokenmill.partition import Shards, shard_ids, shard_pieces
-from tokenmill.readers import field_value, kind_of, line_blocks, read_documents
+from tokenmill.readers import field_value, kind_of, line_blocks, read_documents, record_spans, schema_library
 from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer import TokenizerInfo
 
@@ -135,8 +135,7 @@ class StatsColumns:
 def load_pandera() -> None:
     """Import pandera and its pandas backends, which its first validation imports (with its data strategies,
     and hypothesis where installed: 0.8 s), so that a caller can have it done while it waits for other work."""
-    import pandera.pandas as pa
-
+    pa = schema_library()
     pa.DataFrameSchema({"n": pa.Column(int)}).validate(pd.DataFrame({"n": [0]}))
 
 
@@ -146,7 +145,7 @@ def stats_schema(
     """The checks of any run of whole shards' rows of the stats table (`validate` checks it a few thousand rows at
     a time); `shard_ids`: the plan's (a grown input's plan may have gaps where shards were dropped); `pack` is
     None when no packed rows are written."""
-    import pandera.pandas as pa  # a fifth of a second to import: not in every worker that unpickles the flow
+    pa = schema_library()  # a fifth of a second to import: not in every worker that unpickles the flow
 
     def per_shard_reconciles(df: pd.DataFrame) -> pd.Series:
         g = df.groupby("shard_id")
@@ -202,7 +201,7 @@ def check_stats(
     """The stats table against `stats_schema` (of these arguments), a few thousand rows at a time and whole shards
     each (pandera's checks take a few times the rows' memory: 50 MB for 98,176 rows at once), and every shard and
     split once; raises ValidationFailed naming the failed checks and their shards."""
-    from pandera.errors import SchemaErrors
+    SchemaErrors = schema_library().errors.SchemaErrors  # noqa: N806 (a class)
 
     schema, found = stats_schema(shard_ids, splits, vocab_size, pack), []
     for rows in shard_chunks(table):
@@ -430,9 +429,9 @@ def sampled_documents(config: TokenmillConfig, item: dict) -> list[tuple[str, in
 
 def texts_at(config: TokenmillConfig, shard: dict, positions: np.ndarray, documents: int) -> list[str] | None:
     """The texts of the documents at `positions` (sorted) of a shard of JSONL with no rejects, whose documents
-    are then its records (non-blank lines) in order: every line is split off, only the chosen ones are parsed
-    (a fifth of the time of reading the shard as tokenize did). None where the shard is not all JSONL, or where
-    its records do not number `documents`: the caller then reads it as tokenize did."""
+    are then its records (non-blank lines) in order: the records are found by `record_spans`, and only the chosen
+    ones are parsed. None where the shard is not all JSONL, or where its records do not number `documents`: the
+    caller then reads it as tokenize did."""
     options = config.input_of(shard).read_options()
     pieces = shard_pieces(shard)
     if any(kind_of(piece, options) != "jsonl" for piece in pieces):
@@ -440,10 +439,10 @@ def texts_at(config: TokenmillConfig, shard: dict, positions: np.ndarray, docume
     texts, position = [], 0
     for piece in pieces:
         for block, _, _ in line_blocks(piece, options):
-            records = [line for line in bytes(block).split(b"\n") if line.strip()]  # blank lines are not records
-            for i in positions[(positions >= position) & (positions < position + len(records))] - position:
-                texts.append(field_value(orjson.loads(records[i]), options.text_field))
-            position += len(records)
+            starts, ends = record_spans(block)
+            for i in positions[(positions >= position) & (positions < position + len(starts))] - position:
+                texts.append(field_value(orjson.loads(block[starts[i] : ends[i]]), options.text_field))
+            position += len(starts)
     return texts if position == documents and len(texts) == len(positions) else None
 
 
