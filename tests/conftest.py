@@ -187,6 +187,39 @@ def pytest_runtest_makereport(item, call):
         report.sections.append(("screenshots", "\n".join(ui.paths)))
 
 
+STOP_CEILING = 180  # seconds: a loaded machine took a `tokenmill serve` over 30 s to exit after Ctrl-C
+
+
+def served_process(command: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """A long-running command (`tokenmill serve`, a Prefect worker) in a session of its own, its output in `log`
+    and Python's fault handler on, so that `stop` can show where it was stuck."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            command, cwd=REPO, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def stop(process: subprocess.Popen, sig: int = signal.SIGINT, log: Path | None = None) -> int:
+    """Send `sig` to the session of a process started with `start_new_session=True` (SIGINT: as Ctrl-C in its
+    terminal) and return its exit code once it has exited, within STOP_CEILING s however loaded the machine.
+    Past that, SIGABRT makes the fault handler print every thread's stack into its `log` (`served_process`), its
+    session is killed, and the test fails showing the log's end."""
+    os.killpg(process.pid, sig)
+    try:
+        return process.wait(STOP_CEILING)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGABRT)
+            time.sleep(2)
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        tail = log.read_text(errors="replace")[-6000:] if log else ""
+        raise AssertionError(
+            f"{' '.join(map(str, process.args[:4]))} still ran {STOP_CEILING} s after {sig!r}:\n{tail}"
+        ) from None
+
+
 def alive_in_session(session: int) -> list[psutil.Process]:
     """The processes of a session (a command started with `start_new_session=True`: its pid) still running."""
     alive = []

@@ -18,7 +18,7 @@ import pytest
 
 from flows.server import free_port
 
-from .conftest import REPO, dataset_files
+from .conftest import REPO, dataset_files, served_process, stop
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -89,10 +89,10 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
     blocked = out / "megatron/train/shard-00001.bin"
     block(blocked)
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
-    server = subprocess.Popen(
+    log = tmp_path / "serve.log"
+    server = served_process(
         [sys.executable, "-m", "tokenmill", "serve", "examples/gpt2.yaml", *overrides, "--set", f"output.path={out}",
-         "--name", "ops", "--cron", "0 3 * * *"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+         "--name", "ops", "--cron", "0 3 * * *"], env, log,
     )  # fmt: skip
     try:
         deployment = wait_for(
@@ -114,8 +114,7 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
         unblock(blocked)
         assert press_retry(prefect_client, run.id).is_completed()
     finally:
-        os.killpg(server.pid, signal.SIGINT)
-        server.wait(30)
+        stop(server, log=log)
 
     tokenized_after = markers(out, "tokenize")
     assert len(tokenized_after) == 4
@@ -147,10 +146,10 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
     blocked = out / "megatron/train/shard-00004.bin"
     block(blocked)
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
-    server = subprocess.Popen(
+    log = tmp_path / "serve.log"
+    server = served_process(
         [sys.executable, "-m", "tokenmill", "serve", "examples/gpt2.yaml", *small_shards, "--set",
-         f"output.path={out}", "--set", "dask.groups_per_stage=3", "--name", "grouped"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+         f"output.path={out}", "--set", "dask.groups_per_stage=3", "--name", "grouped"], env, log,
     )  # fmt: skip
     try:
         deployment = wait_for(
@@ -178,8 +177,7 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
         unblock(blocked)
         assert press_retry(prefect_client, run.id).is_completed()
     finally:
-        os.killpg(server.pid, signal.SIGINT)
-        server.wait(30)
+        stop(server, log=log)
 
     committed_after = markers(out, "tokenize")
     assert set(committed_after) - set(committed_before) == {"shard-00004.json"}
@@ -408,7 +406,6 @@ def test_prefect_server_on_postgresql(tmp_path):
         assert sql("select state_type from flow_run where name = 'demo-gpt2'") == "COMPLETED"
     finally:
         if prefect_server is not None:
-            os.killpg(prefect_server.pid, signal.SIGTERM)
-            prefect_server.wait(30)
+            stop(prefect_server, signal.SIGTERM)
         subprocess.run([*as_postgres, pg_bin / "pg_ctl", "-D", data / "db", "-m", "fast", "stop"], capture_output=True)
         shutil.rmtree(data, ignore_errors=True)

@@ -20,7 +20,7 @@ import pytest
 
 from flows.server import ui_url
 
-from .conftest import REPO, dataset_files
+from .conftest import REPO, STOP_CEILING, dataset_files, served_process, stop
 from .test_operations import block, deployment_named, final_state, markers, unblock, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -219,15 +219,14 @@ def test_dask_dashboard_of_a_running_flow_shows_workers_and_shard_progress_and_i
                 tab.goto(link, wait_until="commit")
                 tab.wait_for_timeout(700)
             except PlaywrightError:  # the run ended (about 5 s here): its dashboard ends with it
-                assert run.wait(30) == 0, "the dashboard went away while the run went on"
+                assert run.wait(STOP_CEILING) == 0, "the dashboard went away while the run went on"
             finally:
                 tab.close()
         assert run.wait(600) == 0, stderr.read_text()
         held.close()
     finally:
         if run.poll() is None:
-            os.killpg(run.pid, signal.SIGTERM)
-            run.wait(60)
+            stop(run, signal.SIGTERM)
     errors = stderr.read_text()
     assert "Traceback" not in errors and "Error" not in errors, errors
     assert printed_link(stdout.read_text())
@@ -296,14 +295,13 @@ def served(prefect_api, dask_cluster, tmp_path_factory):
     """`tokenmill serve` of examples/gpt2.yaml (4 shards) as deployment `ui`, its runs on the session's cluster."""
     out = tmp_path_factory.mktemp("served") / "out"
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
-    server = subprocess.Popen(
+    log = out.parent / "serve.log"
+    server = served_process(
         [sys.executable, "-m", "tokenmill", "serve", "examples/gpt2.yaml", "--set", "partition.shard_size=1MB",
-         "--set", f"output.path={out}", "--name", "ui"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+         "--set", f"output.path={out}", "--name", "ui"], env, log,
     )  # fmt: skip
     yield out
-    os.killpg(server.pid, signal.SIGINT)
-    server.wait(60)
+    stop(server, log=log)
 
 
 def served_deployment(client):
