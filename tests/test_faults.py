@@ -200,6 +200,44 @@ def test_a_command_ends_soon_after_its_work_whatever_prefect_still_waits_for(bod
     assert "tokenmill: exiting without waiting longer for the Prefect API (1 s)" in done.stderr
 
 
+SERVING = """
+import asyncio, sys
+from tokenmill.cli import run_until_interrupted
+
+async def serving(swallow):
+    print("serving", flush=True)
+    while True:
+        try:
+            await asyncio.sleep(0.1)
+        except asyncio.CancelledError:
+            if not swallow:  # Prefect's runner: it pauses the deployments, and returns
+                return
+            # as Prefect's runner did when its task group swallowed the cancellation
+
+run_until_interrupted(lambda: serving(sys.argv[1] == "swallow"), grace=2)
+"""
+
+
+@pytest.mark.parametrize("runner", ["returns", "swallow"])
+def test_tokenmill_serve_exits_on_one_ctrl_c_even_where_the_runner_loses_it(runner):
+    """`tokenmill serve` runs Prefect's runner in `run_until_interrupted`: one Ctrl-C cancels it (which then stops
+    at once); where the runner swallows that, the process still exits, `grace` seconds later, saying so."""
+    import signal
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", SERVING, runner], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout.readline() == "serving\n"
+    interrupted = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0
+    if runner == "returns":
+        assert err == ""  # stopped before the timer
+    else:
+        assert time.monotonic() - interrupted >= 2 and err == "tokenmill: still running 2 s after Ctrl-C; exiting\n"
+
+
 def test_ctrl_c_mid_run_ends_the_run_and_its_cluster_at_once(prefect_api, tmp_path):
     """Ctrl-C reaches the run's whole process group: the flow's process, its LocalCluster's and the workers. The
     run ends within seconds, marked Crashed, exit 130, leaving no process behind. (Once, by hand, a cluster that
