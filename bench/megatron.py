@@ -19,8 +19,9 @@ tokenmill first in even ones), each from scratch, and every round records:
 - the 1-minute load average when the round started (other work on the host slows both tools).
 
 With `--big-repeat N` it then runs once on enwiki_slice x N (x200: 12 GB): tokenmill's throughput against the
-2-core gigatoken ceiling measured just before (gigatoken alone, one process per core, texts in memory: the
-`--ceiling-mb` prefix), the largest worker's memory, and what Megatron's tool does with it.
+encoder ceiling measured just before (bench/limits.py's: the cores x gigatoken alone on one core, the texts of
+the file's first `--ceiling-mb` in memory), the largest worker's memory, and what Megatron's tool does with it.
+bench/limits.py measures the other limits beside tokenmill at several sizes.
 
 Megatron-LM is not part of tokenmill: fetch NVIDIA/Megatron-LM, export its `megatron/` and `tools/`, make a
 venv that sees this project's packages plus Megatron's imports, and a transformers tokenizer directory whose
@@ -52,7 +53,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -288,18 +288,13 @@ def _numbers(run: Watched) -> dict:
     }
 
 
-def ceiling_mb_s(bench_tokenize, corpus: Path, tokenizer: str, prefix_mb: float, workers: int) -> float:
-    """The 2-core (`workers`-core) gigatoken ceiling now: gigatoken alone, one process, one thread, texts in
-    memory, times `workers`."""
-    os.environ["RAYON_NUM_THREADS"] = "1"
-    try:
-        with ProcessPoolExecutor(1) as pool:
-            _, seconds, nbytes, _, _ = pool.submit(
-                bench_tokenize._raw_encoder, ("gigatoken", corpus, tokenizer, int(prefix_mb * 1e6))
-            ).result()
-    finally:
-        os.environ.pop("RAYON_NUM_THREADS")
-    return workers * nbytes / seconds / 1e6
+def ceiling_mb_s(corpus: Path, tokenizer: str, prefix_mb: float, cores: int) -> float:
+    """The encoder ceiling now: `cores` x gigatoken alone on one core, texts in memory (bench/limits.py's)."""
+    spec = importlib.util.spec_from_file_location("bench_limits", REPO / "bench" / "limits.py")
+    limits = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = limits  # its measurement runs in a worker process: pickled by module name
+    spec.loader.exec_module(limits)
+    return cores * limits.limits(corpus, tokenizer, prefix_mb)["encoder"]
 
 
 def print_rounds(rows: list[dict]) -> None:
@@ -395,13 +390,13 @@ def main() -> None:
             big = work / "big.jsonl"
             size = bench_tokenize.make_corpus(Path(args.source), args.big_repeat, big)
             print(f"\nbig corpus: {size / 1e9:.2f} GB ({args.big_repeat} x {Path(args.source).name})")
-            ceiling = ceiling_mb_s(bench_tokenize, big, args.tokenizer, args.ceiling_mb, workers)
+            ceiling = ceiling_mb_s(big, args.tokenizer, args.ceiling_mb, workers)
             load = os.getloadavg()[0]
             mill = run_tokenmill(args, big, work / "tokenmill", cap)
             rate = size / 1e6 / mill["wall_s"]
             print(json.dumps({"load": load, "ceiling_mb_s": round(ceiling), **mill}))
             print(f"tokenmill: {mill['wall_s']:.1f} s = {rate:.0f} MB/s = {rate / ceiling:.1%} of the "
-                  f"{ceiling:.0f} MB/s 2-core gigatoken ceiling measured just before; largest process "
+                  f"{ceiling:.0f} MB/s encoder ceiling measured just before; largest process "
                   f"{mill['peak_process_gb']:.2f} GB, tree {mill['peak_tree_gb']:.2f} GB")  # fmt: skip
             shutil.rmtree(work / "tokenmill", ignore_errors=True)
             load = os.getloadavg()[0]
