@@ -25,6 +25,25 @@ def test_dataset_hash_ignores_where_output_goes_and_how_many_workers():
     assert base.dataset_hash() == moved.dataset_hash() != changed.dataset_hash()
 
 
+def test_retuning_a_check_keeps_the_works_keys_and_makes_a_new_version():
+    """tokenizer.check_fraction and the other check settings decide what validate and the encoder's verification
+    check, not what is made: the tokenize stage's and the tokenizer training's keys leave them out (no shard is
+    redone, no tokenizer retrained), the dataset's hash keeps them (the new version is validated with them)."""
+    from types import SimpleNamespace
+
+    from tokenmill.tokenize import stage_key
+
+    tokenizer = SimpleNamespace(sha256="0" * 64)
+    base = load_config(EXAMPLES / "demo.yaml")
+    checked = ["tokenizer.check_fraction=0.5", "tokenizer.check_min_documents=7", "tokenizer.verify_documents=3"]
+    retuned = load_config(EXAMPLES / "demo.yaml", [*checked, "tokenizer.allowed_mismatch_rate=0.1"])
+    assert stage_key(retuned, tokenizer, "s") == stage_key(base, tokenizer, "s")
+    assert retuned.section_hash("tokenizer", checks=False) == base.section_hash("tokenizer", checks=False)
+    assert retuned.dataset_hash() != base.dataset_hash()
+    without_eod = load_config(EXAMPLES / "demo.yaml", ["tokenizer.append_eod=false"])
+    assert stage_key(without_eod, tokenizer, "s") != stage_key(base, tokenizer, "s")
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

@@ -478,9 +478,16 @@ class TokenmillConfig(_Section):
         root = self.output.publish.path or self.output.path
         return Store(f"{root}/{self.name}", self.output.publish.storage.fsspec_options())
 
-    def section_hash(self, *sections: str) -> str:
-        """A short hash of the named config sections: the cache key of a stage that depends on them."""
+    def section_hash(self, *sections: str, checks: bool = True) -> str:
+        """A short hash of the named config sections: the cache key of a stage that depends on them. Without
+        `checks`, the settings that decide what is checked rather than what is made (CHECK_SETTINGS) are left out:
+        the key of work (tokenize, the tokenizer's training), which retuning a check must not redo; the dataset's
+        hash keeps them (a version is validated with them)."""
         config = self.dataset_config()
+        if not checks:
+            for section, names in CHECK_SETTINGS.items():
+                for name in names:
+                    config.get(section, {}).pop(name, None)
         # The input is what its files hold (the plan's fingerprints), not the patterns that found them: a
         # pattern that finds the same files keys the same work, and one more file listed redoes only its shards.
         # A mixture's input is its sources' inputs, not their targets: retuning the mix redoes no shard.
@@ -492,6 +499,9 @@ class TokenmillConfig(_Section):
         chosen = {k: v for k, v in config.items() if k in sections}
         canonical = json.dumps(chosen, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+CHECK_SETTINGS = {"tokenizer": ("verify_documents", "check_fraction", "check_min_documents", "allowed_mismatch_rate")}
 
 
 def apply_override(data: dict, assignment: str) -> None:

@@ -95,7 +95,7 @@ def train_on_sample(config: TokenmillConfig, samples: list[dict]) -> TokenizerIn
     """Train on the sample (in shard order); reuse the trained file if the sample and config are unchanged."""
     store, cfg = config.output.store(), config.tokenizer
     sample_digest = hashlib.sha256("".join(store.sha256(rel) for rel in training_files(samples)).encode())
-    key = f"{sample_digest.hexdigest()[:16]}-{config.section_hash('tokenizer')}"
+    key = f"{sample_digest.hexdigest()[:16]}-{config.section_hash('tokenizer', checks=False)}"
     if (done := committed(store, "train_tokenizer", 0, key)) is not None and store.exists(layout.TOKENIZER):
         return TokenizerInfo(**done)
     tokenizer = train_from_texts(training_texts(config, samples), cfg.train, special_tokens(cfg))
