@@ -153,10 +153,12 @@ def tokenize_and_pack(stage: StageRun) -> tuple[pd.DataFrame, dict]:
     rows = [totals for _, totals in groups]
     reused = sum(r["reused"] for r in rows)
     redone = [reason for r in rows for reason in r.pop("redone")]
+    files_rejected = [why for r in rows for why in r.pop("files_rejected", [])]
     description = f"tokenize: {len(stage.items)} shards, {reused} reused"
     create_table_artifact(rows, key="tokenize-shards", description=description)
     table = pd.concat([t for t, _ in groups], ignore_index=True).sort_values(["shard_id", "split"], ignore_index=True)
-    return table, {"bytes_in": sum(r["bytes_in"] for r in rows), "reused": reused, "redone": redone}
+    totals = {"bytes_in": sum(r["bytes_in"] for r in rows), "reused": reused, "redone": redone}
+    return table, totals | {"files_rejected": files_rejected}
 
 
 @flow(
@@ -244,6 +246,8 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         logger.info("reused %d of %d committed tokenize shards", totals["reused"], len(shards))
     for reason in totals["redone"]:  # files damaged after their commit
         logger.warning(reason)
+    for why in totals["files_rejected"]:  # input files quarantined whole (input.on_invalid: quarantine)
+        logger.warning("quarantined: %s", why)
 
     if writes_packed(config):
         shuffle_index(config, table)
@@ -271,6 +275,7 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
         "shards": len(shards),
         "shards_reused": totals["reused"],
         "shards_redone": totals["redone"],
+        "files_rejected": totals["files_rejected"],
         **manifest["counts"],
         "splits": manifest["splits"],
         "packing": manifest["packing"],

@@ -40,11 +40,16 @@ class Kept:
         self.shards = self.reused = self.bytes_in = self.fresh_bytes = 0
         self.fresh_seconds = 0.0
         self.redone: list[tuple[int, str]] = []  # (shard id, what changed in its committed files)
+        self.files_rejected: list[tuple[int, str]] = []  # (shard id, a whole file quarantined and why)
 
     def __call__(self, results: tuple) -> None:
         tokenized = results[0]
         self.rows.add(stats_rows(tokenized, results[1] if len(results) > 1 else pack.skipped(tokenized)))
         self.redone += [(tokenized["shard_id"], r["redone"]) for r in results if r.get("redone")]
+        shard = tokenized["shard_id"]
+        self.files_rejected += [
+            (shard, f"{why} (rejects/shard-{shard:05d}.jsonl)") for why in tokenized.get("files_rejected", [])
+        ]
         self.shards += 1
         self.bytes_in += tokenized["bytes_in"]
         if tokenized["reused"]:
@@ -76,5 +81,6 @@ def tokenize_shards(
         "tokenize_mb_per_s": round(kept.fresh_bytes / 1e6 / kept.fresh_seconds, 2) if kept.fresh_seconds else None,
         # shards whose committed files had changed since (see tokenmill.commits), each with what changed
         "redone": [reason for _, reason in sorted(kept.redone)],
+        "files_rejected": [why for _, why in sorted(kept.files_rejected)],
     }
     return table, totals

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 from .conftest import EXAMPLES, dataset_files, read_jsonl
+from .test_bad_input import truncated_gzip
 
 BAD_LINES = [
     b'{"id": "broken", "text": \n',
@@ -40,6 +42,27 @@ def test_quarantine_counts_and_keeps_every_bad_record(run_cli, tmp_path):
         "text field 'text' missing",
     ]
     assert {"rejects"} <= {f["kind"] for f in manifest["files"]}
+
+
+def test_a_truncated_compressed_file_is_quarantined_and_named_in_the_summary(run_cli, tmp_path):
+    """Under the default policy (quarantine), a .jsonl.gz cut short keeps the documents before the cut, the rest
+    of it is one reject of the whole file (line 0), and the run's summary names the file, what was wrong and where
+    its reject is, beside the count."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "cut.jsonl.gz").write_bytes(truncated_gzip())
+    out = tmp_path / "out"
+    result = run_cli("run", "examples/gpt2.yaml", "--set", f"input.paths=[{data}/*]", "--set", f"output.path={out}")
+    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    kept = counts["documents_out"]
+    assert kept > 0 and counts["documents_rejected"] == 1
+    (reject,) = [json.loads(line) for p in (out / "rejects").glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert (reject["file"], reject["line"]) == ("cut.jsonl.gz", 0)
+    said = re.search(
+        r"quarantined: cut\.jsonl\.gz: cannot be read after (\d+) records \((.*)\) \((.*)\)", result.stdout
+    )
+    assert said, result.stdout
+    assert int(said[1]) == kept and said[2].startswith("EOFError") and said[3] == "rejects/shard-00000.jsonl"
 
 
 def test_fail_policy_stops_the_run_naming_file_and_line(run_cli, tmp_path):

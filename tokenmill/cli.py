@@ -287,6 +287,8 @@ def print_summary(summary: dict, link: str | None) -> None:
     )
     for reason in summary.get("shards_redone", []):
         console.print(f"[yellow]redone:[/yellow] {reason}", highlight=False)
+    for why in summary.get("files_rejected", []):
+        console.print(f"[yellow]quarantined:[/yellow] {why}", highlight=False)
     if mix := summary.get("mix"):  # a row per source; the splits of all of them below
         from tokenmill.mix import summary_rows
 

@@ -78,6 +78,7 @@ def tokenize_shard(
     counts = {s: {"documents": 0, "tokens": 0, "max_token_id": -1} for s in splits}
     documents_in = bytes_in = 0
     rejects: list[bytes] = []
+    whole_files: list[str] = []  # rejects that are a whole file (unreadable, empty): said in the run's summary
     files: dict[str, dict] = {}  # size and sha256 of each file written, for the marker
     with ExitStack() as stack:
         writers: dict[str, tuple[BinWriter, object]] = {}
@@ -86,6 +87,7 @@ def tokenize_shard(
             documents_in += len(batch) + len(batch_rejects)
             bytes_in += batch.nbytes
             rejects.extend(orjson.dumps(r.to_dict()) + b"\n" for r in batch_rejects)
+            whole_files += [f"{r.file}: {r.reason}" for r in batch_rejects if r.line == 0]
             if not len(batch):
                 continue
             flat, lengths = with_specials(*encode.encode_batch(batch.text_values()), bos_id, eod_id)
@@ -119,6 +121,7 @@ def tokenize_shard(
         "source": shard["source"],
         "documents_in": documents_in,
         "rejected": len(rejects),
+        "files_rejected": whole_files,
         "bytes_in": bytes_in,
         "splits": counts,
         "encoder": encode.name,
