@@ -218,7 +218,32 @@ def dask_client(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = Non
     submit to."""
     with contextlib.ExitStack() as stack:
         address = dask_config.scheduler() or stack.enter_context(local_cluster_process(dask_config, tokenizer))()
-        yield stack.enter_context(Client(address, set_as_default=True))
+        yield stack.enter_context(connect(address))
+
+
+class SchedulerRefused(ConnectionError):
+    """The flow could not become a client of the configured scheduler."""
+
+
+def connect(address: str) -> Client:
+    """The process's default client of the scheduler at `address`, with Dask's TLS settings from its config
+    (`tokenmill certs` says which); why not, in a sentence, where it cannot be."""
+    try:
+        return Client(address, set_as_default=True)
+    except TypeError as e:  # Dask's words for a tls:// address and no certificates in this process's config
+        if "ssl_context" not in str(e):
+            raise
+        raise SchedulerRefused(
+            f"the Dask scheduler at {address} speaks TLS and this process has no certificate for it: set "
+            "DASK_DISTRIBUTED__COMM__TLS__CA_FILE, DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT and "
+            "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY (`tokenmill certs DIR` makes them and prints how); "
+            "nothing was run"
+        ) from None
+    except OSError as e:  # refused, timed out, or a TLS handshake the scheduler broke off
+        raise SchedulerRefused(
+            f"could not connect to the Dask scheduler at {address} ({type(e).__name__}: {e}); a scheduler with TLS "
+            "refuses a client whose certificate its authority did not sign; nothing was run"
+        ) from None
 
 
 def prepare_cluster(client: Client) -> None:

@@ -473,6 +473,27 @@ def diff(
         console.print(line, highlight=False)
 
 
+@app.command()
+def certs(
+    directory: Annotated[Path, typer.Argument(help="Where to write them (a new directory, or one without ca.pem).")],
+    host: Annotated[
+        list[str], typer.Option(help="A scheduler or worker host name or IP the certificates name (repeatable).")
+    ] = [],  # noqa: B006 (typer reads it)
+    days: Annotated[int, typer.Option(help="How long they are valid.")] = 365,
+) -> None:
+    """Make the certificates of a Dask cluster that only tokenmill's processes can use (mutual TLS): an authority,
+    and a certificate for the scheduler, the workers and the flow's client, each signed by it."""
+    from tokenmill.certs import make_certificates, usage
+
+    try:
+        written = make_certificates(directory, host, days)
+    except FileExistsError as e:
+        raise _fail(str(e)) from None
+    console.print(f"wrote {', '.join(p.name for p in written)} in {directory}", highlight=False)
+    for line in usage(directory):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
 @server_app.command("start")
 def server_start(port: Annotated[int, typer.Option(help="Port; default a free one.")] = 0) -> None:
     """Start (or find) the local Prefect server and say where its UI and API are."""

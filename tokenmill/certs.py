@@ -1,0 +1,129 @@
+"""Certificates for a Dask cluster that only tokenmill's own processes can use: mutual TLS, where the scheduler,
+every worker and the flow's client each show a certificate signed by the cluster's own certificate authority,
+and refuse a peer without one. A scheduler reachable over a network runs whatever it is sent (pickled
+functions) on workers that hold the object store's credentials: without TLS, anything that reaches its port
+runs code with them. `tokenmill certs DIR` writes:
+
+- `ca.pem` (the authority's certificate, for every process) and `ca-key.pem` (its key: keep it off the cluster;
+  it signs new certificates);
+- `scheduler.pem`, `worker.pem`, `client.pem` and their `-key.pem` keys, one per role (keys readable by their
+  owner only).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+ROLES = ("scheduler", "worker", "client")
+AUTHORITY = "tokenmill cluster CA"
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    data = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as f:
+        f.write(data)
+
+
+def _subject_names(hosts: list[str]) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys(["localhost", "127.0.0.1", *hosts]):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
+
+
+def make_certificates(directory: Path, hosts: list[str], days: int = 365) -> list[Path]:
+    """A new authority and a certificate per role (ROLES) signed by it, valid `days` days for `hosts` (and
+    localhost), written into `directory`; the files written. Refuses to replace an existing authority: the
+    certificates it signed would stop working."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / "ca.pem").exists():
+        raise FileExistsError(f"{directory / 'ca.pem'} exists: give another directory, or remove it to start over")
+    now = datetime.datetime.now(datetime.UTC)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name(AUTHORITY))
+        .issuer_name(_name(AUTHORITY))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )  # fmt: skip
+        .sign(ca_key, hashes.SHA256())
+    )
+    written = [directory / "ca.pem", directory / "ca-key.pem"]
+    written[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _write_key(written[1], ca_key)
+    usages = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
+    for role in ROLES:  # each connects and is connected to: both usages
+        key = ec.generate_private_key(ec.SECP256R1())
+        certificate = (
+            x509.CertificateBuilder()
+            .subject_name(_name(f"tokenmill {role}"))
+            .issuer_name(ca.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName(_subject_names(hosts)), critical=False)
+            .add_extension(usages, critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        cert_path, key_path = directory / f"{role}.pem", directory / f"{role}-key.pem"
+        cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+        _write_key(key_path, key)
+        written += [cert_path, key_path]
+    return written
+
+
+def usage(directory: Path) -> list[str]:
+    """How each process uses the certificates in `directory`: the commands and the environment."""
+    d = directory.resolve()
+    tls = f"--tls-ca-file {d}/ca.pem"
+    return [
+        f"the scheduler:  dask scheduler --protocol tls {tls} --tls-cert {d}/scheduler.pem "
+        f"--tls-key {d}/scheduler-key.pem",
+        f"each worker:    dask worker tls://SCHEDULER:8786 {tls} --tls-cert {d}/worker.pem "
+        f"--tls-key {d}/worker-key.pem",
+        "the flow (tokenmill run, serve, a Prefect worker), in its environment:",
+        "  TOKENMILL_DASK_ADDRESS=tls://SCHEDULER:8786",
+        f"  DASK_DISTRIBUTED__COMM__TLS__CA_FILE={d}/ca.pem",
+        f"  DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT={d}/client.pem",
+        f"  DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY={d}/client-key.pem",
+        "  DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION=True",
+        f"Keep {d}/ca-key.pem off the cluster: it signs new certificates.",
+    ]
