@@ -184,7 +184,7 @@ def test_compose_tokenmill_containers_agree_with_deployment(compose):
     for name in ("prefect-worker", "dask-worker"):
         env = services[name]["environment"]
         assert env["TOKENMILL_ROOT"] == CODE_DIR
-        assert env["TOKENMILL_DASK_ADDRESS"] == "tcp://dask-scheduler:8786"
+        assert env["TOKENMILL_DASK_ADDRESS"] == "tls://dask-scheduler:8786"
         assert env["AWS_ENDPOINT_URL"] == "http://minio:9000"
     assert "prefect server start" in " ".join(services["prefect-server"]["command"])
     db_url = interpolate(services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"])
@@ -385,8 +385,130 @@ def test_k8s_tokenmill_containers_agree_with_deployment(manifests):
     env = {e["name"]: e.get("value") for e in worker["env"]}
     assert env["TOKENMILL_ROOT"] == CODE_DIR
     assert env["PREFECT_API_URL"] == "http://prefect-server:4200/api"
-    assert env["TOKENMILL_DASK_ADDRESS"] == "tcp://dask-scheduler:8786"
-    assert by_name["dask-worker"]["spec"]["containers"][0]["command"][2] == "tcp://dask-scheduler:8786"
+    assert env["TOKENMILL_DASK_ADDRESS"] == "tls://dask-scheduler:8786"
+    assert by_name["dask-worker"]["spec"]["containers"][0]["command"][2] == "tls://dask-scheduler:8786"
+
+
+# --- locked down: Dask over mutual TLS, the Prefect server behind basic auth, k8s NetworkPolicies ---------------
+
+TLS_FLAGS = ("--tls-ca-file", "--tls-cert", "--tls-key")
+CLIENT_TLS = ("DASK_DISTRIBUTED__COMM__TLS__CA_FILE", "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT",
+              "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY")  # fmt: skip
+
+
+def role_files(role: str) -> list[str]:
+    """The files of `tokenmill certs` a process of `role` shows, in TLS_FLAGS' order."""
+    from tokenmill.certs import ROLES
+
+    assert role in ROLES
+    return ["ca.pem", f"{role}.pem", f"{role}-key.pem"]
+
+
+def tls_paths(command: list[str]) -> list[str]:
+    return [command[command.index(flag) + 1] for flag in TLS_FLAGS]
+
+
+def test_compose_dask_speaks_only_mutual_tls_each_process_with_its_own_certificate(compose):
+    """The scheduler listens for TLS only; it, each worker and the flow's client (the Prefect worker's flows) show
+    their own certificate from `tokenmill certs infra/certs`, mounted read-only, and no container mounts another
+    role's key."""
+    services = compose["services"]
+
+    def mounted(name: str) -> dict[str, str]:
+        """Path in the container -> file of infra/certs, for the certificates a service mounts."""
+        volumes = [v.split(":") for v in services[name].get("volumes", []) if v.startswith("./certs/")]
+        assert all(v[2:] == ["ro"] for v in volumes), name
+        return {v[1]: v[0].removeprefix("./certs/") for v in volumes}
+
+    scheduler, worker = services["dask-scheduler"]["command"], services["dask-worker"]["command"]
+    assert scheduler[scheduler.index("--protocol") + 1] == "tls" and worker[2] == "tls://dask-scheduler:8786"
+    for name, command, role in (("dask-scheduler", scheduler, "scheduler"), ("dask-worker", worker, "worker")):
+        paths = tls_paths(command)
+        assert [mounted(name)[p] for p in paths] == role_files(role) and len(mounted(name)) == 3, name
+        assert services[name]["environment"]["DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"] == "True", name
+    client = services["prefect-worker"]["environment"]
+    assert client["DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"] == "True"
+    assert [mounted("prefect-worker")[client[k]] for k in CLIENT_TLS] == role_files("client")
+    assert len(mounted("prefect-worker")) == 3
+    assert not any(mounted(name) for name in EXPECTED_SERVICES - {"dask-scheduler", "dask-worker", "prefect-worker"})
+
+
+def test_k8s_dask_speaks_only_mutual_tls_each_process_with_its_own_certificate(manifests):
+    """As in compose, from Secret tokenmill-dask-tls: each pod mounts only its role's certificate and key."""
+    by_name = {doc["metadata"]["name"]: template["spec"] for _, doc, template in _pod_specs(manifests)}
+
+    def mounted(name: str) -> dict[str, str]:
+        """Path in the container -> key of Secret tokenmill-dask-tls."""
+        spec = by_name[name]
+        volumes = {v["name"]: v["secret"] for v in spec.get("volumes", []) if v.get("secret", {}).get("secretName")
+                   == "tokenmill-dask-tls"}  # fmt: skip
+        mounts = [m for c in spec["containers"] for m in c.get("volumeMounts", []) if m["name"] in volumes]
+        assert all(m.get("readOnly") for m in mounts), name
+        return {f"{m['mountPath']}/{item['path']}": item["key"] for m in mounts for item in volumes[m["name"]]["items"]}
+
+    scheduler = by_name["dask-scheduler"]["containers"][0]
+    worker = by_name["dask-worker"]["containers"][0]
+    assert scheduler["command"][scheduler["command"].index("--protocol") + 1] == "tls"
+    assert worker["command"][2] == "tls://dask-scheduler:8786"
+    for name, container, role in (("dask-scheduler", scheduler, "scheduler"), ("dask-worker", worker, "worker")):
+        assert [mounted(name)[p] for p in tls_paths(container["command"])] == role_files(role)
+        assert len(mounted(name)) == 3, name
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"] == "True", name
+    client = by_name["prefect-worker"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in client["env"]}
+    assert env["DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"] == "True"
+    assert [mounted("prefect-worker")[env[k]] for k in CLIENT_TLS] == role_files("client")
+    assert not any(mounted(n) for n in by_name if n not in ("dask-scheduler", "dask-worker", "prefect-worker"))
+
+
+def test_the_prefect_server_asks_for_basic_auth_and_its_worker_has_it(compose, manifests):
+    """Compose and k8s: the server's PREFECT_SERVER_API_AUTH_STRING and the Prefect worker's
+    PREFECT_API_AUTH_STRING are the same value (a variable with a default, a Secret's key); the health checks use
+    /api/health, which Prefect serves without auth."""
+    services = compose["services"]
+    server, worker = services["prefect-server"]["environment"], services["prefect-worker"]["environment"]
+    assert server["PREFECT_SERVER_API_AUTH_STRING"] == worker["PREFECT_API_AUTH_STRING"]
+    assert ":" in interpolate(server["PREFECT_SERVER_API_AUTH_STRING"])
+    assert "/api/health" in " ".join(services["prefect-server"]["healthcheck"]["test"])
+    by_name = {doc["metadata"]["name"]: template["spec"] for _, doc, template in _pod_specs(manifests)}
+
+    def secret(name: str, variable: str) -> dict:
+        (var,) = [e for e in by_name[name]["containers"][0]["env"] if e["name"] == variable]
+        return var["valueFrom"]["secretKeyRef"]
+
+    assert secret("prefect-server", "PREFECT_SERVER_API_AUTH_STRING") == secret(
+        "prefect-worker", "PREFECT_API_AUTH_STRING"
+    )
+    probes = by_name["prefect-server"]["containers"][0]
+    assert all(
+        probes[p]["httpGet"]["path"] == "/api/health" for p in ("startupProbe", "readinessProbe", "livenessProbe")
+    )
+
+
+def test_k8s_network_policies_let_only_the_pods_that_use_a_service_reach_it(manifests):
+    """Ingress is denied to every pod of the namespace, then allowed to each service from the pods that use it
+    only: the scheduler from the flows and the workers, PostgreSQL from the Prefect server, MinIO from the flows,
+    the workers and the bucket job."""
+    policies = {doc["metadata"]["name"]: doc["spec"] for _, doc in manifests if doc["kind"] == "NetworkPolicy"}
+    deny = policies.pop("default-deny-ingress")
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    allowed = {}
+    for spec in policies.values():
+        target = spec["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+        assert spec["policyTypes"] == ["Ingress"]
+        sources = [peer for rule in spec["ingress"] for peer in rule["from"]]
+        assert all(set(peer) == {"podSelector"} for peer in sources), target  # this namespace's pods only
+        allowed[target] = {peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in sources}
+    assert allowed == {
+        "dask-scheduler": {"prefect-worker", "dask-worker"},
+        "dask-worker": {"dask-scheduler", "dask-worker", "prefect-worker"},
+        "prefect-server": {"prefect-worker"},
+        "postgres": {"prefect-server"},
+        "minio": {"prefect-worker", "dask-worker", "minio-create-bucket"},
+    }
+    workloads = {template["metadata"]["labels"]["app.kubernetes.io/name"] for _, _, template in _pod_specs(manifests)}
+    assert set(allowed) | {name for names in allowed.values() for name in names} <= workloads
 
 
 def test_k8s_against_kubernetes_schemas_if_installed(manifests):

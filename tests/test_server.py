@@ -44,6 +44,41 @@ def test_server_start_serves_a_ui_that_talks_to_its_own_port_and_stop_ends_every
     assert tokenmill_server("stop", env) == ["no tokenmill-started server is running"]
 
 
+def test_a_prefect_server_behind_basic_auth_takes_runs_that_have_its_password_and_says_why_it_refuses_others(
+    tmp_path,
+):
+    """infra/ starts the Prefect server with PREFECT_SERVER_API_AUTH_STRING and gives its clients
+    PREFECT_API_AUTH_STRING: a `tokenmill run` with the password reports to it; one without is refused (401) and
+    told what to set, before any work; /api/health answers without a password (the probes')."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_URL", "PREFECT_UI_", "PREFECT_SERVER_UI"))
+    }
+    env |= {"PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_API_AUTH_STRING": "tokenmill:s3cret"}
+    api = tokenmill_server("start", env)[1].removeprefix("PREFECT_API_URL=")
+    client = {k: v for k, v in env.items() if k != "PREFECT_SERVER_API_AUTH_STRING"} | {"PREFECT_API_URL": api}
+    client.pop("TOKENMILL_DASK_ADDRESS", None)
+
+    def run(name: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / name}"],
+            cwd=REPO, env=client | extra, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    try:
+        assert httpx.get(f"{api}/health", timeout=10).status_code == 200
+        assert httpx.post(f"{api}/flows/filter", json={}, timeout=10).status_code == 401
+        refused = run("without")
+        said = refused.stdout + refused.stderr
+        assert refused.returncode == 1 and "Traceback" not in said, said
+        assert f"the Prefect API at {api} asks for a user and password" in said and "PREFECT_API_AUTH_STRING" in said
+        assert not (tmp_path / "without" / "demo-gpt2").exists()
+        taken = run("with", PREFECT_API_AUTH_STRING="tokenmill:s3cret")
+        assert taken.returncode == 0, taken.stdout + taken.stderr
+        assert (tmp_path / "with" / "manifest.json").exists()
+    finally:
+        tokenmill_server("stop", env)
+
+
 def _group_of(process: psutil.Process) -> int | None:
     try:
         return os.getpgid(process.pid)

@@ -178,8 +178,8 @@ def heartbeats_only_if_asked():
 
 
 def failure_message(error: Exception, api_url: str) -> str:
-    """The reason a run failed; an unreachable Prefect API, or one that lost a result, is said as such, with its
-    URL."""
+    """The reason a run failed; an unreachable Prefect API, one that refused this process's credentials, or one
+    that lost a result, is said as such, with its URL."""
     import httpx
     from prefect.exceptions import MissingResult
 
@@ -192,6 +192,12 @@ def failure_message(error: Exception, api_url: str) -> str:
             f"the Prefect API at {api_url} no longer had a task's result, as when the server restarts during a run "
             f"(Prefect: {lost}); the shards committed so far are kept: run the same command again and it reuses "
             "every one of them"
+        )
+    refused = next((c for c in chain if isinstance(c, httpx.HTTPStatusError) and c.response.status_code == 401), None)
+    if refused is not None:
+        return (
+            f"the Prefect API at {api_url} asks for a user and password and this process gave none that it accepts: "
+            "set PREFECT_API_AUTH_STRING=user:password (the server's PREFECT_SERVER_API_AUTH_STRING); nothing was run"
         )
     if unreachable := next((c for c in chain if isinstance(c, httpx.TransportError)), None):
         reason = f"{type(unreachable).__name__}: {str(unreachable) or 'no answer'}"
