@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup postgres chromium demo test docs lint format bench faults clean
+.PHONY: setup postgres chromium slurm demo test docs lint format bench faults clean
 
 $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,10 +36,17 @@ chromium:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "note: Chromium could not be installed; the browser tests will be skipped"
 
+# Debian's SLURM (slurmctld, slurmd) and munge, for the tests whose workers are SLURM jobs (tests/test_slurm.py
+# starts its own daemons with their own config; skipped where they cannot install).
+slurm:
+	@test -x /usr/sbin/slurmctld -a -x /usr/sbin/munged || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; } || \
+	  echo "note: SLURM could not be installed; its tests will be skipped"
+
 demo: $(DEMO_STAMP)
 	$(BIN)/tokenmill run examples/demo.yaml
 
-test: setup postgres chromium
+test: setup postgres chromium slurm
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest

@@ -213,10 +213,16 @@ def run_local_cluster(spec: str) -> None:
 
 @contextlib.contextmanager
 def dask_client(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> Iterator[Client]:
-    """A client of the scheduler `dask_config` names, or of a LocalCluster started (and closed) here, whose
-    workers start with `tokenizer`'s encoders; it is the process's default client, which the shard stages
-    submit to."""
+    """A client of the scheduler `dask_config` names, or of a cluster started (and closed) here: SLURM jobs
+    (`flows.slurm_cluster`), else a LocalCluster whose workers start with `tokenizer`'s encoders; it is the
+    process's default client, which the shard stages submit to."""
     with contextlib.ExitStack() as stack:
+        if dask_config.slurm is not None:
+            from flows.slurm_cluster import slurm_cluster
+
+            cluster = stack.enter_context(slurm_cluster(dask_config))
+            yield stack.enter_context(connect(cluster.scheduler_address, cluster.security))
+            return
         address = dask_config.scheduler() or stack.enter_context(local_cluster_process(dask_config, tokenizer))()
         yield stack.enter_context(connect(address))
 
@@ -225,11 +231,11 @@ class SchedulerRefused(ConnectionError):
     """The flow could not become a client of the configured scheduler."""
 
 
-def connect(address: str) -> Client:
-    """The process's default client of the scheduler at `address`, with Dask's TLS settings from its config
-    (`tokenmill certs` says which); why not, in a sentence, where it cannot be."""
+def connect(address: str, security=None) -> Client:
+    """The process's default client of the scheduler at `address`, with `security` or else Dask's TLS settings
+    from its config (`tokenmill certs` says which); why not, in a sentence, where it cannot be."""
     try:
-        return Client(address, set_as_default=True)
+        return Client(address, set_as_default=True, security=security)
     except TypeError as e:  # Dask's words for a tls:// address and no certificates in this process's config
         if "ssl_context" not in str(e):
             raise

@@ -167,9 +167,9 @@ def local_cluster_started_early(
 ) -> Iterator[Callable[[], None]]:
     """With no scheduler configured, start the run's LocalCluster now (`local_cluster_process`), so that it
     boots while the caller imports Prefect (about 2 s of a `tokenmill run`), and yield `connect`, which waits
-    for it and points TOKENMILL_DASK_ADDRESS at it; the cluster is closed on exit. With a scheduler,
-    `connect` does nothing."""
-    if dask_config.scheduler():
+    for it and points TOKENMILL_DASK_ADDRESS at it; the cluster is closed on exit. With a scheduler, or SLURM
+    jobs (the flow starts those), `connect` does nothing."""
+    if dask_config.scheduler() or dask_config.slurm is not None:
         yield lambda: None
         return
     with local_cluster_process(dask_config, tokenizer) as address:

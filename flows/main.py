@@ -180,10 +180,14 @@ def corpus_to_tokens(config: TokenmillConfig, rebuild: bool = False) -> dict:
 
 
 def cluster_threads(client, config: TokenmillConfig) -> int:
-    """The threads the shards will have (an adaptive LocalCluster's at its maximum), for `shard_size: auto`."""
-    threads = sum(client.nthreads().values())
-    adaptive = config.dask.adaptive
-    return max(threads, adaptive.maximum) if adaptive and not config.dask.scheduler() else max(threads, 1)
+    """The threads the shards will have, for `shard_size: auto`: a cluster started for the run counts at its
+    size (an adaptive one's maximum; SLURM's jobs x processes, which may still be queued)."""
+    threads, dask = sum(client.nthreads().values()), config.dask
+    if dask.scheduler():
+        return max(threads, 1)
+    if dask.adaptive:
+        return max(threads, dask.adaptive.maximum)
+    return max(threads, dask.slurm.jobs * dask.slurm.processes if dask.slurm else 1)
 
 
 def start_sample(config: TokenmillConfig, plan: dict, stage_task=sample_shards) -> StageRun:

@@ -25,6 +25,16 @@ def test_dataset_hash_ignores_where_output_goes_and_how_many_workers():
     assert base.dataset_hash() == moved.dataset_hash() != changed.dataset_hash()
 
 
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_every_example_config_loads(example):
+    assert load_config(EXAMPLES / example).name
+
+
+def test_slurm_and_a_scheduler_address_are_one_or_the_other():
+    with pytest.raises(ValidationError, match="dask.address and dask.slurm"):
+        load_config(EXAMPLES / "slurm.yaml", ["dask.address=tcp://x:8786"])
+
+
 def test_retuning_a_check_keeps_the_works_keys_and_makes_a_new_version():
     """tokenizer.check_fraction and the other check settings decide what validate and the encoder's verification
     check, not what is made: the tokenize stage's and the tokenizer training's keys leave them out (no shard is
@@ -87,3 +97,13 @@ def test_the_cli_says_its_version_and_run_help_names_every_config_section():
     assert shown.returncode == 0, shown.stderr
     for name, field in TokenmillConfig.model_fields.items():
         assert f"{name}: {field.description}" in shown.stdout, name
+
+
+@pytest.mark.parametrize(
+    "walltime, seconds",
+    [("30", 1800), ("10:00", 600), ("01:00:00", 3600), ("1-2", 93600), ("1-02:30", 95400), ("2-00:00:10", 172810)],
+)
+def test_dask_slurm_walltime_reads_every_slurm_time_format(walltime, seconds):
+    from flows.slurm_cluster import walltime_seconds
+
+    assert walltime_seconds(walltime) == seconds

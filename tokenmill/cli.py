@@ -139,9 +139,9 @@ def run(config: Path, overrides: SetOption = [], debug: DebugOption = False) -> 
         from tokenmill.partition import plan_ahead
 
         api_url = ensure_api()
-        scheduler = cfg.dask.scheduler() or "LocalCluster"
+        scheduler = cfg.dask.scheduler() or ("SLURM jobs" if cfg.dask.slurm else "LocalCluster")
         console.print(f"Prefect UI: {ui_url(api_url)}, Dask: {scheduler}", highlight=False)
-        if not cfg.dask.scheduler():  # the partition stage's threads are known now: it plans while Prefect imports
+        if scheduler == "LocalCluster":  # the partition stage's threads are known now: it plans while Prefect imports
             plan_ahead(cfg, local_cluster_threads(cfg.dask))
         with supervised(api_url):
             with without_collector():

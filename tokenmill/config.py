@@ -364,20 +364,54 @@ class OutputConfig(_Section):
 
 
 class AdaptiveConfig(_Section):
-    """A LocalCluster that grows and shrinks with the load."""
+    """A cluster started for the run (a LocalCluster, SLURM jobs) that grows and shrinks with the load."""
 
-    minimum: int = Field(1, ge=0, description="Fewest LocalCluster workers kept while idle.")
-    maximum: int = Field(ge=1, description="Most LocalCluster workers started under load.")
+    minimum: int = Field(1, ge=0, description="Fewest workers kept while idle.")
+    maximum: int = Field(ge=1, description="Most workers started under load.")
+
+
+class SlurmConfig(_Section):
+    """Dask workers as SLURM batch jobs (dask-jobqueue's SLURMCluster), submitted by the run and cancelled when it
+    ends; the scheduler runs in the flow's process (docs/production.md, SLURM)."""
+
+    partition: str | None = Field(None, description="sbatch -p; null: the cluster's default partition.")
+    account: str | None = Field(None, description="sbatch -A; null: none given.")
+    walltime: str = Field("01:00:00", description="sbatch -t of each worker job (HH:MM:SS).")
+    cores: int = Field(1, ge=1, description="CPU cores of each job; its worker processes share them.")
+    memory: str = Field("4GiB", description="Memory of each job (sbatch --mem); its worker processes share it.")
+    processes: int = Field(1, ge=1, description="Dask worker processes per job, one thread each.")
+    jobs: int = Field(2, ge=1, description="Worker jobs kept running (replaced if one ends); see dask.adaptive.")
+    replace_after: str = Field(
+        "10s", description="How long after a job's workers are gone (scancel, a node lost) a new job takes its place."
+    )
+    directives: list[str] = Field(
+        default_factory=list, description="More #SBATCH lines, without the prefix (e.g. --qos=high, --gres=...)."
+    )
+    setup: list[str] = Field(
+        default_factory=list,
+        description="Shell lines each job runs before its workers start (e.g. module load, source venv/bin/activate).",
+    )
+    python: str | None = Field(None, description="The Python on the nodes; null: this process's interpreter.")
+    scheduler_host: str | None = Field(
+        None, description="The address the jobs reach the scheduler at; null: this host's name."
+    )
+    log_directory: str | None = Field(None, description="Where each job writes its output; null: the job's cwd.")
+    shared_directory: str | None = Field(
+        None,
+        description="A directory this host and the nodes both see, for the run's own TLS certificates (made for "
+        "each run, removed after it); null: ~/.tokenmill/slurm.",
+    )
 
 
 class DaskConfig(_Section):
-    """Where the shard work runs: a Dask scheduler's address, or a LocalCluster started for the run."""
+    """Where the shard work runs: a Dask scheduler's address, SLURM jobs, or a LocalCluster started for the run."""
 
     address: str | None = Field(None, description="Scheduler address; null starts a LocalCluster here.")
     n_workers: int | None = Field(None, ge=1, description="LocalCluster worker processes; null: one per core.")
     adaptive: AdaptiveConfig | None = Field(
-        None, description="Scale the LocalCluster between minimum and maximum workers with the load."
+        None, description="Scale the LocalCluster (or the SLURM jobs' workers) between minimum and maximum workers."
     )
+    slurm: SlurmConfig | None = Field(None, description="Run the workers as SLURM jobs (needs tokenmill[slurm]).")
     memory_limit: str | None = Field(
         "auto", description="Per LocalCluster worker (e.g. 4GiB): a runaway shard is killed, not the node."
     )
@@ -390,8 +424,17 @@ class DaskConfig(_Section):
     )
 
     def scheduler(self) -> str | None:
-        """The scheduler to use: `address`, else $TOKENMILL_DASK_ADDRESS; None means a LocalCluster."""
+        """The scheduler to use: `address`, else $TOKENMILL_DASK_ADDRESS; None means a cluster started for the run
+        (SLURM jobs with `slurm`, which $TOKENMILL_DASK_ADDRESS does not override, else a LocalCluster)."""
+        if self.slurm is not None:
+            return None
         return self.address or os.environ.get("TOKENMILL_DASK_ADDRESS") or None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> DaskConfig:
+        if self.slurm is not None and self.address:
+            raise ValueError("dask.address and dask.slurm: give one (an existing scheduler, or SLURM jobs)")
+        return self
 
 
 class TokenmillConfig(_Section):

@@ -1,0 +1,116 @@
+"""The run's Dask workers as SLURM batch jobs (`dask.slurm`): dask-jobqueue's SLURMCluster, whose scheduler runs in
+the flow's process (on a login node, or in the flow's own job) and speaks only TLS, with certificates made for the
+run. Its jobs are submitted as the run starts and
+kept at `jobs` (or between `dask.adaptive`'s bounds, in workers) while it runs: a job that ends (`scancel`, a node
+lost, its walltime) is replaced, and its shards are retried on the others. Each worker retires a few minutes
+before its job's walltime, so that a job ends between shards rather than in one. The jobs are cancelled when the
+run ends."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import dask
+
+from flows.local_cluster import ClusterStartError
+
+if TYPE_CHECKING:
+    from tokenmill.config import DaskConfig
+
+# What tokenmill's LocalCluster workers have, and infra/ gives external ones (flows/cluster.py says why each).
+WORKER_ENVIRONMENT = {
+    "RAYON_NUM_THREADS": "1",
+    "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}",
+    "DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "False",
+    "DASK_DISTRIBUTED__WORKER__MEMORY__SPILL": "False",
+    "DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL": "100ms",
+    "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s",
+    "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL": "1s",
+}
+RETIRE_BEFORE_S = 300  # a worker retires this long before its job's walltime (a tenth of it for short jobs)
+
+
+def walltime_seconds(walltime: str) -> int:
+    """SLURM's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    days, _, clock = walltime.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:
+        hours, minutes, seconds = ([0] * (3 - len(parts)) + parts) if len(parts) > 1 else (0, parts[0], 0)
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def run_security(certs: Path, host: str):
+    """Mutual TLS for one run, from certificates made for it in `certs` (`tokenmill.certs`): only its own jobs can
+    join its scheduler, whose port anyone on the cluster's network could otherwise send code to."""
+    from distributed.security import Security
+
+    from tokenmill.certs import make_certificates
+
+    make_certificates(certs, [host], days=30)
+    role = {r: (str(certs / f"{r}.pem"), str(certs / f"{r}-key.pem")) for r in ("scheduler", "worker", "client")}
+    return Security(
+        tls_ca_file=str(certs / "ca.pem"), require_encryption=True,
+        tls_scheduler_cert=role["scheduler"][0], tls_scheduler_key=role["scheduler"][1],
+        tls_worker_cert=role["worker"][0], tls_worker_key=role["worker"][1],
+        tls_client_cert=role["client"][0], tls_client_key=role["client"][1],
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def slurm_cluster(dask_config: DaskConfig) -> Iterator:
+    """The SLURMCluster `dask_config.slurm` describes, its jobs submitted and kept; cancelled on exit, and the
+    run's certificates removed."""
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError:
+        raise ClusterStartError("dask.slurm needs dask-jobqueue: pip install 'tokenmill[slurm]'") from None
+    slurm, adaptive = dask_config.slurm, dask_config.adaptive
+    walltime = walltime_seconds(slurm.walltime)
+    lifetime = max(walltime - RETIRE_BEFORE_S, walltime * 9 // 10)
+    exports = [f"export {name}={shlex.quote(value)}" for name, value in WORKER_ENVIRONMENT.items()]
+    host = slurm.scheduler_host or socket.gethostname()
+    shared = Path(slurm.shared_directory or Path.home() / ".tokenmill" / "slurm").expanduser()
+    shared.mkdir(mode=0o700, parents=True, exist_ok=True)  # the jobs read their certificate and key there
+    with tempfile.TemporaryDirectory(prefix="run-", dir=shared) as certs:
+        try:
+            cluster = SLURMCluster(
+                queue=slurm.partition,
+                account=slurm.account,
+                walltime=slurm.walltime,
+                job_cpu=slurm.cores,
+                cores=slurm.processes,  # one thread per worker process
+                processes=slurm.processes,
+                memory=slurm.memory,
+                python=slurm.python or sys.executable,
+                job_extra_directives=slurm.directives,
+                job_script_prologue=[*exports, *slurm.setup],
+                worker_extra_args=["--lifetime", f"{lifetime}s", "--lifetime-stagger", f"{min(60, lifetime // 10)}s"],
+                scheduler_options={"host": host, "dashboard_address": ":0"},
+                log_directory=slurm.log_directory,
+                security=run_security(Path(certs), host),
+            )
+        except Exception as e:  # sbatch missing, a setting SLURM or dask-jobqueue refuses
+            raise ClusterStartError(
+                f"the SLURM cluster could not start ({type(e).__name__}: {e}); nothing was run"
+            ) from e
+        # How long after a job's workers are gone its place goes to a new job: tokenmill's LocalCluster waits an
+        # hour (its nanny restarts a dead worker in place: flows/cluster.py); a SLURM job that ended does not return.
+        replacing = dask.config.set({"distributed.deploy.lost-worker-timeout": slurm.replace_after})
+        try:
+            with replacing:
+                if adaptive:
+                    cluster.adapt(minimum=adaptive.minimum, maximum=adaptive.maximum)
+                else:  # adaptive between equal bounds: a job that ends is replaced
+                    cluster.adapt(minimum_jobs=slurm.jobs, maximum_jobs=slurm.jobs)
+                yield cluster
+        finally:
+            cluster.close()  # scancel every job it submitted

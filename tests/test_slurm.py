@@ -1,0 +1,197 @@
+"""`dask.slurm`: the run's workers as jobs of a real SLURM (Debian's slurmctld and slurmd on this host, with their
+own munged, configured here; `make slurm` installs them). A run on SLURM jobs, its scheduler and workers speaking
+TLS with certificates made for the run, publishes what a LocalCluster run publishes; worker jobs cancelled mid-run
+(`scancel`) are replaced, their shards retried, and the output is the same bytes."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from .conftest import CORPORA, REPO, STOP_CEILING, dataset_files
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+
+
+def _sbin(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+
+
+pytestmark = pytest.mark.skipif(
+    not all(_sbin(d) for d in DAEMONS) or not shutil.which("sbatch") or os.geteuid() != 0,
+    reason="needs Debian's slurm-wlm and munge, run as root (make slurm installs them)",
+)
+
+
+def slurm_conf(work: Path) -> str:
+    host = socket.gethostname()
+    return f"""\
+ClusterName=tokenmill
+SlurmctldHost={host}
+SlurmUser=root
+SlurmctldPort=6817
+SlurmdPort=6818
+AuthType=auth/munge
+AuthInfo=socket={work}/munge.socket
+StateSaveLocation={work}/state
+SlurmdSpoolDir={work}/spool
+SlurmctldPidFile={work}/slurmctld.pid
+SlurmdPidFile={work}/slurmd.pid
+SlurmctldLogFile={work}/slurmctld.log
+SlurmdLogFile={work}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+NodeName={host} CPUs={os.cpu_count()} RealMemory=16000 State=UNKNOWN
+PartitionName=tokenmill Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+"""
+
+
+def jobs(env: dict) -> list[str]:
+    """The ids of the jobs SLURM holds now (pending or running)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, timeout=60)
+    return out.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """munged, slurmctld and slurmd for this module, with their state, sockets and logs in a temporary directory;
+    SLURM_CONF names its config for the commands (sbatch, squeue, scancel) the tests and tokenmill run."""
+    work = tmp_path_factory.mktemp("slurm")
+    for sub in ("state", "spool"):
+        (work / sub).mkdir()
+    (work / "slurm.conf").write_text(slurm_conf(work))
+    key = work / "munge.key"
+    key.write_bytes(os.urandom(128))
+    key.chmod(0o600)
+    env = {**os.environ, "SLURM_CONF": str(work / "slurm.conf")}
+    munge = [
+        _sbin("munged"), "--force", f"--key-file={key}", f"--socket={work}/munge.socket",
+        f"--pid-file={work}/munged.pid", f"--log-file={work}/munged.log", f"--seed-file={work}/munged.seed",
+    ]  # fmt: skip
+    started = [
+        subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        for command in (
+            munge,
+            [_sbin("slurmctld"), "-f", env["SLURM_CONF"]],
+            [_sbin("slurmd"), "-f", env["SLURM_CONF"]],
+        )
+    ]
+    try:
+        assert all(s.returncode == 0 for s in started), [s.stderr for s in started]
+        deadline = time.monotonic() + STOP_CEILING
+        while "idle" not in subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True).stdout:
+            assert time.monotonic() < deadline, (work / "slurmctld.log").read_text()[-3000:]
+            time.sleep(1)
+        yield SimpleNamespace(env=env, work=work)
+    finally:
+        for job in jobs(env):
+            subprocess.run(["scancel", job], env=env, timeout=60)
+        for daemon in ("slurmd", "slurmctld", "munged"):
+            pid = work / f"{daemon}.pid"
+            if pid.exists():
+                with_pid = int(pid.read_text().split()[0])
+                try:
+                    os.kill(with_pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+
+def slurm_config(tmp_path: Path, name: str, replace_after: str = "10s", **sections) -> Path:
+    """examples/gpt2.yaml (with `sections` merged in) whose workers are two single-core SLURM jobs, their logs in
+    tmp_path/NAME-logs, its output tmp_path/NAME."""
+    config = yaml.safe_load((REPO / "examples" / "gpt2.yaml").read_text())
+    for section, values in sections.items():
+        config[section] = {**config.get(section, {}), **values}
+    config["output"]["path"] = str(tmp_path / name)
+    slurm = {"jobs": 2, "cores": 1, "memory": "2GiB", "walltime": "00:10:00", "scheduler_host": "127.0.0.1",
+             "replace_after": replace_after}  # fmt: skip
+    places = {"log_directory": str(tmp_path / f"{name}-logs"), "shared_directory": str(tmp_path / f"{name}-tls")}
+    config["dask"] = {"slurm": {**slurm, **places}}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run_on_slurm(config: Path, slurm, prefect_api: str) -> subprocess.Popen:
+    env = {**slurm.env, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+    env.pop("TOKENMILL_DASK_ADDRESS", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tokenmill", "run", str(config)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def submitted(logs: Path) -> set[str]:
+    """The ids of the worker jobs a run submitted (dask-jobqueue names each job's log after it)."""
+    return {re.sub(r"\D", "", p.stem) for p in logs.glob("*.err")}
+
+
+def no_jobs_left(slurm) -> bool:
+    deadline = time.monotonic() + STOP_CEILING
+    while jobs(slurm.env):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_does(
+    slurm, prefect_api, gpt2_run, tmp_path
+):
+    run = run_on_slurm(slurm_config(tmp_path, "slurm", partition={"shard_size": "1MB"}), slurm, prefect_api)
+    out = run.communicate(timeout=600)[0]
+    assert run.returncode == 0, out
+    assert "Dask: SLURM jobs" in out
+    assert dataset_files(tmp_path / "slurm") == dataset_files(gpt2_run)
+    assert len(submitted(tmp_path / "slurm-logs")) >= 2  # its workers ran as jobs
+    logs = " ".join(p.read_text() for p in (tmp_path / "slurm-logs").glob("*.err"))
+    assert re.search(r"Start worker at: +tls://", logs) and "tcp://" not in logs  # over TLS, the run's certificates
+    assert no_jobs_left(slurm)  # cancelled when the run ended
+    assert not any((tmp_path / "slurm-tls").iterdir())  # the run's certificates removed
+
+
+def test_worker_jobs_cancelled_mid_run_are_replaced_and_the_output_is_the_same_bytes(
+    slurm, prefect_api, run_cli, tmp_path
+):
+    """Both worker jobs cancelled once the first shard has committed: the run can only finish on new jobs, which
+    `dask.slurm.replace_after` later take their places; its output equals a LocalCluster run's."""
+    corpus = str(CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz")
+    reference = tmp_path / "local"
+    run_cli("run", "examples/gpt2.yaml", "--set", f"input.paths=[{corpus}]", "--set", "partition.shard_size=2MB",
+            "--set", f"output.path={reference}", local_cluster=True)  # fmt: skip
+    config = slurm_config(
+        tmp_path, "cancelled", input={"paths": [corpus]}, partition={"shard_size": "2MB"}, replace_after="2s"
+    )
+    run = run_on_slurm(config, slurm, prefect_api)
+    commits = tmp_path / "cancelled" / "_commits" / "tokenize"
+    deadline = time.monotonic() + STOP_CEILING
+    while not (commits.exists() and any(commits.glob("*.json"))):  # a shard committed: the jobs are at work
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0]
+        time.sleep(0.1)
+    cancelled = jobs(slurm.env)
+    assert len(cancelled) == 2, cancelled
+    subprocess.run(["scancel", *cancelled], env=slurm.env, check=True, timeout=60)
+    out = run.communicate(timeout=600)[0]
+    assert run.returncode == 0, out
+    assert dataset_files(tmp_path / "cancelled") == dataset_files(reference)
+    assert len(submitted(tmp_path / "cancelled-logs") - set(cancelled)) >= 1  # new jobs finished the run
+    assert no_jobs_left(slurm)
