@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from .conftest import CORPORA, REPO, STOP_CEILING, dataset_files
+from .conftest import REPO, STOP_CEILING, dataset_files
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
@@ -170,28 +170,22 @@ def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_d
 
 
 def test_worker_jobs_cancelled_mid_run_are_replaced_and_the_output_is_the_same_bytes(
-    slurm, prefect_api, run_cli, tmp_path
+    slurm, prefect_api, gpt2_run, tmp_path
 ):
     """Both worker jobs cancelled once the first shard has committed: the run can only finish on new jobs, which
     `dask.slurm.replace_after` later take their places; its output equals a LocalCluster run's."""
-    corpus = str(CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz")
-    reference = tmp_path / "local"
-    run_cli("run", "examples/gpt2.yaml", "--set", f"input.paths=[{corpus}]", "--set", "partition.shard_size=2MB",
-            "--set", f"output.path={reference}", local_cluster=True)  # fmt: skip
-    config = slurm_config(
-        tmp_path, "cancelled", input={"paths": [corpus]}, partition={"shard_size": "2MB"}, replace_after="2s"
-    )
+    config = slurm_config(tmp_path, "cancelled", partition={"shard_size": "1MB"}, replace_after="2s")
     run = run_on_slurm(config, slurm, prefect_api)
     commits = tmp_path / "cancelled" / "_commits" / "tokenize"
     deadline = time.monotonic() + STOP_CEILING
     while not (commits.exists() and any(commits.glob("*.json"))):  # a shard committed: the jobs are at work
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0]
-        time.sleep(0.1)
+        time.sleep(0.05)
     cancelled = jobs(slurm.env)
     assert len(cancelled) == 2, cancelled
     subprocess.run(["scancel", *cancelled], env=slurm.env, check=True, timeout=60)
     out = run.communicate(timeout=600)[0]
     assert run.returncode == 0, out
-    assert dataset_files(tmp_path / "cancelled") == dataset_files(reference)
+    assert dataset_files(tmp_path / "cancelled") == dataset_files(gpt2_run)
     assert len(submitted(tmp_path / "cancelled-logs") - set(cancelled)) >= 1  # new jobs finished the run
     assert no_jobs_left(slurm)
