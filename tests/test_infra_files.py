@@ -24,6 +24,8 @@ INFRA = REPO / "infra"
 DEPLOYMENTS = REPO / "deployments"
 COMPOSE = INFRA / "compose.yaml"
 K8S = INFRA / "k8s"
+K8S_OPERATOR = INFRA / "k8s-operator"
+OPERATOR_CRDS = Path(__file__).resolve().parent / "schemas" / "dask-kubernetes"  # see its SOURCE.md
 PREFECT_YAML = DEPLOYMENTS / "prefect.yaml"
 DOCKERFILE = INFRA / "tokenmill.Dockerfile"
 
@@ -518,3 +520,54 @@ def test_k8s_against_kubernetes_schemas_if_installed(manifests):
             kv.validate(doc, kv.latest_version(), strict=True)
         except kv.ValidationError as exc:
             raise AssertionError(f"{fname}: {doc['kind']}/{doc['metadata']['name']}: {exc}") from exc
+
+
+# --- the dask-kubernetes operator's DaskCluster (workers on demand) ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def operator_docs() -> dict[str, dict]:
+    docs = {doc["kind"]: doc for p in sorted(K8S_OPERATOR.glob("*.yaml")) for doc in load_all(p)}
+    assert {"DaskCluster", "DaskAutoscaler", "NetworkPolicy"} <= set(docs)
+    return docs
+
+
+@pytest.mark.parametrize("kind, crd", [("DaskCluster", "daskcluster.yaml"), ("DaskAutoscaler", "daskautoscaler.yaml")])
+def test_operator_resources_match_the_operators_own_schemas(operator_docs, kind, crd):
+    """Offline, against the CustomResourceDefinitions dask-kubernetes 2026.3.0 ships (the full PodSpec and
+    ServiceSpec included)."""
+    import jsonschema
+
+    definition = load_one(OPERATOR_CRDS / crd)
+    doc = operator_docs[kind]
+    (version,) = [v for v in definition["spec"]["versions"] if f"{definition['spec']['group']}/{v['name']}" ==
+                  doc["apiVersion"]]  # fmt: skip
+    assert definition["spec"]["names"]["kind"] == kind
+    jsonschema.validate(doc, version["schema"]["openAPIV3Schema"])
+
+
+def test_the_operators_cluster_is_locked_down_as_the_fixed_one(operator_docs, manifests):
+    """Its scheduler and workers speak mutual TLS with their own certificates (as k8s/40-dask.yaml), carry the
+    labels k8s/60-network-policies.yaml allows, and the workers reach the Service the operator names after the
+    cluster; only the operator's namespace is let in besides, on the dashboard's port, which its autoscaler asks."""
+    cluster = operator_docs["DaskCluster"]
+    name, spec = cluster["metadata"]["name"], cluster["spec"]
+    scheduler, worker = spec["scheduler"]["spec"]["containers"][0], spec["worker"]["spec"]["containers"][0]
+    assert scheduler["args"][scheduler["args"].index("--protocol") + 1] == "tls"
+    assert worker["args"][2] == f"tls://{name}-scheduler:8786"
+    for part, container, role in (("scheduler", scheduler, "scheduler"), ("worker", worker, "worker")):
+        pod = spec[part]["spec"]
+        (volume,) = [v["secret"] for v in pod["volumes"] if v["name"] == "tls"]
+        (mount,) = container["volumeMounts"]
+        files = {f"{mount['mountPath']}/{item['path']}": item["key"] for item in volume["items"]}
+        assert volume["secretName"] == "tokenmill-dask-tls" and mount["readOnly"]
+        assert [files[p] for p in tls_paths(container["args"])] == role_files(role) and len(files) == 3
+        assert spec[part]["metadata"]["labels"]["app.kubernetes.io/name"] == f"dask-{part}"
+    assert operator_docs["DaskAutoscaler"]["spec"]["cluster"] == name
+    policy = operator_docs["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "dask-scheduler"}
+    (rule,) = policy["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dask-operator"}}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8787}]
+    fixed = {doc["metadata"]["name"] for _, doc in manifests if doc["kind"] == "NetworkPolicy"}
+    assert {"dask-scheduler", "dask-worker"} <= fixed  # the labels above are the ones these select
