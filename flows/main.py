@@ -157,8 +157,8 @@ def tokenize_and_pack(stage: StageRun) -> tuple[pd.DataFrame, dict]:
     description = f"tokenize: {len(stage.items)} shards, {reused} reused"
     create_table_artifact(rows, key="tokenize-shards", description=description)
     table = pd.concat([t for t, _ in groups], ignore_index=True).sort_values(["shard_id", "split"], ignore_index=True)
-    totals = {"bytes_in": sum(r["bytes_in"] for r in rows), "reused": reused, "redone": redone}
-    return table, totals | {"files_rejected": files_rejected}
+    bytes_in = sum(r["bytes_in"] for r in rows)
+    return table, {"bytes_in": bytes_in, "reused": reused, "redone": redone, "files_rejected": files_rejected}
 
 
 @flow(

@@ -9,7 +9,7 @@ from prefect import get_run_logger, task
 
 from tasks import UNCACHED
 from tasks.shards import GROUP_TASK, Stage, group_label, on_a_worker, run_on_dask, shard_id
-from tokenmill import pack, tokenize
+from tokenmill import layout, pack, tokenize
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
 from tokenmill.tokenizer import TokenizerInfo
@@ -48,7 +48,7 @@ class Kept:
         self.redone += [(tokenized["shard_id"], r["redone"]) for r in results if r.get("redone")]
         shard = tokenized["shard_id"]
         self.files_rejected += [
-            (shard, f"{why} (rejects/shard-{shard:05d}.jsonl)") for why in tokenized.get("files_rejected", [])
+            (shard, f"{why} ({layout.rejects_file(shard)})") for why in tokenized.get("files_rejected", [])
         ]
         self.shards += 1
         self.bytes_in += tokenized["bytes_in"]
