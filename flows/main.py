@@ -33,7 +33,7 @@ from prefect.artifacts import (
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-from flows.cluster import dask_client, on_every_worker, prepare_cluster
+from flows.cluster import dask_client, kind, on_every_worker, prepare_cluster
 from flows.server import retry_refused_connections
 from tasks.mix import resolve_mix
 from tasks.partition import partition
@@ -180,14 +180,9 @@ def corpus_to_tokens(config: TokenmillConfig, rebuild: bool = False) -> dict:
 
 
 def cluster_threads(client, config: TokenmillConfig) -> int:
-    """The threads the shards will have, for `shard_size: auto`: a cluster started for the run counts at its
-    size (an adaptive one's maximum; SLURM's jobs x processes, which may still be queued)."""
-    threads, dask = sum(client.nthreads().values()), config.dask
-    if dask.scheduler():
-        return max(threads, 1)
-    if dask.adaptive:
-        return max(threads, dask.adaptive.maximum)
-    return max(threads, dask.slurm.jobs * dask.slurm.processes if dask.slurm else 1)
+    """The threads the shards will have, for `shard_size: auto`: those the cluster has, or those a cluster
+    started for the run will have at its size (an adaptive one's maximum; SLURM jobs may still be queued)."""
+    return max(sum(client.nthreads().values()), kind(config.dask).threads(config.dask))
 
 
 def start_sample(config: TokenmillConfig, plan: dict, stage_task=sample_shards) -> StageRun:

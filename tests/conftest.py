@@ -60,7 +60,7 @@ def prefect_client(prefect_api):
         yield client
 
 
-# One core per worker; glibc's adaptive malloc (see flows/cluster.py), as infra/ sets them.
+# One core per worker; glibc's adaptive malloc (see flows/dask_settings.py), as infra/ sets them.
 WORKER_ENV = {
     "RAYON_NUM_THREADS": "1",
     "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}",

@@ -104,6 +104,6 @@ def test_the_cli_says_its_version_and_run_help_names_every_config_section():
     [("30", 1800), ("10:00", 600), ("01:00:00", 3600), ("1-2", 93600), ("1-02:30", 95400), ("2-00:00:10", 172810)],
 )
 def test_dask_slurm_walltime_reads_every_slurm_time_format(walltime, seconds):
-    from flows.slurm_cluster import walltime_seconds
+    from flows.clusters.slurm import walltime_seconds
 
     assert walltime_seconds(walltime) == seconds

@@ -86,13 +86,13 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     """What a served deployment's run does when `dask:` names no scheduler (`tokenmill run` starts its
     LocalCluster itself, before the flow: the demo run above): the shard work runs in a worker process of a
     LocalCluster started for the run, which the stages find as the default client. Its workers never pause for
-    memory (a paused worker whose memory does not fall back waits forever: flows/cluster.py), and its scheduler,
-    in a process of its own, keeps none of the messages it sent them (each holds its task's arguments, shard
-    dicts: flows/cluster.py). Its workers start with the run's tokenizer's encoders, which the forkserver they fork
-    from loaded (flows/local_cluster.py). Its worker samples for the Profile page ten times a second and its
-    worker and scheduler tick and monitor once a second, not 100, 50 and 2 times (flows.cluster.HOUSEKEEPING), and
-    its worker keeps the Profile page's history (a Dask log the scheduler's setting had emptied).
-    The cluster's processes end with the flow's."""
+    memory (a paused worker whose memory does not fall back waits forever: flows/dask_settings.py), and its
+    scheduler, in a process of its own, keeps none of the messages it sent them (each holds its task's arguments,
+    shard dicts: flows/dask_settings.py). Its workers start with the run's tokenizer's encoders, which the
+    forkserver they fork from loaded (flows/clusters/local.py). Its worker samples for the Profile page ten times
+    a second and its worker and scheduler tick and monitor once a second, not 100, 50 and 2 times
+    (flows.dask_settings.HOUSEKEEPING), and its worker keeps the Profile page's history (a Dask log the
+    scheduler's setting had emptied). The cluster's processes end with the flow's."""
     script = textwrap.dedent("""
         import os
         import time

@@ -150,9 +150,9 @@ def test_compose_ports_bound_to_loopback(compose):
 
 def test_external_clusters_keep_dasks_housekeeping_as_the_local_cluster_does(compose):
     """compose's and Kubernetes' Dask workers run with the housekeeping rates tokenmill's own LocalCluster sets
-    (flows.cluster.HOUSEKEEPING: its profiler, tick and system monitor cost 9% of a run's CPU at Dask's defaults),
+    (flows.dask_settings.HOUSEKEEPING: its profiler, tick and system monitor cost 9% of a run's CPU at Dask's defaults),
     and their schedulers with those a scheduler runs (the tick and the system monitor)."""
-    from flows.cluster import HOUSEKEEPING
+    from flows.dask_settings import HOUSEKEEPING
 
     wanted = {f"DASK_{key.upper().replace('.', '__').replace('-', '_')}": v for key, v in HOUSEKEEPING.items()}
     for_scheduler = {name: v for name, v in wanted.items() if "__WORKER__" not in name}

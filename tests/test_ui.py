@@ -185,8 +185,8 @@ def test_dask_dashboard_of_a_running_flow_shows_workers_and_shard_progress_and_i
 ):
     """The dashboard's Bokeh server lives in the LocalCluster's process, whose stderr is the `tokenmill run`
     terminal: closing the dashboard's tab used to print two Bokeh AssertionError tracebacks there, and a tab
-    open at the run's end a tornado CancelledError traceback (`flows.cluster.close_dashboard`). One tab is
-    closed mid-run, others open and close while the run goes on, one stays open across the run's end.
+    open at the run's end a tornado CancelledError traceback (`flows.clusters.local_process.close_dashboard`).
+    One tab is closed mid-run, others open and close while the run goes on, one stays open across the run's end.
     bench/dashboard_tabs.py repeats this scenario 20 times."""
     from playwright.sync_api import Error as PlaywrightError
 
@@ -239,8 +239,8 @@ def test_closing_the_dashboard_closes_its_open_tabs_and_waits_for_their_handlers
     from bokeh.server.tornado import BokehTornado
     from playwright.sync_api import Error as PlaywrightError
 
-    from flows.cluster import attach_dashboard, close_dashboard, start_local_cluster
-    from flows.local_cluster import local_cluster_kwargs
+    from flows.clusters.local import local_cluster_kwargs
+    from flows.clusters.local_process import attach_dashboard, close_dashboard, start_local_cluster
     from tokenmill.config import DaskConfig
 
     cluster = start_local_cluster(local_cluster_kwargs(DaskConfig(n_workers=1)), None)
@@ -266,7 +266,7 @@ def test_dashboard_filter_drops_only_bokehs_assertion_on_a_detached_session():
 
     from bokeh.server.connection import ServerConnection
 
-    from flows.cluster import ClosedDashboardTab
+    from flows.clusters.local_process import ClosedDashboardTab
 
     def record_of(action) -> logging.LogRecord:
         try:

@@ -130,11 +130,12 @@ def run(config: Path, overrides: SetOption = [], debug: DebugOption = False) -> 
     cfg = _load(config, overrides)
     if _interactive():  # the bars replace Prefect's per-task log lines on the terminal (the UI keeps them)
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    from flows.local_cluster import local_cluster_started_early, local_cluster_threads, without_collector
+    from flows.clusters import local
+    from flows.startup import without_collector
 
     # The cluster's process first, as soon as the config is read: it boots on the other core while this one
     # finds the Prefect server and imports Prefect (its workers run library code only, never Prefect's).
-    with ends_promptly(), local_cluster_started_early(cfg.dask, cfg.tokenizer) as connect:
+    with ends_promptly(), local.local_cluster_started_early(cfg.dask, cfg.tokenizer) as connect:
         from flows.server import ensure_api, supervised, ui_url
         from tokenmill.partition import plan_ahead
 
@@ -142,7 +143,7 @@ def run(config: Path, overrides: SetOption = [], debug: DebugOption = False) -> 
         scheduler = cfg.dask.scheduler() or ("SLURM jobs" if cfg.dask.slurm else "LocalCluster")
         console.print(f"Prefect UI: {ui_url(api_url)}, Dask: {scheduler}", highlight=False)
         if scheduler == "LocalCluster":  # the partition stage's threads are known now: it plans while Prefect imports
-            plan_ahead(cfg, local_cluster_threads(cfg.dask))
+            plan_ahead(cfg, local.threads(cfg.dask))
         with supervised(api_url):
             with without_collector():
                 from flows.main import corpus_to_tokens
@@ -351,8 +352,8 @@ def rerun(
     debug: DebugOption = False,
 ) -> None:
     """Redo shards of an earlier run, then validate and publish again (the run's config is read from OUTPUT)."""
-    from flows.local_cluster import without_collector
     from flows.server import ensure_api
+    from flows.startup import without_collector
 
     api_url = ensure_api()
     with without_collector():

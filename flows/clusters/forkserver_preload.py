@@ -1,4 +1,4 @@
-"""Imported by the LocalCluster's forkserver before it forks any worker (`flows.local_cluster`): what every
+"""Imported by the LocalCluster's forkserver before it forks any worker (`flows.clusters.local`): what every
 worker needs (`WORKER_MODULES`), and the run's pretrained tokenizer, whose config FORKSERVER_TOKENIZER holds,
 read as the run will install it and its encoders loaded (`tokenmill.encoders.preload_tokenizer`), so that every
 worker starts with them. Each worker loaded them itself, 0.5 s of CPU, while the run's encoder was being
@@ -7,7 +7,8 @@ chosen; now it is done once, while the flow's process imports Prefect."""
 import contextlib
 import os
 
-from flows.local_cluster import FORKSERVER_TOKENIZER, warm_up, without_collector
+from flows.clusters.local import FORKSERVER_TOKENIZER
+from flows.startup import warm_up, without_collector
 
 
 def preload() -> None:

@@ -19,21 +19,12 @@ from typing import TYPE_CHECKING
 
 import dask
 
-from flows.local_cluster import ClusterStartError
+from flows.clusters import ClusterStartError, Running
+from flows.dask_settings import WORKER_ENVIRONMENT
 
 if TYPE_CHECKING:
-    from tokenmill.config import DaskConfig
+    from tokenmill.config import DaskConfig, TokenizerConfig
 
-# What tokenmill's LocalCluster workers have, and infra/ gives external ones (flows/cluster.py says why each).
-WORKER_ENVIRONMENT = {
-    "RAYON_NUM_THREADS": "1",
-    "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}",
-    "DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "False",
-    "DASK_DISTRIBUTED__WORKER__MEMORY__SPILL": "False",
-    "DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL": "100ms",
-    "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s",
-    "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL": "1s",
-}
 RETIRE_BEFORE_S = 300  # a worker retires this long before its job's walltime (a tenth of it for short jobs)
 
 
@@ -63,6 +54,22 @@ def run_security(certs: Path, host: str):
         tls_worker_cert=role["worker"][0], tls_worker_key=role["worker"][1],
         tls_client_cert=role["client"][0], tls_client_key=role["client"][1],
     )  # fmt: skip
+
+
+def chosen(dask_config: DaskConfig) -> bool:
+    return dask_config.slurm is not None
+
+
+def threads(dask_config: DaskConfig) -> int:
+    """Its size in worker processes, which may still be queued as the run plans."""
+    adaptive, slurm = dask_config.adaptive, dask_config.slurm
+    return adaptive.maximum if adaptive else slurm.jobs * slurm.processes
+
+
+@contextlib.contextmanager
+def start(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> Iterator[Running]:
+    with slurm_cluster(dask_config) as cluster:
+        yield Running(cluster.scheduler_address, cluster.security)
 
 
 @contextlib.contextmanager
@@ -103,7 +110,8 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
                 f"the SLURM cluster could not start ({type(e).__name__}: {e}); nothing was run"
             ) from e
         # How long after a job's workers are gone its place goes to a new job: tokenmill's LocalCluster waits an
-        # hour (its nanny restarts a dead worker in place: flows/cluster.py); a SLURM job that ended does not return.
+        # hour (its nanny restarts a dead worker in place: flows.clusters.local_process); a SLURM job that ended
+        # does not return.
         replacing = dask.config.set({"distributed.deploy.lost-worker-timeout": slurm.replace_after})
         try:
             with replacing:

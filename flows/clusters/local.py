@@ -1,58 +1,28 @@
 """The run's LocalCluster in a process of its own, started by `tokenmill run` (and by a flow run given no
 scheduler) before Prefect is imported. Imports nothing beyond the standard library, so that the cluster's
 process starts as early as the config is read: its workers' forkserver first (`serve_local_cluster`), then the
-cluster itself (`flows.cluster.run_local_cluster`)."""
+cluster itself (`flows.clusters.local_process`)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import gc
-import importlib
 import json
 import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
+
+from flows.clusters import ClusterStartError, Running
+from flows.startup import without_collector
 
 if TYPE_CHECKING:
     from tokenmill.config import DaskConfig, TokenizerConfig
 
-# The library modules of the work the flow sends the cluster (workers run them without Prefect).
-STAGE_MODULES = (
-    *("tokenmill.tries", "tokenmill.tokenize", "tokenmill.pack", "tokenmill.sampling", "tokenmill.shuffle_documents"),
-    *("tokenmill.validate", "tokenmill.fertility"),
-)
-# What every worker imports, loaded once by the forkserver the workers fork from, instead of by each worker
-# (about 3 s of CPU per worker): the stages, the encoders (optional: may be missing) and Dask's worker.
-WORKER_MODULES = [*STAGE_MODULES, "gigatoken", "awkward", "tiktoken", "distributed.nanny"]
-# The run's tokenizer config, for the forkserver's `flows.forkserver_preload`.
+# The run's tokenizer config, for the forkserver's `flows.clusters.forkserver_preload`.
 FORKSERVER_TOKENIZER = "TOKENMILL_FORKSERVER_TOKENIZER"
-
-
-@contextlib.contextmanager
-def without_collector() -> Iterator[None]:
-    """Run what builds a process's lasting heap (its imports, a cluster's start) with the garbage collector off,
-    then freeze it out of the collector's passes: the passes over the growing heap were a sixth of the CPU that
-    the imports take, on every run's start, in each of its three interpreters (later passes skip it too, and
-    workers forked after it share its pages). The few thousand objects left as cyclic garbage (about 1 MB) are
-    frozen with it."""
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.enable()
-
-
-def warm_up(modules: Sequence[str] = WORKER_MODULES) -> None:
-    """Import `modules` now, not when the first task needs them: in the forkserver of a cluster tokenmill starts,
-    and on each worker as a run starts for workers that no such forkserver made (any other cluster)."""
-    for module in modules:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(module)
 
 
 def local_cluster_kwargs(dask_config: DaskConfig) -> dict:
@@ -73,7 +43,11 @@ def local_cluster_kwargs(dask_config: DaskConfig) -> dict:
     }
 
 
-def local_cluster_threads(dask_config: DaskConfig) -> int:
+def chosen(dask_config: DaskConfig) -> bool:
+    return True  # the kind a run gets when it asks for no other
+
+
+def threads(dask_config: DaskConfig) -> int:
     """The threads a LocalCluster's shards will have (an adaptive one's at its maximum)."""
     adaptive = dask_config.adaptive
     return adaptive.maximum if adaptive else local_cluster_kwargs(dask_config)["n_workers"]
@@ -82,10 +56,6 @@ def local_cluster_threads(dask_config: DaskConfig) -> int:
 def adapt_kwargs(dask_config: DaskConfig) -> dict | None:
     adaptive = dask_config.adaptive
     return {"minimum": adaptive.minimum, "maximum": adaptive.maximum} if adaptive else None
-
-
-class ClusterStartError(RuntimeError):
-    """The run's LocalCluster did not start."""
 
 
 CLOSE_TIMEOUT_S = 60  # the most a run waits for its LocalCluster to close (it takes well under a second)
@@ -101,7 +71,7 @@ def preloaded_tokenizer(tokenizer: TokenizerConfig | None) -> str | None:
 def serve_local_cluster(spec: str) -> None:
     """The LocalCluster process's body: the workers' forkserver started first, so that it imports what they need
     (and loads the run's tokenizer) while this process imports Dask and starts the scheduler, then the
-    cluster (`flows.cluster.run_local_cluster`). The forkserver, started later, had each worker wait for it:
+    cluster (`flows.clusters.local_process`). The forkserver, started later, had each worker wait for it:
     with the tokenizer to load too, the run waited 0.3 s longer for its cluster."""
     tokenizer = json.loads(spec)["tokenizer"]
     import multiprocessing.forkserver
@@ -109,11 +79,11 @@ def serve_local_cluster(spec: str) -> None:
     if "forkserver" in multiprocessing.get_all_start_methods():  # Linux and macOS; not Windows
         if tokenizer:
             os.environ[FORKSERVER_TOKENIZER] = tokenizer  # the forkserver's environment is this process's
-        multiprocessing.get_context("forkserver").set_forkserver_preload(["flows.forkserver_preload"])
+        multiprocessing.get_context("forkserver").set_forkserver_preload(["flows.clusters.forkserver_preload"])
         multiprocessing.forkserver.ensure_running()  # now, with these: Dask's own preload list would replace them
         os.environ.pop(FORKSERVER_TOKENIZER, None)
     with without_collector():
-        from flows.cluster import run_local_cluster
+        from flows.clusters.local_process import run_local_cluster
 
     run_local_cluster(spec)
 
@@ -135,7 +105,7 @@ def local_cluster_process(
             "tokenizer": preloaded_tokenizer(tokenizer),
         }
     )
-    body = "import sys; from flows.local_cluster import serve_local_cluster as s; s(sys.argv[1])"
+    body = "import sys; from flows.clusters.local import serve_local_cluster as s; s(sys.argv[1])"
     command = [sys.executable, "-c", body]
     process = subprocess.Popen([*command, spec], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
@@ -181,3 +151,11 @@ def local_cluster_started_early(
             yield connect
         finally:
             os.environ.pop("TOKENMILL_DASK_ADDRESS", None)
+
+
+@contextlib.contextmanager
+def start(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> Iterator[Running]:
+    """The run's LocalCluster (`local_cluster_process`), for a flow run that `tokenmill run` did not start one
+    ahead of (a deployment's)."""
+    with local_cluster_process(dask_config, tokenizer) as address:
+        yield Running(address())

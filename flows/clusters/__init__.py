@@ -1,0 +1,29 @@
+"""The kinds of Dask cluster a run's shards can run on, one module each, every one with the same three names:
+
+- `chosen(dask_config)`: whether the run's `dask:` section asks for this kind;
+- `threads(dask_config)`: the threads its shards will have at its configured size (`shard_size: auto` plans
+  for them; 1 where only the running cluster can tell);
+- `start(dask_config, tokenizer)`: a context manager that starts the cluster, or finds it, and yields its
+  `Running` (the scheduler's address and the TLS to reach it with); on exit it closes what it started.
+
+`flows.cluster` takes the first kind of its `KINDS` that is chosen: adding a kind is a module here and a line
+there. The kinds import this package, never each other nor `flows.cluster`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from distributed.security import Security
+
+
+class Running(NamedTuple):
+    """A started (or found) cluster: its scheduler's address, and the TLS to speak to it with (None: Dask's
+    config's, which `tokenmill certs` says how to set, or none)."""
+
+    address: str
+    security: Security | None = None
+
+
+class ClusterStartError(RuntimeError):
+    """The run's cluster did not start."""
