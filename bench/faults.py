@@ -313,6 +313,9 @@ class Campaign:
         def act(process, started):
             landed = _sleep_until(started + at, process)
             workers = _workers(process.pid)
+            while not workers and process.poll() is None:  # its cluster still starting, on a loaded host
+                time.sleep(0.05)
+                workers = _workers(process.pid)
             if not workers:
                 return {"at": round(at, 1), "killed": None, "landed": False}
             victim = rng.choice(workers)
@@ -486,11 +489,15 @@ def _workers(root: int) -> list[psutil.Process]:
     """The Dask worker processes of a run's LocalCluster: the children of its forkserver (in the cluster's own
     process, a child of the run's)."""
     try:
-        for child in psutil.Process(root).children(recursive=True):
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return []
+    for child in children:
+        try:  # a child may end between the listing and this look (a short-lived helper process)
             if "forkserver" in " ".join(child.cmdline()):
                 return child.children()
-    except psutil.Error:
-        pass
+        except psutil.Error:
+            continue
     return []
 
 

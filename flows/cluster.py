@@ -8,7 +8,7 @@ import gc
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from distributed import Client, fire_and_forget
+from distributed import Client, default_client, fire_and_forget
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import flows.dask_settings  # noqa: F401 (applied to the flow's client, and to a scheduler it starts)
@@ -62,6 +62,26 @@ def connect(address: str, security=None) -> Client:
             f"could not connect to the Dask scheduler at {address} ({type(e).__name__}: {e}); a scheduler with TLS "
             "refuses a client whose certificate its authority did not sign; nothing was run"
         ) from None
+
+
+class SchedulerLost(ConnectionError):
+    """The flow's client lost its scheduler mid-run, for good."""
+
+
+def check_scheduler() -> None:
+    """SchedulerLost where this process's client has lost its scheduler: reconnecting, or closed after it gave up
+    (Dask tries for distributed.comm.timeouts.connect, 30 s). The shards in flight then all fail in Dask's words,
+    and the cause is the network or the scheduler, not the shards."""
+    try:
+        lost = default_client().status != "running"
+    except ValueError:  # no client left: the closed one is no longer the default
+        lost = True
+    if lost:
+        raise SchedulerLost(
+            "lost the Dask scheduler mid-run: no answer from it for 30 s (its host down or cut off, or the scheduler "
+            "ended); the shards committed so far are kept: once it is reachable, run the same command again and "
+            "it reuses every one of them"
+        )
 
 
 def prepare_cluster(client: Client) -> None:

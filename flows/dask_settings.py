@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import dask
+import distributed  # noqa: F401 (registers the defaults these settings change)
 
 # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which also turns off glibc's adaptive mmap
 # threshold: every buffer over 128 KiB is then a fresh mmap, page-faulted in and returned at once. The tokenize

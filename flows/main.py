@@ -33,7 +33,7 @@ from prefect.artifacts import (
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-from flows.cluster import dask_client, kind, on_every_worker, prepare_cluster
+from flows.cluster import check_scheduler, dask_client, kind, on_every_worker, prepare_cluster
 from flows.server import retry_refused_connections
 from tasks.mix import resolve_mix
 from tasks.partition import partition
@@ -112,6 +112,8 @@ class StageRun:
                     failures.setdefault(stage, {}).update(failed)
             else:  # the task itself failed, outside its shards' work
                 failures.setdefault(self.stage_task.name, {}).update({shard_id(i): repr(error) for i in group.unwrap()})
+        if failures:
+            check_scheduler()
         for stage, failed in failures.items():
             if failed:
                 raise ShardsFailed(stage, failed, len(self.items))

@@ -49,11 +49,28 @@ class ShardsFailed(RuntimeError):
 
     def __init__(self, stage: str, failures: dict[int, str], total: int):
         self.stage, self.failures, self.total = stage, failures, total
-        lines = [f"  shard {sid:05d}: {error}" for sid, error in sorted(failures.items())]
+        by_error: dict[str, list[int]] = {}
+        for sid, error in sorted(failures.items()):
+            by_error.setdefault(error, []).append(sid)
+        lines = [f"  {shard_list(sids)}: {error}" for error, sids in by_error.items()]
         super().__init__(
             f"{stage}: {len(failures)} of {total} shards failed (a rerun reuses every committed shard and redoes "
             "these)\n" + "\n".join(lines)
         )
+
+
+def shard_list(ids: list[int], most: int = 8) -> str:
+    """Sorted shard ids as a person reads them: "shard 00004", "shards 00000-00007, 00012", at most `most` runs
+    of consecutive ids shown (a cluster lost mid-run fails every shard the same way: one line, not thousands)."""
+    runs: list[list[int]] = []
+    for sid in ids:
+        if runs and sid == runs[-1][1] + 1:
+            runs[-1][1] = sid
+        else:
+            runs.append([sid, sid])
+    shown = ", ".join(f"{a:05d}" if a == b else f"{a:05d}-{b:05d}" for a, b in runs[:most])
+    more = f", ... ({len(ids)} in all)" if len(runs) > most else ""
+    return f"shard {shown}" if len(ids) == 1 else f"shards {shown}{more}"
 
 
 class GroupFailed(RuntimeError):

@@ -68,3 +68,18 @@ def test_no_task_hashes_its_inputs_or_persists_its_result():
     assert {"partition", "choose_encoder", "tokenize", "validate", "publish"} <= set(found)
     for name, task in found.items():
         assert task.cache_policy is NO_CACHE and task.persist_result is False, name
+
+
+def test_shards_that_fail_alike_are_one_line_of_the_error():
+    """A cluster lost mid-run fails every shard in flight the same way: one line per cause, not one per shard."""
+    from tasks.shards import ShardsFailed
+
+    failures = {i: "OSError('Timed out')" for i in range(1000)} | {
+        1002: "ValueError('bad')",
+        1004: "OSError('Timed out')",
+    }
+    assert str(ShardsFailed("tokenize", failures, 3000)).splitlines() == [
+        "tokenize: 1002 of 3000 shards failed (a rerun reuses every committed shard and redoes these)",
+        "  shards 00000-00999, 01004: OSError('Timed out')",
+        "  shard 01002: ValueError('bad')",
+    ]
