@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup postgres chromium slurm demo test docs lint format bench faults hosts clean
+.PHONY: setup postgres chromium slurm demo test docs lint format bench faults slow clean
 
 $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -73,11 +73,12 @@ TRIALS ?= 20
 faults: setup
 	$(BIN)/python bench/faults.py --trials $(TRIALS) --report out/faults.json $(FAULTS_ARGS)
 
-# Link faults across hosts (tests/test_hosts.py, its slow tests): the S3 server, the scheduler, two workers and
-# the flow on network namespaces of their own (root), a worker's or the scheduler's link cut mid-run, for a while
-# and for good; each faulted run and its rerun against a clean run's bytes. About 5 minutes.
-hosts: setup
-	$(BIN)/python -m pytest tests/test_hosts.py -m slow
+# The slow tests, not in the suite (marked slow): links cut across hosts (tests/test_hosts.py: the S3 server, the
+# scheduler, two workers and the flow on network namespaces of their own, a worker's or the scheduler's link cut
+# mid-run, for a while and for good, each faulted run and its rerun against a clean run's bytes), and SLURM
+# worker jobs reaching their walltime (tests/test_slurm.py). Root; about 8 minutes.
+slow: setup slurm
+	$(BIN)/python -m pytest -m slow
 
 clean:
 	rm -rf out site .pytest_cache .ruff_cache

@@ -4,7 +4,7 @@ host of its own, sharing nothing but the network. The scheduler and workers spea
 certificate and key (`tokenmill certs`), which only that host has. A run there publishes what a LocalCluster run
 publishes; a flow, a worker or a bare connection without a certificate of the cluster's authority is refused
 over the network, the flow with a clear message. The link faults (a worker cut off for 60 s, for good, the
-scheduler's host for 20 s) are slow: `make hosts` runs them."""
+scheduler's host for 20 s, for good) are slow: `make slow` runs them."""
 
 from __future__ import annotations
 

@@ -189,3 +189,35 @@ def test_worker_jobs_cancelled_mid_run_are_replaced_and_the_output_is_the_same_b
     assert dataset_files(tmp_path / "cancelled") == dataset_files(gpt2_run)
     assert len(submitted(tmp_path / "cancelled-logs") - set(cancelled)) >= 1  # new jobs finished the run
     assert no_jobs_left(slurm)
+
+
+@pytest.mark.slow
+def test_worker_jobs_that_reach_their_walltime_are_replaced_and_the_work_completes(slurm, tmp_path, monkeypatch):
+    """One worker job at a time, of SLURM's shortest walltime (a minute), and three minutes of work: each job's
+    worker retires just before its walltime (`--lifetime`), the job ends, a new job takes its place, and every
+    task completes, on three jobs or more. Each result is taken as it comes and let go, as the shard stages do
+    (a result left on a worker that retires with no other worker to take it is lost, and its task redone)."""
+    from distributed import Client, as_completed
+
+    from flows.clusters import slurm as slurm_kind
+    from tokenmill.config import DaskConfig
+
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    config = DaskConfig(
+        slurm={
+            "jobs": 1, "cores": 1, "memory": "2GiB", "walltime": "00:01:00", "scheduler_host": "127.0.0.1",
+            "replace_after": "2s", "log_directory": str(tmp_path / "logs"), "shared_directory": str(tmp_path / "tls"),
+        }
+    )  # fmt: skip
+
+    def work() -> str:
+        time.sleep(3)
+        return os.environ["SLURM_JOB_ID"]
+
+    job_ids = []
+    with slurm_kind.start(config) as running, Client(running.address, security=running.security) as client:
+        for future in as_completed([client.submit(work, pure=False) for _ in range(60)], timeout=600):
+            job_ids.append(future.result())
+            future.release()
+    assert len(job_ids) == 60 and len(set(job_ids)) >= 3, job_ids
+    assert no_jobs_left(slurm)
