@@ -110,7 +110,11 @@ def test_torch_dataset_gives_each_rank_and_worker_its_own_samples(dataset):
     for rank in (0, 1):
         ranked = PackedTorchDataset(dataset, "train", rank=rank, world_size=2)
         assert len(ranked) == len(split) // 2
-        loader = torch.utils.data.DataLoader(ranked, batch_size=None, num_workers=2)
+        # Workers forked from a forkserver, not from this process: forked from a pytest-xdist worker (its threads,
+        # the signal handlers a flow run left), one exited with code 1 as its loader shut down, once in a suite.
+        loader = torch.utils.data.DataLoader(
+            ranked, batch_size=None, num_workers=2, multiprocessing_context="forkserver"
+        )
         seen += [sample["input_ids"].numpy().tobytes() for sample in loader]
     expected = [split[p]["input_ids"].tobytes() for p in range(len(split) // 2 * 2)]
     assert sorted(seen) == sorted(expected)  # every position once, none twice, the odd one out left out
