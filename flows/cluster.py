@@ -31,12 +31,15 @@ def kind(dask_config: DaskConfig) -> ModuleType:
 
 
 @contextlib.contextmanager
-def dask_client(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> Iterator[Client]:
+def dask_client(
+    dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None
+) -> Iterator[tuple[Client, Callable[[], str | None]]]:
     """The process's default client, which the shard stages submit to, of the cluster `dask_config` asks for,
-    started here (and closed after) where it is one of the run's own; a LocalCluster's workers start with
-    `tokenizer`'s encoders."""
-    with kind(dask_config).start(dask_config, tokenizer) as running, connect(*running) as client:
-        yield client
+    started here (and closed after) where it is one of the run's own, and its `Running.release`; a LocalCluster's
+    workers start with `tokenizer`'s encoders."""
+    with kind(dask_config).start(dask_config, tokenizer) as running:
+        with connect(running.address, running.security) as client:
+            yield client, running.release
 
 
 class SchedulerRefused(ConnectionError):

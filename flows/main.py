@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pandas as pd
@@ -34,6 +35,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
 from flows.cluster import check_scheduler, dask_client, kind, on_every_worker, prepare_cluster
+from flows.clusters import keep_workers
 from flows.server import retry_refused_connections
 from tasks.mix import resolve_mix
 from tasks.partition import partition
@@ -173,12 +175,12 @@ def corpus_to_tokens(config: TokenmillConfig, rebuild: bool = False) -> dict:
     """Tokenize, pack, validate and publish a corpus as one dataset (docs/configuration.md), with the
     shard work on the Dask cluster that `config.dask` names (a LocalCluster when it names none). A run over the
     input and config of a version already published ends at once, unless `rebuild` (rerun-shards sets it)."""
-    with dask_client(config.dask, config.tokenizer) as client:
+    with dask_client(config.dask, config.tokenizer) as (client, release_workers):
         prepare_cluster(client)
         link = client.dashboard_link
         get_run_logger().info("Dask dashboard: %s", link)
         create_link_artifact(link, link_text="Dask dashboard", key="dask-dashboard", description="Watch the shards")
-        return build_dataset(config, cluster_threads(client, config), rebuild)
+        return build_dataset(config, cluster_threads(client, config), rebuild, release_workers)
 
 
 def cluster_threads(client, config: TokenmillConfig) -> int:
@@ -194,8 +196,11 @@ def start_sample(config: TokenmillConfig, plan: dict, stage_task=sample_shards) 
     return StageRun(stage_task, config, plan["shards"], *sample_fractions(config, plan), groups=1)
 
 
-def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool = False) -> dict:
-    """The DAG of DESIGN.md."""
+def build_dataset(
+    config: TokenmillConfig, cluster_threads: int, rebuild: bool = False, release_workers: Callable = keep_workers
+) -> dict:
+    """The DAG of DESIGN.md. `release_workers` once the cluster's work is done, before publish copies (in this
+    process): SLURM jobs then go back to the queue."""
     logger = get_run_logger()
     started = time.perf_counter()
     save_run_config(config)
@@ -260,6 +265,8 @@ def build_dataset(config: TokenmillConfig, cluster_threads: int, rebuild: bool =
     mix = None if mixing is None else mixing.result()
     if report is not None:
         create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
+    if released := release_workers():
+        logger.info("released the cluster's workers before publish: %s", released)
     bytes_in = totals["bytes_in"]
     run = {
         "bytes_in": bytes_in,

@@ -60,27 +60,22 @@ def prefect_client(prefect_api):
         yield client
 
 
-# One core per worker; glibc's adaptive malloc (see flows/dask_settings.py), as infra/ sets them.
-WORKER_ENV = {
-    "RAYON_NUM_THREADS": "1",
-    "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}",
-}
-
-
 @pytest.fixture(scope="session")
 def dask_cluster(s3_server):
     """A real Dask cluster for the session: `dask scheduler` and two `dask worker` processes on 127.0.0.1,
     kept warm across runs as a team's shared cluster is (runs with a LocalCluster ask for one). Its workers
     hold the S3 server's credentials in their environment, as a cluster's nodes would."""
+    from distributed import Client
+
+    from flows.dask_settings import WORKER_ENVIRONMENT  # what tokenmill's own workers have, as infra/ sets it
+
     bin_dir, port = Path(sys.executable).parent, free_port()
     address = f"tcp://127.0.0.1:{port}"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
     loopback = ["--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"]
     worker = [bin_dir / "dask", "worker", address, "--nthreads", "1", "--memory-limit", "4GiB", *loopback]
     processes = [subprocess.Popen([bin_dir / "dask", "scheduler", "--port", str(port), *loopback], **quiet)]
-    processes += [subprocess.Popen(worker, cwd=REPO, env={**os.environ, **WORKER_ENV}, **quiet) for _ in range(2)]
-    from distributed import Client
-
+    processes += [subprocess.Popen(worker, cwd=REPO, env=os.environ | WORKER_ENVIRONMENT, **quiet) for _ in range(2)]
     with Client(address, timeout=120) as client:
         client.wait_for_workers(2, timeout=120)
     yield address

@@ -36,12 +36,9 @@ BIN = Path(sys.executable).parent
 S3_PORT, SCHEDULER_PORT = 5000, 8786
 RUN_CEILING_S = 900  # the longest a run may take, faults and all, before it counts as hung
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-# What infra/ gives its Dask scheduler and workers (flows/dask_settings.py says why).
-SCHEDULER_ENV = {
-    "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": "0",
-    "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s",
-    "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL": "1s",
-}
+# What infra/ gives its Dask scheduler (flows/dask_settings.py says why).
+COMPOSE = yaml.safe_load((REPO / "infra" / "compose.yaml").read_text())
+SCHEDULER_ENV = {name: str(value) for name, value in COMPOSE["services"]["dask-scheduler"]["environment"].items()}
 # The files that record where the input and the tokenizer were (s3:// on the hosts, a path in the local run).
 NAMING_PATHS = {"manifest.json", "plan.json", "report/fertility.md", "report/fertility.json"}
 ROLE_FILES = {"scheduler": "scheduler", "worker": "worker", "flow": "client"}

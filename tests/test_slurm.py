@@ -131,8 +131,8 @@ def slurm_config(tmp_path: Path, name: str, replace_after: str = "10s", **sectio
     return path
 
 
-def run_on_slurm(config: Path, slurm, prefect_api: str) -> subprocess.Popen:
-    env = {**slurm.env, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+def run_on_slurm(config: Path, slurm, prefect_api: str, logging: str = "WARNING") -> subprocess.Popen:
+    env = {**slurm.env, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": logging}
     env.pop("TOKENMILL_DASK_ADDRESS", None)
     return subprocess.Popen(
         [sys.executable, "-m", "tokenmill", "run", str(config)],
@@ -157,10 +157,14 @@ def no_jobs_left(slurm) -> bool:
 def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_does(
     slurm, prefect_api, gpt2_run, tmp_path
 ):
-    run = run_on_slurm(slurm_config(tmp_path, "slurm", partition={"shard_size": "1MB"}), slurm, prefect_api)
+    run = run_on_slurm(slurm_config(tmp_path, "slurm", partition={"shard_size": "1MB"}), slurm, prefect_api, "INFO")
     out = run.communicate(timeout=600)[0]
     assert run.returncode == 0, out
     assert "Dask: SLURM jobs" in out
+    # The jobs went back to the queue once the shard work was done, before publish copied in the flow's process.
+    released = re.search(r"released the cluster's workers before publish: 2 SLURM jobs cancelled", out)
+    published = re.search(r"published \S+ \(\d+ files copied", out)
+    assert released and published and released.start() < published.start(), out
     assert dataset_files(tmp_path / "slurm") == dataset_files(gpt2_run)
     assert len(submitted(tmp_path / "slurm-logs")) >= 2  # its workers ran as jobs
     logs = " ".join(p.read_text() for p in (tmp_path / "slurm-logs").glob("*.err"))

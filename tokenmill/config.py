@@ -371,8 +371,8 @@ class AdaptiveConfig(_Section):
 
 
 class SlurmConfig(_Section):
-    """Dask workers as SLURM batch jobs (dask-jobqueue's SLURMCluster), submitted by the run and cancelled when it
-    ends; the scheduler runs in the flow's process (docs/production.md, SLURM)."""
+    """Dask workers as SLURM batch jobs (dask-jobqueue's SLURMCluster), submitted by the run and cancelled once its
+    shard work is done, before publish; the scheduler runs in the flow's process (docs/production.md, SLURM)."""
 
     partition: str | None = Field(None, description="sbatch -p; null: the cluster's default partition.")
     account: str | None = Field(None, description="sbatch -A; null: none given.")

@@ -4,7 +4,8 @@ run. Its jobs are submitted as the run starts and
 kept at `jobs` (or between `dask.adaptive`'s bounds, in workers) while it runs: a job that ends (`scancel`, a node
 lost, its walltime) is replaced, and its shards are retried on the others. Each worker retires a few minutes
 before its job's walltime, so that a job ends between shards rather than in one. The jobs are cancelled when the
-run ends."""
+shard work is done, before publish copies the dataset (which runs in the flow's process), and at the latest when
+the run ends."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import shlex
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from tokenmill.config import DaskConfig, TokenizerConfig
 
 RETIRE_BEFORE_S = 300  # a worker retires this long before its job's walltime (a tenth of it for short jobs)
+RELEASE_CEILING_S = 60  # the longest a release waits for scancel (a job not cancelled by then is at the run's end)
 
 
 def walltime_seconds(walltime: str) -> int:
@@ -68,14 +71,25 @@ def threads(dask_config: DaskConfig) -> int:
 
 @contextlib.contextmanager
 def start(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> Iterator[Running]:
-    with slurm_cluster(dask_config) as cluster:
-        yield Running(cluster.scheduler_address, cluster.security)
+    with slurm_cluster(dask_config) as (cluster, adaptive):
+
+        def release() -> str:
+            """Cancel every job now, and stop replacing them; return once each is cancelled."""
+            held = len(cluster.workers)
+            adaptive.stop()
+            cluster.scale(0)
+            deadline = time.monotonic() + RELEASE_CEILING_S
+            while cluster.workers and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return f"{held} SLURM jobs cancelled" if not cluster.workers else f"{held} SLURM jobs still cancelling"
+
+        yield Running(cluster.scheduler_address, cluster.security, release)
 
 
 @contextlib.contextmanager
 def slurm_cluster(dask_config: DaskConfig) -> Iterator:
-    """The SLURMCluster `dask_config.slurm` describes, its jobs submitted and kept; cancelled on exit, and the
-    run's certificates removed."""
+    """The SLURMCluster `dask_config.slurm` describes and the Adaptive that keeps its jobs submitted; the jobs
+    cancelled on exit, and the run's certificates removed."""
     try:
         from dask_jobqueue import SLURMCluster
     except ImportError:
@@ -116,9 +130,9 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
         try:
             with replacing:
                 if adaptive:
-                    cluster.adapt(minimum=adaptive.minimum, maximum=adaptive.maximum)
+                    keeping = cluster.adapt(minimum=adaptive.minimum, maximum=adaptive.maximum)
                 else:  # adaptive between equal bounds: a job that ends is replaced
-                    cluster.adapt(minimum_jobs=slurm.jobs, maximum_jobs=slurm.jobs)
-                yield cluster
+                    keeping = cluster.adapt(minimum_jobs=slurm.jobs, maximum_jobs=slurm.jobs)
+                yield cluster, keeping
         finally:
             cluster.close()  # scancel every job it submitted
