@@ -13,10 +13,12 @@ committed (their markers), so Retry redoes only the failed ones.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from distributed import as_completed, default_client
@@ -32,6 +34,7 @@ WINDOW_PER_THREAD = 4  # a group keeps at most this many Dask tasks per cluster 
 # so that a Dask task's 2-3 ms of scheduler and client time stays small beside its work; shards of
 # `shard_size: auto` (16 MB or more) have a task each.
 TASK_BYTES, MAX_SHARDS_PER_TASK = 4 << 20, 256
+ALIVE_CHECK_S = 0.1  # a group waiting on the cluster looks this often at whether the flow's client still runs
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,7 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
                 failures[stages[failed].name][ids[index]] = values[failed].error
 
     submit(window)
-    for done in chains.batches():
+    for done in completed_batches(chains, client):
         finished = []
         for last in done:
             bundle, futures = running.pop(last.key)
@@ -182,7 +185,7 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
             else:  # the task itself failed: its worker died, every try
                 for index in bundle:
                     failures[stages[failed].name][ids[index]] = _error(futures[failed])
-        values = iter(client.gather([f for _, futures in finished for f in futures]))  # one round trip
+        values = iter(gather(client, [f for _, futures in finished for f in futures]))  # one round trip
         for bundle, futures in finished:
             record(bundle, [next(values) for _ in futures])
         del finished, done
@@ -200,7 +203,60 @@ def on_a_worker(work: Callable, *args, priority: int = 0):
     """`work(*args)` (a library call) on a worker of the cluster, waited for: for work that uses what every worker
     has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU). `priority`
     orders it among the shard tasks waiting for a worker (theirs is 0)."""
-    return default_client().submit(Sealed(work, *args), pure=False, priority=priority).result()
+    client = default_client()
+    return gather(client, client.submit(Sealed(work, *args), pure=False, priority=priority))
+
+
+# The flow's waits on the cluster, in its group threads. Dask's own blocking calls wait for its event loop without
+# end, and when the flow closes its client (Ctrl-C, a failure elsewhere) a call caught as the loop stops never
+# returns (a run hung at exit: Prefect joins the group threads) or raises UnboundLocalError
+# (dask/distributed#8514). These wait on the loop themselves and give up once the client no longer runs.
+
+
+class ClientClosed(RuntimeError):
+    """The flow's Dask client closed while a group waited on the cluster: the run is ending."""
+
+    def __init__(self):
+        super().__init__(
+            "the run's Dask client closed while this group waited for its shards (the run was interrupted or failed "
+            "elsewhere); the shards committed so far are kept, and a rerun reuses them"
+        )
+
+
+def client_runs(client) -> bool:
+    """Whether `client` is connected, or reconnecting, and its event loop runs."""
+    return client.status in ("running", "connecting") and client.loop.asyncio_loop.is_running()
+
+
+def gather(client, futures):
+    """`client.gather(futures)`, or ClientClosed once the client no longer runs."""
+    try:
+        pending = asyncio.run_coroutine_threadsafe(client.gather(futures, asynchronous=True), client.loop.asyncio_loop)
+    except RuntimeError:  # its loop is closed
+        raise ClientClosed() from None
+    while True:
+        try:
+            return pending.result(timeout=ALIVE_CHECK_S)
+        except concurrent.futures.TimeoutError:
+            if not client_runs(client):
+                pending.cancel()
+                raise ClientClosed() from None
+        except BaseException:  # the futures cancelled as the client closes, or a task's own error
+            if not client_runs(client):
+                raise ClientClosed() from None
+            raise
+
+
+def completed_batches(chains: as_completed, client) -> Iterator[list]:
+    """`chains.batches()`, or ClientClosed once the client no longer runs."""
+    while not chains.is_empty():
+        if chains.has_ready():
+            yield chains.next_batch(block=False)
+            continue
+        with chains.thread_condition:  # notified as each future completes
+            chains.thread_condition.wait(timeout=ALIVE_CHECK_S)
+        if not chains.has_ready() and not client_runs(client):
+            raise ClientClosed()
 
 
 def _error(future) -> str:

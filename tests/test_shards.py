@@ -83,3 +83,45 @@ def test_shards_that_fail_alike_are_one_line_of_the_error():
         "  shards 00000-00999, 01004: OSError('Timed out')",
         "  shard 01002: ValueError('bad')",
     ]
+
+
+def test_a_group_waiting_on_the_cluster_ends_when_the_flows_client_closes(dask_cluster):
+    """Ctrl-C closes the flow's Dask client under the group threads waiting for their shards, and Prefect then waits
+    for those threads. Dask's own waits raised UnboundLocalError there (dask/distributed#8514) or, caught as its
+    event loop stopped, never returned: the run hung at exit (seen once in the suite's Ctrl-C test). The group's
+    waits end within seconds: a result awaited raises an error that says what happened, and the wait for the next
+    completed shards gives the cancelled ones (the group then fails naming them)."""
+    import threading
+    import time
+
+    from distributed import Client, as_completed
+
+    from tasks.shards import ClientClosed, completed_batches, gather
+
+    def closed_under(call):
+        """What `call` returned or raised once its client closed under it, within 5 s."""
+        outcome = []
+
+        def wait() -> None:
+            try:
+                outcome.append(call())
+            except BaseException as e:  # noqa: BLE001 (what it raised is what is tested)
+                outcome.append(e)
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        time.sleep(1)  # it is waiting
+        client.close()
+        thread.join(5)
+        assert outcome, "still waiting 5 s after the client closed"
+        return outcome[0]
+
+    client = Client(dask_cluster)  # the default client, as the flow's is
+    running = client.submit(time.sleep, 60, pure=False)
+    error = closed_under(lambda: gather(client, running))
+    assert isinstance(error, ClientClosed) and "a rerun reuses them" in str(error), repr(error)
+
+    client = Client(dask_cluster)
+    chains = as_completed([client.submit(time.sleep, 60, pure=False)])
+    batches = closed_under(lambda: list(completed_batches(chains, client)))
+    assert [[f.status for f in batch] for batch in batches] == [["cancelled"]], batches
