@@ -225,11 +225,17 @@ class ClientClosed(RuntimeError):
 
 def client_runs(client) -> bool:
     """Whether `client` is connected, or reconnecting, and its event loop runs."""
-    return client.status in ("running", "connecting") and client.loop.asyncio_loop.is_running()
+    return client.status in ("running", "connecting") and loop_runs(client)
+
+
+def loop_runs(client) -> bool:
+    """Whether the client's event loop runs: a closing client's loop still settles its futures (cancelled), and what
+    waits on them with it; a stopped loop settles nothing more."""
+    return client.loop.asyncio_loop.is_running()
 
 
 def gather(client, futures):
-    """`client.gather(futures)`, or ClientClosed once the client no longer runs."""
+    """`client.gather(futures)`, or ClientClosed once the client is closed under it."""
     try:
         pending = asyncio.run_coroutine_threadsafe(client.gather(futures, asynchronous=True), client.loop.asyncio_loop)
     except RuntimeError:  # its loop is closed
@@ -238,8 +244,7 @@ def gather(client, futures):
         try:
             return pending.result(timeout=ALIVE_CHECK_S)
         except concurrent.futures.TimeoutError:
-            if not client_runs(client):
-                pending.cancel()
+            if not loop_runs(client):
                 raise ClientClosed() from None
         except BaseException:  # the futures cancelled as the client closes, or a task's own error
             if not client_runs(client):
@@ -255,7 +260,7 @@ def completed_batches(chains: as_completed, client) -> Iterator[list]:
             continue
         with chains.thread_condition:  # notified as each future completes
             chains.thread_condition.wait(timeout=ALIVE_CHECK_S)
-        if not chains.has_ready() and not client_runs(client):
+        if not chains.has_ready() and not loop_runs(client):
             raise ClientClosed()
 
 

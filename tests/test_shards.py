@@ -90,7 +90,8 @@ def test_a_group_waiting_on_the_cluster_ends_when_the_flows_client_closes(dask_c
     for those threads. Dask's own waits raised UnboundLocalError there (dask/distributed#8514) or, caught as its
     event loop stopped, never returned: the run hung at exit (seen once in the suite's Ctrl-C test). The group's
     waits end within seconds: a result awaited raises an error that says what happened, and the wait for the next
-    completed shards gives the cancelled ones (the group then fails naming them)."""
+    completed shards gives the cancelled ones (the group then fails naming them) or, where the client stopped
+    before they reached it, the same error."""
     import threading
     import time
 
@@ -124,4 +125,4 @@ def test_a_group_waiting_on_the_cluster_ends_when_the_flows_client_closes(dask_c
     client = Client(dask_cluster)
     chains = as_completed([client.submit(time.sleep, 60, pure=False)])
     batches = closed_under(lambda: list(completed_batches(chains, client)))
-    assert [[f.status for f in batch] for batch in batches] == [["cancelled"]], batches
+    assert isinstance(batches, ClientClosed) or [[f.status for f in b] for b in batches] == [["cancelled"]], batches
