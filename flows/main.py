@@ -35,7 +35,6 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
 from flows.cluster import check_scheduler, dask_client, kind, on_every_worker, prepare_cluster
-from flows.clusters import keep_workers
 from flows.server import retry_refused_connections
 from tasks.mix import resolve_mix
 from tasks.partition import partition
@@ -197,7 +196,7 @@ def start_sample(config: TokenmillConfig, plan: dict, stage_task=sample_shards) 
 
 
 def build_dataset(
-    config: TokenmillConfig, cluster_threads: int, rebuild: bool = False, release_workers: Callable = keep_workers
+    config: TokenmillConfig, cluster_threads: int, rebuild: bool, release_workers: Callable[[], str | None]
 ) -> dict:
     """The DAG of DESIGN.md. `release_workers` once the cluster's work is done, before publish copies (in this
     process): SLURM jobs then go back to the queue."""

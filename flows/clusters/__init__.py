@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 
 def keep_workers() -> str | None:
+    """The release of a cluster whose workers the run keeps to its end."""
     return None
 
 
