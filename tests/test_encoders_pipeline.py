@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
+import pytest
 from tokenizers import Tokenizer
 
 from tokenmill import readers
@@ -13,7 +14,14 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.partition import Shards, load_or_plan, shard_ids
 from tokenmill.readers import Piece, ReadOptions, read_documents
-from tokenmill.tokenize import VERIFY_SHARDS, choose_run_encoder, tokenize_shard, verification_shards, with_specials
+from tokenmill.tokenize import (
+    VERIFY_SHARDS,
+    choose_run_encoder,
+    narrowed,
+    tokenize_shard,
+    verification_shards,
+    with_specials,
+)
 from tokenmill.tokenizer import install_pretrained
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
@@ -25,6 +33,13 @@ def test_bos_and_eod_wrap_every_document_even_empty_ones():
     assert out.tolist() == [7, 1, 2, 9, 7, 9, 7, 3, 9] and out_lengths.tolist() == [4, 2, 3]
     assert with_specials(flat, lengths, None, 9)[0].tolist() == [1, 2, 9, 9, 3, 9]
     assert with_specials(flat, lengths, None, None)[0] is flat
+
+
+def test_ids_are_narrowed_to_the_files_dtype_or_refused_never_wrapped():
+    out = narrowed(np.array([0, 65535], np.uint32), np.dtype(np.uint16))
+    assert out.dtype == np.uint16 and out.tolist() == [0, 65535]
+    with pytest.raises(ValueError, match="token id 65536 does not fit the output's uint16"):
+        narrowed(np.array([3, 65536], np.uint32), np.dtype(np.uint16))
 
 
 def read_all(path, options: ReadOptions, columnar: bool, batch_bytes: int = readers.BATCH_BYTES):

@@ -361,6 +361,23 @@ def test_bad_record_fails_the_read_naming_file_line_and_reason(tmp_path, kind):
         list(read_documents([Piece(str(path))], ReadOptions(id_field="id", on_invalid="fail")))
 
 
+def test_ids_from_line_numbers_are_unique_in_a_shard_even_when_two_files_share_a_name(tmp_path):
+    """Without an id field a document's id is `<file name>:<line>`: a shard holding two files of the same name
+    quarantines the second one's documents as duplicates (the fast path, which skips the check for a file with a
+    name of its own, must notice), and reads a file with a name of its own whole, its ids line by line."""
+    lines = b"".join(b'{"text": "document %d"}\n' % i for i in range(3))
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    for path in (tmp_path / "a/data.jsonl", tmp_path / "b/data.jsonl", tmp_path / "other.jsonl"):
+        path.write_bytes(lines)
+    pieces = [Piece(str(tmp_path / p)) for p in ("a/data.jsonl", "other.jsonl", "b/data.jsonl")]
+    results = list(read_documents(pieces, ReadOptions(), columnar=True))
+    ids = [i for batch, _ in results for i in batch.ids]
+    rejects = [(r.file, r.line, r.reason) for _, rs in results for r in rs]
+    names = ("data.jsonl", "other.jsonl")
+    assert ids == [f"{name}:{n}" for name in names for n in (1, 2, 3)]
+    assert rejects == [("data.jsonl", n, "duplicate id in this shard") for n in (1, 2, 3)]
+
+
 def _truncated_gzip(tmp_path):
     path = tmp_path / "cut.jsonl.gz"
     with gzip.open(path, "wt") as f:

@@ -17,7 +17,7 @@ import os
 import stat
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO, Literal
@@ -111,9 +111,29 @@ class ReadOptions:
     storage_options: dict = field(default_factory=dict)
 
 
+class LineIds(Sequence[str]):
+    """The ids `<file>:<line>` of a block's `count` lines from `first`, made only when asked for: a run into one
+    split hashes none of them."""
+
+    def __init__(self, name: str, first: int, count: int):
+        self.name, self.first, self.count = name, first, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):
+        return self.as_list()[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.as_list())
+
+    def as_list(self) -> list[str]:
+        return [f"{self.name}:{n}" for n in range(self.first, self.first + self.count)]
+
+
 @dataclass
 class Batch:
-    ids: list[str] = field(default_factory=list)
+    ids: Sequence[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     extra: dict[str, list] = field(default_factory=dict)
     nbytes: int = 0
@@ -391,9 +411,14 @@ def read_documents(
     """Yield (batch of valid documents, rejects among the same records), batches of about `batch_bytes`.
     With `columnar`, plain JSONL is read by the fast path (`_fast_jsonl`) where it applies."""
     seen_ids: set[str] = set()
+    paths_named: dict[str, set[str]] = {}
+    for piece in pieces:
+        paths_named.setdefault(display_name(piece.path), set()).add(piece.path)
     for piece in pieces:
         if columnar and _fast_path_applies(piece, options):
-            yield from _fast_jsonl(piece, options, seen_ids, batch_bytes)
+            # Ids `<file>:<line>` of a file whose name no other file of the shard has are unique by construction.
+            own_name = options.id_field is None and len(paths_named[display_name(piece.path)]) == 1
+            yield from _fast_jsonl(piece, options, seen_ids, batch_bytes, own_name)
             continue
         pending: list[Record] = []
         pending_bytes = 0
@@ -450,13 +475,13 @@ def _fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
 
 
 def _fast_jsonl(
-    piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int
+    piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int, own_name: bool = False
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     name, read_any = display_name(piece.path), False
     try:
         for block, line, newlines in line_blocks(piece, options, batch_bytes):
             read_any = True
-            yield jsonl_block(block, line, name, options, seen_ids, newlines)
+            yield jsonl_block(block, line, name, options, seen_ids, newlines, own_name)
     except FileNotFoundError as e:
         raise InputError(f"{piece.path}: no such file") from e
     if piece.start == 0 and not read_any:  # an empty file: the careful path says so
@@ -565,18 +590,25 @@ def _blank(block: Buffer) -> bool:
 
 
 def jsonl_block(
-    block: Buffer, first_line: int, name: str, options: ReadOptions, seen_ids: set[str], newlines: int | None = None
+    block: Buffer,
+    first_line: int,
+    name: str,
+    options: ReadOptions,
+    seen_ids: set[str],
+    newlines: int | None = None,
+    own_name: bool = False,
 ) -> tuple[Batch, list[Reject]]:
     """The documents and rejects of a block of whole JSONL lines (holding `newlines` line endings, when the
     caller counted them) whose first is line `first_line` of file `name`: parsed by pyarrow when every record
-    in it is valid, else record by record."""
+    in it is valid, else record by record. With `own_name`, no other file of the shard is called `name`, so its
+    ids `<file>:<line>` need no check against `seen_ids` (nor go into it)."""
     newlines = count_newlines(block) if newlines is None else newlines
-    batch = _fast_batch(block, newlines, first_line, name, options, seen_ids)
+    batch = _fast_batch(block, newlines, first_line, name, options, seen_ids, own_name)
     return (batch, []) if batch is not None else _careful_block(block, first_line, name, options, seen_ids)
 
 
 def _fast_batch(
-    block: Buffer, newlines: int, first_line: int, name: str, options: ReadOptions, seen_ids: set[str]
+    block: Buffer, newlines: int, first_line: int, name: str, options: ReadOptions, seen_ids: set[str], own_name: bool
 ) -> Batch | None:
     """The block's documents if every record in it is a valid document, else None."""
     names = (options.text_field, options.id_field, *options.fields)
@@ -599,16 +631,19 @@ def _fast_batch(
         return None
     if not _lengths_within(texts, options):
         return None
-    if options.id_field is None:
-        ids = [f"{name}:{n}" for n in range(first_line, first_line + lines)]
+    if options.id_field is None and own_name:
+        ids = LineIds(name, first_line, lines)
     else:
-        id_column = table.column(options.id_field)
-        if id_column.null_count:
+        if options.id_field is None:
+            ids = LineIds(name, first_line, lines).as_list()
+        else:
+            id_column = table.column(options.id_field)
+            if id_column.null_count:
+                return None
+            ids = id_column.to_pylist()
+        if len(set(ids)) != len(ids) or not seen_ids.isdisjoint(ids):
             return None
-        ids = id_column.to_pylist()
-    if len(set(ids)) != len(ids) or not seen_ids.isdisjoint(ids):
-        return None
-    seen_ids.update(ids)
+        seen_ids.update(ids)
     # bytes as the careful path counts them: each line without its line ending
     nbytes = len(block) - newlines - count_crlf(block)
     extra = {f: table.column(f).to_pylist() for f in options.fields}

@@ -56,6 +56,13 @@ def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod
     return np.insert(flat, positions, values), lengths + len(marks)
 
 
+def narrowed(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`ids` as `dtype`; an id the dtype cannot hold is an error, never a wrapped id."""
+    if len(ids) and int(ids.max()) > np.iinfo(dtype).max:
+        raise ValueError(f"token id {int(ids.max())} does not fit the output's {dtype} (is the vocab size right?)")
+    return ids.astype(dtype, copy=False)
+
+
 def tokenize_shard(
     config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo, encoder: EncoderChoice | None = None
 ) -> dict:
@@ -90,7 +97,9 @@ def tokenize_shard(
             whole_files += [f"{r.file}: {r.reason}" for r in batch_rejects if r.line == 0]
             if not len(batch):
                 continue
-            flat, lengths = with_specials(*encode.encode_batch(batch.text_values()), bos_id, eod_id)
+            ids, lengths = encode.encode_batch(batch.text_values())
+            # Narrowed to the files' dtype before the specials go in: half the bytes to move for uint16.
+            flat, lengths = with_specials(narrowed(ids, dtype), lengths, bos_id, eod_id)
             # One split needs no hashing; otherwise each document's split by the stable hash of its id.
             doc_split = assign_splits(batch.ids, config.split) if len(splits) > 1 else None
             for index, split in enumerate(splits):
