@@ -7,7 +7,7 @@ x200 12 GB, x500 30 GB), in one benchmark run:
   of the file's first `--prefix-mb` already in memory as Python strings, batches of 2,000. Its rate is in MB of
   the *file* those texts came from per second, so it compares directly with a run's MB/s of input.
 - **parser alone**: pyarrow's JSON reader over the same prefix as tokenmill calls it (blocks of whole lines of
-  8 MB, one thread, the text and id columns as strings), the blocks already in memory.
+  8 MB, one thread, the text column as strings), the blocks already in memory.
 - **the limits they imply** on the machine's cores: the encoder ceiling `cores x encoder`, and the parse+encode
   limit `cores / (1/parser + 1/encoder)`: what the cores could do if a run did nothing but parse and encode.
 - gigatoken's own JSONL reader and encoder together (`encode_files`, the JSON parsed in Rust; what Megatron's
@@ -15,10 +15,11 @@ x200 12 GB, x500 30 GB), in one benchmark run:
 - for where the time goes, the same prefix through tokenmill's own pieces, one process, one thread: its reader
   (`read_documents`: the parse and the checks of every record) and its encoder as the tokenize stage calls it
   (the gigatoken backend on the reader's batches, with the exactness guard);
-- **tokenmill**: `tokenmill run` (bench/megatron.py's: the default config but `pack.mode: none` and `id_field:
-  id`, a LocalCluster of one worker per core, the Prefect server started before): the whole run's MB/s, the
-  tokenize stage's (the file over the seconds from the encoder's choice to the last shard), and the largest
-  process's and the process tree's peak RSS.
+- **tokenmill**: `tokenmill run` (bench/megatron.py's: the default config but `pack.mode: none`, a LocalCluster
+  of one worker per core, the Prefect server started before): the whole run's MB/s, the tokenize stage's (the
+  file over the seconds from the encoder's choice to the last shard), and the largest process's and the process
+  tree's peak RSS. With `--baseline DIR`, tokenmill from that checkout (e.g. the commit before a change) runs
+  too, right before this one, on the same file and between the same limits.
 
 The limits are measured just before and just after each run (the host's speed drifts); a run's ratios are to
 their mean.
@@ -107,7 +108,7 @@ def _measure(corpus: str, tokenizer: str, limit: int) -> dict[str, float]:
         stop = data.find(b"\n", min(start + BATCH_BYTES, size - 1)) + 1 or size
         blocks.append(data[start:stop])
         start = stop
-    schema = pyarrow.schema([("text", pyarrow.string()), ("id", pyarrow.string())])
+    schema = pyarrow.schema([("text", pyarrow.string())])
 
     def parse() -> None:
         for block in blocks:
@@ -126,7 +127,7 @@ def _measure(corpus: str, tokenizer: str, limit: int) -> dict[str, float]:
         source = gigatoken.JsonlFileSource([prefix.name], field="text")
         rates["gigatoken reader+encoder"] = size / _seconds(lambda: raw.encode_files(source, parallel=False)) / 1e6
 
-    piece, options = Piece(corpus, 0, size, 1), ReadOptions(text_field="text", id_field="id")
+    piece, options = Piece(corpus, 0, size, 1), ReadOptions(text_field="text")
     batches = []
 
     def read() -> None:
@@ -172,6 +173,7 @@ def main() -> None:
     parser.add_argument("--prefix-mb", type=float, default=300, help="the file's prefix the limits are timed on")
     parser.add_argument("--memory-cap", type=float, default=20.0, help="GB: the watchdog kills a run's tree past it")
     parser.add_argument("--work", default=None, help="directory for the corpora and outputs (default: a temp dir)")
+    parser.add_argument("--baseline", default=None, help="a checkout of tokenmill to run too, before this one")
     args = parser.parse_args()
     megatron, tokenize = _bench("megatron"), _bench("tokenize")
     cores = os.cpu_count() or 1
@@ -182,6 +184,7 @@ def main() -> None:
     if args.work:
         Path(args.work).mkdir(parents=True, exist_ok=True)
     cpu = platform.processor() or platform.machine()
+    cap = int(args.memory_cap * 1e9)
     print(f"{cores} cores {cpu}, {psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="tokenmill-limits-", dir=args.work) as tmp:
@@ -190,7 +193,11 @@ def main() -> None:
             corpus = work / "corpus.jsonl"
             size = tokenize.make_corpus(Path(args.source), repeat, corpus)
             before = limits(corpus, args.tokenizer, args.prefix_mb)
-            run = megatron.run_tokenmill(args, corpus, work / "tokenmill", int(args.memory_cap * 1e9))
+            baseline = None
+            if args.baseline:
+                baseline = megatron.run_tokenmill(args, corpus, work / "baseline", cap, Path(args.baseline))
+                shutil.rmtree(work / "baseline", ignore_errors=True)
+            run = megatron.run_tokenmill(args, corpus, work / "tokenmill", cap)
             after = limits(corpus, args.tokenizer, args.prefix_mb)
             mean = with_implied({k: (before[k] + after[k]) / 2 for k in before}, cores)
             stage_s = run["phases"].get("tokenize")
@@ -210,6 +217,15 @@ def main() -> None:
                 "exit": run["exit"],
                 "phases": run["phases"],
             }
+            if baseline is not None:
+                row["baseline"] = {
+                    "run_s": baseline["wall_s"],
+                    "run_mb_s": round(size / 1e6 / baseline["wall_s"]),
+                    "tokenize_stage_s": baseline["phases"].get("tokenize"),
+                    "peak_process_gb": baseline["peak_process_gb"],
+                    "tokens": baseline["tokens"],
+                    "phases": baseline["phases"],
+                }
             rows.append(row)
             print(json.dumps(row), flush=True)
             shutil.rmtree(work / "tokenmill", ignore_errors=True)

@@ -207,14 +207,15 @@ def run_megatron(args, corpus: Path, out: Path, cap: int) -> dict:
     return {"tool": "megatron", **_numbers(run), "documents": counted[0], "tokens": counted[1]}
 
 
-def run_tokenmill(args, corpus: Path, out: Path, cap: int) -> dict:
+def run_tokenmill(args, corpus: Path, out: Path, cap: int, code: Path | None = None) -> dict:
+    """`tokenmill run` on `corpus` (from the checkout `code`, if given, instead of this one)."""
     shutil.rmtree(out, ignore_errors=True)
     config = out.parent / f"{out.name}.yaml"
     config.write_text(
         json.dumps(
             {
                 "name": "bench",
-                "input": {"paths": [str(corpus)], "id_field": "id"},
+                "input": {"paths": [str(corpus)]},
                 "tokenizer": {"path": args.tokenizer},
                 "pack": {"mode": "none"},
                 "output": {"path": str(out)},
@@ -222,6 +223,8 @@ def run_tokenmill(args, corpus: Path, out: Path, cap: int) -> dict:
         )  # fmt: skip
     )
     env = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}
+    if code is not None:
+        env["PYTHONPATH"] = str(Path(code).resolve())  # ahead of this checkout's editable install
     command = [sys.executable, "-m", "tokenmill", "run", str(config)]
     server = prefect_server()
     server_cpu = _cpu(server)
