@@ -7,10 +7,18 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tokenmill import partition
+from tokenmill import partition, readers
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import Shards, auto_shard_size, load_or_plan, plan_shards, shard_pieces
-from tokenmill.readers import InputError, Piece, ReadOptions, line_blocks, read_documents, record_spans
+from tokenmill.readers import (
+    InputError,
+    Piece,
+    ReadOptions,
+    count_crlf,
+    line_blocks,
+    read_documents,
+    record_spans,
+)
 
 from .conftest import CORPUS
 
@@ -88,6 +96,22 @@ def test_a_local_files_blocks_are_mapped_and_read_as_a_stream_reads_them(tmp_pat
             assert newlines == block.count(b"\n") and next_line == first_line + newlines
     assert type(next(line_blocks(Piece(str(local)), ReadOptions()))[0]) is memoryview
     assert type(next(line_blocks(Piece("memory://lines/x.jsonl"), ReadOptions()))[0]) is bytes
+
+
+def test_crlf_line_endings_are_counted_in_any_block_a_reader_hands_over(tmp_path):
+    """A block's CRLF endings (its bytes exclude them) are looked for in place, in bytes, views of bytes and views
+    of memory maps that start and end anywhere in the map: each view is searched, not its neighbours."""
+    plain = b'{"text": "x"}\n' * 5000
+    data = b'{"text": "y"}\r\n' + plain + b'{"text": "z"}\r\n' + plain
+    path = tmp_path / "crlf.jsonl"
+    path.write_bytes(data)
+    middle = data.index(b"\r\n", 20)
+    cuts = [(0, 20), (0, 14), (14, 16), (16, middle), (middle, middle + 2), (middle + 2, len(data)), (0, len(data))]
+    with open(path, "rb") as f:
+        for start, end in cuts:
+            mapped = readers._mapped(f, start, end)  # as a local file's blocks are read
+            for block in (data[start:end], memoryview(data)[start:end], mapped, mapped[:20], mapped[-20:]):
+                assert count_crlf(block) == bytes(block).count(b"\r\n"), (start, end, type(block))
 
 
 @pytest.mark.parametrize(
