@@ -7,8 +7,8 @@ x200 12 GB, x500 30 GB), in one benchmark run:
   of the file's first `--prefix-mb` already in memory as Python strings, batches of 2,000. Its rate is in MB of
   the *file* those texts came from per second, so it compares directly with a run's MB/s of input. Timed on its
   second pass, as the ceiling: gigatoken remembers the ids of each piece of text it splits off, and on a file
-  that repeats one source, nearly every piece is one it has seen. Its first pass over the first 50 MB (one copy
-  of the source: unseen text, repeating only as natural text does) is reported beside it, as "unseen".
+  that repeats one source, nearly every piece is one it has seen. Its first pass over the file's first 50 MB, at
+  most one copy of the source (unseen text, repeating only as natural text does), is reported beside it.
 - **parser alone**: pyarrow's JSON reader over the same prefix as tokenmill calls it (blocks of whole lines of
   8 MB, one thread, the text column as strings), the blocks already in memory.
 - **the limits they imply** on the machine's cores: the encoder ceiling `cores x encoder`, and the parse+encode
@@ -54,7 +54,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 BATCH = 2000  # texts per encoder call (the encoder alone)
-UNSEEN_MB = 50  # within the first copy of enwiki_slice (60 MB)
+UNSEEN_MB = 50  # at most: within the first copy of the source (enwiki_slice: 60 MB)
 
 
 def _bench(name: str):
@@ -82,7 +82,7 @@ def _seconds(work) -> float:
     return time.perf_counter() - started
 
 
-def _measure(corpus: str, tokenizer: str, limit: int) -> dict[str, float]:
+def _measure(corpus: str, tokenizer: str, limit: int, copy: int) -> dict[str, float]:
     """MB of file per second, each on one core in this (fresh) process: the encoder alone, the parser alone,
     tokenmill's reader and its encoder as the tokenize stage calls it."""
     import gigatoken
@@ -105,9 +105,9 @@ def _measure(corpus: str, tokenizer: str, limit: int) -> dict[str, float]:
             raw.encode_batch(texts[i : i + BATCH], parallel=False)
 
     # gigatoken remembers the ids of every piece of text it has split off (its pretoken cache): on text it has
-    # not seen, it is slower. Its first pass over the file's first UNSEEN_MB (one copy of the source, whose
-    # pieces repeat only as natural text does) says how much, before the ceiling's pass over seen text.
-    unseen = data[: data.rfind(b"\n", 0, UNSEEN_MB * 1_000_000) + 1]
+    # not seen, it is slower. Its first pass over the file's first UNSEEN_MB, within its first `copy` bytes (one
+    # copy of the source, whose pieces repeat only as natural text does), says how much, before the ceiling's.
+    unseen = data[: data.rfind(b"\n", 0, min(UNSEEN_MB * 1_000_000, copy)) + 1]
     raw.encode_batch(["warm-up"], parallel=False)
     started = time.perf_counter()
     encode(texts[: unseen.count(b"\n")])
@@ -160,12 +160,12 @@ def _measure(corpus: str, tokenizer: str, limit: int) -> dict[str, float]:
     return rates
 
 
-def limits(corpus: Path, tokenizer: str, prefix_mb: float) -> dict[str, float]:
+def limits(corpus: Path, tokenizer: str, prefix_mb: float, copy: int) -> dict[str, float]:
     """`_measure` in a fresh single-threaded process."""
     os.environ["RAYON_NUM_THREADS"] = "1"
     try:
         with ProcessPoolExecutor(1) as pool:
-            return pool.submit(_measure, str(corpus), tokenizer, int(prefix_mb * 1e6)).result()
+            return pool.submit(_measure, str(corpus), tokenizer, int(prefix_mb * 1e6), copy).result()
     finally:
         os.environ.pop("RAYON_NUM_THREADS")
 
@@ -204,13 +204,13 @@ def main() -> None:
         for repeat in [int(r) for r in args.repeats.split(",")]:
             corpus = work / "corpus.jsonl"
             size = tokenize.make_corpus(Path(args.source), repeat, corpus)
-            before = limits(corpus, args.tokenizer, args.prefix_mb)
+            before = limits(corpus, args.tokenizer, args.prefix_mb, size // repeat)
             baseline = None
             if args.baseline:
                 baseline = megatron.run_tokenmill(args, corpus, work / "baseline", cap, Path(args.baseline))
                 shutil.rmtree(work / "baseline", ignore_errors=True)
             run = megatron.run_tokenmill(args, corpus, work / "tokenmill", cap)
-            after = limits(corpus, args.tokenizer, args.prefix_mb)
+            after = limits(corpus, args.tokenizer, args.prefix_mb, size // repeat)
             mean = with_implied({k: (before[k] + after[k]) / 2 for k in before}, cores)
             stage_s = run["phases"].get("tokenize")
             row = {
