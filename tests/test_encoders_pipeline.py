@@ -11,13 +11,12 @@ from tokenizers import Tokenizer
 
 from tokenmill import readers
 from tokenmill.config import TokenmillConfig
-from tokenmill.formats.megatron import MegatronReader
+from tokenmill.formats.megatron import MegatronReader, narrowed
 from tokenmill.partition import Shards, load_or_plan, shard_ids
 from tokenmill.readers import Piece, ReadOptions, read_documents
 from tokenmill.tokenize import (
     VERIFY_SHARDS,
     choose_run_encoder,
-    narrowed,
     tokenize_shard,
     verification_shards,
     with_specials,

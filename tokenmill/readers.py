@@ -416,8 +416,7 @@ def read_documents(
         paths_named.setdefault(display_name(piece.path), set()).add(piece.path)
     for piece in pieces:
         if columnar and _fast_path_applies(piece, options):
-            # Ids `<file>:<line>` of a file whose name no other file of the shard has are unique by construction.
-            own_name = options.id_field is None and len(paths_named[display_name(piece.path)]) == 1
+            own_name = len(paths_named[display_name(piece.path)]) == 1
             yield from _fast_jsonl(piece, options, seen_ids, batch_bytes, own_name)
             continue
         pending: list[Record] = []
@@ -644,7 +643,7 @@ def _fast_batch(
     if not _lengths_within(texts, options):
         return None
     if options.id_field is None and own_name:
-        ids = LineIds(name, first_line, lines)
+        ids = LineIds(name, first_line, lines)  # `<file>:<line>` of a name no other file has: unique
     else:
         if options.id_field is None:
             ids = LineIds(name, first_line, lines).as_list()

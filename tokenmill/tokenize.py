@@ -23,7 +23,7 @@ from tokenmill import __version__, layout
 from tokenmill.commits import check, commit
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder, loaded_backend, preload_backends
-from tokenmill.formats.megatron import BinWriter, token_dtype, write_index
+from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
 from tokenmill.hashing import assign_splits
 from tokenmill.partition import shard_pieces
 from tokenmill.readers import read_documents
@@ -54,13 +54,6 @@ def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod
     positions = np.stack([p for p, _ in marks], axis=1).ravel()
     values = np.tile(np.array([t for _, t in marks], dtype=flat.dtype), len(lengths))
     return np.insert(flat, positions, values), lengths + len(marks)
-
-
-def narrowed(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """`ids` as `dtype`; an id the dtype cannot hold is an error, never a wrapped id."""
-    if len(ids) and int(ids.max()) > np.iinfo(dtype).max:
-        raise ValueError(f"token id {int(ids.max())} does not fit the output's {dtype} (is the vocab size right?)")
-    return ids.astype(dtype, copy=False)
 
 
 def tokenize_shard(
