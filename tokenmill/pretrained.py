@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import fsspec
 import orjson
@@ -32,6 +32,7 @@ class Pretrained:
     eos: str | None  # the tokenizer's own end-of-sequence token, where the source says
     bos: str | None
     origin: str  # the source as configured, for messages
+    parsed: Tokenizer | None = field(default=None, compare=False, repr=False)  # `data`, as HF tokenizers read it
 
 
 class TokenizerSourceError(ValueError):
@@ -57,7 +58,7 @@ def load_pretrained(source: str, hub: HubConfig | None = None, tiktoken: Tiktoke
             raise TokenizerSourceError(f"tokenizer {source!r}: cannot convert the tiktoken rank file: {e}") from e
         return Pretrained(converted, preset.eos, preset.bos, source)
     tokenizer = parse_tokenizer_json(data, source)
-    return Pretrained(data, *own_special_tokens(tokenizer, orjson.loads(data)), source)
+    return Pretrained(data, *own_special_tokens(tokenizer, orjson.loads(data)), source, tokenizer)
 
 
 def parse_tokenizer_json(data: bytes, source: str) -> Tokenizer:
@@ -89,7 +90,7 @@ def _from_directory(directory: str, source: str) -> Pretrained:
             eos = eos or _token_content(config.get("eos_token"))
             bos = bos or _token_content(config.get("bos_token"))
     own_eos, own_bos = own_special_tokens(tokenizer, orjson.loads(data))
-    return Pretrained(data, eos or own_eos, bos or own_bos, source)
+    return Pretrained(data, eos or own_eos, bos or own_bos, source, tokenizer)
 
 
 def _token_content(value) -> str | None:
