@@ -165,7 +165,7 @@ PHASES = [  # (phase, the log line that ends it); Prefect stamps its lines with 
     ("start-up: imports, server, cluster", r"Beginning flow run"),
     ("tokenizer, partition", r"planned \d+ shards"),  # a pretrained tokenizer is installed first
     ("encoder choice (the sample meanwhile)", r"encoder: "),
-    ("tokenize", r" - tokenize [^:]*: \d+ shards"),
+    ("tokenize", r" - tokenize[+\w]* [^:]*: \d+ shards"),  # tokenize+check, tokenize+pack+check
     ("validate", r"Task run 'validate-\w+' - Finished"),
     ("publish", r" - published "),
     ("flow end", r"Flow run .* - Finished in state"),

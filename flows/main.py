@@ -4,8 +4,8 @@ pretrained_tokenizer (then its encoders loaded on every worker)  ║  partition 
 partition ─► [scatter[shards] ─► gather[shards]]        (partition.shuffle: the global document shuffle)
           ─► (sample[shards] ─► train_tokenizer | the pretrained tokenizer) ─► already_published ─► (done)
           ─► [sample[shards]] ─► tokenizer_report (beside tokenize)
-          ─► tokenize[shards] (each shard's pack chained to it) ─► shuffle_index ─► validate ─► publish
-                                                                                   (mix, beside validate) ─┘
+          ─► tokenize[shards] (each shard's pack and check chained to it) ─► shuffle_index ─► validate ─► publish
+                                                                                             (mix, beside validate) ─┘
 
 A run over the input and config that an already published version was made from stops at already_published.
 
@@ -149,19 +149,22 @@ def map_shards(stage_task, config: TokenmillConfig, items: list, *args, groups: 
 
 
 def tokenize_and_pack(stage: StageRun) -> tuple[pd.DataFrame, dict]:
-    """The tokenize stage started (`tokenize_shards`, each shard's pack chained to its tokenize on the cluster),
-    waited for: the stats table, a row per shard and split, and the run's totals; a table artifact with a row per
-    group."""
+    """The tokenize stage started (`tokenize_shards`, each shard's pack and check chained to its tokenize on the
+    cluster), waited for: the stats table, a row per shard and split, and the run's totals (with what the checks
+    found wrong); a table artifact with a row per group."""
     groups = stage.group_results
     rows = [totals for _, totals in groups]
     reused = sum(r["reused"] for r in rows)
     redone = [reason for r in rows for reason in r.pop("redone")]
     files_rejected = [why for r in rows for why in r.pop("files_rejected", [])]
+    problems = [problem for r in rows for problem in r.pop("problems")]  # found by each shard's check, for validate
     description = f"tokenize: {len(stage.items)} shards, {reused} reused"
     create_table_artifact(rows, key="tokenize-shards", description=description)
     table = pd.concat([t for t, _ in groups], ignore_index=True).sort_values(["shard_id", "split"], ignore_index=True)
     bytes_in = sum(r["bytes_in"] for r in rows)
-    return table, {"bytes_in": bytes_in, "reused": reused, "redone": redone, "files_rejected": files_rejected}
+    return table, {
+        "bytes_in": bytes_in, "reused": reused, "redone": redone, "files_rejected": files_rejected, "problems": problems
+    }  # fmt: skip
 
 
 @flow(
@@ -260,7 +263,7 @@ def build_dataset(
     # A mixture's mix, from the stats the shards committed, while validate checks them (on the cluster): a run
     # that fails validation publishes nothing, whatever the mix wrote into the build.
     mixing = resolve_mix.submit(config, quoted_plan, tokenizer, quote(table)) if config.mixture else None
-    stats = validate(config, quoted_plan, tokenizer, table)
+    stats = validate(config, quoted_plan, tokenizer, table, totals["problems"])
     mix = None if mixing is None else mixing.result()
     if report is not None:
         create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")

@@ -40,11 +40,12 @@ ALIVE_CHECK_S = 0.1  # a group waiting on the cluster looks this often at whethe
 @dataclass(frozen=True)
 class Stage:
     """One step of a shard's work: `work(config, item, *args)`, where the item is the shard (first stage) or
-    the previous stage's result for it."""
+    the previous stage's result for it; with `whole_chain`, the tuple of every earlier stage's result for it."""
 
     name: str
     work: Callable
     args: tuple = ()
+    whole_chain: bool = False
 
 
 class ShardsFailed(RuntimeError):
@@ -155,7 +156,8 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
         arguments, per_stage = [list(items[bundle.start : bundle.stop]) for bundle in batch], []
         for stage, work in zip(stages, sealed, strict=True):
             arguments = client.map(
-                work, arguments, key=[(f"{stage.name}-shard-{run}", ids[bundle[0]]) for bundle in batch],
+                work, *(per_stage if stage.whole_chain else [arguments]),
+                key=[(f"{stage.name}-shard-{run}", ids[bundle[0]]) for bundle in batch],
                 retries=SHARD_RETRIES, pure=False,
             )  # fmt: skip
             per_stage.append(arguments)

@@ -1,6 +1,6 @@
 """tokenize[shards]: each shard to Megatron `.bin/.idx` per split, plus rejects and counts, then (when there is
-something to pack) its pack, chained on the cluster; and the run's encoder choice, made once before any shard
-(verified on a sample across shards)."""
+something to pack) its pack, then validate's check of its files against its counts, chained on the cluster; and the
+run's encoder choice, made once before any shard (verified on a sample across shards)."""
 
 import time
 
@@ -13,7 +13,7 @@ from tokenmill import layout, pack, tokenize
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
 from tokenmill.tokenizer import TokenizerInfo
-from tokenmill.validate import StatsColumns, stats_rows
+from tokenmill.validate import StatsColumns, check_written, stats_rows
 
 
 @task(name="choose_encoder", **UNCACHED)
@@ -31,9 +31,9 @@ def choose_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: Token
 
 
 class Kept:
-    """What a group keeps of its shards' tokenize and pack results until it ends (`run_on_dask`'s `keep`, called
-    with each shard's): their stats rows as columns (`StatsColumns`, about 0.2 KB a shard; a tuple per row and a
-    tuple per shard were 0.9 KB a shard) and the group's totals."""
+    """What a group keeps of its shards' tokenize, pack and check results until it ends (`run_on_dask`'s `keep`,
+    called with each shard's): their stats rows as columns (`StatsColumns`, about 0.2 KB a shard; a tuple per row
+    and a tuple per shard were 0.9 KB a shard), what the checks found wrong, and the group's totals."""
 
     def __init__(self):
         self.rows = StatsColumns()
@@ -41,11 +41,14 @@ class Kept:
         self.fresh_seconds = 0.0
         self.redone: list[tuple[int, str]] = []  # (shard id, what changed in its committed files)
         self.files_rejected: list[tuple[int, str]] = []  # (shard id, a whole file quarantined and why)
+        self.problems: list[tuple[int, str]] = []  # (shard id, what validate's check found wrong in its files)
 
     def __call__(self, results: tuple) -> None:
-        tokenized = results[0]
-        self.rows.add(stats_rows(tokenized, results[1] if len(results) > 1 else pack.skipped(tokenized)))
-        self.redone += [(tokenized["shard_id"], r["redone"]) for r in results if r.get("redone")]
+        *made, problems = results
+        tokenized = made[0]
+        self.rows.add(stats_rows(tokenized, made[1] if len(made) > 1 else pack.skipped(tokenized)))
+        self.redone += [(tokenized["shard_id"], r["redone"]) for r in made if r.get("redone")]
+        self.problems += [(tokenized["shard_id"], p) for p in problems]
         shard = tokenized["shard_id"]
         self.files_rejected += [
             (shard, f"{why} ({layout.rejects_file(shard)})") for why in tokenized.get("files_rejected", [])
@@ -63,10 +66,13 @@ class Kept:
 def tokenize_shards(
     config: TokenmillConfig, items: list[dict], tokenizer: TokenizerInfo, encoder: EncoderChoice | None
 ) -> tuple[pd.DataFrame, dict]:
-    """The group's stats table (a row per shard and split) and its totals: the flow keeps no per-shard objects."""
+    """The group's stats table (a row per shard and split) and its totals: the flow keeps no per-shard objects.
+    Each shard's files are checked as its last step, while they are fresh (`check_written`): validate gets what
+    was found."""
     stages = [Stage("tokenize", tokenize.tokenize_shard, (tokenizer, encoder))]
     if pack.writes_files(config):
         stages.append(Stage("pack", pack.pack_shard, (tokenizer,)))
+    stages.append(Stage("check", check_written, (tokenizer,), whole_chain=True))
     kept = Kept()
     run_on_dask(config, items, stages, keep=kept)
     table = kept.rows.table()
@@ -82,5 +88,6 @@ def tokenize_shards(
         # shards whose committed files had changed since (see tokenmill.commits), each with what changed
         "redone": [reason for _, reason in sorted(kept.redone)],
         "files_rejected": [why for _, why in sorted(kept.files_rejected)],
+        "problems": [problem for _, problem in sorted(kept.problems)],  # for validate
     }
     return table, totals

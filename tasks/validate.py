@@ -1,6 +1,7 @@
 """validate: counts reconcile and files are sound, or the run fails with a readable report. Each shard's files
-are checked on the cluster (`check[shard]`), and so are the documents of the reference's sample, a shard at a time
-(`reference[shard]`, beside them); the rest here."""
+were checked on the cluster as the last step of its tokenize chain (`check`, while they were fresh: `problems` is
+what it found); the documents of the reference's sample are checked there now, a shard at a time
+(`reference[shard]`); the rest here."""
 
 import pandas as pd
 from prefect import task
@@ -13,8 +14,10 @@ from tokenmill.tokenizer import TokenizerInfo
 
 
 @task(name="validate", **UNCACHED)
-def validate(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> pd.DataFrame:
+def validate(
+    config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, problems: list[str]
+) -> pd.DataFrame:
     def on_the_cluster(name: str, items: list[dict], work, args: tuple) -> list:
         return [result for (result,) in run_on_dask(config, items, [Stage(name, work, args)])]
 
-    return library.validate(config, plan, tokenizer, table, on_the_cluster)
+    return library.validate(config, plan, tokenizer, table, on_the_cluster, checked=problems)

@@ -32,6 +32,20 @@ def test_a_shard_that_keeps_failing_is_failed_alone_and_one_that_fails_once_is_r
     assert tries == {1: 1, 2: 3, 3: 2}  # 1 + SHARD_RETRIES tries at most; a Failed shard is not tried again
 
 
+def test_a_stage_that_sees_the_whole_chain_gets_each_shards_results_of_every_stage_before():
+    """validate's check, chained after tokenize and pack, reads both results of its shard; a shard that failed
+    in either is passed on untried."""
+    seen = []
+
+    def work(config, item: tuple, scale: int) -> int:
+        seen.append(item)
+        return (item[0] + item[1]) * scale
+
+    failed = Failed("OSError: disk")
+    assert EachShard(work, None, (2,))([1, 2, failed], [10, failed, 30]) == [22, failed, failed]
+    assert seen == [(1, 10)]
+
+
 def test_workers_import_no_prefect_and_the_scheduler_no_tokenmill(gpt2_run, dask_cluster):
     """The workers run library code only: a shard task that brought in `tasks/` (and so Prefect) cost each
     worker about 1.2 s of CPU at the start of every run, on the cores the shards need. The scheduler, which

@@ -90,6 +90,33 @@ def test_the_stats_are_checked_a_few_shards_at_a_time_and_every_failure_is_named
         validate(config, plan, tokenizer, broken)
 
 
+def test_the_check_chained_to_each_shard_finds_what_validate_would_and_validate_reports_it(dataset):
+    """The tokenize stage ends each shard's chain with validate's check of its files (while they are fresh) and
+    hands validate what it found: the same problems as validate's own pass, which then fails the run."""
+    from tokenmill.validate import check_written
+
+    out, config, plan, tokenizer, table = dataset
+    path = out / "megatron/val/shard-00000.bin"
+    path.write_bytes(path.read_bytes()[:-2])
+    (out / "packed/train/shard-00002.tokens.npy").unlink()
+
+    def results(shard_id: int) -> tuple:
+        markers = [out / "_commits" / stage / f"shard-{shard_id:05d}.json" for stage in ("tokenize", "pack")]
+        return tuple(json.loads(marker.read_text())["result"] for marker in markers)
+
+    found = {s["shard_id"]: check_written(config, results(s["shard_id"]), tokenizer) for s in plan["shards"]}
+    assert [s for s, problems in found.items() if problems] == [0, 2]
+    assert any("megatron/val/shard-00000.bin" in p for p in found[0])
+    assert found[2] == ["packed/train/shard-00002.tokens.npy: missing"]
+    checked = [p for problems in found.values() for p in problems]
+    with pytest.raises(ValidationFailed) as own_pass:
+        validate(config, plan, tokenizer, table)
+    with pytest.raises(ValidationFailed) as given:
+        validate(config, plan, tokenizer, table, checked=checked)
+    assert str(given.value) == str(own_pass.value)
+    assert all(p in str(given.value) for p in checked)
+
+
 def test_a_missing_shard_fails(dataset):
     out, config, plan, tokenizer, table = dataset
     with pytest.raises(ValidationFailed, match="missing or duplicated"):

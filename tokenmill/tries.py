@@ -29,8 +29,11 @@ class EachShard:
     config: object
     args: tuple = ()
 
-    def __call__(self, bundle: list) -> list:
-        return [item if isinstance(item, Failed) else self._tried(item) for item in bundle]
+    def __call__(self, *bundles: list) -> list:
+        """The bundle's results. Given the bundles of several stages before (a stage that sees the shard's whole
+        chain), each item is the tuple of a shard's results in them; a shard that failed before is passed on."""
+        items = bundles[0] if len(bundles) == 1 else list(zip(*bundles, strict=True))
+        return [failed if (failed := _failed(item)) else self._tried(item) for item in items]
 
     def _tried(self, item):
         error = None
@@ -40,6 +43,13 @@ class EachShard:
             except Exception as e:  # a shard's work is safe to run again (see tokenmill.commits)
                 error = e
         return Failed(f"{type(error).__name__}: {error}")
+
+
+def _failed(item) -> Failed | None:
+    """The Failed an item is, or holds (an item of several stages' results)."""
+    if isinstance(item, tuple):
+        return next((part for part in item if isinstance(part, Failed)), None)
+    return item if isinstance(item, Failed) else None
 
 
 class Sealed:
