@@ -145,7 +145,7 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
     results: list = [None] * len(items)
     failures: dict[str, dict[int, str]] = {stage.name: {} for stage in stages}
     chains, running, submitted, reused = as_completed(), {}, 0, 0
-    sealed = [Sealed(EachShard(stage.work, config, stage.args)) for stage in stages]
+    sealed = [Sealed(EachShard(stage.work, config, stage.args, stage.whole_chain)) for stage in stages]
 
     def submit(count: int) -> None:
         nonlocal submitted

@@ -146,6 +146,18 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     assert not alive_in_session(flow.pid)  # the cluster's processes ended with the flow's
 
 
+def test_a_run_that_packs_nothing_publishes_the_packing_runs_megatron_files(gpt2_run, run_cli, tmp_path):
+    """`pack.mode: none` (Megatron's layout alone, as bench/megatron.py runs it): no pack stage, so each shard's
+    check of its files follows its tokenize directly; the Megatron files are the packing run's, byte for byte."""
+    out = tmp_path / "out"
+    run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB",
+            "--set", "pack.mode=none")  # fmt: skip
+    files, packing_run = dataset_files(out), dataset_files(gpt2_run)
+    megatron = {path: data for path, data in packing_run.items() if path.startswith("megatron/")}
+    assert megatron and {path: data for path, data in files.items() if path.startswith("megatron/")} == megatron
+    assert not [path for path in files if path.startswith(("packed/", "llmc/"))]
+
+
 def test_gpt2_token_ids_equal_the_reference_for_every_document(gpt2_run):
     out = gpt2_run
     reference = Tokenizer.from_file(str(TOKENIZERS / "gpt2" / "tokenizer.json"))

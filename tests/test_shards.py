@@ -39,11 +39,12 @@ def test_a_stage_that_sees_the_whole_chain_gets_each_shards_results_of_every_sta
 
     def work(config, item: tuple, scale: int) -> int:
         seen.append(item)
-        return (item[0] + item[1]) * scale
+        return sum(item) * scale
 
     failed = Failed("OSError: disk")
-    assert EachShard(work, None, (2,))([1, 2, failed], [10, failed, 30]) == [22, failed, failed]
-    assert seen == [(1, 10)]
+    assert EachShard(work, None, (2,), whole_chain=True)([1, 2, failed], [10, failed, 30]) == [22, failed, failed]
+    assert EachShard(work, None, (2,), whole_chain=True)([5, failed]) == [10, failed]  # one stage before: tuples too
+    assert seen == [(1, 10), (5,)]
 
 
 def test_workers_import_no_prefect_and_the_scheduler_no_tokenmill(gpt2_run, dask_cluster):

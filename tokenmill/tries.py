@@ -28,11 +28,11 @@ class EachShard:
     work: Callable
     config: object
     args: tuple = ()
+    whole_chain: bool = False  # given the bundles of every stage before: each item the tuple of a shard's results
 
     def __call__(self, *bundles: list) -> list:
-        """The bundle's results. Given the bundles of several stages before (a stage that sees the shard's whole
-        chain), each item is the tuple of a shard's results in them; a shard that failed before is passed on."""
-        items = bundles[0] if len(bundles) == 1 else list(zip(*bundles, strict=True))
+        """The bundle's results; a shard that failed before is passed on."""
+        items = list(zip(*bundles, strict=True)) if self.whole_chain else bundles[0]
         return [failed if (failed := _failed(item)) else self._tried(item) for item in items]
 
     def _tried(self, item):
