@@ -32,8 +32,10 @@ class EachShard:
 
     def __call__(self, *bundles: list) -> list:
         """The bundle's results; a shard that failed before is passed on."""
-        items = list(zip(*bundles, strict=True)) if self.whole_chain else bundles[0]
-        return [failed if (failed := _failed(item)) else self._tried(item) for item in items]
+        if not self.whole_chain:
+            return [item if isinstance(item, Failed) else self._tried(item) for item in bundles[0]]
+        chains = zip(*bundles, strict=True)
+        return [next((r for r in chain if isinstance(r, Failed)), None) or self._tried(chain) for chain in chains]
 
     def _tried(self, item):
         error = None
@@ -43,13 +45,6 @@ class EachShard:
             except Exception as e:  # a shard's work is safe to run again (see tokenmill.commits)
                 error = e
         return Failed(f"{type(error).__name__}: {error}")
-
-
-def _failed(item) -> Failed | None:
-    """The Failed an item is, or holds (an item of several stages' results)."""
-    if isinstance(item, tuple):
-        return next((part for part in item if isinstance(part, Failed)), None)
-    return item if isinstance(item, Failed) else None
 
 
 class Sealed:
