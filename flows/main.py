@@ -4,8 +4,9 @@ pretrained_tokenizer (then its encoders loaded on every worker)  ║  partition 
 partition ─► [scatter[shards] ─► gather[shards]]        (partition.shuffle: the global document shuffle)
           ─► (sample[shards] ─► train_tokenizer | the pretrained tokenizer) ─► already_published ─► (done)
           ─► [sample[shards]] ─► tokenizer_report (beside tokenize)
-          ─► tokenize[shards] (each shard's pack and check chained to it) ─► shuffle_index ─► validate ─► publish
-                                                                                             (mix, beside validate) ─┘
+          ─► tokenize[shards] (each shard's pack and check chained to it) ─► (number_rejects)
+          ─► shuffle_index ─► validate ─► publish
+                  (mix, beside validate) ─┘
 
 A run over the input and config that an already published version was made from stops at already_published.
 
@@ -43,7 +44,7 @@ from tasks.sample import holdout_shards, sample_shards
 from tasks.shards import GroupFailed, ShardsFailed, in_groups, shard_id
 from tasks.shuffle_documents import gather_shards, scatter_shards
 from tasks.shuffle_index import shuffle_index
-from tasks.tokenize import choose_encoder, tokenize_shards
+from tasks.tokenize import choose_encoder, number_rejects, tokenize_shards
 from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
@@ -158,12 +159,14 @@ def tokenize_and_pack(stage: StageRun) -> tuple[pd.DataFrame, dict]:
     redone = [reason for r in rows for reason in r.pop("redone")]
     files_rejected = [why for r in rows for why in r.pop("files_rejected", [])]
     problems = [problem for r in rows for problem in r.pop("problems")]  # found by each shard's check, for validate
+    unnumbered = [shard for r in rows for shard in r.pop("unnumbered")]  # rejects to number by their line
     description = f"tokenize: {len(stage.items)} shards, {reused} reused"
     create_table_artifact(rows, key="tokenize-shards", description=description)
     table = pd.concat([t for t, _ in groups], ignore_index=True).sort_values(["shard_id", "split"], ignore_index=True)
     bytes_in = sum(r["bytes_in"] for r in rows)
     return table, {
-        "bytes_in": bytes_in, "reused": reused, "redone": redone, "files_rejected": files_rejected, "problems": problems
+        "bytes_in": bytes_in, "reused": reused, "redone": redone, "files_rejected": files_rejected,
+        "problems": problems, "unnumbered": unnumbered,
     }  # fmt: skip
 
 
@@ -256,6 +259,8 @@ def build_dataset(
         logger.warning(reason)
     for why in totals["files_rejected"]:  # input files quarantined whole (input.on_invalid: quarantine)
         logger.warning("quarantined: %s", why)
+    if totals["unnumbered"]:  # rejects in pieces whose first line the partition did not count
+        number_rejects(config, quote(shards), totals["unnumbered"])
 
     if writes_packed(config):
         shuffle_index(config, table)

@@ -1,6 +1,7 @@
 """tokenize[shards]: each shard to Megatron `.bin/.idx` per split, plus rejects and counts, then (when there is
-something to pack) its pack, then validate's check of its files against its counts, chained on the cluster; and the
-run's encoder choice, made once before any shard (verified on a sample across shards)."""
+something to pack) its pack, then validate's check of its files against its counts, chained on the cluster; the
+run's encoder choice, made once before any shard (verified on a sample across shards); and, after the shards, the
+line numbers of rejects in pieces whose first line was not counted."""
 
 import time
 
@@ -42,6 +43,7 @@ class Kept:
         self.redone: list[tuple[int, str]] = []  # (shard id, what changed in its committed files)
         self.files_rejected: list[tuple[int, str]] = []  # (shard id, a whole file quarantined and why)
         self.problems: list[tuple[int, str]] = []  # (shard id, what validate's check found wrong in its files)
+        self.unnumbered: list[int] = []  # shards whose rejects are not yet numbered by their line in the file
 
     def __call__(self, results: tuple) -> None:
         *made, problems = results
@@ -50,6 +52,8 @@ class Kept:
         self.redone += [(tokenized["shard_id"], r["redone"]) for r in made if r.get("redone")]
         self.problems += [(tokenized["shard_id"], p) for p in problems]
         shard = tokenized["shard_id"]
+        if tokenized.get("unnumbered_rejects"):
+            self.unnumbered.append(shard)
         self.files_rejected += [
             (shard, f"{why} ({layout.rejects_file(shard)})") for why in tokenized.get("files_rejected", [])
         ]
@@ -89,5 +93,14 @@ def tokenize_shards(
         "redone": [reason for _, reason in sorted(kept.redone)],
         "files_rejected": [why for _, why in sorted(kept.files_rejected)],
         "problems": [problem for _, problem in sorted(kept.problems)],  # for validate
+        "unnumbered": sorted(kept.unnumbered),  # for number_rejects
     }
     return table, totals
+
+
+@task(name="number_rejects", **UNCACHED)
+def number_rejects(config: TokenmillConfig, shards: list[dict], unnumbered: list[int]) -> None:
+    """The rejects of pieces whose first line the partition did not count, numbered by their line in the file
+    once every piece before them is tokenized (`tokenize.number_rejects`)."""
+    tokenize.number_rejects(config, shards, unnumbered)
+    get_run_logger().info("numbered the rejects of %d shards by their line in the file", len(unnumbered))

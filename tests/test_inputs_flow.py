@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -75,6 +76,52 @@ def test_fail_policy_stops_the_run_naming_file_and_line(run_cli, tmp_path):
     assert result.returncode == 1
     assert "wikitext2_raw_test.jsonl, line 63: malformed JSON" in result.stdout
     assert not (out / "manifest.json").exists()
+
+
+def test_rejects_in_a_cut_file_are_numbered_by_their_line_in_the_file(run_cli, tmp_path):
+    """With one split and no ids to hash, the partition does not count a cut file's lines: each piece's rejects
+    are written with lines counted from the piece's start, then numbered by their line in the file once every
+    piece is read, and each shard's marker commits the numbered file. Under `fail` the message says where the
+    count starts. Two splits hash ids `<file>:<line>`: the plan is made again, counted, and the rejects are the
+    same."""
+    good = (EXAMPLES / "data" / "wikitext2_raw_test.jsonl").read_bytes().splitlines(keepends=True)
+    lines = [*good[:30], BAD_LINES[0], *good[30:45], BAD_LINES[1], *good[45:], BAD_LINES[2]]
+    bad_at = [lines.index(bad) + 1 for bad in BAD_LINES]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "big.jsonl").write_bytes(b"".join(lines))
+    out = tmp_path / "out"
+    args = ["run", "examples/gpt2.yaml", "--set", f"input.paths=[{data}/*]", "--set", f"output.path={out}",
+            "--set", "partition.shard_size=200KB", "--set", "input.id_field=null"]  # fmt: skip
+
+    def rejects() -> list[dict]:
+        return [
+            json.loads(line) for p in sorted((out / "rejects").glob("*.jsonl")) for line in p.read_text().splitlines()
+        ]
+
+    run_cli(*args, "--set", "split={train: 1.0}")
+    plan = json.loads((out / "plan.json").read_text())
+    assert not plan["lines_counted"] and len(plan["shards"]) > 4
+    assert [(r["file"], r["line"]) for r in rejects()] == [("big.jsonl", n) for n in bad_at]
+    assert [r["record"].encode() for r in rejects()] == [
+        bad.rstrip(b"\n").decode("utf-8", "replace").encode() for bad in BAD_LINES
+    ]
+    for marker in (out / "_commits" / "tokenize").glob("*.json"):
+        recorded = json.loads(marker.read_text())["files"]
+        for rel, file in recorded.items():
+            assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == file["sha256"], rel
+
+    run_cli(*args)  # examples/gpt2.yaml's two splits
+    assert json.loads((out / "plan.json").read_text())["lines_counted"]
+    assert [(r["file"], r["line"]) for r in rejects()] == [("big.jsonl", n) for n in bad_at]
+
+    failed = run_cli(*args, "--set", f"output.path={tmp_path / 'failed'}", "--set", "input.on_invalid=fail",
+                     "--set", "split={train: 1.0}", check=False)  # fmt: skip
+    said = re.findall(r"big\.jsonl, line (\d+): .*? \(lines counted from byte (\d+), where this shard", failed.stdout)
+    assert failed.returncode == 1 and said, failed.stdout
+    text = b"".join(lines)
+    for line, start in said:
+        assert text[int(start) :].splitlines(keepends=True)[int(line) - 1] in BAD_LINES
 
 
 def test_shuffled_run_has_the_same_documents_in_another_order(run_cli, gpt2_run, tmp_path):

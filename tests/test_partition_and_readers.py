@@ -63,12 +63,30 @@ def test_byte_range_shards_cover_every_line_exactly_once(tmp_path):
     assert max(sizes) - min(sizes) < 1000  # balanced to within a line or two
 
 
-def test_line_numbers_at_cuts_are_exact(tmp_path):
+def test_line_numbers_at_cuts_are_counted_where_ids_are_hashed(tmp_path):
+    """Where the shards hash ids `<file>:<line>` (two splits, no id field), the partition counts the lines before
+    each cut and every document's id names its line. With one split it does not read the file: the first piece
+    starts at line 1, the others' first lines are unknown, and the line counts the fast path reports for each
+    piece are what numbers the next one (`tokenize.number_rejects`): the counted plan's first lines."""
     path = tmp_path / "big.jsonl"
     write_jsonl(path, 3000)
-    config = make_config([str(path)], 30_000, tmp_path, id_field=None)
-    docs, _ = read_all(config, plan_shards(config))
+    one_split = make_config([str(path)], 30_000, tmp_path, id_field=None)
+    hashed = one_split.model_copy(update={"split": {"train": 0.9, "valid": 0.1}})
+    counted = plan_shards(hashed)
+    docs, _ = read_all(hashed, counted)
     assert [d[0] for d in docs] == [f"big.jsonl:{i + 1}" for i in range(3000)]
+    assert counted["lines_counted"] and partition.counts_lines(hashed, hashed.input)
+
+    plan = plan_shards(one_split)
+    assert not plan["lines_counted"] and not partition.counts_lines(one_split, one_split.input)
+    first_lines = [shard["pieces"][0]["first_line"] for shard in plan["shards"]]
+    assert len(first_lines) > 5 and first_lines[0] == 1 and set(first_lines[1:]) == {None}
+    options = one_split.input.read_options()
+    lines = [sum(b.lines for b, _ in read_documents(shard_pieces(s), options, columnar=True)) for s in plan["shards"]]
+    assert sum(lines) == 3000
+    assert [s["pieces"][0]["first_line"] for s in counted["shards"]] == [1 + sum(lines[:k]) for k in range(len(lines))]
+    dotted = one_split.model_copy(update={"input": one_split.input.model_copy(update={"text_field": "meta.text"})})
+    assert partition.counts_lines(dotted, dotted.input)  # the careful reader reports no line counts
 
 
 def test_a_local_files_blocks_are_mapped_and_read_as_a_stream_reads_them(tmp_path):

@@ -1,7 +1,9 @@
 """The partition stage: a deterministic plan of shards of about `shard_size` uncompressed bytes.
 
-Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets (the line number
-at each cut is counted here, once, so document ids and error messages can name the line); Parquet files
+Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets, found by seeking. The
+line number at each cut is counted here (a pass over the whole file) only where a document id `<file>:<line>` is
+hashed while the shards run (`counts_lines`); elsewhere a piece's first line is left unknown, and the rejects of a
+piece after the first are numbered once its file's earlier pieces are read (`tokenize.number_rejects`). Parquet files
 by runs of row groups; compressed streams and plain text files cannot be cut and are taken whole; small
 files are grouped, where a hash of each file's name decides the group ends (see `_ends_group`).
 
@@ -34,9 +36,9 @@ import zstandard
 
 from tokenmill import layout
 from tokenmill.commits import discard, land, lift
-from tokenmill.config import TokenmillConfig
+from tokenmill.config import InputConfig, TokenmillConfig
 from tokenmill.hashing import unit_interval
-from tokenmill.readers import Piece, compression_of, count_newlines, format_of, line_start
+from tokenmill.readers import Piece, compression_of, count_newlines, fast_path_applies, format_of, line_start
 from tokenmill.storage import list_files, options_for
 
 # The line count reads into one buffer of this size, reused: 16 MB reads were each a fresh allocation, paged in
@@ -71,15 +73,26 @@ def uncompressed_size(url: str, storage_options: dict) -> int:
     return size
 
 
-def cut_points(url: str, size: int, n_pieces: int, storage_options: dict) -> list[tuple[int, int]]:
+def counts_lines(config: TokenmillConfig, source_input: InputConfig) -> bool:
+    """Whether the partition counts the lines before each cut of the source's files: where the shards hash the ids
+    `<file>:<line>` (several splits and no id field to take them from; the global shuffle routes documents by
+    them), or where the careful reader, which numbers lines as it goes and reports no count, reads the files
+    (fields at dotted paths)."""
+    hashed = (len(config.split) > 1 and source_input.id_field is None) or config.partition.shuffle
+    return hashed or not fast_path_applies(Piece("any.jsonl"), source_input.read_options())
+
+
+def cut_points(
+    url: str, size: int, n_pieces: int, storage_options: dict, count_lines: bool = True
+) -> list[tuple[int, int | None]]:
     """(byte offset, line number) of the first line at or after each of n_pieces - 1 even cuts. The cuts are found
-    by seeking; the line endings before each are counted a range per thread (file reads and numpy release the
-    GIL): this count is the one pass partition makes over a whole file, on every core."""
+    by seeking; with `count_lines` the line endings before each are counted a range per thread (file reads and
+    numpy release the GIL): a pass over the whole file, on every core. Without, the line numbers are None."""
     fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
     with fs.open(path, "rb") as f:
         offsets = sorted({line_start(f, size * k // n_pieces) for k in range(1, n_pieces)} - {size})
-    if not offsets:
-        return []
+    if not offsets or not count_lines:
+        return [(offset, None) for offset in offsets]
     starts = [0, *offsets[:-1]]
     with ThreadPoolExecutor(min(len(offsets), os.cpu_count() or 1)) as pool:
         counts = pool.map(lambda start, end: _newlines(fs, path, start, end), starts, offsets)
@@ -111,14 +124,16 @@ def row_group_runs(url: str, shard_size: int, storage_options: dict) -> list[tup
     return runs + [(run, run_bytes)] if run else runs
 
 
-def _split_large_file(url: str, size: int, shard_size: int, storage_options: dict) -> list[tuple[Piece, int]] | None:
+def _split_large_file(
+    url: str, size: int, shard_size: int, storage_options: dict, count_lines: bool
+) -> list[tuple[Piece, int]] | None:
     """The pieces (with their sizes) of a file larger than a shard, or None if it cannot be split."""
     if format_of(url) == "parquet":
         return [
             (Piece(url, row_groups=run), nbytes) for run, nbytes in row_group_runs(url, shard_size, storage_options)
         ]
     if format_of(url) == "jsonl" and compression_of(url) is None:
-        cuts = cut_points(url, size, math.ceil(size / shard_size), storage_options)
+        cuts = cut_points(url, size, math.ceil(size / shard_size), storage_options, count_lines)
         starts = [(0, 1), *cuts]
         ends = [c[0] for c in cuts] + [size]
         return [(Piece(url, s, e, line), e - s) for (s, line), e in zip(starts, ends, strict=True)]
@@ -156,7 +171,8 @@ def plan_shards(
     shards = []
     for name, options in options_of.items():  # a source's shards hold its files only
         of_source = [f for f in files if f.get("mix_source", "") == name]
-        for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, cuts):
+        count_lines = counts_lines(config, config.inputs()[name])
+        for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, count_lines, cuts):
             shard = {"shard_id": len(shards), "pieces": [asdict(p) for p in pieces], "bytes": nbytes}
             shards.append(shard | ({"mix_source": name} if name else {}))
     for shard in shards:
@@ -166,6 +182,8 @@ def plan_shards(
         "config_key": config.section_hash("input", "partition"),
         "inputs": inputs_hash(files),
         "shard_size": shard_size,
+        # whether every piece's first line is known (a plan that counted serves a config that needs the count)
+        "lines_counted": all(p["first_line"] is not None for s in shards for p in s["pieces"]),
         # with the global shuffle, the input shards are scattered into this many output shards
         "shuffled_shards": math.ceil(total / shard_size) if config.partition.shuffle else None,
         "files": files,
@@ -221,10 +239,11 @@ def _cuts_of(earlier: dict, unchanged: set[str]) -> dict[str, list[tuple[Piece, 
 
 
 def _cut_into_shards(
-    files: list[dict], shard_size: int, options: dict, cuts: dict[str, list[tuple[Piece, int]]]
+    files: list[dict], shard_size: int, options: dict, count_lines: bool, cuts: dict[str, list[tuple[Piece, int]]]
 ) -> list[tuple[list[Piece], int]]:
     """Files in order, cut into shards of about shard_size: a file larger than a shard into pieces where it can
-    be cut (`cuts`: pieces already known), each run of smaller files into groups (see `_group`)."""
+    be cut (`cuts`: pieces already known; `count_lines`: see `counts_lines`), each alone in its shard, and each run
+    of smaller files into groups (see `_group`)."""
     shards: list[tuple[list[Piece], int]] = []
     small: list[tuple[Piece, int]] = []
     for f in files:
@@ -234,7 +253,7 @@ def _cut_into_shards(
             continue
         shards += _group(small, shard_size)
         small = []
-        pieces = cuts.get(url) or _split_large_file(url, size, shard_size, options) or [(Piece(url), size)]
+        pieces = cuts.get(url) or _split_large_file(url, size, shard_size, options, count_lines) or [(Piece(url), size)]
         shards += [([piece], nbytes) for piece, nbytes in pieces]
     return shards + _group(small, shard_size)
 
@@ -335,7 +354,7 @@ def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[dict, 
     store = config.output.store()
     earlier = store.read_json(layout.PLAN) if store.exists(layout.PLAN) else None
     sticky = earlier.get("shard_size") if earlier and config.partition.shard_size == "auto" else None
-    same_config = earlier is not None and earlier.get("config_key") == config.section_hash("input", "partition")
+    same_config = earlier is not None and _made_alike(earlier, config)
     plan = plan_shards(config, cluster_threads, sticky, earlier if same_config else None)
     if same_config and plan["key"] == earlier["key"]:  # the input as the earlier plan saw it: every shard kept
         return earlier, None
@@ -348,6 +367,15 @@ def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[dict, 
     store.write_json(layout.PLAN, plan)
     land(store, moved)  # after the plan: a run killed before this finds those shards uncommitted, and redoes them
     return plan, change_between(earlier, plan) if same_config else {}
+
+
+def _made_alike(earlier: dict, config: TokenmillConfig) -> bool:
+    """Whether an earlier plan was made with this input and partition config, and, where this config needs the
+    lines at each cut counted (`counts_lines`), counted them (plans made before the count could be left out all
+    did)."""
+    if earlier.get("config_key") != config.section_hash("input", "partition"):
+        return False
+    return earlier.get("lines_counted", True) or not any(counts_lines(config, i) for i in config.inputs().values())
 
 
 class Shards(Sequence):

@@ -91,7 +91,9 @@ class Piece:
     path: str
     start: int = 0  # byte offset in the uncompressed stream (always 0 for compressed files)
     end: int | None = None  # exclusive; None: to the end of the file
-    first_line: int = 1
+    # None: not counted (see partition.counts_lines): its lines are numbered from 1 at `start` until its file's
+    # earlier pieces have been read
+    first_line: int | None = 1
     row_groups: list[int] | None = None  # Parquet: which row groups; None: all
     format: str | None = None  # overrides the configured format (the shuffle's own files are "shuffled")
 
@@ -138,6 +140,7 @@ class Batch:
     extra: dict[str, list] = field(default_factory=dict)
     nbytes: int = 0
     text_array: pyarrow.Array | None = None  # the columnar fast path's texts (then `texts` stays empty)
+    lines: int = 0  # the fast path's: the lines of the file its block spans, blank and rejected ones included
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -153,9 +156,11 @@ class Reject:
     line: int  # line number (JSONL, text) or row number (Parquet), from 1; 0: the file as a whole
     reason: str
     record: str  # the raw record, cut to a readable length
+    from_byte: int | None = None  # set where `line` counts from this offset of the file, not from its start
 
     def to_dict(self) -> dict:
-        return {"file": self.file, "line": self.line, "reason": self.reason, "record": self.record}
+        where = {} if self.from_byte is None else {"from_byte": self.from_byte}
+        return {"file": self.file, "line": self.line, **where, "reason": self.reason, "record": self.record}
 
 
 class InputError(Exception):
@@ -214,7 +219,7 @@ def _jsonl_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Re
     with open_piece(piece, options) as f:
         if piece.start:
             f.seek(piece.start)
-        pos, number = piece.start, piece.first_line
+        pos, number = piece.start, piece.first_line or 1
         for line in f:
             if piece.end is not None and pos >= piece.end:
                 break
@@ -415,7 +420,7 @@ def read_documents(
     for piece in pieces:
         paths_named.setdefault(display_name(piece.path), set()).add(piece.path)
     for piece in pieces:
-        if columnar and _fast_path_applies(piece, options):
+        if columnar and fast_path_applies(piece, options):
             own_name = len(paths_named[display_name(piece.path)]) == 1
             yield from _fast_jsonl(piece, options, seen_ids, batch_bytes, own_name)
             continue
@@ -468,7 +473,7 @@ def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tu
 # escapes need no scan of their own.
 
 
-def _fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
+def fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
     dotted = any("." in n for n in (options.text_field, options.id_field or "", *options.fields))
     return kind_of(piece, options) == "jsonl" and compression_of(piece.path) is None and not dotted
 
@@ -477,12 +482,23 @@ def _fast_jsonl(
     piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int, own_name: bool = False
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     name, read_any = display_name(piece.path), False
+    counted = piece.first_line is not None
     try:
         for block, line, newlines in line_blocks(piece, options, batch_bytes):
             read_any = True
-            yield jsonl_block(block, line, name, options, seen_ids, newlines, own_name)
+            batch, rejects = jsonl_block(block, line, name, options, seen_ids, newlines, own_name)
+            batch.lines = newlines + (block[-1:] != b"\n")
+            for reject in [] if counted else rejects:
+                reject.from_byte = piece.start
+            yield batch, rejects
     except FileNotFoundError as e:
         raise InputError(f"{piece.path}: no such file") from e
+    except InputError as e:  # a bad record under `fail`, in a piece whose first line was not counted
+        if counted:
+            raise
+        raise InputError(
+            f"{e} (lines counted from byte {piece.start}, where this shard's piece of the file starts)"
+        ) from None
     if piece.start == 0 and not read_any:  # an empty file: the careful path says so
         yield from read_documents([piece], options)
 
@@ -548,7 +564,7 @@ def line_blocks(
 ) -> Iterator[tuple[Buffer, int, int]]:
     """A line-based piece as blocks of whole lines of about `batch_bytes`: (block, the number of its first line,
     the line endings it holds), each block bytes or a memoryview. Nothing for an empty file."""
-    pos, line = piece.start, piece.first_line
+    pos, line = piece.start, piece.first_line or 1
     for block in _whole_line_blocks(piece, options, batch_bytes):
         if pos == 0 and _blank(block):
             break

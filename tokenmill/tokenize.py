@@ -20,13 +20,13 @@ import numpy as np
 import orjson
 
 from tokenmill import __version__, layout
-from tokenmill.commits import check, commit
+from tokenmill.commits import check, commit, marker
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder, loaded_backend, preload_backends
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
 from tokenmill.hashing import assign_splits
 from tokenmill.partition import shard_pieces
-from tokenmill.readers import read_documents
+from tokenmill.readers import Piece, fast_path_applies, read_documents
 from tokenmill.tokenizer import TokenizerInfo
 
 STAGE = "tokenize"
@@ -78,15 +78,18 @@ def tokenize_shard(
     counts = {s: {"documents": 0, "tokens": 0, "max_token_id": -1} for s in splits}
     documents_in = bytes_in = 0
     rejects: list[bytes] = []
+    unnumbered = lines = 0  # rejects whose lines count from their piece's start; the lines read
     whole_files: list[str] = []  # rejects that are a whole file (unreadable, empty): said in the run's summary
     files: dict[str, dict] = {}  # size and sha256 of each file written, for the marker
     with ExitStack() as stack:
         writers: dict[str, tuple[BinWriter, object]] = {}
-        options = config.input_of(shard).read_options()
-        for batch, batch_rejects in read_documents(shard_pieces(shard), options, columnar=True):
+        options, pieces = config.input_of(shard).read_options(), shard_pieces(shard)
+        for batch, batch_rejects in read_documents(pieces, options, columnar=True):
             documents_in += len(batch) + len(batch_rejects)
             bytes_in += batch.nbytes
+            lines += batch.lines
             rejects.extend(orjson.dumps(r.to_dict()) + b"\n" for r in batch_rejects)
+            unnumbered += sum(r.from_byte is not None for r in batch_rejects)
             whole_files += [f"{r.file}: {r.reason}" for r in batch_rejects if r.line == 0]
             if not len(batch):
                 continue
@@ -125,12 +128,43 @@ def tokenize_shard(
         "rejected": len(rejects),
         "files_rejected": whole_files,
         "bytes_in": bytes_in,
+        # a piece of a cut file: its lines number the pieces after it (see `number_rejects`)
+        **({"lines": lines} if pieces[0].end is not None and fast_path_applies(pieces[0], options) else {}),
+        "unnumbered_rejects": unnumbered,
         "splits": counts,
         "encoder": encode.name,
         "rerouted_to_reference": getattr(encode, "rerouted", 0) - rerouted_before,
         "seconds": round(time.perf_counter() - started, 3),
     }
     return commit(store, STAGE, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
+
+
+def number_rejects(config: TokenmillConfig, shards: Sequence[dict], unnumbered: list[int]) -> None:
+    """Give the rejects of the `unnumbered` shards their line in the file: each is a piece of a cut file whose
+    first line the partition did not count (`partition.counts_lines`), so its rejects' lines count from the
+    piece's start (`from_byte`). The pieces before it are tokenized now, and their markers hold their lines. Each
+    shard's rejects are written again, then its marker with their new size and sha256 (a run killed between the
+    two redoes the shard: its rejects changed since its commit)."""
+    store, wanted = config.output.store(), set(unnumbered)
+    pieces_of: dict[str, list[tuple[int, int]]] = {}  # a cut file -> (start, shard id) of each of its pieces
+    piece_of: dict[int, Piece] = {}  # an unnumbered shard's piece
+    for shard in shards:
+        (piece, *others) = shard_pieces(shard)
+        if not others and piece.end is not None:
+            pieces_of.setdefault(piece.path, []).append((piece.start, shard["shard_id"]))
+            if shard["shard_id"] in wanted:
+                piece_of[shard["shard_id"]] = piece
+    for shard_id, piece in piece_of.items():
+        before = [i for start, i in pieces_of[piece.path] if start < piece.start]
+        first_line = 1 + sum(store.read_json(marker(STAGE, i))["result"]["lines"] for i in before)
+        rejects = [orjson.loads(line) for line in store.read_bytes(layout.rejects_file(shard_id)).splitlines()]
+        for reject in rejects:
+            if reject.pop("from_byte", None) is not None:
+                reject["line"] += first_line - 1
+        done = store.read_json(marker(STAGE, shard_id))
+        files = done["files"]
+        store.write_bytes(layout.rejects_file(shard_id), b"".join(orjson.dumps(r) + b"\n" for r in rejects), files)
+        commit(store, STAGE, shard_id, done["key"], done["result"] | {"unnumbered_rejects": 0}, files)
 
 
 def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:
