@@ -407,6 +407,35 @@ def test_bad_record_fails_the_read_naming_file_line_and_reason(tmp_path, kind, c
         list(read_documents([Piece(str(path))], ReadOptions(id_field="id", on_invalid="fail"), columnar))
 
 
+EDGE_LINES = {
+    "NaN in another field": b'{"id": "n", "text": "nan beside", "score": NaN}',
+    "-Infinity in another field": b'{"id": "n", "text": "inf beside", "score": [1, -Infinity]}',
+    "nested past 1,024 levels": b'{"id": "n", "text": "deep", "x": ' + b"[" * 1100 + b"]" * 1100 + b"}",
+    "invalid UTF-8": b'{"id": "n", "text": "caf\xe9"}',
+    "a key twice": b'{"id": "n", "text": "first", "text": "last"}',
+    "an escaped NUL": b'{"id": "n", "text": "a\\u0000b"}',
+    "NaN as the text": b'{"id": "n", "text": NaN}',
+    "trailing garbage": b'{"id": "n", "text": "a"} x',
+}
+
+
+@pytest.mark.parametrize("line", EDGE_LINES.values(), ids=EDGE_LINES)
+def test_a_records_fate_does_not_depend_on_its_block(tmp_path, line):
+    """Where pyarrow's parser (the fast path) and orjson (the careful path) could differ, a record is read the same
+    record by record, by the fast path, and by the fast path in a block that a malformed line sends the careful
+    way: the same text, or the same reason to reject it."""
+    path = tmp_path / "edge.jsonl"
+    outcomes = set()
+    for neighbour in (b'{"id": "ok", "text": "fine"}', b'{"id": "bad", "text": '):
+        path.write_bytes(b"\n".join([neighbour, line, b'{"id": "ok2", "text": "also fine"}']) + b"\n")
+        for columnar in (False, True):
+            read = list(read_documents([Piece(str(path))], ReadOptions(id_field="id"), columnar))
+            texts = {i: str(t) for batch, _ in read for i, t in zip(batch.ids, batch.text_values(), strict=True)}
+            reasons = [r.reason.split(":")[0] for _, rejects in read for r in rejects if r.line == 2]
+            outcomes.add(texts.get("n", "") + "|".join(reasons))
+    assert len(outcomes) == 1, outcomes
+
+
 def test_ids_from_line_numbers_are_unique_in_a_shard_even_when_two_files_share_a_name(tmp_path):
     """Without an id field a document's id is `<file name>:<line>`: a shard holding two files of the same name
     quarantines the second one's documents as duplicates (the fast path, which skips the check for a file with a

@@ -234,12 +234,16 @@ def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) 
     try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError as e:
-        try:
-            line.decode("utf-8")
-            problem = f"malformed JSON: {e}"
-        except UnicodeDecodeError as u:
-            problem = f"invalid UTF-8 at byte {u.start}"
-        return Record(number, None, None, {}, line, problem)
+        # What the fast path's parser takes, a line takes here too: NaN and Infinity, nesting past orjson's 1,024
+        # levels. Otherwise a record's fate would depend on whether its block went the careful way.
+        record = _arrow_record(line, options)
+        if record is None:
+            try:
+                line.decode("utf-8")
+                problem = f"malformed JSON: {e}"
+            except UnicodeDecodeError as u:
+                problem = f"invalid UTF-8 at byte {u.start}"
+            return Record(number, None, None, {}, line, problem)
     if not isinstance(record, dict):
         return Record(number, None, None, {}, line, f"not a JSON object ({type(record).__name__})")
     doc_id = f"{name}:{number}" if options.id_field is None else field_value(record, options.id_field)
@@ -638,19 +642,8 @@ def _fast_batch(
     block: Buffer, newlines: int, first_line: int, name: str, options: ReadOptions, seen_ids: set[str], own_name: bool
 ) -> Batch | None:
     """The block's documents if every record in it is a valid document, else None."""
-    names = (options.text_field, options.id_field, *options.fields)
-    if any(n is not None and "." in n for n in names):
-        return None  # nested fields: the careful path
-    columns = dict.fromkeys(n for n in names if n is not None)  # extra fields as strings, else the careful path
-    schema = pyarrow.schema([(n, pyarrow.string()) for n in columns])
-    try:
-        table = pj.read_json(
-            pyarrow.BufferReader(block),
-            read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
-            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
-        )
-        table.validate(full=True)  # pyarrow's JSON reader takes invalid UTF-8 into its strings (checked at ~20 GB/s)
-    except (pyarrow.ArrowInvalid, UnicodeDecodeError):
+    table = _arrow_table(block, options)
+    if table is None:
         return None
     lines = newlines + (block[-1:] != b"\n")
     column = table.column(options.text_field)
@@ -676,6 +669,33 @@ def _fast_batch(
     nbytes = len(block) - newlines - count_crlf(block)
     extra = {f: table.column(f).to_pylist() for f in options.fields}
     return Batch(ids=ids, nbytes=nbytes, text_array=texts, extra=extra)
+
+
+def _arrow_table(block: Buffer, options: ReadOptions) -> pyarrow.Table | None:
+    """The block's records parsed by pyarrow, their text, id and extra fields as strings; None where pyarrow cannot
+    parse it so (a parse error, invalid UTF-8, a field of another type) or a field is at a dotted path."""
+    names = (options.text_field, options.id_field, *options.fields)
+    if any(n is not None and "." in n for n in names):
+        return None  # nested fields: the careful path
+    columns = dict.fromkeys(n for n in names if n is not None)  # extra fields as strings, else the careful path
+    schema = pyarrow.schema([(n, pyarrow.string()) for n in columns])
+    try:
+        table = pj.read_json(
+            pyarrow.BufferReader(block),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
+            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+        )
+        table.validate(full=True)  # pyarrow's JSON reader takes invalid UTF-8 into its strings (checked at ~20 GB/s)
+    except (pyarrow.ArrowInvalid, UnicodeDecodeError):
+        return None
+    return table
+
+
+def _arrow_record(line: bytes, options: ReadOptions) -> dict | None:
+    """One line as the fast path's parser reads it (`_arrow_table`), for a line orjson refuses; None where pyarrow
+    refuses it too."""
+    table = _arrow_table(line, options)
+    return table.to_pylist()[0] if table is not None and table.num_rows == 1 else None
 
 
 def _lengths_within(texts: pyarrow.Array, options: ReadOptions) -> bool:
