@@ -75,10 +75,10 @@ def test_line_numbers_at_cuts_are_counted_where_ids_are_hashed(tmp_path):
     counted = plan_shards(hashed)
     docs, _ = read_all(hashed, counted)
     assert [d[0] for d in docs] == [f"big.jsonl:{i + 1}" for i in range(3000)]
-    assert counted["lines_counted"] and partition.counts_lines(hashed, hashed.input)
+    assert partition.counts_lines(hashed, hashed.input)
 
     plan = plan_shards(one_split)
-    assert not plan["lines_counted"] and not partition.counts_lines(one_split, one_split.input)
+    assert not partition.counts_lines(one_split, one_split.input)
     first_lines = [shard["pieces"][0]["first_line"] for shard in plan["shards"]]
     assert len(first_lines) > 5 and first_lines[0] == 1 and set(first_lines[1:]) == {None}
     options = one_split.input.read_options()

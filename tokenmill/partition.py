@@ -182,8 +182,6 @@ def plan_shards(
         "config_key": config.section_hash("input", "partition"),
         "inputs": inputs_hash(files),
         "shard_size": shard_size,
-        # whether every piece's first line is known (a plan that counted serves a config that needs the count)
-        "lines_counted": all(p["first_line"] is not None for s in shards for p in s["pieces"]),
         # with the global shuffle, the input shards are scattered into this many output shards
         "shuffled_shards": math.ceil(total / shard_size) if config.partition.shuffle else None,
         "files": files,
@@ -371,11 +369,12 @@ def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[dict, 
 
 def _made_alike(earlier: dict, config: TokenmillConfig) -> bool:
     """Whether an earlier plan was made with this input and partition config, and, where this config needs the
-    lines at each cut counted (`counts_lines`), counted them (plans made before the count could be left out all
-    did)."""
+    lines at each cut counted (`counts_lines`), knows every piece's first line."""
     if earlier.get("config_key") != config.section_hash("input", "partition"):
         return False
-    return earlier.get("lines_counted", True) or not any(counts_lines(config, i) for i in config.inputs().values())
+    if not any(counts_lines(config, source_input) for source_input in config.inputs().values()):
+        return True
+    return all(piece["first_line"] is not None for shard in earlier["shards"] for piece in shard["pieces"])
 
 
 class Shards(Sequence):
