@@ -34,6 +34,7 @@ from prefect.artifacts import (
 )
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
+from pydantic import ByteSize
 
 from flows.cluster import check_scheduler, dask_client, kind, on_every_worker, prepare_cluster
 from flows.server import retry_refused_connections
@@ -219,7 +220,8 @@ def build_dataset(
     plan = partition(config, cluster_threads)
     tokenizer = None if installing is None else installing.result()
     shards = plan["shards"]
-    logger.info("planned %d shards of %d MB over %d files", len(shards), plan["shard_size"] / 1e6, len(plan["files"]))
+    size = ByteSize(plan["shard_size"]).human_readable(decimal=True)  # 200.0KB, 746.0MB, 1.0GB
+    logger.info("planned %d shards of %s over %d files", len(shards), size, len(plan["files"]))
     shuffle_seconds = None
     if config.partition.shuffle:
         shards, shuffle_seconds = shuffle(config, plan, groups)
