@@ -1,6 +1,6 @@
 """validate: counts reconcile and files are sound, or the run fails with a readable report. Each shard's files
 were checked on the cluster as the last step of its tokenize chain (`check`, while they were fresh: `problems` is
-what it found); the documents of the reference's sample are checked there now, a shard at a time
+what it found); the documents of the reference's sample are checked on the cluster too, a shard at a time
 (`reference[shard]`); the rest here."""
 
 import pandas as pd
