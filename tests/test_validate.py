@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from tokenmill.config import load_config
+from tokenmill.partition import shard_pieces
 from tokenmill.tokenizer import TokenizerInfo
 from tokenmill.validate import StatsColumns, ValidationFailed, stats_table, table_of, validate
 from tokenmill.validate import records as validate_records
@@ -142,33 +143,28 @@ def test_documents_without_their_bos_fail(dataset):
         validate(config, plan, with_bos, table)
 
 
-@pytest.fixture
-def one_split_dataset(tmp_path):
-    """A one-split dataset of 3 shards of plain JSONL with blank and CRLF-ended lines among its records (the
-    reference check then reads only the lines it samples), made by the library's stages."""
+def library_dataset(tmp_path, lines: list[bytes], **config) -> tuple:
+    """A dataset of 3 shards of one plain JSONL file made of `lines`, made by the library's stages with the
+    config's other sections `config`: (config, plan, tokenizer, stats table)."""
     from tokenmill import pack
     from tokenmill.config import TokenmillConfig
     from tokenmill.partition import load_or_plan
     from tokenmill.tokenize import tokenize_shard
     from tokenmill.tokenizer import install_pretrained
 
-    from .conftest import CORPORA, TOKENIZERS
+    from .conftest import TOKENIZERS
 
-    lines = [
-        orjson.dumps({"id": d["id"], "text": d["text"]})
-        for d in read_jsonl(CORPORA / "web_dclm_annotated" / "web_dclm_annotated.jsonl.gz")
-    ]
-    lines[5:5] = [b"", b"  \t"]
     path = tmp_path / "corpus.jsonl"
     path.write_bytes(b"\n".join(line + (b"\r" if i % 7 == 0 else b"") for i, line in enumerate(lines)) + b"\n")
     config = TokenmillConfig.model_validate(
         {
-            "name": "one-split",
+            "name": "library",
             "input": {"paths": [str(path)], "id_field": "id"},
             "partition": {"shard_size": f"{path.stat().st_size // 3 + 1}B"},
             "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json"), "check_min_documents": 100},
             "pack": {"mode": "none"},
             "output": {"path": str(tmp_path / "out")},
+            **config,
         }
     )
     plan, _ = load_or_plan(config)
@@ -178,25 +174,85 @@ def one_split_dataset(tmp_path):
     return config, plan, tokenizer, stats_table(tokenized, [pack.skipped(t) for t in tokenized])
 
 
-def test_the_reference_check_reads_only_sampled_lines_yet_finds_the_same_documents(one_split_dataset):
-    """One split and no rejects: the sampled documents are found by their line among the shard's records (blank
-    lines are not records) and equal those that reading the shard as tokenize did finds."""
-    from tokenmill import validate as library
+def corpus_lines() -> list[bytes]:
+    from .conftest import CORPORA
 
-    config, plan, tokenizer, table = one_split_dataset
+    path = CORPORA / "web_dclm_annotated" / "web_dclm_annotated.jsonl.gz"
+    return [orjson.dumps({"id": d["id"], "text": d["text"]}) for d in read_jsonl(path)]
+
+
+@pytest.fixture
+def one_split_dataset(tmp_path):
+    """A one-split dataset of 3 shards of plain JSONL with blank and CRLF-ended lines among its records."""
+    lines = corpus_lines()
+    lines[5:5] = [b"", b"  \t"]
+    return library_dataset(tmp_path, lines)
+
+
+def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_tokenize_put_it(tmp_path, monkeypatch):
+    """Two splits, blocks of about 20 KB (tokenize records where each lies), blank and CRLF-ended lines, and a
+    reject: the sample reads only blocks without rejects, never a whole shard, and each document it draws is the
+    one at its split and index in the shard as tokenize read it; the stored ids of the sample equal the
+    reference's (validate passes). A marker that does not say where its blocks lie (an earlier tokenmill's) has
+    its documents drawn from the whole shard."""
+    from functools import partial
+
+    from tokenmill import tokenize
+    from tokenmill import validate as library
+    from tokenmill.readers import read_documents
+
+    lines = corpus_lines()
+    lines[5:5] = [b"", b"  \t"]
+    lines[250:250] = [b'{"id": "a number", "text": 5}']
+    monkeypatch.setattr(tokenize, "read_documents", partial(read_documents, batch_bytes=20_000))
+    config, plan, tokenizer, table = library_dataset(tmp_path, lines, split={"train": 0.7, "val": 0.3})
+    assert int(table.groupby("shard_id").rejected.first().sum()) == 1
+
+    def markers() -> list[dict]:
+        return [json.loads(p.read_text()) for p in sorted((Path(config.output.path) / "_commits/tokenize").iterdir())]
+
+    blocks = [marker["result"]["blocks"] for marker in markers()]
+    assert min(len(b) for b in blocks) > 10
+    assert sum(block[4] for shard in blocks for block in shard) == 1  # the block with the reject
+
+    def every_document(shard: dict) -> dict:
+        """(split, index) -> text of every document of the shard, read whole as tokenize read it."""
+        documents = int(table[table.shard_id == shard["shard_id"]].documents.sum())
+        item = {**shard, "sample": documents, "documents": documents, "seed": 1}
+        documents = library._from_shard(config, item, np.random.default_rng())
+        return {(split, index): text for split, _, index, text in documents}
+
+    read = []  # the pieces the sample reads
+
+    def reading(pieces, *args, **kwargs):
+        read.extend(pieces)
+        return read_documents(pieces, *args, **kwargs)
+
+    monkeypatch.setattr(library, "read_documents", reading)
     items = library.reference_items(config, plan, table)
-    fast = [document for item in items for document in library.sampled_documents(config, item)]
-    texts_at, library.texts_at = library.texts_at, lambda *args: None
-    try:
-        careful = [document for item in items for document in library.sampled_documents(config, item)]
-    finally:
-        library.texts_at = texts_at
-    assert fast == careful and len(fast) >= 100
-    shard, documents = plan["shards"][0], int(table.documents[0])
-    records = read_jsonl(Path(config.input.paths[0]))  # the corpus's documents: lines 6 and 7 are blank
-    assert texts_at(config, shard, np.array([0, 4, 5]), documents) == [records[i]["text"] for i in (0, 4, 5)]
-    assert texts_at(config, shard, np.array([0]), documents + 1) is None  # a count that differs: read as tokenize did
+    assert len(items) == 3 and sum(item["sample"] for item in items) == 100
+    rejected_at = {start for shard in blocks for _, start, _, _, rejects, *_ in shard if rejects}
+    for item in items:
+        read.clear()
+        sample = library.sampled_documents(config, item)
+        assert len(sample) == item["sample"] and {split for split, *_ in sample} == {"train", "val"}
+        recorded = {(start, stop) for _, start, stop, *_ in blocks[item["shard_id"]]}
+        assert 1 <= len(read) < len(recorded) and {(piece.start, piece.end) for piece in read} <= recorded
+        assert not {piece.start for piece in read} & rejected_at
+        everything = every_document(plan["shards"][item["shard_id"]])
+        assert all(everything[split, index] == text for split, _, index, text in sample)
     validate(config, plan, tokenizer, table)
+
+    first = Path(config.output.path) / "_commits/tokenize/shard-00000.json"
+    marker = json.loads(first.read_text())
+    del marker["result"]["blocks"]
+    first.write_text(json.dumps(marker))
+    read.clear()
+    item = next(item for item in items if item["shard_id"] == 0)
+    sample = library.sampled_documents(config, item)
+    assert len(sample) == item["sample"] and read == shard_pieces(plan["shards"][0])
+    everything = every_document(plan["shards"][0])
+    assert all(everything[split, index] == text for split, _, index, text in sample)
 
 
 def test_ids_that_differ_from_the_reference_fail_naming_the_file(one_split_dataset):

@@ -141,6 +141,8 @@ class Batch:
     nbytes: int = 0
     text_array: pyarrow.Array | None = None  # the columnar fast path's texts (then `texts` stays empty)
     lines: int = 0  # the fast path's: the lines of the file its block spans, blank and rejected ones included
+    # the fast path's: its block, as a piece of its file (read alone, it gives this batch's records again)
+    block: Piece | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -486,12 +488,13 @@ def _fast_jsonl(
     piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int, own_name: bool = False
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     name, read_any = display_name(piece.path), False
-    counted = piece.first_line is not None
+    counted, start = piece.first_line is not None, piece.start
     try:
         for block, line, newlines in line_blocks(piece, options, batch_bytes):
             read_any = True
             batch, rejects = jsonl_block(block, line, name, options, seen_ids, newlines, own_name)
             batch.lines = newlines + (block[-1:] != b"\n")
+            batch.block, start = Piece(piece.path, start, start + len(block), line), start + len(block)
             for reject in [] if counted else rejects:
                 reject.from_byte = piece.start
             yield batch, rejects

@@ -81,10 +81,22 @@ def tokenize_shard(
     unnumbered = lines = 0  # rejects whose lines count from their piece's start; the lines read
     whole_files: list[str] = []  # rejects that are a whole file (unreadable, empty): said in the run's summary
     files: dict[str, dict] = {}  # size and sha256 of each file written, for the marker
+    # Where each block the fast path read lies, so that validate's reference sample re-reads a few blocks, not
+    # the shard (`tokenmill.validate.sampled_documents`): [its piece, start, stop, first line, rejects, documents
+    # before it in each split]. None where a batch came another way (compressed, Parquet, text, dotted fields).
+    blocks: list[list[int]] | None = []
     with ExitStack() as stack:
         writers: dict[str, tuple[BinWriter, object]] = {}
         options, pieces = config.input_of(shard).read_options(), shard_pieces(shard)
+        piece_of = {piece.path: index for index, piece in reversed(list(enumerate(pieces)))}
         for batch, batch_rejects in read_documents(pieces, options, columnar=True):
+            if batch.block is None:
+                blocks = None
+            elif blocks is not None:
+                block, before = batch.block, [counts[s]["documents"] for s in splits]
+                blocks.append(
+                    [piece_of[block.path], block.start, block.end, block.first_line, len(batch_rejects), *before]
+                )
             documents_in += len(batch) + len(batch_rejects)
             bytes_in += batch.nbytes
             lines += batch.lines
@@ -132,6 +144,7 @@ def tokenize_shard(
         **({"lines": lines} if pieces[0].end is not None and fast_path_applies(pieces[0], options) else {}),
         "unnumbered_rejects": unnumbered,
         "splits": counts,
+        **({"blocks": blocks} if blocks else {}),
         "encoder": encode.name,
         "rerouted_to_reference": getattr(encode, "rerouted", 0) - rerouted_before,
         "seconds": round(time.perf_counter() - started, 3),

@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tokenmill import layout
+from tokenmill.commits import marker
 from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.encoders import loaded_backend
 from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
@@ -33,8 +34,9 @@ from tokenmill.hashing import assign_splits
 from tokenmill.pack import pad_id as pack_pad_id
 from tokenmill.pack import skipped, writes_packed
 from tokenmill.partition import Shards, shard_ids, shard_pieces
-from tokenmill.readers import field_value, kind_of, line_blocks, read_documents, record_spans, schema_library
+from tokenmill.readers import Piece, read_documents, schema_library
 from tokenmill.storage import STREAMED, Store
+from tokenmill.tokenize import STAGE as TOKENIZE
 from tokenmill.tokenizer import TokenizerInfo
 
 if TYPE_CHECKING:
@@ -368,19 +370,22 @@ def _check_shuffle(store: Store, split: str, split_rows: pd.DataFrame) -> list[s
 REFERENCE_CHECK = "_work/reference_check.json"
 
 
+REFERENCE_SHARDS = 8  # the reference's sample spans at least this many shards (where there are): a block or so of each
+
+
 def reference_items(config: TokenmillConfig, plan: dict, table: pd.DataFrame, seed: int = 1) -> list[dict]:
     """A random sample of at least `tokenizer.check_min_documents` and `tokenizer.check_fraction` of all
     documents, as the shards it is read from, one item each for `check_reference`: `{"shard_id", "pieces"
-    (the plan's), "positions" (of the sampled documents among the shard's), "documents", "rejected"}`. Shards
-    are taken in random order until they hold twice that many documents (and at least 3 shards, when there
-    are), and the sample is drawn uniformly from their documents."""
+    (the plan's), "sample" (how many of its documents), "documents", "rejected", "seed"}`. Shards are taken in
+    random order until they hold twice that many documents and number REFERENCE_SHARDS (or all there are), and
+    each takes its share of a uniform draw from their documents."""
     cfg, rng = config.tokenizer, np.random.default_rng(seed)
     per_shard = table.groupby("shard_id").documents.sum()
     total = int(per_shard.sum())
     wanted = min(total, max(cfg.check_min_documents, int(np.ceil(cfg.check_fraction * total))))
     read, held = [], 0
     for shard_id in rng.permutation(per_shard.index[per_shard > 0].to_numpy()):
-        if held >= 2 * wanted and len(read) >= 3:
+        if held >= 2 * wanted and len(read) >= REFERENCE_SHARDS:
             break
         read.append(int(shard_id))
         held += int(per_shard[shard_id])
@@ -391,29 +396,76 @@ def reference_items(config: TokenmillConfig, plan: dict, table: pd.DataFrame, se
         for s in plan["shards"]
         if s["shard_id"] in read_ids
     }
-    chosen = np.sort(rng.choice(held, size=min(wanted, held), replace=False))
+    chosen = rng.choice(held, size=min(wanted, held), replace=False)
     starts = np.cumsum([0] + [int(per_shard[s]) for s in read])
+    shares = np.bincount(np.searchsorted(starts, chosen, side="right") - 1, minlength=len(read))
     rejected = table.groupby("shard_id").rejected.first()
     return [
         {
             "shard_id": shard_id,
             **read_from[shard_id],
-            "positions": (chosen[(chosen >= starts[k]) & (chosen < starts[k + 1])] - starts[k]).tolist(),
+            "sample": int(shares[k]),
             "documents": int(per_shard[shard_id]),
             "rejected": int(rejected[shard_id]),
+            "seed": seed,
         }
         for k, shard_id in enumerate(read)
+        if shares[k]
     ]
 
 
 def sampled_documents(config: TokenmillConfig, item: dict) -> list[tuple[str, int, int, str]]:
-    """(split, shard, index within the shard's split, text) of the sampled documents of an item of
-    `reference_items`, re-read from the input."""
-    shard_id, positions, names = item["shard_id"], np.asarray(item["positions"], np.int64), config.streams_of(item)
-    if len(names) == 1 and not item["rejected"]:  # every record a document, all in one split
-        texts = texts_at(config, item, positions, item["documents"])
-        if texts is not None:
-            return [(names[0], shard_id, int(i), t) for i, t in zip(positions, texts, strict=True)]
+    """(split, shard, index within the shard's split, text) of `item["sample"]` documents of a shard (an item of
+    `reference_items`), re-read from the input: drawn from a few of the blocks tokenize read, chosen at random
+    until they hold twice the sample (their places are in the shard's tokenize marker), or where the shard's
+    marker does not say (input read another way, or made by an earlier tokenmill), drawn from the whole shard,
+    read as tokenize read it."""
+    rng = np.random.default_rng([item["seed"], item["shard_id"]])
+    found = _from_blocks(config, item, rng)
+    return _from_shard(config, item, rng) if found is None else found
+
+
+def _from_blocks(config: TokenmillConfig, item: dict, rng: np.random.Generator) -> list | None:
+    """`sampled_documents` from blocks without rejects, as `tokenize_shard` recorded them (`blocks` in its
+    marker); None where it recorded none, or where they hold too few documents, or a block reads otherwise now."""
+    shard_id, names = item["shard_id"], config.streams_of(item)
+    result = config.output.store().read_json(marker(TOKENIZE, shard_id))["result"]
+    if not result.get("blocks"):
+        return None
+    blocks = np.array(result["blocks"], np.int64)  # piece, start, stop, first line, rejects, documents before...
+    before = blocks[:, 5:]
+    held = np.vstack([before[1:], [[result["splits"][name]["documents"] for name in names]]]) - before
+    order = rng.permutation(np.flatnonzero(blocks[:, 4] == 0))
+    sample, enough = item["sample"], np.cumsum(held[order].sum(axis=1))
+    if not len(order) or enough[-1] < sample:
+        return None
+    taken = np.sort(order[: np.searchsorted(enough, 2 * sample) + 1])  # until they hold twice the sample, or all
+    pieces, options = shard_pieces(item), config.input_of(item).read_options()
+    read = []  # (split names, their indexes, texts) of each block's documents
+    for piece, start, stop, first_line, _, *counts in blocks[taken].tolist():
+        block = Piece(pieces[piece].path, start, stop, first_line)
+        ((batch, rejects),) = read_documents([block], options, columnar=True, batch_bytes=stop - start)
+        if rejects or len(batch) != held[taken[len(read)]].sum():
+            return None  # the file changed since: read the shard as tokenize did
+        splits = assign_splits(batch.ids, config.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
+        indexes = np.zeros(len(batch), np.int64)
+        for split, count in enumerate(counts):
+            indexes[splits == split] = count + np.arange(np.count_nonzero(splits == split))
+        read.append((splits, indexes, batch.text_values()))
+    bounds = np.cumsum([0] + [len(splits) for splits, _, _ in read])
+    found = []
+    for drawn in np.sort(rng.choice(bounds[-1], size=sample, replace=False)):
+        k = int(np.searchsorted(bounds, drawn, side="right")) - 1
+        splits, indexes, texts = read[k]
+        i = drawn - bounds[k]
+        found.append((names[splits[i]], shard_id, int(indexes[i]), str(texts[i])))
+    return found
+
+
+def _from_shard(config: TokenmillConfig, item: dict, rng: np.random.Generator) -> list[tuple[str, int, int, str]]:
+    """`sampled_documents` drawn uniformly from the whole shard, read as tokenize read it."""
+    shard_id, names = item["shard_id"], config.streams_of(item)
+    positions = np.sort(rng.choice(item["documents"], size=item["sample"], replace=False))
     found, position, counters = [], 0, np.zeros(len(names), np.int64)
     for batch, _ in read_documents(shard_pieces(item), config.input_of(item).read_options(), columnar=True):
         splits = assign_splits(batch.ids, config.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
@@ -425,25 +477,6 @@ def sampled_documents(config: TokenmillConfig, item: dict) -> list[tuple[str, in
         counters += np.bincount(splits, minlength=len(names))
         position += len(batch)
     return found
-
-
-def texts_at(config: TokenmillConfig, shard: dict, positions: np.ndarray, documents: int) -> list[str] | None:
-    """The texts of the documents at `positions` (sorted) of a shard of JSONL with no rejects, whose documents
-    are then its records (non-blank lines) in order: the records are found by `record_spans`, and only the chosen
-    ones are parsed. None where the shard is not all JSONL, or where its records do not number `documents`: the
-    caller then reads it as tokenize did."""
-    options = config.input_of(shard).read_options()
-    pieces = shard_pieces(shard)
-    if any(kind_of(piece, options) != "jsonl" for piece in pieces):
-        return None
-    texts, position = [], 0
-    for piece in pieces:
-        for block, _, _ in line_blocks(piece, options):
-            starts, ends = record_spans(block)
-            for i in positions[(positions >= position) & (positions < position + len(starts))] - position:
-                texts.append(field_value(orjson.loads(block[starts[i] : ends[i]]), options.text_field))
-            position += len(starts)
-    return texts if position == documents and len(texts) == len(positions) else None
 
 
 def check_reference(config: TokenmillConfig, item: dict, tokenizer: TokenizerInfo) -> dict:
