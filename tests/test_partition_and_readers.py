@@ -1,5 +1,6 @@
 import gzip
 import json
+import os
 
 import fsspec
 import pyarrow as pa
@@ -89,11 +90,20 @@ def test_line_numbers_at_cuts_are_counted_where_ids_are_hashed(tmp_path):
     assert partition.counts_lines(dotted, dotted.input)  # the careful reader reports no line counts
 
 
-def test_a_local_files_blocks_are_mapped_and_read_as_a_stream_reads_them(tmp_path):
-    """A local uncompressed file's line blocks are views of memory maps (`readers._whole_line_blocks`); the same
-    bytes in any other filesystem are read as a stream. Both give the same blocks of whole lines with the same
-    line numbers, for a piece at the file's start, one within it and one to its end without a last newline,
-    with lines longer than a block and blank lines."""
+@pytest.mark.parametrize("long_line", [readers.LONG_LINE, 0])
+def test_a_local_files_blocks_are_mapped_or_read_directly_and_read_as_a_stream_reads_them(
+    tmp_path, monkeypatch, long_line
+):
+    """A local uncompressed file's line blocks are views of memory maps where its pages are in the page cache, else
+    read with O_DIRECT (`readers._local_blocks`), which leaves them out of the cache; the same bytes in any other
+    filesystem are read as a stream. All give the same blocks of whole lines with the same line numbers, for a
+    piece at the file's start, one within it and one to its end without a last newline, with lines longer than a
+    block and blank lines; also where the line that ends a block is too long to read directly (`long_line` 0:
+    such blocks are mapped, the others read directly)."""
+    monkeypatch.setattr(readers, "LONG_LINE", long_line)
+    mapped = []  # the blocks mapped, not read directly
+    map_block = readers._mapped
+    monkeypatch.setattr(readers, "_mapped", lambda f, start, stop: mapped.append(start) or map_block(f, start, stop))
     lines = [b'{"text": "%s"}' % (b"x" * (i * 7919 % 20000)) if i % 13 else b"" for i in range(400)]
     data = b"\n".join(lines)  # no newline at the end
     local = tmp_path / "x.jsonl"
@@ -101,17 +111,33 @@ def test_a_local_files_blocks_are_mapped_and_read_as_a_stream_reads_them(tmp_pat
     fsspec.filesystem("memory").pipe("/lines/x.jsonl", data)
     cut, later = data.index(b"\n", 100_000) + 1, data.index(b"\n", 900_000) + 1
     first = data[:cut].count(b"\n") + 1
-    for start, end, line in ((0, cut, 1), (cut, later, first), (cut, None, first)):
-        blocks = {}
-        for path in (str(local), "memory://lines/x.jsonl"):
-            read = list(line_blocks(Piece(path, start, end, line), ReadOptions(), batch_bytes=30_000))
-            blocks[path] = [(bytes(block), first_line, newlines) for block, first_line, newlines in read]
-        mapped, streamed = blocks.values()
-        assert mapped == streamed and len(mapped) > 2
-        assert b"".join(block for block, _, _ in mapped) == data[start:end]
-        assert all(block.endswith(b"\n") for block, _, _ in mapped[:-1])
-        for (block, first_line, newlines), (_, next_line, _) in zip(mapped, mapped[1:], strict=False):
-            assert newlines == block.count(b"\n") and next_line == first_line + newlines
+
+    def read(path: str, start: int, end: int | None, line: int) -> list[tuple[bytes, int, int]]:
+        """Each block as bytes, taken before the next is asked for (a directly read block is valid until then)."""
+        blocks = line_blocks(Piece(path, start, end, line), ReadOptions(), batch_bytes=30_000)
+        return [(bytes(block), first_line, newlines) for block, first_line, newlines in blocks]
+
+    with open(local, "rb") as f:
+
+        def cached() -> bool:
+            return readers._in_page_cache(f, 0, len(data))
+
+        for start, end, line in ((0, cut, 1), (cut, later, first), (cut, None, first)):
+            streamed = read("memory://lines/x.jsonl", start, end, line)
+            assert cached() and read(str(local), start, end, line) == streamed  # mapped
+            os.fsync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
+            mapped.clear()
+            assert not cached() and read(str(local), start, end, line) == streamed
+            if long_line:  # every block read directly: none mapped, and the file is still out of the page cache
+                assert not mapped and not cached()
+            else:  # a block whose last line runs past the buffer is mapped (and the kernel reads ahead of it)
+                assert mapped
+            local.read_bytes()  # back in the page cache
+            assert len(streamed) > 2 and b"".join(block for block, _, _ in streamed) == data[start:end]
+            assert all(block.endswith(b"\n") for block, _, _ in streamed[:-1])
+            for (block, first_line, newlines), (_, next_line, _) in zip(streamed, streamed[1:], strict=False):
+                assert newlines == block.count(b"\n") and next_line == first_line + newlines
     assert type(next(line_blocks(Piece(str(local)), ReadOptions()))[0]) is memoryview
     assert type(next(line_blocks(Piece("memory://lines/x.jsonl"), ReadOptions()))[0]) is bytes
 

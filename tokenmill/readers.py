@@ -10,14 +10,18 @@ present and unique within the shard.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import gzip
 import io
+import itertools
 import mmap
 import os
 import stat
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO, Literal
@@ -44,6 +48,9 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
+DIRECT_ALIGN = 4096  # O_DIRECT reads start, end and land at multiples of this (the page, a multiple of any block)
+LONG_LINE = 1 << 20  # a line that ends a directly read block may run this far past it (longer: it is mapped)
+_LIBC = ctypes.CDLL(None, use_errno=True)
 PANDERA_IMPORT = threading.Lock()
 
 
@@ -590,11 +597,7 @@ def _whole_line_blocks(piece: Piece, options: ReadOptions, batch_bytes: int) -> 
             status = os.fstat(f.fileno())
             if stat.S_ISREG(status.st_mode):  # not a pipe or a device: those have no size to map
                 end = status.st_size if piece.end is None else min(piece.end, status.st_size)
-                pos = piece.start
-                while pos < end:
-                    stop = end if pos + batch_bytes >= end else min(line_start(f, pos + batch_bytes), end)
-                    yield _mapped(f, pos, stop)
-                    pos = stop
+                yield from _local_blocks(f, path, piece.start, end, batch_bytes)
                 return
     with open_piece(piece, options) as f:
         if piece.start:
@@ -610,6 +613,85 @@ def _whole_line_blocks(piece: Piece, options: ReadOptions, batch_bytes: int) -> 
                 block = block[: piece.end - pos]
             yield block
             pos += len(block)
+
+
+def _local_blocks(f: BinaryIO, path: str, start: int, end: int, batch_bytes: int) -> Iterator[memoryview]:
+    """Bytes [start, end) of the local file `f`, in blocks of whole lines from `batch_bytes` to the end of the line
+    it ends in. Blocks in the page cache are views of memory maps; the others are read with O_DIRECT into one of
+    two reused buffers, the next block while the caller parses this one: a memory map faulting its pages in from
+    disk cost two workers reading at once 0.2-0.6 s more CPU per GB than reads that skip the page cache (and the
+    whole run 20% more wall), and the page cache is left to the output. A block read so is valid until the next
+    one is asked for (its readers copy what they keep: pyarrow's parse, the careful path's `bytes`)."""
+    direct = _open_direct(path) if end - start > batch_bytes else None  # a one-block piece: nothing to read ahead
+    if direct is None:
+        for stop in _block_ends(f, start, end, batch_bytes):
+            yield _mapped(f, start, stop)
+            start = stop
+        return
+    pages = -(-(batch_bytes + LONG_LINE) // DIRECT_ALIGN) + 1  # one more: a block starts anywhere in its first
+    buffers = [mmap.mmap(-1, pages * DIRECT_ALIGN) for _ in range(2)]
+    pool = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-read-ahead")
+    try:
+        reading = pool.submit(_next_block, f, direct, buffers[0], start, end, batch_bytes)
+        for turn in itertools.count(1):
+            block = reading.result()
+            start += len(block)
+            reading = pool.submit(_next_block, f, direct, buffers[turn % 2], start, end, batch_bytes)
+            yield block
+            if start >= end:
+                break
+    finally:
+        pool.shutdown()  # the read ahead is done with the file before it closes
+        os.close(direct)
+
+
+def _open_direct(path: str) -> int | None:
+    """A descriptor of `path` for reads that skip the page cache (O_DIRECT), or None where the system or its file
+    system has none (macOS, tmpfs)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except (AttributeError, OSError):
+        return None
+
+
+def _block_ends(f: BinaryIO, start: int, end: int, batch_bytes: int) -> Iterator[int]:
+    """Where each block of `_local_blocks` ends: the first line start at or after `batch_bytes` from its start."""
+    while start < end:
+        start = end if start + batch_bytes >= end else min(line_start(f, start + batch_bytes), end)
+        yield start
+
+
+def _next_block(f: BinaryIO, direct: int, buffer: mmap.mmap, start: int, end: int, batch_bytes: int) -> memoryview:
+    """The block of `_local_blocks` at `start` (nothing at `end`): mapped where its pages are in the page cache, or
+    its line past `batch_bytes` is longer than LONG_LINE, else read into `buffer` from `direct`."""
+    if start >= end:
+        return memoryview(b"")
+    if not _in_page_cache(f, start, min(start + batch_bytes, end)):
+        base = start - start % DIRECT_ALIGN
+        length = min(len(buffer), -(-(end - base) // DIRECT_ALIGN) * DIRECT_ALIGN)
+        try:
+            held = min(os.preadv(direct, [memoryview(buffer)[:length]], base), end - base)
+        except OSError as e:  # alignment the file system refuses: read it mapped
+            if e.errno != errno.EINVAL:
+                raise
+            held = 0
+        stop = 0 if start + batch_bytes >= end else buffer.find(b"\n", start + batch_bytes - 1 - base, held) + 1
+        if not stop and held == end - base:  # the piece's last block
+            stop = held
+        if stop:
+            return memoryview(buffer)[start - base : stop]
+    return _mapped(f, start, next(_block_ends(f, start, end, batch_bytes)))
+
+
+def _in_page_cache(f: BinaryIO, start: int, stop: int) -> bool:
+    """Whether every page of bytes [start, stop) of `f` is in the page cache (mincore over a map of them; where the
+    kernel does not say for files the process may not write, the pages count as not cached)."""
+    base = start - start % mmap.PAGESIZE
+    pages = np.zeros(-(-(stop - base) // mmap.PAGESIZE), np.uint8)
+    with mmap.mmap(f.fileno(), stop - base, offset=base, access=mmap.ACCESS_READ) as mapped:
+        address = ctypes.c_void_p(np.frombuffer(mapped, np.uint8, count=1).ctypes.data)
+        found = _LIBC.mincore(address, ctypes.c_size_t(stop - base), pages.ctypes.data_as(ctypes.c_void_p))
+    return found == 0 and bool((pages & 1).all())
 
 
 def _mapped(f: BinaryIO, start: int, stop: int) -> memoryview:
