@@ -22,7 +22,9 @@ x200 12 GB, x500 30 GB), in one benchmark run:
   of one worker per core, the Prefect server started before): the whole run's MB/s, the tokenize stage's (the
   file over the seconds from the encoder's choice to the last shard), and the largest process's and the process
   tree's peak RSS. With `--baseline DIR`, tokenmill from that checkout (e.g. the commit before a change) runs
-  too, right before this one, on the same file and between the same limits.
+  too, right before this one, on the same file and between the same limits. With `--cold`, the file's pages
+  are dropped from the page cache before each run (`posix_fadvise(DONTNEED)`: no root needed), as a corpus that
+  no process has read lately is: the run reads it from disk.
 
 The limits are measured just before and just after each run (the host's speed drifts); a run's ratios are to
 their mean.
@@ -186,6 +188,7 @@ def main() -> None:
     parser.add_argument("--memory-cap", type=float, default=20.0, help="GB: the watchdog kills a run's tree past it")
     parser.add_argument("--work", default=None, help="directory for the corpora and outputs (default: a temp dir)")
     parser.add_argument("--baseline", default=None, help="a checkout of tokenmill to run too, before this one")
+    parser.add_argument("--cold", action="store_true", help="drop the corpus from the page cache before each run")
     args = parser.parse_args()
     megatron, tokenize = _bench("megatron"), _bench("tokenize")
     cores = os.cpu_count() or 1
@@ -207,14 +210,19 @@ def main() -> None:
             before = limits(corpus, args.tokenizer, args.prefix_mb, size // repeat)
             baseline = None
             if args.baseline:
+                if args.cold:
+                    out_of_page_cache(corpus)
                 baseline = megatron.run_tokenmill(args, corpus, work / "baseline", cap, Path(args.baseline))
                 shutil.rmtree(work / "baseline", ignore_errors=True)
+            if args.cold:
+                out_of_page_cache(corpus)
             run = megatron.run_tokenmill(args, corpus, work / "tokenmill", cap)
             after = limits(corpus, args.tokenizer, args.prefix_mb, size // repeat)
             mean = with_implied({k: (before[k] + after[k]) / 2 for k in before}, cores)
             stage_s = run["phases"].get("tokenize")
             row = {
                 "corpus_gb": round(size / 1e9, 2),
+                "input": "cold" if args.cold else "cached",
                 "repeat": repeat,
                 "before": {k: round(v) for k, v in before.items()},
                 "after": {k: round(v) for k, v in after.items()},
@@ -245,6 +253,13 @@ def main() -> None:
     print_table(rows)
 
 
+def out_of_page_cache(path: Path) -> None:
+    """Drop the file's pages from the page cache (written back first: dirty pages stay)."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 def print_table(rows: list[dict]) -> None:
     print("\nMB of input per second; per core for the pieces alone, the run's for tokenmill. Limits: the mean of")
     print("before and after each run. Ratios: tokenmill's whole run to the encoder ceiling, its tokenize stage to")
@@ -259,7 +274,8 @@ def print_table(rows: list[dict]) -> None:
         stage = r["tokenize_stage_mb_s"]
         stage_ratio = f"{stage / lim['parse+encode limit']:.2f}" if stage else "-"
         print(
-            f"| {r['corpus_gb']:.1f} GB | {lim['encoder, unseen text']} | {lim['encoder']} | {lim['parser']} "
+            f"| {r['corpus_gb']:.1f} GB{' (cold)' if r['input'] == 'cold' else ''} "
+            f"| {lim['encoder, unseen text']} | {lim['encoder']} | {lim['parser']} "
             f"| {lim['gigatoken reader+encoder']} "
             f"| {lim['tokenmill reader']} "
             f"| {lim['tokenmill encoder']} | {lim['encoder ceiling']} | {lim['parse+encode limit']} "

@@ -622,7 +622,7 @@ def _local_blocks(f: BinaryIO, path: str, start: int, end: int, batch_bytes: int
     disk cost two workers reading at once 0.2-0.6 s more CPU per GB than reads that skip the page cache (and the
     whole run 20% more wall), and the page cache is left to the output. A block read so is valid until the next
     one is asked for (its readers copy what they keep: pyarrow's parse, the careful path's `bytes`)."""
-    direct = _open_direct(path) if end - start > batch_bytes else None  # a one-block piece: nothing to read ahead
+    direct = _open_direct(path) if end - start > 2 * batch_bytes else None  # a block or two: little to read ahead
     if direct is None:
         for stop in _block_ends(f, start, end, batch_bytes):
             yield _mapped(f, start, stop)
