@@ -18,7 +18,6 @@ from tokenmill.readers import (
     count_crlf,
     line_blocks,
     read_documents,
-    record_spans,
 )
 
 from .conftest import CORPUS
@@ -156,22 +155,6 @@ def test_crlf_line_endings_are_counted_in_any_block_a_reader_hands_over(tmp_path
             mapped = readers._mapped(f, start, end)  # as a local file's blocks are read
             for block in (data[start:end], memoryview(data)[start:end], mapped, mapped[:20], mapped[-20:]):
                 assert count_crlf(block) == bytes(block).count(b"\r\n"), (start, end, type(block))
-
-
-@pytest.mark.parametrize(
-    "block",
-    [
-        b'{"a":1}\n\n  \t\n{"b":2}\r\n \r\n {"c":3}\n\x0c\n{"d":4}',  # blank lines of every kind; no last newline
-        b"\n\n",
-        b"",
-        b'{"only":1}\n',
-        b'  {"indented":1}\n\r\n',
-    ],
-)
-def test_record_spans_are_the_non_blank_lines_as_splitting_finds_them(block):
-    starts, ends = record_spans(memoryview(block))
-    found = [block[a:b].rstrip(b"\r") for a, b in zip(starts, ends, strict=True)]
-    assert found == [line.rstrip(b"\r") for line in block.split(b"\n") if line.strip()]
 
 
 def test_small_and_compressed_files_are_grouped_whole_in_order(tmp_path):

@@ -541,27 +541,6 @@ def _holds_carriage_return(data: Buffer) -> bool:
     return bool((np.frombuffer(data, np.uint8) == 13).any())
 
 
-ASCII_WHITESPACE = np.array(sorted(b" \t\n\r\x0b\x0c"), np.uint8)  # what bytes.strip() strips
-
-
-def record_spans(block: Buffer) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends) of the records of a block of whole lines: its lines that are not blank, line endings
-    excluded, found with numpy (3.4 GB/s here, against 0.9 for splitting the block into Python bytes). Only the
-    lines that are empty or start with whitespace are looked at one by one: a JSON record starts with `{`."""
-    data = np.frombuffer(block, np.uint8)
-    ends = np.flatnonzero(data == 10)
-    if len(data) and data[-1] != 10:
-        ends = np.append(ends, len(data))
-    if not len(ends):
-        return ends, ends
-    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
-    maybe_blank = np.flatnonzero((starts == ends) | np.isin(data[np.minimum(starts, len(data) - 1)], ASCII_WHITESPACE))
-    blank = [k for k in maybe_blank if not bytes(block[starts[k] : ends[k]]).strip()]
-    keep = np.ones(len(starts), bool)
-    keep[blank] = False
-    return starts[keep], ends[keep]
-
-
 def line_start(f: BinaryIO, target: int) -> int:
     """Where a line of the seekable file `f` starts at or after `target`: just past the first newline at or after
     max(target - 1, 0), or at the file's end."""

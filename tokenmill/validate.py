@@ -368,8 +368,6 @@ def _check_shuffle(store: Store, split: str, split_rows: pd.DataFrame) -> list[s
 # --- sampled documents: stored ids against the reference's, and decoded back to their text ----------
 
 REFERENCE_CHECK = "_work/reference_check.json"
-
-
 REFERENCE_SHARDS = 8  # the reference's sample spans at least this many shards (where there are): a block or so of each
 
 
@@ -442,11 +440,13 @@ def _from_blocks(config: TokenmillConfig, item: dict, rng: np.random.Generator) 
     taken = np.sort(order[: np.searchsorted(enough, 2 * sample) + 1])  # until they hold twice the sample, or all
     pieces, options = shard_pieces(item), config.input_of(item).read_options()
     read = []  # (split names, their indexes, texts) of each block's documents
-    for piece, start, stop, first_line, _, *counts in blocks[taken].tolist():
+    for b in taken:
+        piece, start, stop, first_line, _, *counts = blocks[b].tolist()
         block = Piece(pieces[piece].path, start, stop, first_line)
-        ((batch, rejects),) = read_documents([block], options, columnar=True, batch_bytes=stop - start)
-        if rejects or len(batch) != held[taken[len(read)]].sum():
+        batches = list(read_documents([block], options, columnar=True, batch_bytes=stop - start))
+        if len(batches) != 1 or batches[0][1] or len(batches[0][0]) != held[b].sum():
             return None  # the file changed since: read the shard as tokenize did
+        batch = batches[0][0]
         splits = assign_splits(batch.ids, config.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
         indexes = np.zeros(len(batch), np.int64)
         for split, count in enumerate(counts):
