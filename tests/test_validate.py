@@ -208,10 +208,8 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     config, plan, tokenizer, table = library_dataset(tmp_path, lines, split={"train": 0.7, "val": 0.3})
     assert int(table.groupby("shard_id").rejected.first().sum()) == 1
 
-    def markers() -> list[dict]:
-        return [json.loads(p.read_text()) for p in sorted((Path(config.output.path) / "_commits/tokenize").iterdir())]
-
-    blocks = [marker["result"]["blocks"] for marker in markers()]
+    markers = sorted((Path(config.output.path) / "_commits/tokenize").iterdir())
+    blocks = [json.loads(marker.read_text())["result"]["blocks"] for marker in markers]
     assert min(len(b) for b in blocks) > 10
     assert sum(block[4] for shard in blocks for block in shard) == 1  # the block with the reject
 
@@ -219,8 +217,8 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
         """(split, index) -> text of every document of the shard, read whole as tokenize read it."""
         documents = int(table[table.shard_id == shard["shard_id"]].documents.sum())
         item = {**shard, "sample": documents, "documents": documents, "seed": 1}
-        documents = library._from_shard(config, item, np.random.default_rng())
-        return {(split, index): text for split, _, index, text in documents}
+        found = library._from_shard(config, item, np.random.default_rng())
+        return {(split, index): text for split, _, index, text in found}
 
     read = []  # the pieces the sample reads
 
