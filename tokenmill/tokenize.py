@@ -88,7 +88,7 @@ def tokenize_shard(
     with ExitStack() as stack:
         writers: dict[str, tuple[BinWriter, object]] = {}
         options, pieces = config.input_of(shard).read_options(), shard_pieces(shard)
-        piece_of = {piece.path: index for index, piece in reversed(list(enumerate(pieces)))}
+        piece_of = {piece.path: index for index, piece in enumerate(pieces)}  # a block is read back by its path
         for batch, batch_rejects in read_documents(pieces, options, columnar=True):
             if batch.block is None:
                 blocks = None
