@@ -2,7 +2,8 @@
 
 Encodes enwiki_slice with GPT-2 once (EOD after each document), then prints:
 1. utilization at `--seq-len` for each pack mode beside the padded one-document-per-row layout (whole slice);
-2. packing throughput (Mtokens/s, one process) of each mode over the slice repeated `--repeat` times;
+2. packing throughput (Mtokens/s, one process) of each mode over the slice repeated `--repeat` times: its rows
+   packed and written as the pack stage writes them (`write_packed`, to a temporary directory);
 3. the bin assignment of `bfd` (`best_fit_decreasing`) for `--documents` documents whose lengths are
    drawn from the slice's, and the whole `pack_bfd` (rows written) for as many as fit in memory.
 
@@ -21,12 +22,14 @@ import argparse  # noqa: E402
 import gzip  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from tokenmill.config import PackConfig  # noqa: E402
+from tokenmill.formats.packed import SUFFIXES, write_packed  # noqa: E402
 from tokenmill.packing import best_fit_decreasing, document_pieces, pack, pack_bfd, padded_layout_rows  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -41,6 +44,10 @@ def encode_slice(source: Path, tokenizer_path: Path) -> tuple[np.ndarray, np.nda
     eod = tokenizer.token_to_id("<|endoftext|>")
     docs = [e.ids + [eod] for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
     return np.concatenate(docs).astype(np.uint16), np.array([len(d) for d in docs], dtype=np.int64)
+
+
+def pack_and_write(paths: dict[str, Path], tokens: np.ndarray, lengths: np.ndarray, config: PackConfig) -> None:
+    write_packed(paths, pack(tokens, lengths, config, pad_id=50256))
 
 
 def timed(fn, *args, **kwargs):
@@ -83,9 +90,11 @@ def main() -> None:
     print(f"\nthroughput over {len(stream) / 1e6:.1f} M tokens ({args.repeat} x the slice), one process:\n")
     print("| mode | seconds | Mtokens/s |")
     print("|---|---|---|")
-    for name, config in modes.items():
-        _, seconds = timed(pack, stream, stream_lengths, config, 50256)
-        print(f"| {name} | {seconds:.2f} | {len(stream) / 1e6 / seconds:.1f} |")
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {key: Path(tmp) / f"rows{suffix}" for key, suffix in SUFFIXES.items()}
+        for name, config in modes.items():
+            _, seconds = timed(pack_and_write, paths, stream, stream_lengths, config)
+            print(f"| {name} | {seconds:.2f} | {len(stream) / 1e6 / seconds:.1f} |")
     del stream, stream_lengths
 
     many = np.random.default_rng(0).choice(lengths, size=args.documents)

@@ -6,8 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tokenmill.formats.megatron import CorruptIndex, MegatronReader, token_dtype, write_indexed_dataset
+from tokenmill.formats.packed import SUFFIXES, PackedReader, write_packed
 from tokenmill.hashing import assign_splits
-from tokenmill.packing import pack_concat
+from tokenmill.packing import ConcatRows, pack_concat
 
 
 def test_megatron_idx_byte_layout(tmp_path):
@@ -49,12 +50,34 @@ def test_truncated_index_is_reported_with_its_file(tmp_path):
 
 def test_concat_packing_hand_checked():
     packed = pack_concat(np.arange(10), np.array([3, 4, 3]), seq_len=4, pad_id=-1)
-    assert packed.rows.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, -1, -1]]
+    assert np.asarray(packed.rows).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, -1, -1]]
     rows = [
         packed.cu_seqlens[a:b].tolist() for a, b in zip(packed.row_offsets[:-1], packed.row_offsets[1:], strict=True)
     ]
     assert rows == [[0, 3, 4], [0, 3, 4], [0, 2]]
     assert (packed.real_tokens, packed.pad_tokens) == (10, 2)
+
+
+@pytest.mark.parametrize("extra_token", [False, True])
+def test_concat_rows_are_written_block_by_block_as_np_save_writes_them(tmp_path, monkeypatch, extra_token):
+    # From a memory-mapped .bin, as the pack stage reads it: 57 tokens in 12 rows, 3 to a block, so that a block
+    # is a view of the file's tokens (a copy where rows share a token), and the last is padded.
+    documents = [np.arange(i * 7, i * 7 + 7) for i in range(7)] + [np.arange(49, 57)]
+    write_indexed_dataset(tmp_path / "s", documents, np.uint16)
+    reader = MegatronReader(tmp_path / "s")
+    monkeypatch.setattr(ConcatRows, "BLOCK_BYTES", 3 * (5 + extra_token) * 2)
+    packed = pack_concat(reader.tokens, reader.index.lengths, seq_len=5, pad_id=9999, extra_token=extra_token)
+    blocks = [*packed.rows.blocks()]
+    assert [len(b) for b in blocks] == [3, 3, 3, 3]
+    assert np.shares_memory(blocks[0], reader.tokens) != extra_token
+    paths = {key: tmp_path / f"p{suffix}" for key, suffix in SUFFIXES.items()}
+    write_packed(paths, packed)
+    stream = np.append(np.arange(57), [9999] * 4)
+    rows = np.lib.stride_tricks.sliding_window_view(stream, 6)[::5] if extra_token else stream[:60].reshape(12, 5)
+    expected = tmp_path / "expected.npy"
+    np.save(expected, rows.astype(np.uint16))
+    assert paths["rows"].read_bytes() == expected.read_bytes()
+    assert np.array_equal(PackedReader(tmp_path / "p").rows, rows)
 
 
 @given(st.lists(st.integers(1, 50), min_size=1, max_size=40), st.integers(2, 64))
@@ -63,7 +86,7 @@ def test_concat_packing_keeps_every_token_once_in_order(lengths, seq_len):
     tokens = np.arange(lengths.sum())
     packed = pack_concat(tokens, lengths, seq_len, pad_id=-1)
     real = [packed.cu_seqlens[b - 1] for b in packed.row_offsets[1:]]
-    stream = np.concatenate([row[:r] for row, r in zip(packed.rows, real, strict=True)])
+    stream = np.concatenate([row[:r] for row, r in zip(np.asarray(packed.rows), real, strict=True)])
     assert np.array_equal(stream, tokens)
     # boundaries: every document end inside a row appears in that row's cu_seqlens
     ends = set(np.cumsum(lengths).tolist())

@@ -72,7 +72,7 @@ def test_samples_match_the_token_by_token_reference(lengths, seq_len, mode):
     def document_of(token: int) -> int:
         return int(np.searchsorted(ends, token, side="right"))
 
-    for i, row in enumerate(packed.rows):
+    for i, row in enumerate(np.asarray(packed.rows)):
         cu = packed.cu_seqlens[packed.row_offsets[i] : packed.row_offsets[i + 1]]
         sample = training_sample(row, cu, extra_token=extra_token)
         expected = reference_sample(row, int(cu[-1]), seq_len, document_of)

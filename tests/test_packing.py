@@ -35,7 +35,7 @@ def pieces(packed: Packed) -> list[np.ndarray]:
     """Every piece of every row: the tokens between consecutive boundaries."""
     return [
         row[a:b]
-        for row, cu in zip(packed.rows, row_cuts(packed), strict=True)
+        for row, cu in zip(np.asarray(packed.rows), row_cuts(packed), strict=True)
         for a, b in zip(cu[:-1], cu[1:], strict=True)
     ]
 
@@ -47,14 +47,14 @@ def document_of(tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def test_concat_extra_token_rows_share_one_token():
     packed = pack_concat(np.arange(10), np.array([3, 4, 3]), seq_len=4, pad_id=-1, extra_token=True)
-    assert packed.rows.tolist() == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8], [8, 9, -1, -1, -1]]
+    assert np.asarray(packed.rows).tolist() == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8], [8, 9, -1, -1, -1]]
     assert row_cuts(packed) == [[0, 3, 5], [0, 3, 5], [0, 2]]
     assert (packed.real_tokens, packed.pad_tokens) == (12, 3)
 
 
 def test_concat_extra_token_document_end_at_the_shared_token():
     packed = pack_concat(np.arange(9), np.array([4, 5]), seq_len=4, pad_id=-1, extra_token=True)
-    assert packed.rows.tolist() == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]]
+    assert np.asarray(packed.rows).tolist() == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]]
     assert row_cuts(packed) == [[0, 4, 5], [0, 5]]
 
 
@@ -63,15 +63,16 @@ def test_concat_keeps_every_token_once_in_order(lengths, seq_len, extra_token):
     lengths = np.array(lengths)
     tokens = np.arange(lengths.sum())
     packed = pack_concat(tokens, lengths, seq_len, pad_id=-1, extra_token=extra_token)
-    assert packed.rows.shape[1] == seq_len + extra_token
+    rows = np.asarray(packed.rows)
+    assert rows.shape[1] == seq_len + extra_token
     # every row's first seq_len tokens, then the rest of the last row, are the stream; with extra_token
     # row i's last token is row i+1's first
     real = [cu[-1] for cu in row_cuts(packed)]
-    stream = np.concatenate([*(row[:seq_len] for row in packed.rows[:-1]), packed.rows[-1][: real[-1]]])
+    stream = np.concatenate([*(row[:seq_len] for row in rows[:-1]), rows[-1][: real[-1]]])
     assert np.array_equal(stream, tokens)
     assert all(r == seq_len + extra_token for r in real[:-1])
     if extra_token:
-        assert np.array_equal(packed.rows[:-1, -1], packed.rows[1:, 0])
+        assert np.array_equal(rows[:-1, -1], rows[1:, 0])
     for piece in pieces(packed):  # boundaries agree with the tokens: a piece is a run of one document
         assert np.array_equal(piece, np.arange(piece[0], piece[0] + len(piece)))
         assert len(set(document_of(piece, lengths))) == 1

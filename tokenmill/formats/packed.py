@@ -15,10 +15,18 @@ SUFFIXES = {"rows": ".tokens.npy", "cu_seqlens": ".cu_seqlens.npy", "row_offsets
 
 
 def write_packed(paths: dict[str, Path], packed: Packed) -> None:
-    """Write each array of `packed` to its path (keys as in SUFFIXES)."""
+    """Write each array of `packed` to its path (keys as in SUFFIXES); concat's rows block by block, the bytes
+    `np.save` writes for the whole array."""
     for key, path in paths.items():
+        array = getattr(packed, key)
         with open(path, "wb") as f:
-            np.save(f, getattr(packed, key), allow_pickle=False)
+            if isinstance(array, np.ndarray):
+                np.save(f, array, allow_pickle=False)
+                continue
+            header = {"descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": False, "shape": array.shape}
+            np.lib.format.write_array_header_1_0(f, header)
+            for block in array.blocks():
+                f.write(block)
 
 
 class PackedReader:
