@@ -14,7 +14,7 @@ import pytest
 from tokenmill.config import load_config
 from tokenmill.partition import shard_pieces
 from tokenmill.tokenizer import TokenizerInfo
-from tokenmill.validate import StatsColumns, ValidationFailed, stats_table, table_of, validate
+from tokenmill.validate import StatsColumns, ValidationFailed, _only_pad_after, stats_table, table_of, validate
 from tokenmill.validate import records as validate_records
 
 from .conftest import EXAMPLES, read_jsonl
@@ -273,3 +273,18 @@ def test_stats_columns_give_the_table_of_the_rows_in_any_order(dataset):
     kept = columns.table()
     pd.testing.assert_frame_equal(kept, table_of(rows))
     assert kept.equals(table) and list(validate_records(kept)) == list(validate_records(table))
+
+
+def test_pad_is_checked_after_each_rows_real_tokens_in_every_block_of_rows():
+    # 5,000 rows of 2,048: two blocks of padded rows (4,096 to a block); full rows are not looked at.
+    rng = np.random.default_rng(0)
+    real = rng.integers(1, 2049, 5000)
+    rows = np.where(np.arange(2048) < real[:, None], rng.integers(0, 50000, (5000, 2048)), 50256).astype(np.uint16)
+    assert _only_pad_after(rows, real, 50256)
+    padded = np.flatnonzero(real < 2048)
+    row = padded[4500]  # in the second block
+    rows[row, real[row]] = 7
+    assert not _only_pad_after(rows, real, 50256)
+    rows[row, real[row]] = 50256
+    rows[padded[0], -1] = 7  # the last slot of the first padded row
+    assert not _only_pad_after(rows, real, 50256)

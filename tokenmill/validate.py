@@ -285,8 +285,7 @@ def _check_packed(store: Store, row, pack: PackConfig, pad_id: int) -> list[str]
         real = cu[offsets[1:] - 1]
         if int(real.sum()) != row.packed_real_tokens or rows.size - int(real.sum()) != row.packed_pad_tokens:
             return [f"{prefix}.cu_seqlens.npy: {real.sum()} real tokens, stats say {row.packed_real_tokens}"]
-        is_pad = np.arange(width)[None, :] >= real[:, None]
-        if not np.all(np.asarray(rows)[is_pad] == pad_id):
+        if not _only_pad_after(rows, real, pad_id):
             return [f"{prefix}.tokens.npy: tokens other than pad id {pad_id} after the real tokens"]
         if pack.mode == "concat" and np.any(real[:-1] != width):
             return [f"{prefix}.cu_seqlens.npy: a concat row other than the last is not full"]
@@ -295,6 +294,19 @@ def _check_packed(store: Store, row, pack: PackConfig, pad_id: int) -> list[str]
         if pack.mode == "window":
             return _check_windows(store, row, pack, np.asarray(rows), offsets, real)
     return []
+
+
+def _only_pad_after(rows: np.ndarray, real: np.ndarray, pad_id: int) -> bool:
+    """Whether every token of every row after its `real` tokens is `pad_id`: the padded rows only, a block of them
+    at a time (a mask over all of a shard's rows is as large as its tokens, fresh memory for every shard)."""
+    width = rows.shape[1]
+    padded = np.flatnonzero(real < width)
+    step = max(1, (8 << 20) // width)
+    for start in range(0, len(padded), step):
+        chosen = padded[start : start + step]
+        if not np.all(rows[chosen][np.arange(width) >= real[chosen, None]] == pad_id):
+            return False
+    return True
 
 
 def _check_windows(store: Store, row, pack: PackConfig, rows: np.ndarray, offsets: np.ndarray, real) -> list[str]:
