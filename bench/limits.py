@@ -21,7 +21,8 @@ x200 12 GB, x500 30 GB), in one benchmark run:
 - **tokenmill**: `tokenmill run` (bench/megatron.py's: the default config but `pack.mode: none`, a LocalCluster
   of one worker per core, the Prefect server started before): the whole run's MB/s, the tokenize stage's (the
   file over the seconds from the encoder's choice to the last shard), and the largest process's and the process
-  tree's peak RSS. With `--baseline DIR`, tokenmill from that checkout (e.g. the commit before a change) runs
+  tree's peak RSS; with `--pack-mode concat`, the default config as it is (the packed rows written too). With
+  `--baseline DIR`, tokenmill from that checkout (e.g. the commit before a change) runs
   too, right before this one, on the same file and between the same limits. With `--cold`, the file's pages
   are dropped from the page cache before each run (`posix_fadvise(DONTNEED)`: no root needed), as a corpus that
   no process has read lately is: the run reads it from disk.
@@ -189,6 +190,7 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="directory for the corpora and outputs (default: a temp dir)")
     parser.add_argument("--baseline", default=None, help="a checkout of tokenmill to run too, before this one")
     parser.add_argument("--cold", action="store_true", help="drop the corpus from the page cache before each run")
+    parser.add_argument("--pack-mode", default="none", help="the runs' pack.mode (concat: the default config as is)")
     args = parser.parse_args()
     megatron, tokenize = _bench("megatron"), _bench("tokenize")
     cores = os.cpu_count() or 1
@@ -223,6 +225,7 @@ def main() -> None:
             row = {
                 "corpus_gb": round(size / 1e9, 2),
                 "input": "cold" if args.cold else "cached",
+                "pack_mode": args.pack_mode,
                 "repeat": repeat,
                 "before": {k: round(v) for k, v in before.items()},
                 "after": {k: round(v) for k, v in after.items()},

@@ -217,7 +217,7 @@ def run_tokenmill(args, corpus: Path, out: Path, cap: int, code: Path | None = N
                 "name": "bench",
                 "input": {"paths": [str(corpus)]},
                 "tokenizer": {"path": args.tokenizer},
-                "pack": {"mode": "none"},
+                "pack": {"mode": args.pack_mode},
                 "output": {"path": str(out)},
             }
         )  # fmt: skip
@@ -337,6 +337,7 @@ def main() -> None:
     parser.add_argument("--big-repeat", type=int, default=0, help="then one run on this many copies (200: 12 GB)")
     parser.add_argument("--memory-cap", type=float, default=20.0, help="GB: the watchdog kills a tool's tree past it")
     parser.add_argument("--ceiling-mb", type=float, default=300)
+    parser.add_argument("--pack-mode", default="none", help="tokenmill's pack.mode (Megatron's tool does not pack)")
     parser.add_argument("--work", default=None, help="directory for corpora and outputs (default: a temp dir)")
     args = parser.parse_args()
     missing = [n for n in ("megatron_dir", "megatron_python", "megatron_tokdir") if not getattr(args, n)]
