@@ -79,7 +79,9 @@ class Watched:
     process's and the whole tree's peak RSS, why the watchdog killed it, if it did, and each kind of process's
     CPU seconds over time (`timeline`), with those of `beside` (a server the command talks to) since the start."""
 
-    def __init__(self, command: list[str], env: dict, cap: int, log: Path, beside: psutil.Process | None = None):
+    def __init__(
+        self, command: list[str], env: dict, cap: int, log: Path, beside: psutil.Process | None = None, cwd=None
+    ):
         self.peak_process = self.peak_tree = 0
         self.killed = False
         self.cpu_by_process: dict[int, tuple[str, float]] = {}  # pid -> (what, CPU seconds when last seen)
@@ -87,7 +89,7 @@ class Watched:
         self.beside, self.beside_cpu = beside, _cpu(beside)
         with open(log, "wb") as out:
             self.spawned, started = time.time(), time.perf_counter()
-            self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
             self.done = threading.Event()  # the watcher must not poll(): that could reap the child before wait4
             watcher = threading.Thread(target=self._watch, args=(cap,), daemon=True)
             watcher.start()
@@ -215,20 +217,24 @@ def run_tokenmill(args, corpus: Path, out: Path, cap: int, code: Path | None = N
         json.dumps(
             {
                 "name": "bench",
-                "input": {"paths": [str(corpus)]},
-                "tokenizer": {"path": args.tokenizer},
+                "input": {"paths": [str(corpus.resolve())]},
+                "tokenizer": {"path": str(Path(args.tokenizer).resolve())},
                 "pack": {"mode": args.pack_mode},
-                "output": {"path": str(out)},
+                "output": {"path": str(out.resolve())},
             }
         )  # fmt: skip
     )
     env = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}
     if code is not None:
-        env["PYTHONPATH"] = str(Path(code).resolve())  # ahead of this checkout's editable install
-    command = [sys.executable, "-m", "tokenmill", "run", str(config)]
+        code = Path(code).resolve()
+        # Ahead of this checkout's editable install; and run from there, since `python -m` and `-c` (the flow, the
+        # cluster's processes) put their working directory ahead of PYTHONPATH: run from this checkout, the
+        # baseline ran this checkout's code.
+        env["PYTHONPATH"] = str(code)
+    command = [sys.executable, "-m", "tokenmill", "run", str(config.resolve())]
     server = prefect_server()
     server_cpu = _cpu(server)
-    run = Watched(command, env, cap, out.parent / f"{out.name}.log", beside=server)
+    run = Watched(command, env, cap, out.parent / f"{out.name}.log", beside=server, cwd=code)
     server_cpu = round(_cpu(server) - server_cpu, 1)
     counted = (None, None)
     if run.returncode == 0:
