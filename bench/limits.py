@@ -22,13 +22,14 @@ x200 12 GB, x500 30 GB), in one benchmark run:
   of one worker per core, the Prefect server started before): the whole run's MB/s, the tokenize stage's (the
   file over the seconds from the encoder's choice to the last shard), and the largest process's and the process
   tree's peak RSS; with `--pack-mode concat`, the default config as it is (the packed rows written too). With
-  `--baseline DIR`, tokenmill from that checkout (e.g. the commit before a change) runs
-  too, right before this one, on the same file and between the same limits. With `--cold`, the file's pages
+  `--baseline DIR`, tokenmill from that checkout (e.g. the commit before a change) runs too, on the same file
+  and between the same limits; with `--rounds N`, each runs N times, alternated (the baseline first in the
+  first round), and a row reports the run of median wall time and every run's. With `--cold`, the file's pages
   are dropped from the page cache before each run (`posix_fadvise(DONTNEED)`: no root needed), as a corpus that
   no process has read lately is: the run reads it from disk.
 
-The limits are measured just before and just after each run (the host's speed drifts); a run's ratios are to
-their mean.
+The limits are measured just before and just after a corpus's runs (the host's speed drifts); the ratios are
+to their mean.
 
     .venv/bin/python bench/limits.py --repeats 20,200,500 --work /tmp/limits
 """
@@ -191,6 +192,7 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, help="a checkout of tokenmill to run too, before this one")
     parser.add_argument("--cold", action="store_true", help="drop the corpus from the page cache before each run")
     parser.add_argument("--pack-mode", default="none", help="the runs' pack.mode (concat: the default config as is)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of tokenmill (and the baseline, alternated)")
     args = parser.parse_args()
     megatron, tokenize = _bench("megatron"), _bench("tokenize")
     cores = os.cpu_count() or 1
@@ -210,15 +212,18 @@ def main() -> None:
             corpus = work / "corpus.jsonl"
             size = tokenize.make_corpus(Path(args.source), repeat, corpus)
             before = limits(corpus, args.tokenizer, args.prefix_mb, size // repeat)
-            baseline = None
-            if args.baseline:
-                if args.cold:
-                    out_of_page_cache(corpus)
-                baseline = megatron.run_tokenmill(args, corpus, work / "baseline", cap, Path(args.baseline))
-                shutil.rmtree(work / "baseline", ignore_errors=True)
-            if args.cold:
-                out_of_page_cache(corpus)
-            run = megatron.run_tokenmill(args, corpus, work / "tokenmill", cap)
+            runs: dict[bool, list[dict]] = {False: [], True: []}  # baseline? -> its runs
+            for round_ in range(args.rounds):
+                for baseline_now in (True, False) if round_ % 2 == 0 else (False, True):  # alternated
+                    if baseline_now and not args.baseline:
+                        continue
+                    if args.cold:
+                        out_of_page_cache(corpus)
+                    out = work / ("baseline" if baseline_now else "tokenmill")
+                    code = Path(args.baseline) if baseline_now else None
+                    runs[baseline_now].append(megatron.run_tokenmill(args, corpus, out, cap, code))
+                    shutil.rmtree(out, ignore_errors=True)
+            run, baseline = median_run(runs[False]), median_run(runs[True])
             after = limits(corpus, args.tokenizer, args.prefix_mb, size // repeat)
             mean = with_implied({k: (before[k] + after[k]) / 2 for k in before}, cores)
             stage_s = run["phases"].get("tokenize")
@@ -231,6 +236,7 @@ def main() -> None:
                 "after": {k: round(v) for k, v in after.items()},
                 "limits": {k: round(v) for k, v in mean.items()},
                 "run_s": run["wall_s"],
+                "runs_s": [r["wall_s"] for r in runs[False]],
                 "run_mb_s": round(size / 1e6 / run["wall_s"]),
                 "tokenize_stage_s": stage_s,
                 "tokenize_stage_mb_s": round(size / 1e6 / stage_s) if stage_s else None,
@@ -243,6 +249,7 @@ def main() -> None:
             if baseline is not None:
                 row["baseline"] = {
                     "run_s": baseline["wall_s"],
+                    "runs_s": [r["wall_s"] for r in runs[True]],
                     "run_mb_s": round(size / 1e6 / baseline["wall_s"]),
                     "tokenize_stage_s": baseline["phases"].get("tokenize"),
                     "peak_process_gb": baseline["peak_process_gb"],
@@ -251,9 +258,13 @@ def main() -> None:
                 }
             rows.append(row)
             print(json.dumps(row), flush=True)
-            shutil.rmtree(work / "tokenmill", ignore_errors=True)
             corpus.unlink()
     print_table(rows)
+
+
+def median_run(runs: list[dict]) -> dict | None:
+    """The run of median wall time (the faster of the middle two), None for none."""
+    return sorted(runs, key=lambda r: r["wall_s"])[(len(runs) - 1) // 2] if runs else None
 
 
 def out_of_page_cache(path: Path) -> None:
@@ -265,7 +276,7 @@ def out_of_page_cache(path: Path) -> None:
 
 def print_table(rows: list[dict]) -> None:
     print("\nMB of input per second; per core for the pieces alone, the run's for tokenmill. Limits: the mean of")
-    print("before and after each run. Ratios: tokenmill's whole run to the encoder ceiling, its tokenize stage to")
+    print("before and after the runs. Ratios: tokenmill's whole run to the encoder ceiling, its tokenize stage to")
     print("the parse+encode limit.\n")
     print("| corpus | encoder, unseen text | encoder | parser | gigatoken reader+encoder | tokenmill reader "
           "| tokenmill encoder | encoder ceiling | parse+encode limit | tokenmill run | tokenize stage | run / ceiling "
