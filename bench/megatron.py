@@ -80,7 +80,13 @@ class Watched:
     CPU seconds over time (`timeline`), with those of `beside` (a server the command talks to) since the start."""
 
     def __init__(
-        self, command: list[str], env: dict, cap: int, log: Path, beside: psutil.Process | None = None, cwd=None
+        self,
+        command: list[str],
+        env: dict,
+        cap: int,
+        log: Path,
+        beside: psutil.Process | None = None,
+        cwd: Path | None = None,
     ):
         self.peak_process = self.peak_tree = 0
         self.killed = False
