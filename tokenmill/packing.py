@@ -68,9 +68,9 @@ def padded_layout_rows(lengths: np.ndarray, seq_len: int) -> int:
 
 class ConcatRows:
     """`concat`'s rows, cut from the token stream as they are written rather than held: a copy of a shard's
-    tokens was the largest thing a worker held (0.4 GB for a 750 MB shard). Rows
-    come in blocks of about BLOCK_BYTES (`blocks`), views of `tokens` where no row of the block is padded or
-    shares a token; `np.asarray` makes the whole array."""
+    tokens was the largest thing a worker held (0.4 GB for a 750 MB shard). Rows come in blocks of about
+    BLOCK_BYTES (`blocks`), views of `tokens` where no row of the block is padded or shares a token; `np.asarray`
+    makes the whole array."""
 
     BLOCK_BYTES = 8 << 20
 
