@@ -14,7 +14,15 @@ import pytest
 from tokenmill.config import load_config
 from tokenmill.partition import shard_pieces
 from tokenmill.tokenizer import TokenizerInfo
-from tokenmill.validate import StatsColumns, ValidationFailed, _only_pad_after, stats_table, table_of, validate
+from tokenmill.validate import (
+    PAD_CHECK_BYTES,
+    StatsColumns,
+    ValidationFailed,
+    _only_pad_after,
+    stats_table,
+    table_of,
+    validate,
+)
 from tokenmill.validate import records as validate_records
 
 from .conftest import EXAMPLES, read_jsonl
@@ -277,6 +285,7 @@ def test_stats_columns_give_the_table_of_the_rows_in_any_order(dataset):
 
 def test_pad_is_checked_after_each_rows_real_tokens_in_every_block_of_rows():
     # 5,000 rows of 2,048: two blocks of padded rows (4,096 to a block); full rows are not looked at.
+    assert PAD_CHECK_BYTES // 2048 == 4096
     rng = np.random.default_rng(0)
     real = rng.integers(1, 2049, 5000)
     rows = np.where(np.arange(2048) < real[:, None], rng.integers(0, 50000, (5000, 2048)), 50256).astype(np.uint16)

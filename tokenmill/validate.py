@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens", "max_token_id",
            "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files"]  # fmt: skip
+PAD_CHECK_BYTES = 8 << 20  # a packed shard's padded rows are checked this many bytes of mask at a time
 ROWS_AT_ONCE = 10_000  # stats rows (or a dataset's files) made into Python objects at a time
 _NOT_PACKED = {"rows": -1, "real_tokens": -1, "pad_tokens": -1, "padded_layout_rows": -1, "llmc_files": -1}
 
@@ -301,7 +302,7 @@ def _only_pad_after(rows: np.ndarray, real: np.ndarray, pad_id: int) -> bool:
     at a time (a mask over all of a shard's rows is as large as its tokens, fresh memory for every shard)."""
     width = rows.shape[1]
     padded = np.flatnonzero(real < width)
-    step = max(1, (8 << 20) // width)
+    step = max(1, PAD_CHECK_BYTES // width)
     for start in range(0, len(padded), step):
         chosen = padded[start : start + step]
         if not np.all(rows[chosen][np.arange(width) >= real[chosen, None]] == pad_id):
