@@ -99,10 +99,7 @@ def run_cli(prefect_api, dask_cluster):
         if not local_cluster:
             env["TOKENMILL_DASK_ADDRESS"] = dask_cluster
         started = time.monotonic()
-        result = subprocess.run(
-            [sys.executable, "-m", "tokenmill", *args],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+        result = run_or_show_stacks([sys.executable, "-m", "tokenmill", *args], env)
         if check and result.returncode != 0:
             raise AssertionError(
                 f"tokenmill {' '.join(args)} exited {result.returncode} after {time.monotonic() - started:.0f} s:\n"
@@ -111,6 +108,25 @@ def run_cli(prefect_api, dask_cluster):
         return result
 
     return run
+
+
+# No `tokenmill` command of the tests takes a minute alone; a run past this is stuck, under any load.
+RUN_TIMEOUT_S = 300
+
+
+def run_or_show_stacks(command: list, env: dict) -> subprocess.CompletedProcess:
+    """`command` run to its end; one still running after RUN_TIMEOUT_S fails the test with what it printed and every
+    thread's stack (`tokenmill` prints them on SIGUSR1), then is killed."""
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{' '.join(map(str, command))} still ran after {RUN_TIMEOUT_S} s:\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import gc
 import logging
 import os
@@ -114,6 +115,9 @@ def main(
     ] = False,
 ) -> None:
     """tokenmill: a raw text corpus in, training-ready tokens out (a Prefect flow on Dask)."""
+    # `kill -USR1 <pid>` prints every thread's stack to stderr and the command goes on: what a command that seems
+    # stuck is doing, without a debugger (the tests send it to a run that outlives its timeout).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 # `tokenmill run --help`: the config's sections, from the model itself (docs/configuration.md has every key).
