@@ -64,15 +64,19 @@ def logged(client, flow_run_id, text: str) -> bool:
     (Prefect's own text filter answers a server error on SQLite.)"""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    of_run, offset = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), 0
-    while page := client.read_logs(of_run, limit=LOG_PAGE, offset=offset):
-        if any(text in log.message for log in page):
-            return True
-        offset += len(page)
-    return False
+    of_run = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+    return any(text in log.message for log in every_page(client.read_logs, log_filter=of_run))
 
 
-LOG_PAGE = 200  # the server's most per read (PREFECT_API_DEFAULT_LIMIT)
+API_PAGE = 200  # the most a read of the Prefect API returns (PREFECT_API_DEFAULT_LIMIT)
+
+
+def every_page(read, **filters) -> list:
+    """Everything a Prefect client's `read` (read_logs, read_flow_runs) finds, read a page at a time."""
+    found: list = []
+    while page := read(**filters, limit=API_PAGE, offset=len(found)):
+        found += page
+    return found
 
 
 def block(path: Path) -> None:
@@ -92,6 +96,8 @@ def markers(out: Path, stage: str) -> dict[str, int]:
 def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
     gpt2_run, prefect_api, prefect_client, dask_cluster, tmp_path
 ):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
     out = tmp_path / "out"
     overrides = ["--set", "partition.shard_size=1MB"]
     blocked = out / "megatron/train/shard-00001.bin"
@@ -107,7 +113,9 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
             lambda: deployment_named(prefect_client, "corpus-to-tokens/ops"), 120, "the served deployment"
         )
         # the cron schedule produces scheduled runs
-        assert wait_for(lambda: prefect_client.read_flow_runs(limit=5), 180, "scheduled runs")
+        of_deployment = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+        scheduled = wait_for(lambda: prefect_client.read_flow_runs(deployment_filter=of_deployment), 180, "runs")
+        assert all(r.state.is_scheduled() for r in scheduled), scheduled
 
         # a run triggered through the API with parameters (the served config): shard 1 cannot be written
         run = prefect_client.create_flow_run_from_deployment(deployment.id, parameters=deployment.parameters)

@@ -21,7 +21,7 @@ import pytest
 from flows.server import ui_url
 
 from .conftest import CORPORA, REPO, STOP_CEILING, dataset_files, served_process, stop
-from .test_operations import block, deployment_named, final_state, markers, unblock, wait_for
+from .test_operations import block, deployment_named, every_page, final_state, markers, unblock, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Headless and quiet: without the background-networking flags Chromium keeps calling Google's services, which
@@ -144,10 +144,11 @@ def test_a_mixture_run_page_shows_its_sources_in_the_task_runs_and_the_mix_in_th
 
 
 def runs_building(client, output: Path) -> list:
-    """The flow runs whose config builds in `output`."""
+    """The flow runs whose config builds in `output`, of all the session server's: a cron deployment's schedule
+    alone adds 100, and a read returns a page of them in the order of their random ids."""
     return [
         r
-        for r in client.read_flow_runs()
+        for r in every_page(client.read_flow_runs)
         if r.parameters.get("config", {}).get("output", {}).get("path") == str(output)
     ]
 
