@@ -10,7 +10,7 @@ import sys
 import httpx
 import psutil
 
-from .conftest import REPO
+from .conftest import REPO, run_or_show_stacks
 
 
 def tokenmill_server(command: str, env: dict) -> list[str]:
@@ -59,10 +59,9 @@ def test_a_prefect_server_behind_basic_auth_takes_runs_that_have_its_password_an
     client.pop("TOKENMILL_DASK_ADDRESS", None)
 
     def run(name: str, **extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / name}"],
-            cwd=REPO, env=client | extra, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+        output = f"output.path={tmp_path / name}"
+        return run_or_show_stacks([sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", output],
+                                  client | extra)  # fmt: skip
 
     try:
         assert httpx.get(f"{api}/health", timeout=10).status_code == 200
