@@ -295,6 +295,39 @@ def test_dashboard_filter_drops_only_bokehs_assertion_on_a_detached_session():
     assert ClosedDashboardTab in {type(f) for f in logging.getLogger("tornado.application").filters}
 
 
+def test_worker_filter_drops_only_a_heartbeat_the_closing_scheduler_cut_off():
+    """The record a loaded machine made once at a run's end (a worker's heartbeat as the scheduler closed), as
+    `distributed.worker` logs it: dropped; the same words with another cause, or other errors, pass. The workers
+    of the LocalCluster `tokenmill run` starts have it (their forkserver installs it)."""
+    import logging
+
+    from distributed.comm.core import CommClosedError
+
+    from flows.clusters.local_process import HEARTBEAT_FAILED, ClosedScheduler
+
+    def record_of(error: Exception, message: str = HEARTBEAT_FAILED + ".") -> logging.LogRecord:
+        try:
+            raise error
+        except Exception:
+            return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 0, message, (), sys.exc_info())
+
+    cut_off = CommClosedError("in <TCP (closed) ConnectionPool.heartbeat_worker>: Stream is closed")
+    filter_ = ClosedScheduler()
+    assert not filter_.filter(record_of(cut_off))
+    assert filter_.filter(record_of(OSError("Timed out trying to connect")))
+    assert filter_.filter(record_of(cut_off, "Unexpected exception during heartbeat. Closing worker."))
+    from distributed import Client
+
+    from flows.clusters.local import local_cluster_process
+    from tokenmill.config import DaskConfig
+
+    def worker_filters() -> list[str]:
+        return [type(f).__name__ for f in logging.getLogger("distributed.worker").filters]
+
+    with local_cluster_process(DaskConfig(n_workers=1)) as address, Client(address()) as client:
+        assert list(client.run(worker_filters).values()) == [["ClosedScheduler"]]
+
+
 @pytest.fixture(scope="module")
 def served(prefect_api, dask_cluster, tmp_path_factory):
     """`tokenmill serve` of examples/gpt2.yaml (4 shards) as deployment `ui`, its runs on the session's cluster."""

@@ -2,9 +2,11 @@
 worker needs (`WORKER_MODULES`), and the run's pretrained tokenizer, whose config FORKSERVER_TOKENIZER holds,
 read as the run will install it and its encoders loaded (`tokenmill.encoders.preload_tokenizer`), so that every
 worker starts with them. Each worker loaded them itself, 0.5 s of CPU, while the run's encoder was being
-chosen; now it is done once, while the flow's process imports Prefect."""
+chosen; now it is done once, while the flow's process imports Prefect. And the workers' log filter
+(`local_process.ClosedScheduler`)."""
 
 import contextlib
+import logging
 import os
 
 from flows.clusters.local import FORKSERVER_TOKENIZER
@@ -28,3 +30,6 @@ def preload() -> None:
 
 with without_collector():
     preload()
+    from flows.clusters.local_process import ClosedScheduler
+
+logging.getLogger("distributed.worker").addFilter(ClosedScheduler())  # every worker forks with it

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import dask
 from distributed import LocalCluster
+from distributed.comm.core import CommClosedError
 
 from flows.clusters import ClusterStartError
 from flows.dask_settings import WORKER_LOG_LENGTH
@@ -49,6 +50,21 @@ class ClosedDashboardTab(logging.Filter):
 
 for _name in ("tornado.application", "bokeh.server.protocol_handler", "bokeh.server.views.ws"):
     logging.getLogger(_name).addFilter(ClosedDashboardTab())
+
+HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat"  # distributed.worker's words
+
+
+class ClosedScheduler(logging.Filter):
+    """Drops the traceback a LocalCluster's worker logs when its heartbeat finds the scheduler's connection closed.
+    As the cluster closes at a run's end, a worker not yet told to close (on a loaded machine) can heartbeat while
+    the scheduler closes, and `distributed.worker` logged that error with a CommClosedError's traceback on the
+    run's terminal after the run had finished. The scheduler lives in the process of the workers' nannies, so
+    its connections close only as the cluster does (a scheduler lost mid-run, the flow says so in its own words);
+    a heartbeat's other failures still show. Installed in the workers' forkserver (`forkserver_preload`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, CommClosedError) and record.getMessage().startswith(HEARTBEAT_FAILED))
 
 
 # Worker processes fork from a server that has imported what every worker needs (flows.clusters.local starts it),
