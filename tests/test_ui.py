@@ -301,9 +301,12 @@ def test_worker_filter_drops_only_a_heartbeat_the_closing_scheduler_cut_off():
     of the LocalCluster `tokenmill run` starts have it (their forkserver installs it)."""
     import logging
 
+    from distributed import Client
     from distributed.comm.core import CommClosedError
 
+    from flows.clusters.local import local_cluster_process
     from flows.clusters.local_process import HEARTBEAT_FAILED, ClosedScheduler
+    from tokenmill.config import DaskConfig
 
     def record_of(error: Exception, message: str = HEARTBEAT_FAILED + ".") -> logging.LogRecord:
         try:
@@ -316,10 +319,6 @@ def test_worker_filter_drops_only_a_heartbeat_the_closing_scheduler_cut_off():
     assert not filter_.filter(record_of(cut_off))
     assert filter_.filter(record_of(OSError("Timed out trying to connect")))
     assert filter_.filter(record_of(cut_off, "Unexpected exception during heartbeat. Closing worker."))
-    from distributed import Client
-
-    from flows.clusters.local import local_cluster_process
-    from tokenmill.config import DaskConfig
 
     def worker_filters() -> list[str]:
         return [type(f).__name__ for f in logging.getLogger("distributed.worker").filters]
