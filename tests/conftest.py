@@ -110,7 +110,8 @@ def run_cli(prefect_api, dask_cluster):
     return run
 
 
-# No `tokenmill` command of the tests takes a minute alone; a run past this is stuck, under any load.
+# A test's `tokenmill` command still running after this is stuck: the slowest tests that run them, several
+# commands each, take under a minute beside the rest of the suite.
 RUN_TIMEOUT_S = 300
 
 
