@@ -24,6 +24,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from contextlib import ExitStack  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -47,7 +48,9 @@ def encode_slice(source: Path, tokenizer_path: Path) -> tuple[np.ndarray, np.nda
 
 
 def pack_and_write(paths: dict[str, Path], tokens: np.ndarray, lengths: np.ndarray, config: PackConfig) -> None:
-    write_packed(paths, pack(tokens, lengths, config, pad_id=50256))
+    with ExitStack() as stack:
+        files = {key: stack.enter_context(open(path, "wb")) for key, path in paths.items()}
+        write_packed(files, pack(tokens, lengths, config, pad_id=50256))
 
 
 def timed(fn, *args, **kwargs):

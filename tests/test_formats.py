@@ -1,4 +1,5 @@
 import struct
+from contextlib import ExitStack
 
 import numpy as np
 import pytest
@@ -71,7 +72,8 @@ def test_concat_rows_are_written_block_by_block_as_np_save_writes_them(tmp_path,
     assert [len(b) for b in blocks] == [3, 3, 3, 3]
     assert np.shares_memory(blocks[0], reader.tokens) != extra_token
     paths = {key: tmp_path / f"p{suffix}" for key, suffix in SUFFIXES.items()}
-    write_packed(paths, packed)
+    with ExitStack() as stack:
+        write_packed({key: stack.enter_context(open(path, "wb")) for key, path in paths.items()}, packed)
     stream = np.append(np.arange(57), [9999] * 4)
     rows = np.lib.stride_tricks.sliding_window_view(stream, 6)[::5] if extra_token else stream[:60].reshape(12, 5)
     expected = tmp_path / "expected.npy"

@@ -84,8 +84,8 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
                 packed = pack(tokens, lengths, config.pack, pad_id(config, tokenizer))
                 target = layout.packed_prefix(split, shard_id)
                 with ExitStack() as stack:
-                    paths = {k: stack.enter_context(store.writing(target + s, files)) for k, s in SUFFIXES.items()}
-                    write_packed(paths, packed)
+                    writing = {key: store.writing_file(target + suffix, files) for key, suffix in SUFFIXES.items()}
+                    write_packed({key: stack.enter_context(w) for key, w in writing.items()}, packed)
                 stats |= {"rows": len(packed.rows), "real_tokens": packed.real_tokens, "pad_tokens": packed.pad_tokens}
                 stats["padded_layout_rows"] = padded_layout_rows(lengths, config.pack.seq_len)
                 del packed

@@ -86,7 +86,7 @@ def tokenize_shard(
     # before it in each split]. None where a batch came another way (compressed, Parquet, text, dotted fields).
     blocks: list[list[int]] | None = []
     with ExitStack() as stack:
-        writers: dict[str, tuple[BinWriter, object]] = {}
+        writers: dict[str, BinWriter] = {}
         options, pieces = config.input_of(shard).read_options(), shard_pieces(shard)
         piece_of = {piece.path: index for index, piece in enumerate(pieces)}  # a block is read back by its path
         for batch, batch_rejects in read_documents(pieces, options, columnar=True):
@@ -116,17 +116,16 @@ def tokenize_shard(
                 if not len(split_lengths):
                     continue
                 if split not in writers:
-                    tmp = stack.enter_context(store.writing(layout.megatron_prefix(split, shard_id) + ".bin", files))
-                    writers[split] = (BinWriter(stack.enter_context(open(tmp, "wb")), dtype), tmp)
+                    bin_file = store.writing_file(layout.megatron_prefix(split, shard_id) + ".bin", files)
+                    writers[split] = BinWriter(stack.enter_context(bin_file), dtype)
                 split_tokens = flat if doc_split is None else flat[np.repeat(chosen, lengths)]
-                writers[split][0].add(split_tokens, split_lengths)
+                writers[split].add(split_tokens, split_lengths)
                 c = counts[split]
                 c["documents"] += len(split_lengths)
                 c["tokens"] += len(split_tokens)
                 c["max_token_id"] = max(c["max_token_id"], int(split_tokens.max()) if len(split_tokens) else -1)
-        bin_writers = {split: w for split, (w, _) in writers.items()}
     # The .bin files are committed; now their indexes, then the rejects, then the marker.
-    for split, writer in bin_writers.items():
+    for split, writer in writers.items():
         with store.writing(layout.megatron_prefix(split, shard_id) + ".idx", files) as tmp:
             write_index(tmp, writer.all_lengths(), dtype)
     if rejects:

@@ -6,6 +6,7 @@ global shuffle index `shuffle.npy` (int32 `[n_rows, 2]`: shard id, row). All mem
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -14,19 +15,15 @@ from tokenmill.packing import Packed
 SUFFIXES = {"rows": ".tokens.npy", "cu_seqlens": ".cu_seqlens.npy", "row_offsets": ".row_offsets.npy"}
 
 
-def write_packed(paths: dict[str, Path], packed: Packed) -> None:
-    """Write each array of `packed` to its path (keys as in SUFFIXES); concat's rows block by block, the bytes
-    `np.save` writes for the whole array."""
-    for key, path in paths.items():
+def write_packed(files: dict[str, BinaryIO], packed: Packed) -> None:
+    """Write each array of `packed` to its open file (keys as in SUFFIXES), the bytes `np.save` writes; concat's
+    rows block by block."""
+    for key, f in files.items():
         array = getattr(packed, key)
-        with open(path, "wb") as f:
-            if isinstance(array, np.ndarray):
-                np.save(f, array, allow_pickle=False)
-                continue
-            header = {"descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": False, "shape": array.shape}
-            np.lib.format.write_array_header_1_0(f, header)
-            for block in array.blocks():
-                f.write(block)
+        header = {"descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": False, "shape": array.shape}
+        np.lib.format.write_array_header_1_0(f, header)
+        for block in [np.ascontiguousarray(array)] if isinstance(array, np.ndarray) else array.blocks():
+            f.write(block)
 
 
 class PackedReader:
