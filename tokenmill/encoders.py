@@ -35,6 +35,8 @@ import orjson
 import pyarrow as pa
 from tokenizers import Tokenizer
 
+from tokenmill.readers import scan_parts
+
 BACKENDS = ("gigatoken", "tiktoken", "hf")  # fastest first: `auto` takes the first one that is exact
 Texts = pa.Array | Sequence[str]
 
@@ -275,7 +277,11 @@ class GuardedEncoder:
         lowest_lead = 0 if self.lowest_unsafe < 0x80 else (0xC0 if self.lowest_unsafe < 0x800 else 0xE0)
         if self.lowest_unsafe >= 0x10000:
             lowest_lead = 0xF0
-        leads = np.flatnonzero(data >= lowest_lead) if lowest_lead else np.arange(len(data))
+        if lowest_lead:
+            found = [np.flatnonzero(part >= lowest_lead) + start for start, part in scan_parts(data)]
+            leads = np.concatenate(found) if found else np.zeros(0, np.int64)
+        else:
+            leads = np.arange(len(data))
         leads = leads[leads >= offsets[0]]
         if not len(leads):
             return np.zeros(0, np.int64)

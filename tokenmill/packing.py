@@ -114,8 +114,8 @@ def pack_concat(
     # A document end e inside the stream closes a piece of row (e - 1) // seq_len, at e - row * seq_len
     # (with extra_token too: an end at the shared token is the next row's 0, which every row has anyway;
     # only the stream's end can fall past the last row, and a row's end is never an inner cut).
-    doc_ends = np.unique(np.cumsum(lengths, dtype=np.int64))
-    doc_ends = doc_ends[doc_ends > 0]  # empty documents end nowhere new
+    doc_ends = np.cumsum(lengths, dtype=np.int64)  # sorted: np.unique's hashing was 1-2% of a default run's CPU
+    doc_ends = doc_ends[np.diff(doc_ends, prepend=0) > 0]  # empty documents end nowhere new
     row_of_end = np.minimum((doc_ends - 1) // seq_len, n_rows - 1)
     local_end = doc_ends - row_of_end * seq_len
     inner = local_end < real[row_of_end]
