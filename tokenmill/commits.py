@@ -2,9 +2,9 @@
 
 A stage writes its shard's files first and its marker last; the marker holds the stage key (a hash of
 everything the output depends on), the shard's stats, and the size and sha256 of every file the shard wrote
-(hashed locally: the token files as their bytes are written, the others read back right after). A task that finds a marker with
-its key, and every file still as recorded, returns those stats at once, so reruns, retries and Dask's
-recomputations redo nothing; a file changed or deleted since its commit (a bit flip, a truncation, a stray
+(hashed locally: the token files as their bytes are written, the others read back right after). A task that
+finds a marker with its key, and every file still as recorded, returns those stats at once, so reruns, retries
+and Dask's recomputations redo nothing; a file changed or deleted since its commit (a bit flip, a truncation, a stray
 `rm`) makes the shard be redone, and the result says why (`redone`).
 """
 
