@@ -357,8 +357,10 @@ class HashingFile:
         self.file, self.sha256, self.bytes = file, hashlib.sha256(), 0
 
     def write(self, data) -> int:
-        written = self.file.write(data)  # first: where `data` is a memory map, the kernel's copy faults its pages
-        self.sha256.update(data)  # in (hashing first, at times three times the kernel's time, and never less)
+        # Written, then hashed: where `data` is a memory map, the kernel's copy faults its pages in; hashing first
+        # faulted them from user space, at times for three times the kernel's time.
+        written = self.file.write(data)
+        self.sha256.update(data)
         self.bytes += memoryview(data).nbytes
         return written
 
