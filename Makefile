@@ -64,7 +64,7 @@ format: setup
 	$(BIN)/ruff check --fix .
 
 bench: setup
-	$(BIN)/python bench/tokenize.py
+	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/pack.py
 
 # The fault campaign (bench/faults.py): every fault kind, TRIALS trials each, against a clean run; slow (hours

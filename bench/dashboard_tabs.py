@@ -13,15 +13,10 @@ Needs Debian's chromium (`make chromium`) and Playwright (`pip install -e '.[tes
 
 from __future__ import annotations
 
-import sys
-
-# bench/tokenize.py shares its name with the stdlib's `tokenize`: keep bench/ off the import path.
-# ruff: noqa: E402
-sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
-
 import argparse
 import re
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -29,6 +24,7 @@ from pathlib import Path
 
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import sync_playwright
+from throughput import tokenmill_command  # beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
@@ -38,7 +34,7 @@ SPILL = re.compile(r"Traceback|\| ERROR |ERROR - |CancelledError|AssertionError|
 
 def trial(browser, folder: Path) -> tuple[bool, str]:
     """One watched run; (spilled, what it printed)."""
-    command = [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={folder}",
+    command = [*tokenmill_command(), "run", "examples/gpt2.yaml", "--set", f"output.path={folder}",
                "--set", "partition.shard_size=32KB", "--set", "dask.n_workers=2"]  # fmt: skip
     run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []

@@ -17,13 +17,7 @@ ones reused, under their id or another) against the whole input.
     python bench/incremental.py [--files 100] [--docs 300]
 """
 
-# ruff: noqa: E402 (the imports follow the sys.path fix below)
 from __future__ import annotations
-
-import sys
-
-# bench/tokenize.py shares its name with the stdlib's `tokenize`: keep bench/ off the import path.
-sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
 
 import argparse
 import datetime
@@ -37,6 +31,8 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+
+from throughput import tokenmill_command  # beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -60,7 +56,7 @@ def land(path: Path, docs, n: int) -> None:
 def night(work: Path, config: Path, env: dict, tokenized_before: set[str]) -> dict:
     """One run; `tokenized_before`: the sources of every shard tokenized on earlier nights (updated here)."""
     began = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "tokenmill", "run", str(config)], env=env, cwd=REPO,
+    done = subprocess.run([*tokenmill_command(), "run", str(config)], env=env, cwd=REPO,
                           capture_output=True, text=True)  # fmt: skip
     wall = time.perf_counter() - began
     if done.returncode:
@@ -102,7 +98,7 @@ def main() -> None:
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "TOKENMILL_DASK_ADDRESS")}
     env |= {"PREFECT_HOME": str(args.work / "prefect-home"), "CI": "1"}
-    subprocess.run([sys.executable, "-m", "tokenmill", "server", "start"], env=env, capture_output=True, check=True)
+    subprocess.run([*tokenmill_command(), "server", "start"], env=env, capture_output=True, check=True)
     try:
         seen: set[str] = set()
         nights = {"first night": night(args.work, config, env, seen)}
@@ -114,7 +110,7 @@ def main() -> None:
         land(args.work / "in" / "dump-0000.jsonl.gz", docs, args.docs)
         nights["one file replaced"] = night(args.work, config, env, seen)
     finally:
-        subprocess.run([sys.executable, "-m", "tokenmill", "server", "stop"], env=env, capture_output=True)
+        subprocess.run([*tokenmill_command(), "server", "stop"], env=env, capture_output=True)
 
     print(f"# {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} cores, 1-min load "
           f"{os.getloadavg()[0]:.1f}; {args.files} files of {args.docs} enwiki documents, default config")  # fmt: skip

@@ -36,14 +36,7 @@ to their mean.
 
 from __future__ import annotations
 
-import sys
-
-# bench/tokenize.py shares its name with the stdlib's `tokenize`: keep bench/ off the import path.
-# ruff: noqa: E402
-sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
-
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -53,21 +46,14 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import megatron  # beside this file
 import psutil
+import throughput
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 BATCH = 2000  # texts per encoder call (the encoder alone)
 UNSEEN_MB = 50  # at most: within the first copy of the source (enwiki_slice: 60 MB)
-
-
-def _bench(name: str):
-    """bench/<name>.py loaded by path (bench/ is off the import path)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _prefix(corpus: Path, limit: int) -> bytes:
@@ -194,7 +180,6 @@ def main() -> None:
     parser.add_argument("--pack-mode", default="none", help="the runs' pack.mode (concat: the default config as is)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of tokenmill (and the baseline, alternated)")
     args = parser.parse_args()
-    megatron, tokenize = _bench("megatron"), _bench("tokenize")
     cores = os.cpu_count() or 1
 
     from flows.server import ensure_api
@@ -210,7 +195,7 @@ def main() -> None:
         work = Path(tmp)
         for repeat in [int(r) for r in args.repeats.split(",")]:
             corpus = work / "corpus.jsonl"
-            size = tokenize.make_corpus(Path(args.source), repeat, corpus)
+            size = throughput.make_corpus(Path(args.source), repeat, corpus)
             before = limits(corpus, args.tokenizer, args.prefix_mb, size // repeat)
             runs: dict[bool, list[dict]] = {False: [], True: []}  # baseline? -> its runs
             for round_ in range(args.rounds):

@@ -33,16 +33,9 @@ eos is the EOD (the recipe is `../shared/peers/README.md`), then:
 
 from __future__ import annotations
 
-import sys
-
-# bench/tokenize.py shares its name with the stdlib's `tokenize`: keep bench/ off the import path.
-# ruff: noqa: E402
-sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
-
 import argparse
 import contextlib
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -50,6 +43,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -57,21 +51,12 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import throughput  # beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 POLL_S = 0.05
 RESERVE = int(1.5e9)  # the watchdog also kills a tool when the host has less memory than this left
-
-
-def _bench_tokenize():
-    """bench/tokenize.py (its corpus writer and single-encoder timing), loaded by path: its name is the
-    stdlib's `tokenize`."""
-    spec = importlib.util.spec_from_file_location("bench_tokenize", REPO / "bench" / "tokenize.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its functions run in worker processes: pickled by module name
-    spec.loader.exec_module(module)
-    return module
 
 
 class Watched:
@@ -237,7 +222,7 @@ def run_tokenmill(args, corpus: Path, out: Path, cap: int, code: Path | None = N
         # cluster's processes) put their working directory ahead of PYTHONPATH: run from this checkout, the
         # baseline ran this checkout's code.
         env["PYTHONPATH"] = str(code)
-    command = [sys.executable, "-m", "tokenmill", "run", str(config.resolve())]
+    command = [*throughput.tokenmill_command(code=code), "run", str(config.resolve())]
     server = prefect_server()
     server_cpu = _cpu(server)
     run = Watched(command, env, cap, out.parent / f"{out.name}.log", beside=server, cwd=code)
@@ -305,10 +290,8 @@ def _numbers(run: Watched) -> dict:
 
 def ceiling_mb_s(corpus: Path, tokenizer: str, prefix_mb: float, cores: int) -> float:
     """The encoder ceiling now: `cores` x gigatoken alone on one core, texts in memory (bench/limits.py's)."""
-    spec = importlib.util.spec_from_file_location("bench_limits", REPO / "bench" / "limits.py")
-    limits = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = limits  # its measurement runs in a worker process: pickled by module name
-    spec.loader.exec_module(limits)
+    import limits  # beside this file; it imports this module too
+
     return cores * limits.limits(corpus, tokenizer, prefix_mb)["encoder"]
 
 
@@ -356,7 +339,6 @@ def main() -> None:
     if missing:
         parser.error("set " + ", ".join("--" + n.replace("_", "-") for n in missing) + " (see the docstring)")
     cap = int(args.memory_cap * 1e9)
-    bench_tokenize = _bench_tokenize()
     workers = os.cpu_count() or 1
 
     from flows.server import ensure_api
@@ -367,7 +349,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tokenmill-vs-megatron-", dir=args.work) as tmp:
         work = Path(tmp)
         corpus = work / "corpus.jsonl"
-        size = bench_tokenize.make_corpus(Path(args.source), args.repeat if args.rounds else 0, corpus)
+        size = throughput.make_corpus(Path(args.source), args.repeat if args.rounds else 0, corpus)
         cpu = platform.processor() or platform.machine()
         print(f"corpus: {size / 1e9:.2f} GB of JSONL ({args.repeat} x {Path(args.source).name}); "
               f"{workers} cores {cpu}, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
@@ -404,7 +386,7 @@ def main() -> None:
         if args.big_repeat:
             corpus.unlink()
             big = work / "big.jsonl"
-            size = bench_tokenize.make_corpus(Path(args.source), args.big_repeat, big)
+            size = throughput.make_corpus(Path(args.source), args.big_repeat, big)
             print(f"\nbig corpus: {size / 1e9:.2f} GB ({args.big_repeat} x {Path(args.source).name})")
             ceiling = ceiling_mb_s(big, args.tokenizer, args.ceiling_mb, workers)
             load = os.getloadavg()[0]

@@ -12,13 +12,7 @@ single run (the mix must be no slower per byte). One Prefect server for all runs
     .venv/bin/python bench/mix.py [--rounds 3]
 """
 
-# ruff: noqa: E402 (the imports follow the sys.path fix below)
 from __future__ import annotations
-
-import sys
-
-# bench/tokenize.py shares its name with the stdlib's `tokenize`: keep bench/ off the import path.
-sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
 
 import argparse
 import datetime
@@ -31,6 +25,7 @@ import time
 from pathlib import Path
 
 import yaml
+from throughput import tokenmill_command  # beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -68,7 +63,7 @@ def run(config: dict, work: Path, env: dict) -> float:
     path = work / f"{config['name']}-{time.monotonic_ns()}.yaml"
     path.write_text(yaml.safe_dump(config))
     began = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "tokenmill", "run", str(path)], env=env, cwd=REPO,
+    done = subprocess.run([*tokenmill_command(), "run", str(path)], env=env, cwd=REPO,
                           capture_output=True, text=True)  # fmt: skip
     wall = time.perf_counter() - began
     if done.returncode:
@@ -86,7 +81,7 @@ def main() -> None:
     args.work.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "TOKENMILL_DASK_ADDRESS")}
     env |= {"PREFECT_HOME": str(args.work / "prefect-home"), "CI": "1"}
-    subprocess.run([sys.executable, "-m", "tokenmill", "server", "start"], env=env, capture_output=True, check=True)
+    subprocess.run([*tokenmill_command(), "server", "start"], env=env, capture_output=True, check=True)
     walls: dict[str, list[float]] = {}
     try:
         # One untimed run first: a fresh server's first flow run, and a cold page cache, are no contender's cost.
@@ -100,7 +95,7 @@ def main() -> None:
             print(f"round {r + 1}: " + ", ".join(f"{n} {w[-1]:.1f} s" for n, w in walls.items()), flush=True)
             shutil.rmtree(args.work / f"round-{r}")
     finally:
-        subprocess.run([sys.executable, "-m", "tokenmill", "server", "stop"], env=env, capture_output=True)
+        subprocess.run([*tokenmill_command(), "server", "stop"], env=env, capture_output=True)
 
     text_mb = sum(  # uncompressed input, as the runs measure it (gzip's trailer)
         int.from_bytes(f.read_bytes()[-4:], "little") / 1e6

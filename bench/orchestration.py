@@ -19,13 +19,7 @@ its own PREFECT_HOME) is started before each run, so its database holds that run
 `--code <another checkout>` measures that checkout's tokenmill with this venv (e.g. the commit before a change).
 """
 
-# ruff: noqa: E402 (the imports follow the sys.path fix below)
 from __future__ import annotations
-
-import sys
-
-# bench/tokenize.py shares its name with the stdlib's `tokenize`: keep bench/ off the import path.
-sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
 
 import argparse
 import gzip
@@ -34,6 +28,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -42,6 +37,7 @@ from pathlib import Path
 import httpx
 import orjson
 import psutil
+from throughput import tokenmill_command  # beside this file
 
 from tokenmill.tokenize import ENCODER_CHOICE
 
@@ -137,7 +133,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
     shutil.rmtree(out, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "TOKENMILL_DASK_ADDRESS")}
     env |= {"PREFECT_HOME": str(home), "CI": "1", "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(code)}
-    subprocess.run([python, "-m", "tokenmill", "server", "start"], env=env, capture_output=True, check=True)
+    subprocess.run([*tokenmill_command(python, code), "server", "start"], env=env, capture_output=True, check=True)
     server = json.loads((home / "tokenmill-server.json").read_text())
     api, server_pid = server["api_url"], server["pid"]
     config = work / "config.yaml"
@@ -147,7 +143,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
     )
     env["PREFECT_API_URL"] = api
     began = time.perf_counter()
-    process = subprocess.Popen([python, "-m", "tokenmill", "run", str(config)], env=env, cwd=code,
+    process = subprocess.Popen([*tokenmill_command(python, code), "run", str(config)], env=env, cwd=code,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     watch = ProcessWatch(process.pid, server_pid, out / ENCODER_CHOICE)
     output, _ = process.communicate()
@@ -175,7 +171,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
         "files_per_shard": round(built / shards, 2),
         "manifest_files": len(published["files"]),
     }
-    subprocess.run([python, "-m", "tokenmill", "server", "stop"], env=env, capture_output=True)
+    subprocess.run([*tokenmill_command(python, code), "server", "stop"], env=env, capture_output=True)
     return result
 
 

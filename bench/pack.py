@@ -13,25 +13,20 @@ Encodes enwiki_slice with GPT-2 once (EOD after each document), then prints:
 
 from __future__ import annotations
 
-import sys
+import argparse
+import gzip
+import json
+import os
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
 
-# bench/tokenize.py shares its name with the stdlib's `tokenize`: keep bench/ off the import path.
-sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
+import numpy as np
 
-import argparse  # noqa: E402
-import gzip  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from contextlib import ExitStack  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from tokenmill.config import PackConfig  # noqa: E402
-from tokenmill.formats.packed import SUFFIXES, write_packed  # noqa: E402
-from tokenmill.packing import best_fit_decreasing, document_pieces, pack, pack_bfd, padded_layout_rows  # noqa: E402
+from tokenmill.config import PackConfig
+from tokenmill.formats.packed import SUFFIXES, write_packed
+from tokenmill.packing import best_fit_decreasing, document_pieces, pack, pack_bfd, padded_layout_rows
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 

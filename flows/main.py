@@ -35,6 +35,7 @@ from prefect.artifacts import (
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 from pydantic import ByteSize
+from pydantic.json_schema import SkipJsonSchema
 
 from flows.cluster import check_scheduler, dask_client, kind, on_every_worker, prepare_cluster
 from flows.server import retry_refused_connections
@@ -51,7 +52,7 @@ from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
 from tokenmill.pack import writes_packed
-from tokenmill.partition import Shards, mix_sources, shard_ids
+from tokenmill.partition import PlanAhead, Shards, mix_sources, shard_ids
 from tokenmill.report import load_matplotlib
 from tokenmill.report import plots as report_plots
 from tokenmill.runs import save_run_config
@@ -177,16 +178,19 @@ def tokenize_and_pack(stage: StageRun) -> tuple[pd.DataFrame, dict]:
     validate_parameters=True,
     task_runner=ThreadPoolTaskRunner(max_workers=GROUP_THREADS),
 )
-def corpus_to_tokens(config: TokenmillConfig, rebuild: bool = False) -> dict:
+def corpus_to_tokens(
+    config: TokenmillConfig, rebuild: bool = False, plan_ahead: SkipJsonSchema[PlanAhead | None] = None
+) -> dict:
     """Tokenize, pack, validate and publish a corpus as one dataset (docs/configuration.md), with the
     shard work on the Dask cluster that `config.dask` names (a LocalCluster when it names none). A run over the
-    input and config of a version already published ends at once, unless `rebuild` (rerun-shards sets it)."""
+    input and config of a version already published ends at once, unless `rebuild` (rerun-shards sets it).
+    `plan_ahead`: the plan `tokenmill run` started making as it began (not a deployment's parameter)."""
     with dask_client(config.dask, config.tokenizer) as (client, release_workers):
         prepare_cluster(client)
         link = client.dashboard_link
         get_run_logger().info("Dask dashboard: %s", link)
         create_link_artifact(link, link_text="Dask dashboard", key="dask-dashboard", description="Watch the shards")
-        return build_dataset(config, cluster_threads(client, config), rebuild, release_workers)
+        return build_dataset(config, cluster_threads(client, config), rebuild, release_workers, plan_ahead)
 
 
 def cluster_threads(client, config: TokenmillConfig) -> int:
@@ -203,7 +207,11 @@ def start_sample(config: TokenmillConfig, plan: dict, stage_task=sample_shards) 
 
 
 def build_dataset(
-    config: TokenmillConfig, cluster_threads: int, rebuild: bool, release_workers: Callable[[], str | None]
+    config: TokenmillConfig,
+    cluster_threads: int,
+    rebuild: bool,
+    release_workers: Callable[[], str | None],
+    plan_ahead: PlanAhead | None = None,
 ) -> dict:
     """The DAG of DESIGN.md. `release_workers` once the cluster's work is done, before publish copies (in this
     process): SLURM jobs then go back to the queue."""
@@ -217,7 +225,7 @@ def build_dataset(
     installing = None if training else pretrained_tokenizer.submit(config)
     if installing is not None:
         installing.add_done_callback(functools.partial(preload_installed, config))
-    plan = partition(config, cluster_threads)
+    plan = partition(config, cluster_threads, quote(plan_ahead))
     tokenizer = None if installing is None else installing.result()
     shards = plan["shards"]
     size = ByteSize(plan["shard_size"]).human_readable(decimal=True)  # 200.0KB, 746.0MB, 1.0GB

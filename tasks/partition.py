@@ -5,13 +5,14 @@ from prefect import get_run_logger, task
 
 from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import Shards, load_or_plan
+from tokenmill.partition import PlanAhead, Shards, load_or_plan
 
 
 @task(name="partition", **UNCACHED)
-def partition(config: TokenmillConfig, cluster_threads: int) -> dict:
-    """The plan, its shards as columns (`Shards`): the flow holds them all run long."""
-    plan, change = load_or_plan(config, cluster_threads)
+def partition(config: TokenmillConfig, cluster_threads: int, ahead: PlanAhead | None = None) -> dict:
+    """The plan (the one made `ahead`, where it is for this config), its shards as columns (`Shards`): the flow
+    holds them all run long."""
+    plan, change = load_or_plan(config, cluster_threads, ahead)
     plan = {**plan, "shards": Shards(plan["shards"])}
     logger = get_run_logger()
     if change is None:

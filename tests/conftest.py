@@ -23,6 +23,7 @@ SHARED = REPO.parent / "shared"
 TOKENIZERS = SHARED / "tokenizers"
 CORPORA = SHARED / "corpora"
 EXAMPLES = REPO / "examples"
+TOKENMILL = [str(Path(sys.executable).with_name("tokenmill"))]  # the installed command, as a user runs it
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -99,7 +100,7 @@ def run_cli(prefect_api, dask_cluster):
         if not local_cluster:
             env["TOKENMILL_DASK_ADDRESS"] = dask_cluster
         started = time.monotonic()
-        result = run_or_show_stacks([sys.executable, "-m", "tokenmill", *args], env)
+        result = run_or_show_stacks([*TOKENMILL, *args], env)
         if check and result.returncode != 0:
             raise AssertionError(
                 f"tokenmill {' '.join(args)} exited {result.returncode} after {time.monotonic() - started:.0f} s:\n"

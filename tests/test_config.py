@@ -3,7 +3,7 @@ from pydantic import ValidationError
 
 from tokenmill.config import load_config
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, TOKENMILL
 
 
 def test_demo_config_loads_with_sizes_parsed():
@@ -71,11 +71,10 @@ def test_invalid_configs_are_rejected_with_the_key_named(override, message):
 
 def test_cli_reports_config_errors_without_a_traceback(tmp_path):
     import subprocess
-    import sys
 
     bad = tmp_path / "bad.yaml"
     bad.write_text((EXAMPLES / "demo.yaml").read_text().replace("seq_len: 1024", "seq_len: -5"))
-    result = subprocess.run([sys.executable, "-m", "tokenmill", "check", str(bad)], capture_output=True, text=True)
+    result = subprocess.run([*TOKENMILL, "check", str(bad)], capture_output=True, text=True)
     assert result.returncode == 2
     assert "pack.seq_len" in result.stdout and "Traceback" not in result.stdout + result.stderr
 
@@ -83,17 +82,14 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path):
 def test_the_cli_says_its_version_and_run_help_names_every_config_section():
     import os
     import subprocess
-    import sys
     from importlib.metadata import version
 
     from tokenmill.config import TokenmillConfig
 
-    said = subprocess.run([sys.executable, "-m", "tokenmill", "--version"], capture_output=True, text=True, check=True)
+    said = subprocess.run([*TOKENMILL, "--version"], capture_output=True, text=True, check=True)
     assert said.stdout.strip() == f"tokenmill {version('tokenmill')}"
     env = {**os.environ, "COLUMNS": "200"}  # no line of it wrapped
-    shown = subprocess.run(
-        [sys.executable, "-m", "tokenmill", "run", "--help"], capture_output=True, text=True, env=env
-    )
+    shown = subprocess.run([*TOKENMILL, "run", "--help"], capture_output=True, text=True, env=env)
     assert shown.returncode == 0, shown.stderr
     for name, field in TokenmillConfig.model_fields.items():
         assert f"{name}: {field.description}" in shown.stdout, name

@@ -20,7 +20,7 @@ from tokenmill.storage import StorageError, Store
 from tokenmill.tokenize import tokenize_shard
 from tokenmill.tokenizer import install_pretrained
 
-from .conftest import CORPORA, EXAMPLES, REPO, TOKENIZERS, alive_in_session
+from .conftest import CORPORA, EXAMPLES, REPO, TOKENIZERS, TOKENMILL, alive_in_session
 
 
 def small_config(out: Path) -> TokenmillConfig:
@@ -171,7 +171,7 @@ def test_a_result_the_prefect_api_lost_in_a_restart_is_said_plainly():
     """The fault campaign's server kind once ended in Prefect's own words only ("State data is missing ...")."""
     from prefect.exceptions import MissingResult
 
-    from tokenmill.cli import failure_message
+    from flows.cli import failure_message
 
     try:
         try:
@@ -190,7 +190,7 @@ def test_a_command_ends_soon_after_its_work_whatever_prefect_still_waits_for(bod
     7 s each: a run was still at it more than 8 minutes after its flow failed). A thread
     that never ends stands for them here: it holds the interpreter's exit just as they do."""
     script = (
-        "import threading, time, typer\nfrom tokenmill import cli\ncli.EXIT_GRACE_S = 1\n"
+        "import threading, time, typer\nfrom flows import cli\ncli.EXIT_GRACE_S = 1\n"
         "threading.Thread(target=time.sleep, args=(300,)).start()\n"
         f"with cli.ends_promptly():\n    {body}\n"
     )
@@ -203,7 +203,7 @@ def test_a_command_ends_soon_after_its_work_whatever_prefect_still_waits_for(bod
 
 SERVING = """
 import asyncio, sys
-from tokenmill.cli import run_until_interrupted
+from flows.cli import run_until_interrupted
 
 async def serving(swallow):
     print("serving", flush=True)
@@ -249,7 +249,7 @@ def test_ctrl_c_mid_run_ends_the_run_and_its_cluster_at_once(prefect_api, tmp_pa
     corpus = CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz"
     env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"PREFECT_API_URL": prefect_api}
     run = subprocess.Popen(
-        [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
+        [*TOKENMILL, "run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
          "--set", f"input.paths=[{corpus}]", "--set", "partition.shard_size=4MB"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's foreground job has it

@@ -26,7 +26,7 @@ import yaml
 
 from tokenmill.certs import make_certificates
 
-from .conftest import REPO, TOKENIZERS, dataset_files
+from .conftest import REPO, TOKENIZERS, TOKENMILL, dataset_files
 from .hosts import Network, wait_for
 
 UNAVAILABLE = Network.available()
@@ -73,7 +73,7 @@ def hosts(tmp_path_factory):
         endpoint = f"http://{s3.ip}:{S3_PORT}"
         s3.start([str(BIN / "moto_server"), "-H", s3.ip, "-p", str(S3_PORT)], base_env(), "moto.log")
         certs = root / "authority"  # the documented step, on the operator's machine
-        made = subprocess.run([sys.executable, "-m", "tokenmill", "certs", str(certs), "--host", scheduler.ip],
+        made = subprocess.run([*TOKENMILL, "certs", str(certs), "--host", scheduler.ip],
                               cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
         assert made.returncode == 0, made.stdout + made.stderr
         assert "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT=" in made.stdout
@@ -168,7 +168,7 @@ def start_on_flow_host(hosts, name: str, tls: bool = True, shard_size: str = "1M
     config["output"] = {"path": f"s3://datasets/{name}"}
     (hosts.flow.root / f"{name}.yaml").write_text(yaml.safe_dump(config))
     log = hosts.flow.root / f"{name}.log"
-    command = [sys.executable, "-m", "tokenmill", "run", f"/tmp/{name}.yaml"]
+    command = [*TOKENMILL, "run", f"/tmp/{name}.yaml"]
     return hosts.flow.start(command, flow_env(hosts, tls), log.name), log
 
 

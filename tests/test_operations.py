@@ -18,7 +18,7 @@ import pytest
 
 from flows.server import free_port
 
-from .conftest import REPO, dataset_files, served_process, stop
+from .conftest import REPO, TOKENMILL, dataset_files, served_process, stop
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -105,7 +105,7 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
     log = tmp_path / "serve.log"
     server = served_process(
-        [sys.executable, "-m", "tokenmill", "serve", "examples/gpt2.yaml", *overrides, "--set", f"output.path={out}",
+        [*TOKENMILL, "serve", "examples/gpt2.yaml", *overrides, "--set", f"output.path={out}",
          "--name", "ops", "--cron", "0 3 * * *"], env, log,
     )  # fmt: skip
     try:
@@ -167,7 +167,7 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
     log = tmp_path / "serve.log"
     server = served_process(
-        [sys.executable, "-m", "tokenmill", "serve", "examples/gpt2.yaml", *small_shards, "--set",
+        [*TOKENMILL, "serve", "examples/gpt2.yaml", *small_shards, "--set",
          f"output.path={out}", "--set", "dask.groups_per_stage=3", "--name", "grouped"], env, log,
     )  # fmt: skip
     try:
@@ -284,7 +284,7 @@ def test_tokenmill_run_sends_flow_run_heartbeats_only_when_asked(gpt2_run, prefe
     import httpx
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
 
-    from tokenmill.cli import heartbeats_only_if_asked
+    from flows.cli import heartbeats_only_if_asked
 
     run_id = re.search(r"/runs/flow-run/([0-9a-f-]{36})", (gpt2_run.parent / "stdout.txt").read_text()).group(1)
     of_the_run = {"resource": {"id": [f"prefect.flow-run.{run_id}"]}, "event": {"prefix": ["prefect.flow-run."]}}
@@ -407,7 +407,7 @@ def test_prefect_server_on_postgresql(tmp_path):
         wait_for(lambda: healthy(api), 120, "prefect server on PostgreSQL")
         out = tmp_path / "out"
         run = subprocess.Popen(
-            [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={out}",
+            [*TOKENMILL, "run", "examples/gpt2.yaml", "--set", f"output.path={out}",
              "--set", "partition.shard_size=64KB"],  # 22 shards: work left when the server goes
             cwd=REPO, env={**env, "PREFECT_API_URL": api}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip

@@ -210,22 +210,19 @@ def test_a_plan_made_ahead_is_the_partition_stages_result(tmp_path):
     """`tokenmill run` plans while it imports Prefect: the stage's call then returns that plan and what changed
     (a first plan: {}, where planning again would find it recorded: None); a plan that failed ahead fails again in
     the stage's own call; a call with other threads plans for itself."""
-    from tokenmill.partition import plan_ahead
+    from tokenmill.partition import PlanAhead
 
     write_jsonl(tmp_path / "x.jsonl", 2000)
     config = make_config([str(tmp_path / "*.jsonl")], 25_000, tmp_path)
-    plan_ahead(config, 2)
-    first, change = load_or_plan(config, 2)
+    first, change = load_or_plan(config, 2, PlanAhead.start(config, 2))
     assert change == {} and first == plan_shards(config, 2)
     assert load_or_plan(config, 2) == (first, None)  # no plan ahead this time: the recorded one
 
     missing = make_config([str(tmp_path / "none-*.jsonl")], 25_000, tmp_path / "other")
-    plan_ahead(missing, 2)
     with pytest.raises(FileNotFoundError, match="matches no file"):
-        load_or_plan(missing, 2)
-    plan_ahead(missing, 2)
+        load_or_plan(missing, 2, PlanAhead.start(missing, 2))
     with pytest.raises(FileNotFoundError, match="matches no file"):
-        load_or_plan(missing, 4)
+        load_or_plan(missing, 4, PlanAhead.start(missing, 2))
 
 
 def test_a_changed_input_gets_a_plan_that_keeps_the_unchanged_shards(tmp_path):

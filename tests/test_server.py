@@ -10,11 +10,11 @@ import sys
 import httpx
 import psutil
 
-from .conftest import REPO, run_or_show_stacks
+from .conftest import REPO, TOKENMILL, run_or_show_stacks
 
 
 def tokenmill_server(command: str, env: dict) -> list[str]:
-    done = subprocess.run([sys.executable, "-m", "tokenmill", "server", command], cwd=REPO, env=env,
+    done = subprocess.run([*TOKENMILL, "server", command], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=180)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.splitlines()
@@ -60,7 +60,7 @@ def test_a_prefect_server_behind_basic_auth_takes_runs_that_have_its_password_an
 
     def run(name: str, **extra: str) -> subprocess.CompletedProcess:
         output = f"output.path={tmp_path / name}"
-        return run_or_show_stacks([sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", output],
+        return run_or_show_stacks([*TOKENMILL, "run", "examples/gpt2.yaml", "--set", output],
                                   client | extra)  # fmt: skip
 
     try:

@@ -11,7 +11,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from .conftest import REPO, STOP_CEILING, dataset_files
+from .conftest import REPO, STOP_CEILING, TOKENMILL, dataset_files
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
@@ -135,7 +134,7 @@ def run_on_slurm(config: Path, slurm, prefect_api: str, logging: str = "WARNING"
     env = {**slurm.env, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": logging}
     env.pop("TOKENMILL_DASK_ADDRESS", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "tokenmill", "run", str(config)],
+        [*TOKENMILL, "run", str(config)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
 

@@ -20,7 +20,7 @@ import pytest
 
 from flows.server import ui_url
 
-from .conftest import CORPORA, REPO, STOP_CEILING, dataset_files, served_process, stop
+from .conftest import CORPORA, REPO, STOP_CEILING, TOKENMILL, dataset_files, served_process, stop
 from .test_operations import block, deployment_named, every_page, final_state, markers, unblock, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -196,7 +196,7 @@ def test_dask_dashboard_of_a_running_flow_shows_workers_and_shard_progress_and_i
     out = tmp_path / "out"
     stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     corpus = CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz"
-    command = [sys.executable, "-m", "tokenmill", "run", "examples/gpt2.yaml", "--set", f"output.path={out}",
+    command = [*TOKENMILL, "run", "examples/gpt2.yaml", "--set", f"output.path={out}",
                "--set", f"input.paths=[{corpus}]", "--set", "tokenizer.encoder=hf",
                "--set", "dask.n_workers=2"]  # fmt: skip
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
@@ -334,7 +334,7 @@ def served(prefect_api, dask_cluster, tmp_path_factory):
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
     log = out.parent / "serve.log"
     server = served_process(
-        [sys.executable, "-m", "tokenmill", "serve", "examples/gpt2.yaml", "--set", "partition.shard_size=1MB",
+        [*TOKENMILL, "serve", "examples/gpt2.yaml", "--set", "partition.shard_size=1MB",
          "--set", f"output.path={out}", "--name", "ui"], env, log,
     )  # fmt: skip
     yield out

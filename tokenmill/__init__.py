@@ -1,7 +1,8 @@
 """tokenmill: a raw text corpus in, training-ready token data out.
 
 This package is the pure library (no Prefect, no Dask): config, storage, readers, partition, tokenizer,
-tokenize, packing, formats, validate, publish and the CLI. `tasks/` and `flows/` orchestrate it.
+tokenize, packing, formats, validate, publish. `tasks/` and `flows/` orchestrate it; the `tokenmill` command is
+`flows/cli.py`.
 """
 
 from importlib.metadata import PackageNotFoundError, version

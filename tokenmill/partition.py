@@ -26,7 +26,7 @@ import struct
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import fsspec
 import numpy as np
@@ -310,41 +310,49 @@ def plan_key(config: TokenmillConfig, files: list[dict]) -> str:
     return _digest([config.section_hash("input", "partition"), inputs_hash(files)])
 
 
-# Plans being made ahead of their run's partition stage, by output: (input and partition config, threads, plan).
-_AHEAD: dict[str, tuple[str, int, Future]] = {}
+@dataclass(frozen=True)
+class PlanAhead:
+    """A plan being made in a thread before its run's partition stage reaches it (`tokenmill run` starts one while
+    it imports Prefect, and hands it to the flow); that stage's `load_or_plan` waits for it."""
+
+    config_key: str  # the input and partition config it is made for
+    cluster_threads: int
+    made: Future
+
+    @classmethod
+    def start(cls, config: TokenmillConfig, cluster_threads: int) -> PlanAhead:
+        made: Future = Future()
+
+        def plan() -> None:
+            try:
+                made.set_result(_load_or_plan(config, cluster_threads))
+            except BaseException as e:  # the stage's own call plans again, and fails there
+                made.set_exception(e)
+
+        # A daemon: a run that ends early (interrupted, its API unreachable) does not wait for it at exit; a plan
+        # cut short is as a killed run's (plan.json is written whole; shards it was moving are redone).
+        threading.Thread(target=plan, name="tokenmill-plan", daemon=True).start()
+        return cls(config.section_hash("input", "partition"), cluster_threads, made)
 
 
-def plan_ahead(config: TokenmillConfig, cluster_threads: int) -> None:
-    """Start `load_or_plan` in a thread (`tokenmill run` does, while it imports Prefect): the run's own call then
-    waits for it, and takes its result where the config and threads are the same and it did not fail (else plans
-    again, and fails there)."""
-    planned: Future = Future()
-
-    def plan() -> None:
-        try:
-            planned.set_result(_load_or_plan(config, cluster_threads))
-        except BaseException as e:  # the stage's own call plans again, and fails there
-            planned.set_exception(e)
-
-    _AHEAD[config.output.path] = (config.section_hash("input", "partition"), cluster_threads, planned)
-    # A daemon: a run that ends early (interrupted, its API unreachable) does not wait for it at exit; a plan cut
-    # short is as a killed run's (plan.json is written whole; shards it was moving are redone).
-    threading.Thread(target=plan, name="tokenmill-plan", daemon=True).start()
-
-
-def load_or_plan(config: TokenmillConfig, cluster_threads: int = 1) -> tuple[dict, dict | None]:
+def load_or_plan(
+    config: TokenmillConfig, cluster_threads: int = 1, ahead: PlanAhead | None = None
+) -> tuple[dict, dict | None]:
     """The plan in the output if the input and partition config are as it recorded them (so a rerun or retry
     of a half-finished run sees the same shards), else a new one written there. Against the earlier plan, by
     `source`: a shard made from the same pieces of the same file versions keeps its committed output (moved to
     its new id if it has one), and the outputs of the shards that are gone are discarded. Returns the plan and
     the change: None for the recorded plan, else what `change_between` says ({} for a first plan). A resolved
-    `auto` shard size sticks: a new plan over an output that has one keeps its size, whatever the cluster now. A
-    plan made ahead (`plan_ahead`) is this call's result."""
-    if (ahead := _AHEAD.pop(config.output.path, None)) is not None:
-        config_key, threads, planned = ahead
-        made = planned.exception() is None  # waited for: one plan at a time in an output
-        if made and (config_key, threads) == (config.section_hash("input", "partition"), cluster_threads):
-            return planned.result()
+    `auto` shard size sticks: a new plan over an output that has one keeps its size, whatever the cluster now.
+    A plan made `ahead` for the same config and threads is this call's result, unless it failed (then this call
+    plans again, and fails itself)."""
+    if ahead is not None:
+        made = ahead.made.exception() is None  # waited for: one plan at a time in an output
+        if made and (ahead.config_key, ahead.cluster_threads) == (
+            config.section_hash("input", "partition"),
+            cluster_threads,
+        ):
+            return ahead.made.result()
     return _load_or_plan(config, cluster_threads)
 
 

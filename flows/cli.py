@@ -1,4 +1,4 @@
-"""The `tokenmill` command line."""
+"""The `tokenmill` command line: part of the application, beside the flows it runs."""
 
 from __future__ import annotations
 
@@ -141,13 +141,13 @@ def run(config: Path, overrides: SetOption = [], debug: DebugOption = False) -> 
     # finds the Prefect server and imports Prefect (its workers run library code only, never Prefect's).
     with ends_promptly(), local.local_cluster_started_early(cfg.dask, cfg.tokenizer) as connect:
         from flows.server import ensure_api, supervised, ui_url
-        from tokenmill.partition import plan_ahead
+        from tokenmill.partition import PlanAhead
 
         api_url = ensure_api()
         scheduler = cfg.dask.scheduler() or ("SLURM jobs" if cfg.dask.slurm else "LocalCluster")
         console.print(f"Prefect UI: {ui_url(api_url)}, Dask: {scheduler}", highlight=False)
-        if scheduler == "LocalCluster":  # the partition stage's threads are known now: it plans while Prefect imports
-            plan_ahead(cfg, local.threads(cfg.dask))
+        # The partition stage's threads are known now: it plans while Prefect imports, and the flow takes the plan.
+        ahead = PlanAhead.start(cfg, local.threads(cfg.dask)) if scheduler == "LocalCluster" else None
         with supervised(api_url):
             with without_collector():
                 from flows.main import corpus_to_tokens
@@ -157,7 +157,7 @@ def run(config: Path, overrides: SetOption = [], debug: DebugOption = False) -> 
             try:
                 connect()
                 with progress_bars(cfg.output.path), heartbeats_only_if_asked():
-                    state = corpus_to_tokens(config=cfg, return_state=True)
+                    state = corpus_to_tokens(config=cfg, plan_ahead=ahead, return_state=True)
             except Exception as e:  # the flow's logs above hold the details; end with the reason, not a traceback
                 raise _fail(f"run failed: {failure_message(e, api_url)}") from None
             summary, link = outcome(state, "run", api_url)

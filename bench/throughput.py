@@ -14,36 +14,40 @@ The ceiling is `--workers` x the fastest single-core encoder rate. The host's sp
 run is compared with a ceiling measured just before it (the fastest encoder on the first `--ceiling-mb`), and
 its row shows the median of those ratios. Peak RSS is the largest of the worker processes (`ru_maxrss`).
 
-    python bench/tokenize.py                                   # enwiki_slice once, GPT-2, 2 workers
-    python bench/tokenize.py --repeat 20 --shard-size 64MB --runs 5   # the issue's 1.2 GB setup
+    python bench/throughput.py                                   # enwiki_slice once, GPT-2, 2 workers
+    python bench/throughput.py --repeat 20 --shard-size 64MB --runs 5   # the issue's 1.2 GB setup
 """
 
 from __future__ import annotations
 
+import argparse
+import gzip
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import Pool
+from pathlib import Path
 
-# This file shares its name with the stdlib's `tokenize`: keep bench/ off the import path.
-sys.path[:] = [p for p in sys.path if not p.endswith("/bench")]
-
-import argparse  # noqa: E402
-import gzip  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import resource  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from concurrent.futures import ProcessPoolExecutor  # noqa: E402
-from multiprocessing import Pool  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import orjson  # noqa: E402
+import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+
+
+def tokenmill_command(python: str = sys.executable, code: Path | None = None) -> list[str]:
+    """`tokenmill` as installed beside `python`; a checkout from before the command moved out of the library (it
+    has `tokenmill/__main__.py`) as `python -m tokenmill`, since the installed command names the new module."""
+    if code is not None and (Path(code) / "tokenmill" / "__main__.py").exists():
+        return [python, "-m", "tokenmill"]
+    return [str(Path(python).with_name("tokenmill"))]
 
 
 def make_corpus(source: Path, repeat: int, target: Path) -> int:
@@ -205,7 +209,10 @@ def main() -> None:
             shutil.rmtree(f"{tmp}/flow", ignore_errors=True)
             started = time.perf_counter()
             subprocess.run(  # as a user runs it: not with this process's one-thread RAYON_NUM_THREADS
-                [sys.executable, "-m", "tokenmill", "run", str(config_file)], check=True, capture_output=True, env=env
+                [*tokenmill_command(), "run", str(config_file)],
+                check=True,
+                capture_output=True,
+                env=env,
             )
             times.append(time.perf_counter() - started)
             ratios.append(size / 1e6 / times[-1] / ceiling_now)

@@ -1,5 +1,0 @@
-"""`python -m tokenmill`: the CLI."""
-
-from tokenmill.cli import app
-
-app(prog_name="tokenmill")
