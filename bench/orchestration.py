@@ -39,7 +39,7 @@ import orjson
 import psutil
 from throughput import tokenmill_command  # beside this file
 
-from tokenmill.tokenize import ENCODER_CHOICE
+from tokenmill.layout import ENCODER_CHOICE
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -126,7 +126,7 @@ def _tokenize_one(args) -> tuple[dict, float]:
 def tokenize_stage(config, workers: int) -> tuple[float, int, float, str]:
     from tokenmill.partition import plan_shards
     from tokenmill.tokenize import choose_run_encoder
-    from tokenmill.tokenizer import install_pretrained
+    from tokenmill.train_tokenizer import install_pretrained
 
     plan = plan_shards(config)
     info = install_pretrained(config)

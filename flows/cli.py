@@ -301,7 +301,7 @@ def print_summary(summary: dict, link: str | None) -> None:
     for why in summary.get("files_rejected", []):
         console.print(f"[yellow]quarantined:[/yellow] {why}", highlight=False)
     if mix := summary.get("mix"):  # a row per source; the splits of all of them below
-        from tokenmill.mix import summary_rows
+        from tokenmill.report import summary_rows
 
         rows = summary_rows(mix)
         table = Table(*rows[0], title=f"the mix: {mix['total_tokens']:,} {mix['split']} tokens drawn")

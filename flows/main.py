@@ -51,8 +51,9 @@ from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
-from tokenmill.pack import writes_packed
-from tokenmill.partition import PlanAhead, Shards, mix_sources, shard_ids
+from tokenmill.packing import writes_packed
+from tokenmill.partition import PlanAhead
+from tokenmill.plan import Shards, mix_sources, shard_ids
 from tokenmill.report import load_matplotlib
 from tokenmill.report import plots as report_plots
 from tokenmill.runs import save_run_config

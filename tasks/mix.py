@@ -8,7 +8,7 @@ from tasks import UNCACHED
 from tokenmill import mix as library
 from tokenmill.config import TokenmillConfig
 from tokenmill.publish import dataset_version, version_store
-from tokenmill.tokenizer import TokenizerInfo
+from tokenmill.tokenizer_info import TokenizerInfo
 
 
 @task(name="mix", **UNCACHED)

@@ -5,7 +5,8 @@ from prefect import get_run_logger, task
 
 from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import PlanAhead, Shards, load_or_plan
+from tokenmill.partition import PlanAhead, load_or_plan
+from tokenmill.plan import Shards
 
 
 @task(name="partition", **UNCACHED)

@@ -8,7 +8,7 @@ from tasks import UNCACHED
 from tokenmill import publish as library
 from tokenmill import report
 from tokenmill.config import TokenmillConfig
-from tokenmill.tokenizer import TokenizerInfo
+from tokenmill.tokenizer_info import TokenizerInfo
 
 
 @task(name="already_published", **UNCACHED)

@@ -17,7 +17,7 @@ def sample_shards(config: TokenmillConfig, items: list[dict], train_fraction: fl
 @task(name="sample", **GROUP_TASK)
 def holdout_shards(config: TokenmillConfig, items: list[dict], train_fraction: float, holdout_fraction: float) -> int:
     """As `sample_shards`, for the tokenizer report alone (no tokenizer to train): the shards' held-out files are
-    named by their shard ids (`sampling.holdout_records`), so the group keeps nothing of their results (a dict
-    of about 0.75 KB a shard, held until the group ended); the number of shards sampled."""
+    named by their shard ids (`tokenmill.formats.sample.holdout_records`), so the group keeps nothing of their
+    results (a dict of about 0.75 KB a shard, held until the group ended); the number of shards sampled."""
     stage = Stage("sample", sampling.sample_shard, (train_fraction, holdout_fraction))
     return len(run_on_dask(config, items, [stage], keep=lambda _: None))

@@ -26,7 +26,7 @@ from prefect import get_run_logger
 from prefect.utilities.annotations import quote
 
 from tasks import UNCACHED
-from tokenmill.partition import mix_sources
+from tokenmill.plan import mix_sources
 from tokenmill.tries import SHARD_RETRIES, EachShard, Failed, Sealed
 
 WINDOW_PER_THREAD = 4  # a group keeps at most this many Dask tasks per cluster thread on the cluster at once

@@ -10,11 +10,12 @@ from prefect import get_run_logger, task
 
 from tasks import UNCACHED
 from tasks.shards import GROUP_TASK, Stage, group_label, on_a_worker, run_on_dask, shard_id
-from tokenmill import layout, pack, tokenize
+from tokenmill import layout, pack, packing, stats, tokenize
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
-from tokenmill.tokenizer import TokenizerInfo
-from tokenmill.validate import StatsColumns, check_written, stats_rows
+from tokenmill.stats import StatsColumns, stats_rows
+from tokenmill.tokenizer_info import TokenizerInfo
+from tokenmill.validate import check_written
 
 
 @task(name="choose_encoder", **UNCACHED)
@@ -48,7 +49,7 @@ class Kept:
     def __call__(self, results: tuple) -> None:
         *made, problems = results
         tokenized = made[0]
-        self.rows.add(stats_rows(tokenized, made[1] if len(made) > 1 else pack.skipped(tokenized)))
+        self.rows.add(stats_rows(tokenized, made[1] if len(made) > 1 else stats.skipped(tokenized)))
         self.redone += [(tokenized["shard_id"], r["redone"]) for r in made if r.get("redone")]
         self.problems += [(tokenized["shard_id"], p) for p in problems]
         shard = tokenized["shard_id"]
@@ -74,7 +75,7 @@ def tokenize_shards(
     Each shard's files are checked as its last step, while they are fresh (`check_written`): validate gets what
     was found."""
     stages = [Stage("tokenize", tokenize.tokenize_shard, (tokenizer, encoder))]
-    if pack.writes_files(config):
+    if packing.writes_files(config):
         stages.append(Stage("pack", pack.pack_shard, (tokenizer,)))
     stages.append(Stage("check", check_written, (tokenizer,), whole_chain=True))
     kept = Kept()

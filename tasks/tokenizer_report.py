@@ -8,7 +8,7 @@ from tasks.shards import on_a_worker
 from tokenmill import fertility
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
-from tokenmill.tokenizer import TokenizerInfo
+from tokenmill.tokenizer_info import TokenizerInfo
 
 
 @task(name="tokenizer_report", **UNCACHED)

@@ -4,9 +4,9 @@ either way the EOD/BOS/PAD tokens are resolved here, before any shard runs."""
 from prefect import task
 
 from tasks import UNCACHED
-from tokenmill import tokenizer
+from tokenmill import train_tokenizer as tokenizer
 from tokenmill.config import TokenmillConfig
-from tokenmill.tokenizer import TokenizerInfo
+from tokenmill.tokenizer_info import TokenizerInfo
 
 
 @task(name="train_tokenizer", **UNCACHED)

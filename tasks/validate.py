@@ -10,7 +10,7 @@ from tasks import UNCACHED
 from tasks.shards import Stage, run_on_dask
 from tokenmill import validate as library
 from tokenmill.config import TokenmillConfig
-from tokenmill.tokenizer import TokenizerInfo
+from tokenmill.tokenizer_info import TokenizerInfo
 
 
 @task(name="validate", **UNCACHED)

@@ -12,16 +12,11 @@ from tokenizers import Tokenizer
 from tokenmill import readers
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import MegatronReader, narrowed
-from tokenmill.partition import Shards, load_or_plan, shard_ids
+from tokenmill.partition import load_or_plan
+from tokenmill.plan import Shards, shard_ids
 from tokenmill.readers import Piece, ReadOptions, read_documents
-from tokenmill.tokenize import (
-    VERIFY_SHARDS,
-    choose_run_encoder,
-    tokenize_shard,
-    verification_shards,
-    with_specials,
-)
-from tokenmill.tokenizer import install_pretrained
+from tokenmill.tokenize import VERIFY_SHARDS, choose_run_encoder, tokenize_shard, verification_shards, with_specials
+from tokenmill.train_tokenizer import install_pretrained
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
 

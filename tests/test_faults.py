@@ -18,7 +18,7 @@ from tokenmill.pack import pack_shard
 from tokenmill.partition import load_or_plan
 from tokenmill.storage import StorageError, Store
 from tokenmill.tokenize import tokenize_shard
-from tokenmill.tokenizer import install_pretrained
+from tokenmill.train_tokenizer import install_pretrained
 
 from .conftest import CORPORA, EXAMPLES, REPO, TOKENIZERS, TOKENMILL, alive_in_session
 

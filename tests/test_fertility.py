@@ -12,7 +12,7 @@ from tokenmill import fertility, layout, sampling
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import plan_shards
 from tokenmill.tokenize import choose_run_encoder
-from tokenmill.tokenizer import install_pretrained, train_on_sample
+from tokenmill.train_tokenizer import install_pretrained, train_on_sample
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
 

@@ -14,7 +14,7 @@ with warnings.catch_warnings():  # megatron.core's __init__ warns about missing 
         "megatron.core.datasets.indexed_dataset", reason="megatron-core (and torch) not installed"
     )
 
-from tokenmill.formats.megatron import write_indexed_dataset  # noqa: E402
+from tokenmill.formats.megatron import write_indexed_dataset
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32])

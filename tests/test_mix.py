@@ -18,8 +18,9 @@ import yaml
 
 from tokenmill.config import TokenmillConfig
 from tokenmill.layout import megatron_prefix, packed_prefix
-from tokenmill.mix import MixError, resolve
+from tokenmill.mix import resolve
 from tokenmill.partition import list_inputs
+from tokenmill.shares import MixError
 
 from .conftest import CORPORA, TOKENIZERS
 
@@ -286,6 +287,7 @@ def test_the_tokenizer_of_a_mix_is_trained_on_a_sample_in_the_mix_shares(tmp_pat
     trained on (the sample written, as `training_texts` reads it) take each source in its share of the mix, in
     text bytes, not its share of the corpus."""
     from tokenmill import sampling
+    from tokenmill.formats import sample as sample_files
     from tokenmill.partition import plan_shards
 
     sources = [
@@ -304,7 +306,7 @@ def test_the_tokenizer_of_a_mix_is_trained_on_a_sample_in_the_mix_shares(tmp_pat
         for line in (tmp_path / "build" / sample["path"]).read_text().splitlines():
             source_of[json.loads(line)["text"]] = shard["mix_source"]
     trained_on = collections.Counter()
-    for text in sampling.training_texts(config, samples):
+    for text in sample_files.training_texts(config, samples):
         trained_on[source_of[text]] += len(text.encode())
     corpus = collections.Counter()
     for shard in plan["shards"]:

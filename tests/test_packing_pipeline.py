@@ -18,9 +18,10 @@ from tokenmill.formats.packed import PackedReader
 from tokenmill.pack import pack_shard, write_shuffle_indexes
 from tokenmill.partition import load_or_plan
 from tokenmill.publish import Files, publish
+from tokenmill.stats import ValidationFailed, stats_table
 from tokenmill.tokenize import tokenize_shard
-from tokenmill.tokenizer import install_pretrained
-from tokenmill.validate import ValidationFailed, stats_table, validate
+from tokenmill.train_tokenizer import install_pretrained
+from tokenmill.validate import validate
 
 from .conftest import EXAMPLES, TOKENIZERS
 

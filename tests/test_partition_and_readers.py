@@ -10,15 +10,9 @@ import zstandard
 
 from tokenmill import partition, readers
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import Shards, auto_shard_size, load_or_plan, plan_shards, shard_pieces
-from tokenmill.readers import (
-    InputError,
-    Piece,
-    ReadOptions,
-    count_crlf,
-    line_blocks,
-    read_documents,
-)
+from tokenmill.partition import auto_shard_size, load_or_plan, plan_shards
+from tokenmill.plan import Shards, shard_pieces
+from tokenmill.readers import InputError, Piece, ReadOptions, count_crlf, line_blocks, read_documents
 
 from .conftest import CORPUS
 

@@ -229,8 +229,8 @@ def test_a_commit_marker_that_does_not_list_a_shards_files_stops_publish_naming_
     import pandas as pd
 
     from tokenmill.publish import Files, spool_files
+    from tokenmill.stats import ValidationFailed
     from tokenmill.storage import Store
-    from tokenmill.validate import ValidationFailed
 
     out = tmp_path / "copy"
     shutil.copytree(gpt2_run, out)

@@ -11,6 +11,7 @@ import pytest
 
 from tokenmill import sampling
 from tokenmill.config import TokenmillConfig
+from tokenmill.formats import sample as sample_files
 from tokenmill.partition import plan_shards
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
@@ -58,7 +59,7 @@ def test_sample_is_about_the_configured_size_and_comes_from_every_shard(sampled)
     total = sum(s["bytes"] for s in samples)
     # sample_size counts input bytes (JSON included), so the text is a little less; never far off
     assert 0.7e6 < total < 1.1e6, total
-    assert sum(len(t.encode()) for t in sampling.training_texts(config, samples)) == total
+    assert sum(len(t.encode()) for t in sample_files.training_texts(config, samples)) == total
 
 
 def test_sample_mirrors_the_corpus_by_source(sampled, corpus_bytes_by_source):
@@ -74,18 +75,22 @@ def test_sample_mirrors_the_corpus_by_source(sampled, corpus_bytes_by_source):
 
 def test_holdout_is_disjoint_from_the_training_sample(sampled):
     config, samples = sampled
-    train = set(sampling.training_texts(config, samples))
-    held = [r["text"] for r in sampling.holdout_records(config, samples)]
+    train = set(sample_files.training_texts(config, samples))
+    held = [r["text"] for r in sample_files.holdout_records(config, samples)]
     assert len(held) > 50 and not train & set(held)
-    assert all("source" in r for r in sampling.holdout_records(config, samples))
+    assert all("source" in r for r in sample_files.holdout_records(config, samples))
 
 
 def test_same_seed_gives_the_same_sample_and_another_seed_another(tmp_path, sampled):
     config, samples = sampled
     again = make_config(tmp_path / "again")
     other = make_config(tmp_path / "other", seed=1)
-    assert list(sampling.training_texts(again, run_sample(again))) == list(sampling.training_texts(config, samples))
-    assert list(sampling.training_texts(other, run_sample(other))) != list(sampling.training_texts(config, samples))
+    assert list(sample_files.training_texts(again, run_sample(again))) == list(
+        sample_files.training_texts(config, samples)
+    )
+    assert list(sample_files.training_texts(other, run_sample(other))) != list(
+        sample_files.training_texts(config, samples)
+    )
 
 
 def test_stratification_represents_a_group_the_proportional_sample_misses(tmp_path):
@@ -94,12 +99,12 @@ def test_stratification_represents_a_group_the_proportional_sample_misses(tmp_pa
     novel = "aozora-bunko via google/sentencepiece data/"
     plain = make_config(tmp_path / "plain", sample_size="300KB")
     stratified = make_config(tmp_path / "strat", sample_size="300KB", stratify_by="source", min_group_size="64KB")
-    plain_texts = list(sampling.training_texts(plain, run_sample(plain)))
+    plain_texts = list(sample_files.training_texts(plain, run_sample(plain)))
     samples = run_sample(stratified)
-    texts = list(sampling.training_texts(stratified, samples))
+    texts = list(sample_files.training_texts(stratified, samples))
     novel_text = read_jsonl(next(CORPORA.glob("multilingual/aozora*.jsonl.gz")))[0]["text"]
     assert novel_text not in plain_texts and novel_text in texts
-    sizes = sampling.group_sizes(samples)
+    sizes = sample_files.group_sizes(samples)
     assert set(sizes) == {novel, "udhr (nltk_data udhr2)", "xquad", "wikipedia-en"}
     assert sizes["wikipedia-en"]["sample_bytes"] > 0.6 * sum(s["sample_bytes"] for s in sizes.values())
     # every other group keeps its proportional sample; the tops-ups only add
@@ -126,7 +131,7 @@ def held_out(out, path, shard_size: str, id_field: str | None) -> tuple[list[dic
         "output": {"path": str(out)},
     })  # fmt: skip
     samples = run_sample(config)
-    return samples, [r["text"] for r in sampling.holdout_records(config, samples)]
+    return samples, [r["text"] for r in sample_files.holdout_records(config, samples)]
 
 
 @pytest.mark.parametrize("id_field", ["id", None])
@@ -149,4 +154,4 @@ def test_holdout_records_of_shard_ids_are_those_of_the_sample_results(sampled):
     """The report is sent the shard ids alone (a result dict per shard went through Dask's scheduler)."""
     config, samples = sampled
     ids = np.array([s["shard_id"] for s in samples])
-    assert list(sampling.holdout_records(config, ids)) == list(sampling.holdout_records(config, samples))
+    assert list(sample_files.holdout_records(config, ids)) == list(sample_files.holdout_records(config, samples))

@@ -7,7 +7,8 @@ import json
 import numpy as np
 
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import plan_shards, shard_pieces
+from tokenmill.partition import plan_shards
+from tokenmill.plan import shard_pieces
 from tokenmill.readers import read_documents
 from tokenmill.shuffle_documents import check_counts, gather_shard, scatter_shard, shuffled_shards
 

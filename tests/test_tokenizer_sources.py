@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from tokenmill.config import HubConfig, TiktokenConfig, TokenizerConfig
 from tokenmill.pretrained import TokenizerSourceError, load_pretrained
 from tokenmill.tiktoken_convert import PRESETS, parse_ranks
-from tokenmill.tokenizer import describe_tokenizer, encode
+from tokenmill.tokenizer_info import describe_tokenizer, encode
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
 

@@ -11,9 +11,10 @@ import time
 import pytest
 from tokenizers import Tokenizer
 
-from tokenmill import layout, sampling
+from tokenmill import layout
 from tokenmill.config import TokenmillConfig, TrainConfig
-from tokenmill.tokenizer import special_tokens, train_from_texts, train_on_sample
+from tokenmill.formats import sample as sample_files
+from tokenmill.train_tokenizer import special_tokens, train_from_texts, train_on_sample
 
 from .conftest import REPO
 from .test_sampling import make_config, run_sample
@@ -34,8 +35,8 @@ def trained(tmp_path_factory):
 def test_bpe_round_trips_every_held_out_document(trained):
     config, samples, info = trained
     tok = Tokenizer.from_file(f"{config.output.path}/{layout.TOKENIZER}")
-    held = [r["text"] for r in sampling.holdout_records(config, samples)]
-    scripts = {r["source"] for r in sampling.holdout_records(config, samples)}
+    held = [r["text"] for r in sample_files.holdout_records(config, samples)]
+    scripts = {r["source"] for r in sample_files.holdout_records(config, samples)}
     assert len(held) > 50 and len(scripts) >= 3
     encodings = tok.encode_batch(held, add_special_tokens=False)
     assert tok.decode_batch([e.ids for e in encodings], skip_special_tokens=False) == held
@@ -66,7 +67,7 @@ def test_training_is_cached_by_sample_and_config(trained):
 TRAIN_IN_A_FRESH_PROCESS = """
 import hashlib, sys
 from tokenmill.config import TrainConfig
-from tokenmill.tokenizer import train_from_texts
+from tokenmill.train_tokenizer import train_from_texts
 texts = open(sys.argv[1], encoding="utf-8").read().split("\\x1e")
 tok = train_from_texts(texts, TrainConfig(algorithm=sys.argv[2], vocab_size=1500), ["<|endoftext|>"])
 print(hashlib.sha256(tok.to_str().encode()).hexdigest())
@@ -78,7 +79,7 @@ def test_training_is_deterministic_across_processes(trained, tmp_path, algorithm
     # Rust HashMaps are seeded per process, so only separate processes can show nondeterminism.
     config, samples, _ = trained
     texts = tmp_path / "texts"
-    texts.write_text("\x1e".join(list(sampling.training_texts(config, samples))[:400]), encoding="utf-8")
+    texts.write_text("\x1e".join(list(sample_files.training_texts(config, samples))[:400]), encoding="utf-8")
     digests = {
         subprocess.run([sys.executable, "-c", TRAIN_IN_A_FRESH_PROCESS, str(texts), algorithm], cwd=REPO,
                        capture_output=True, text=True, check=True).stdout.strip()
@@ -90,11 +91,11 @@ def test_training_is_deterministic_across_processes(trained, tmp_path, algorithm
 @pytest.mark.parametrize("algorithm, unk", [("unigram", "<unk>"), ("wordpiece", "[UNK]")])
 def test_unigram_and_wordpiece_train_and_cover_held_out_text(trained, algorithm, unk):
     config, samples, _ = trained
-    texts = [t for t in sampling.training_texts(config, samples) if len(t) < 5000][:300]  # unigram is slow
+    texts = [t for t in sample_files.training_texts(config, samples) if len(t) < 5000][:300]  # unigram is slow
     train = TrainConfig(algorithm=algorithm, vocab_size=1500, normalization="nfkc")
     tok = train_from_texts(texts, train, ["<|endoftext|>", unk])
     assert tok.get_vocab_size() == 1500 and tok.token_to_id("<|endoftext|>") == 0 and tok.token_to_id(unk) == 1
-    held = [r["text"] for r in sampling.holdout_records(config, samples) if r["source"] == "wikipedia-en"]
+    held = [r["text"] for r in sample_files.holdout_records(config, samples) if r["source"] == "wikipedia-en"]
     ids = [i for e in tok.encode_batch(held, add_special_tokens=False) for i in e.ids]
     assert len(ids) > 1000 and ids.count(1) / len(ids) < 0.01
     assert tok.normalizer.normalize_str("ﬁ") == "fi"  # nfkc

@@ -12,17 +12,10 @@ import pandas as pd
 import pytest
 
 from tokenmill.config import load_config
-from tokenmill.partition import shard_pieces
-from tokenmill.tokenizer import TokenizerInfo
-from tokenmill.validate import (
-    PAD_CHECK_BYTES,
-    StatsColumns,
-    ValidationFailed,
-    _only_pad_after,
-    stats_table,
-    table_of,
-    validate,
-)
+from tokenmill.plan import shard_pieces
+from tokenmill.stats import StatsColumns, ValidationFailed, stats_table, table_of
+from tokenmill.tokenizer_info import TokenizerInfo
+from tokenmill.validate import PAD_CHECK_BYTES, _only_pad_after, validate
 from tokenmill.validate import records as validate_records
 
 from .conftest import EXAMPLES, read_jsonl
@@ -154,11 +147,11 @@ def test_documents_without_their_bos_fail(dataset):
 def library_dataset(tmp_path, lines: list[bytes], **config) -> tuple:
     """A dataset of 3 shards of one plain JSONL file made of `lines`, made by the library's stages with the
     config's other sections `config`: (config, plan, tokenizer, stats table)."""
-    from tokenmill import pack
+    from tokenmill import stats
     from tokenmill.config import TokenmillConfig
     from tokenmill.partition import load_or_plan
     from tokenmill.tokenize import tokenize_shard
-    from tokenmill.tokenizer import install_pretrained
+    from tokenmill.train_tokenizer import install_pretrained
 
     from .conftest import TOKENIZERS
 
@@ -179,7 +172,7 @@ def library_dataset(tmp_path, lines: list[bytes], **config) -> tuple:
     assert len(plan["shards"]) == 3
     tokenizer = install_pretrained(config)
     tokenized = [tokenize_shard(config, shard, tokenizer) for shard in plan["shards"]]
-    return config, plan, tokenizer, stats_table(tokenized, [pack.skipped(t) for t in tokenized])
+    return config, plan, tokenizer, stats_table(tokenized, [stats.skipped(t) for t in tokenized])
 
 
 def corpus_lines() -> list[bytes]:

@@ -10,11 +10,17 @@ and Dask's recomputations redo nothing; a file changed or deleted since its comm
 
 from __future__ import annotations
 
-from tokenmill import layout
-from tokenmill.storage import Store
+import hashlib
+import json
 
-STAGES = ("scatter", "gather", "sample", "tokenize", "pack")  # the stages that commit per shard
-MOVABLE = ("tokenize", "pack")  # their markers list every file they wrote, so a shard's output can change id
+from tokenmill import __version__, layout
+from tokenmill.config import TokenmillConfig
+from tokenmill.storage import Store
+from tokenmill.tokenizer_info import TokenizerInfo
+
+# The stages that commit per shard.
+STAGES = (SCATTER, GATHER, SAMPLE, TOKENIZE, PACK) = ("scatter", "gather", "sample", "tokenize", "pack")
+MOVABLE = (TOKENIZE, PACK)  # their markers list every file they wrote, so a shard's output can change id
 
 
 def marker(stage: str, shard_id: int) -> str:
@@ -103,3 +109,18 @@ def land(store: Store, lifted: list[tuple[str, int, int, dict]]) -> None:
     for stage, _, new, done in whole:
         files = {names[rel]: recorded for rel, recorded in done["files"].items()}
         commit(store, stage, new, done["key"], done["result"] | {"shard_id": new}, files)
+
+
+def tokenize_key(config: TokenmillConfig, tokenizer: TokenizerInfo, source: str) -> str:
+    """What a shard's tokens depend on: the config, the tokenizer, tokenmill, and what the shard is made from
+    (`source`, its pieces and their files' fingerprints), not its id or the run that made it."""
+    config_part = config.section_hash("input", "partition", "split", "tokenizer", checks=False)
+    return f"{config_part}-{tokenizer.sha256[:16]}-{__version__}-{source}"
+
+
+def pack_key(config: TokenmillConfig, tokenizer: TokenizerInfo, source: str) -> str:
+    """What a shard's packed rows and llm.c files depend on: its tokens, the pack config and the formats."""
+    # The formats and llm.c cap change what this stage writes; output.path does not (a moved dataset is reused).
+    formats = json.dumps([config.output.formats, config.output.llmc_shard_tokens]).encode()
+    pack_part = f"{config.section_hash('pack')}-{hashlib.sha256(formats).hexdigest()[:8]}"
+    return f"{tokenize_key(config, tokenizer, source)}-{pack_part}"

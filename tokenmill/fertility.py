@@ -17,9 +17,9 @@ from tokenizers import Tokenizer
 from tokenmill import layout
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice, load_encoder, loaded_backend
+from tokenmill.formats.sample import group_name, holdout_records
 from tokenmill.pretrained import load_pretrained
-from tokenmill.sampling import group_name, holdout_records
-from tokenmill.tokenizer import TokenizerInfo
+from tokenmill.tokenizer_info import TokenizerInfo
 
 DATASET = "dataset"  # the report's name for the dataset's own tokenizer
 BATCH = 512
@@ -95,9 +95,9 @@ def tokenizer_report(
     encoder: EncoderChoice | None = None,
 ) -> dict:
     """Measure the held-out sample (`samples`: the sample stage's results, or the shard ids, as
-    `sampling.holdout_records` takes them) and write `report/fertility.{json,md}`; return the report. The dataset's
-    tokenizer is counted by the run's `encoder` when given (verified to give hf's ids: the same counts, at
-    the fast backend's speed), else by hf."""
+    `tokenmill.formats.sample.holdout_records` takes them) and write `report/fertility.{json,md}`; return the
+    report. The dataset's tokenizer is counted by the run's `encoder` when given (verified to give hf's ids: the
+    same counts, at the fast backend's speed), else by hf."""
     store = config.output.store()
     url = store.url_of(layout.TOKENIZER)
     tokenizers = {DATASET: loaded_backend(url, tokenizer.sha256, "hf").tokenizer}  # as the process loaded it

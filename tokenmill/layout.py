@@ -108,3 +108,9 @@ def describe(rel: str) -> dict:
     if rel in FERTILITY_REPORT:
         kind = "fertility-report"
     return {"kind": kind, "split": None, "shard": None}
+
+
+REFERENCE_CHECK = "_work/reference_check.json"
+
+
+ENCODER_CHOICE = "_work/encoder.json"  # the run's encoder choice, for the manifest

@@ -28,15 +28,10 @@ from tokenmill import layout
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import MegatronIndex, write_index
 from tokenmill.formats.packed import write_shuffle_index
-from tokenmill.pack import writes_packed
-from tokenmill.packing import global_shuffle_index
+from tokenmill.packing import global_shuffle_index, writes_packed
+from tokenmill.shares import MixError, draw
+from tokenmill.stats import all_rejected
 from tokenmill.storage import Store
-from tokenmill.validate import all_rejected
-
-
-class MixError(ValueError):
-    """A mixture whose targets the tokens made cannot meet (the message names the source and the numbers)."""
-
 
 # Megatron's split names (its Split enum and --per-split-data-args-path keys) for tokenmill's.
 MEGATRON_SPLITS = {"train": "train", "val": "valid", "valid": "valid", "validation": "valid", "test": "test"}
@@ -45,38 +40,6 @@ MEGATRON_SPLITS = {"train": "train", "val": "valid", "valid": "valid", "validati
 def training_split(config: TokenmillConfig) -> str:
     """The split a trainer draws the mix from: `train`, else the first."""
     return "train" if "train" in config.split else next(iter(config.split))
-
-
-def draw(config: TokenmillConfig, available: dict[str, float]) -> dict[str, float]:
-    """The training tokens drawn from each source, given the tokens each has (`available`): budgets and epochs
-    as given, the weighted sources sharing the rest of `mix.total_tokens` by weight, or with no total the most
-    they can without repeating (the scarcest by weight drawn once)."""
-    total_tokens = config.mix.total_tokens
-    drawn = {s.name: s.tokens or s.epochs * available[s.name] for s in config.sources if s.weight is None}
-    weighted = {s.name: s.weight for s in config.sources if s.weight is not None}
-    if not weighted:
-        return drawn
-    if total_tokens is not None:
-        left = total_tokens - sum(drawn.values())
-        if left <= 0:
-            raise MixError(
-                f"the budgets and epochs of {', '.join(drawn)} draw {sum(drawn.values()):,.0f} tokens, "
-                f"mix.total_tokens is {total_tokens:,}: nothing is left for {', '.join(weighted)}"
-            )
-    else:
-        left = min(available[n] * sum(weighted.values()) / w for n, w in weighted.items())
-    return drawn | {n: left * w / sum(weighted.values()) for n, w in weighted.items()}
-
-
-# The tokenizer's training sample is drawn before there are tokens: its sources' shares are the mix's over their
-# input bytes, a budget in tokens counted as this many bytes (about English text's with a 32k-50k vocabulary).
-BYTES_PER_TOKEN = 4
-
-
-def sample_shares(config: TokenmillConfig, source_bytes: dict[str, int]) -> dict[str, float]:
-    """Each source's share of the tokenizer's training sample: its share of the mix, estimated from its bytes."""
-    drawn = draw(config, {name: nbytes / BYTES_PER_TOKEN for name, nbytes in source_bytes.items()})
-    return {name: tokens / sum(drawn.values()) for name, tokens in drawn.items()}
 
 
 def resolve(config: TokenmillConfig, table: pd.DataFrame) -> dict:
@@ -116,7 +79,7 @@ def resolve(config: TokenmillConfig, table: pd.DataFrame) -> dict:
 
 
 def why_empty(config: TokenmillConfig, table: pd.DataFrame, source: str) -> str:
-    """Why a source made no training tokens: its records all rejected (`validate.all_rejected`), or its
+    """Why a source made no training tokens: its records all rejected (`tokenmill.stats.all_rejected`), or its
     documents all in other splits."""
     rows = table[table.split.str.startswith(f"{source}/")]
     if documents := int(rows.documents.sum()):
@@ -197,20 +160,3 @@ def merge_megatron(store: Store, prefixes: list[str], merged: str) -> None:
                     out.write(chunk)
     with store.writing(merged + ".idx") as tmp:
         write_index(tmp, np.concatenate(lengths), dtype)
-
-
-def summary_rows(resolved: dict) -> list[dict]:
-    """The mix as a table a person reads: a row per source."""
-    split = resolved["split"]
-    return [
-        {
-            "source": name,
-            "documents": sum(s["documents"] for s in source["splits"].values()),
-            f"{split} tokens": source["splits"][split]["tokens"],
-            "target": f"{source['target']['kind']} {source['target']['value']:g}",
-            "tokens drawn": source["tokens_drawn"],
-            "share": f"{100 * source['share']:.2f}%",
-            "epochs": f"{source['epochs']:.2f}",
-        }
-        for name, source in resolved["sources"].items()
-    ]

@@ -11,60 +11,27 @@ shuffle: once every shard is packed, each split's global shuffle index `packed/<
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from contextlib import ExitStack
 
 import pandas as pd
 
 from tokenmill import layout
-from tokenmill.commits import check, commit
+from tokenmill.commits import PACK, check, commit, pack_key
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.llmc import llmc_dtype, shard_bounds, write_llmc
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import SUFFIXES, write_packed, write_shuffle_index
-from tokenmill.packing import global_shuffle_index, pack, padded_layout_rows
-from tokenmill.tokenize import stage_key as tokenize_key
-from tokenmill.tokenizer import TokenizerInfo
-
-STAGE = "pack"
-
-
-def writes_packed(config: TokenmillConfig) -> bool:
-    """Packed rows are written when a pack mode is chosen and `output.formats` asks for them."""
-    return config.pack.mode != "none" and "packed" in config.output.formats
-
-
-NOTHING_PACKED = {"rows": 0, "real_tokens": 0, "pad_tokens": 0, "padded_layout_rows": 0, "llmc_files": 0}
-
-
-def writes_files(config: TokenmillConfig) -> bool:
-    """The pack stage has something to write (packed rows or llm.c files); without it the stage is skipped."""
-    return writes_packed(config) or "llmc" in config.output.formats
-
-
-def skipped(tokenized: dict) -> dict:
-    """A shard's pack result where the stage has nothing to write (see `writes_files`)."""
-    return {"shard_id": tokenized["shard_id"], "splits": {split: dict(NOTHING_PACKED) for split in tokenized["splits"]}}
-
-
-def pad_id(config: TokenmillConfig, tokenizer: TokenizerInfo) -> int:
-    return tokenizer.eod_id if config.pack.pad_id is None else config.pack.pad_id
-
-
-def stage_key(config: TokenmillConfig, tokenizer: TokenizerInfo, source: str) -> str:
-    # The formats and llm.c cap change what this stage writes; output.path does not (a moved dataset is reused).
-    formats = json.dumps([config.output.formats, config.output.llmc_shard_tokens]).encode()
-    pack_part = f"{config.section_hash('pack')}-{hashlib.sha256(formats).hexdigest()[:8]}"
-    return f"{tokenize_key(config, tokenizer, source)}-{pack_part}"
+from tokenmill.packing import global_shuffle_index, pack, pad_id, padded_layout_rows, writes_files, writes_packed
+from tokenmill.stats import NOTHING_PACKED
+from tokenmill.tokenizer_info import TokenizerInfo
 
 
 def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInfo) -> dict:
     """Pack one tokenized shard (`tokenized` is the tokenize stage's result for it)."""
     store, shard_id = config.output.store(), tokenized["shard_id"]
-    key = stage_key(config, tokenizer, tokenized["source"])
-    earlier = check(store, STAGE, shard_id, key)
+    key = pack_key(config, tokenizer, tokenized["source"])
+    earlier = check(store, PACK, shard_id, key)
     if earlier.result is not None:
         return earlier.result | {"reused": True}
     started = time.perf_counter()
@@ -97,7 +64,7 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
                 stats["llmc_files"] = len(parts)
             del reader, tokens, lengths
     result = {"shard_id": shard_id, "splits": splits, "seconds": round(time.perf_counter() - started, 3)}
-    return commit(store, STAGE, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
+    return commit(store, PACK, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
 
 
 def write_shuffle_indexes(config: TokenmillConfig, table: pd.DataFrame) -> dict[str, int]:

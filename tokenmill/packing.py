@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenmill.config import PackConfig
+from tokenmill.config import PackConfig, TokenmillConfig
+from tokenmill.tokenizer_info import TokenizerInfo
 
 
 @dataclass
@@ -299,3 +300,17 @@ def _boundaries(row_of_cut: np.ndarray, cut: np.ndarray, n_rows: int) -> tuple[n
     is_cut[row_offsets[:-1]] = False
     cu_seqlens[is_cut] = cut
     return cu_seqlens, row_offsets
+
+
+def writes_packed(config: TokenmillConfig) -> bool:
+    """Packed rows are written when a pack mode is chosen and `output.formats` asks for them."""
+    return config.pack.mode != "none" and "packed" in config.output.formats
+
+
+def writes_files(config: TokenmillConfig) -> bool:
+    """The pack stage has something to write (packed rows or llm.c files); without it the stage is skipped."""
+    return writes_packed(config) or "llmc" in config.output.formats
+
+
+def pad_id(config: TokenmillConfig, tokenizer: TokenizerInfo) -> int:
+    return tokenizer.eod_id if config.pack.pad_id is None else config.pack.pad_id

@@ -23,10 +23,9 @@ from tokenmill.commits import marker
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import token_dtype
 from tokenmill.formats.packed import SUFFIXES
+from tokenmill.stats import ValidationFailed, packing_summary, split_summary
 from tokenmill.storage import STREAMED, Store
-from tokenmill.tokenize import ENCODER_CHOICE
-from tokenmill.tokenizer import TokenizerInfo
-from tokenmill.validate import REFERENCE_CHECK, ValidationFailed
+from tokenmill.tokenizer_info import TokenizerInfo
 
 HASH_THREADS = 8  # files hashed at once: all cores locally, and overlapping requests on object stores
 
@@ -46,38 +45,14 @@ def other_files(store: Store, table: pd.DataFrame) -> list[str]:
     return [layout.PLAN, layout.TOKENIZER, layout.STATS, *shuffles, *fertility, *store.list(layout.MIX)]
 
 
-def packing_summary(r: pd.Series, seq_len: int) -> dict:
-    """Packing stats of summed stats rows, beside what one document per padded row would have cost."""
-    slots = r.packed_real_tokens + r.packed_pad_tokens
-    padded_slots = r.padded_layout_rows * seq_len
-    return {
-        "sequences": int(r.packed_rows),
-        "real_tokens": int(r.packed_real_tokens),
-        "pad_tokens": int(r.packed_pad_tokens),
-        "utilization": round(float(r.packed_real_tokens / slots), 6) if slots else None,
-        "padded_layout": {
-            "sequences": int(r.padded_layout_rows),
-            "utilization": round(float(r.tokens / padded_slots), 6) if padded_slots else None,
-        },
-    }
-
-
-def split_summary(table: pd.DataFrame, seq_len: int) -> dict:
-    by_split = table.groupby("split").sum(numeric_only=True)
-    return {
-        split: {"documents": int(r.documents), "tokens": int(r.tokens), "packing": packing_summary(r, seq_len)}
-        for split, r in by_split.iterrows()
-    }
-
-
 def encoder_entry(store: Store) -> dict:
     """The run's encoder backend and version, as the tokenize stage chose it (absent for older outputs)."""
-    if not store.exists(ENCODER_CHOICE):
+    if not store.exists(layout.ENCODER_CHOICE):
         return {}
-    choice = store.read_json(ENCODER_CHOICE)
+    choice = store.read_json(layout.ENCODER_CHOICE)
     entry = {"name": choice["backend"], **{k: choice[k] for k in ("version", "reason", "unsafe")}}
-    if store.exists(REFERENCE_CHECK):  # validate's re-encoded sample: documents, mismatches, allowed rate
-        entry["reference_check"] = store.read_json(REFERENCE_CHECK)
+    if store.exists(layout.REFERENCE_CHECK):  # validate's re-encoded sample: documents, mismatches, allowed rate
+        entry["reference_check"] = store.read_json(layout.REFERENCE_CHECK)
     return {"encoder": entry}
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 
 from tokenmill import layout
 from tokenmill.formats.megatron import MegatronIndex
-from tokenmill.publish import split_summary
+from tokenmill.stats import split_summary
 from tokenmill.storage import Store
 
 SUMMARY = "report/summary.md"
@@ -77,8 +77,6 @@ def summary_markdown(manifest: dict, run: dict | None = None, images: Iterable[s
             f"({padded.get('sequences', 0):,} rows) |"
         )
     if mix := manifest.get("mix"):
-        from tokenmill.mix import summary_rows
-
         rows = summary_rows(mix)
         lines += ["", f"The mix: {mix['total_tokens']:,} {mix['split']} tokens drawn.", ""]
         lines += [f"| {' | '.join(rows[0])} |", f"|{'---|' * len(rows[0])}"]
@@ -207,3 +205,20 @@ def write_report(store: Store, manifest: dict, images: dict[str, bytes], run: di
         inline = f"(data:image/png;base64,{base64.b64encode(data).decode()})"
         markdown = markdown.replace(f"({PLOTS[name].removeprefix('report/')})", inline)
     return markdown
+
+
+def summary_rows(resolved: dict) -> list[dict]:
+    """The mix as a table a person reads: a row per source."""
+    split = resolved["split"]
+    return [
+        {
+            "source": name,
+            "documents": sum(s["documents"] for s in source["splits"].values()),
+            f"{split} tokens": source["splits"][split]["tokens"],
+            "target": f"{source['target']['kind']} {source['target']['value']:g}",
+            "tokens drawn": source["tokens_drawn"],
+            "share": f"{100 * source['share']:.2f}%",
+            "epochs": f"{source['epochs']:.2f}",
+        }
+        for name, source in resolved["sources"].items()
+    ]

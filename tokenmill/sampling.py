@@ -31,17 +31,18 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO
 
 import numpy as np
 import orjson
 
 from tokenmill import layout
-from tokenmill.commits import commit, committed
+from tokenmill.commits import SAMPLE, commit, committed
 from tokenmill.config import TokenmillConfig
+from tokenmill.formats.sample import group_name
 from tokenmill.hashing import unit_interval
-from tokenmill.partition import shard_pieces
+from tokenmill.plan import shard_pieces
 from tokenmill.readers import (
     CORRUPT_STREAM,
     LINE_KINDS,
@@ -54,30 +55,25 @@ from tokenmill.readers import (
     read_documents,
     read_lines,
 )
-from tokenmill.storage import Store
+from tokenmill.shares import sample_shares
 
-STAGE = "sample"
-NO_VALUE = "(none)"  # the group of a document that lacks the field
 BLOCK_BYTES = 64 << 10  # a run of neighbouring documents (about 40 Wikipedia articles)
 OVERSAMPLE = 4  # the blocks read hold this many times the sample's bytes
 # A mixture's sample draws this much more of each source than its share, by input bytes, then keeps the share in
 # text bytes (`training_texts`): a source's text is a smaller part of its input where JSON escapes more of it
 # (code: about two thirds).
 MIX_MARGIN = 1.6
-MIX_SALT = "mix-sample:"  # the hashes of sampled texts that trim a mixture's sources to their shares
 
 
 def fractions(config: TokenmillConfig, plan: dict) -> tuple[float | dict[str, float], float]:
     """(training fraction, held-out fraction) of the corpus: f and g in the module docstring. In a mixture the
     training sample mirrors the mix: f is a fraction per source (`source_fraction`), each source's share of the
-    sample its share of the mix (`tokenmill.mix.sample_shares`) with a margin that `training_texts` trims; the
+    sample its share of the mix (`tokenmill.shares.sample_shares`) with a margin that `training_texts` trims; the
     held-out sample stays proportional."""
     total = max(sum(s["bytes"] for s in plan["shards"]), 1)
     train = config.tokenizer.train
     f = min(1.0, int(train.sample_size) / total) if train is not None else 0.0
     if train is not None and config.mixture:
-        from tokenmill.mix import sample_shares
-
         source_bytes = dict.fromkeys(config.inputs(), 0)
         for shard in plan["shards"]:
             source_bytes[shard["mix_source"]] += shard["bytes"]
@@ -105,10 +101,6 @@ def record_fields(config: TokenmillConfig) -> tuple[str, ...]:
     """The record fields the sample files carry: the stratification field and the report's groupings."""
     stratify = config.tokenizer.train.stratify_by if config.tokenizer.train else None
     return tuple(dict.fromkeys([*([stratify] if stratify else []), *config.fertility.group_by]))
-
-
-def group_name(value) -> str:
-    return NO_VALUE if value is None else str(value)
 
 
 class _Reserve:
@@ -204,7 +196,7 @@ def sample_shard(config: TokenmillConfig, shard: dict, f: float | dict[str, floa
     paths and sizes (per group too, when stratified) and the bytes read. `f`: as `fractions` gives it."""
     store, shard_id, f = config.output.store(), shard["shard_id"], source_fraction(f, shard)
     key = stage_key(config, shard, f, g)
-    if (done := committed(store, STAGE, shard_id, key)) is not None:
+    if (done := committed(store, SAMPLE, shard_id, key)) is not None:
         return done
     train = config.tokenizer.train
     stratify = train.stratify_by if train else None
@@ -263,103 +255,4 @@ def sample_shard(config: TokenmillConfig, shard: dict, f: float | dict[str, floa
                 for *_, line in sorted(r.heap, reverse=True)]  # fmt: skip
         store.write_bytes(layout.reserve_file(shard_id), b"".join(kept))
         result |= {"reserve": layout.reserve_file(shard_id), "groups": dict(sorted(groups.items()))}
-    return commit(store, STAGE, shard_id, key, result)
-
-
-def group_sizes(samples: list[dict]) -> dict[str, dict[str, int]]:
-    """Per stratification group: its bytes in the corpus and in the proportional sample, over all shards."""
-    total: dict[str, dict[str, int]] = defaultdict(lambda: {"bytes": 0, "sample_bytes": 0})
-    for s in samples:
-        for group, sizes in s.get("groups", {}).items():
-            for k, v in sizes.items():
-                total[group][k] += v
-    return dict(sorted(total.items()))
-
-
-def top_up_thresholds(store: Store, samples: list[dict], min_group_size: int) -> dict[str, float]:
-    """Per group short of `min_group_size`: the hash up to which its reserve documents are added."""
-    short = {g: min_group_size - s["sample_bytes"] for g, s in group_sizes(samples).items()}
-    short = {g: need for g, need in short.items() if need > 0}
-    candidates: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for s in samples:
-        with store.open(s["reserve"]) as f:
-            for line in f:
-                r = orjson.loads(line)
-                if r["group"] in short:
-                    candidates[r["group"]].append((r["h"], r["bytes"]))
-    thresholds = {}
-    for group, docs in candidates.items():
-        taken = 0
-        for h, nbytes in sorted(docs):
-            thresholds[group], taken = h, taken + nbytes
-            if taken >= short[group]:
-                break
-    return thresholds
-
-
-def training_files(samples: list[dict]) -> list[str]:
-    """The files the training sample is read from (their hashes identify the sample)."""
-    return [s["path"] for s in samples] + [s["reserve"] for s in samples if "reserve" in s]
-
-
-def training_texts(config: TokenmillConfig, samples: list[dict]) -> Iterator[str]:
-    """The training sample's texts: shard by shard, then the stratification top-ups, in a fixed order. A mixture's
-    sources in their shares of the mix, in text bytes (`mix_thresholds`)."""
-    store = config.output.store()
-    thresholds = mix_thresholds(config, samples)
-    for s, texts in zip(samples, sample_texts(config, samples), strict=True):
-        if (threshold := thresholds.get(s.get("mix_source"))) is not None:
-            texts = [t for t, h in zip(texts, unit_interval(texts, MIX_SALT), strict=True) if h < threshold]
-        yield from texts
-    if not any("reserve" in s for s in samples):
-        return
-    thresholds = top_up_thresholds(store, samples, int(config.tokenizer.train.min_group_size))
-    for s in samples:
-        with store.open(s["reserve"]) as f:
-            for line in f:
-                r = orjson.loads(line)
-                if r["h"] <= thresholds.get(r["group"], -1.0):
-                    yield r["text"]
-
-
-def mix_thresholds(config: TokenmillConfig, samples: list[dict]) -> dict[str, float]:
-    """For a mixture, each source's hash threshold (over `MIX_SALT` hashes of its sampled texts) below which its
-    texts make its share of `sample_size` in text bytes, to within one document: its sample (drawn with a margin
-    by `fractions`) is trimmed in hash order. A source whose sample falls short keeps all of it."""
-    if not config.mixture or config.tokenizer.train is None:
-        return {}
-    from tokenmill.mix import sample_shares
-
-    source_bytes = dict.fromkeys(config.inputs(), 0)
-    for s in samples:
-        source_bytes[s["mix_source"]] += s["input_bytes"]
-    shares, size = sample_shares(config, source_bytes), int(config.tokenizer.train.sample_size)
-    hashed: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for s, texts in zip(samples, sample_texts(config, samples), strict=True):
-        sizes = [len(t.encode()) for t in texts]
-        hashed[s["mix_source"]] += zip(unit_interval(texts, MIX_SALT).tolist(), sizes, strict=True)
-    thresholds = {}
-    for name, pairs in hashed.items():
-        pairs.sort()
-        total = np.cumsum([n for _, n in pairs])
-        kept = int(np.searchsorted(total, shares[name] * size))  # the texts before it make the share
-        thresholds[name] = pairs[kept][0] if kept < len(pairs) else 1.0
-    return thresholds
-
-
-def sample_texts(config: TokenmillConfig, samples: list[dict]) -> Iterator[list[str]]:
-    """Each shard's training sample's texts, shard by shard."""
-    store = config.output.store()
-    for s in samples:
-        with store.open(s["path"]) as f:
-            yield [orjson.loads(line)["text"] for line in f]
-
-
-def holdout_records(config: TokenmillConfig, samples: Iterable[dict | int]) -> Iterator[dict]:
-    """The held-out documents, `{"text": ..., <group_by fields>...}`, shard by shard: of the sample stage's
-    results, or of the shards whose ids are given (their held-out files are named by them)."""
-    store = config.output.store()
-    for s in samples:
-        with store.open(s["holdout"] if isinstance(s, dict) else layout.holdout_file(int(s))) as f:
-            for line in f:
-                yield orjson.loads(line)
+    return commit(store, SAMPLE, shard_id, key, result)

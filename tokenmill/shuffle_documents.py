@@ -17,7 +17,7 @@ from tokenmill import layout
 from tokenmill.commits import commit, committed
 from tokenmill.config import TokenmillConfig
 from tokenmill.hashing import unit_interval
-from tokenmill.partition import shard_pieces
+from tokenmill.plan import shard_pieces
 from tokenmill.readers import Piece, Record, records
 
 

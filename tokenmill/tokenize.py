@@ -19,27 +19,18 @@ from dataclasses import asdict
 import numpy as np
 import orjson
 
-from tokenmill import __version__, layout
-from tokenmill.commits import check, commit, marker
+from tokenmill import layout
+from tokenmill.commits import TOKENIZE, check, commit, marker, tokenize_key
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder, loaded_backend, preload_backends
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
 from tokenmill.hashing import assign_splits
-from tokenmill.partition import shard_pieces
+from tokenmill.plan import shard_pieces
 from tokenmill.readers import Piece, fast_path_applies, read_documents
-from tokenmill.tokenizer import TokenizerInfo
+from tokenmill.tokenizer_info import TokenizerInfo
 
-STAGE = "tokenize"
-ENCODER_CHOICE = "_work/encoder.json"  # the run's encoder choice, for the manifest
 SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of each shard, not 8 MB of each
 VERIFY_SHARDS = 256  # shards the verification sample is drawn from, evenly spaced across the run
-
-
-def stage_key(config: TokenmillConfig, tokenizer: TokenizerInfo, source: str) -> str:
-    """What a shard's tokens depend on: the config, the tokenizer, tokenmill, and what the shard is made from
-    (`source`, its pieces and their files' fingerprints), not its id or the run that made it."""
-    config_part = config.section_hash("input", "partition", "split", "tokenizer", checks=False)
-    return f"{config_part}-{tokenizer.sha256[:16]}-{__version__}-{source}"
 
 
 def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod_id: int | None):
@@ -62,8 +53,8 @@ def tokenize_shard(
     """Tokenize one shard of the plan (or return its committed result) with the run's encoder choice
     (None: the reference, HF tokenizers)."""
     store, shard_id = config.output.store(), shard["shard_id"]
-    key = stage_key(config, tokenizer, shard["source"])
-    earlier = check(store, STAGE, shard_id, key)
+    key = tokenize_key(config, tokenizer, shard["source"])
+    earlier = check(store, TOKENIZE, shard_id, key)
     if earlier.result is not None:
         return earlier.result | {"reused": True}
 
@@ -148,7 +139,7 @@ def tokenize_shard(
         "rerouted_to_reference": getattr(encode, "rerouted", 0) - rerouted_before,
         "seconds": round(time.perf_counter() - started, 3),
     }
-    return commit(store, STAGE, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
+    return commit(store, TOKENIZE, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
 
 
 def number_rejects(config: TokenmillConfig, shards: Sequence[dict], unnumbered: list[int]) -> None:
@@ -168,15 +159,15 @@ def number_rejects(config: TokenmillConfig, shards: Sequence[dict], unnumbered: 
                 piece_of[shard["shard_id"]] = piece
     for shard_id, piece in piece_of.items():
         before = [i for start, i in pieces_of[piece.path] if start < piece.start]
-        first_line = 1 + sum(store.read_json(marker(STAGE, i))["result"]["lines"] for i in before)
+        first_line = 1 + sum(store.read_json(marker(TOKENIZE, i))["result"]["lines"] for i in before)
         rejects = [orjson.loads(line) for line in store.read_bytes(layout.rejects_file(shard_id)).splitlines()]
         for reject in rejects:
             if reject.pop("from_byte", None) is not None:
                 reject["line"] += first_line - 1
-        done = store.read_json(marker(STAGE, shard_id))
+        done = store.read_json(marker(TOKENIZE, shard_id))
         files = done["files"]
         store.write_bytes(layout.rejects_file(shard_id), b"".join(orjson.dumps(r) + b"\n" for r in rejects), files)
-        commit(store, STAGE, shard_id, done["key"], done["result"] | {"unnumbered_rejects": 0}, files)
+        commit(store, TOKENIZE, shard_id, done["key"], done["result"] | {"unnumbered_rejects": 0}, files)
 
 
 def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:
@@ -226,5 +217,7 @@ def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: T
         return loaded_backend(url, tokenizer.sha256, backend)
 
     choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log=log, backend_of=backend_of)
-    store.write_json(ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report})
+    store.write_json(
+        layout.ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report}
+    )
     return choice

@@ -10,7 +10,6 @@ decode back to their text.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -19,120 +18,35 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numpy as np
-import orjson
 import pandas as pd
 import pyarrow as pa
 
 from tokenmill import layout
-from tokenmill.commits import marker
+from tokenmill.commits import TOKENIZE, marker
 from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.encoders import loaded_backend
 from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
 from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
 from tokenmill.formats.packed import SUFFIXES, PackedReader, read_shuffle_index
 from tokenmill.hashing import assign_splits
-from tokenmill.pack import pad_id as pack_pad_id
-from tokenmill.pack import skipped, writes_packed
-from tokenmill.partition import Shards, shard_ids, shard_pieces
+from tokenmill.packing import pad_id as pack_pad_id
+from tokenmill.packing import writes_packed
+from tokenmill.plan import Shards, shard_ids, shard_pieces
 from tokenmill.readers import Piece, read_documents, schema_library
+from tokenmill.stats import COLUMNS, ValidationFailed, all_rejected, skipped, stats_rows
 from tokenmill.storage import STREAMED, Store
-from tokenmill.tokenize import STAGE as TOKENIZE
-from tokenmill.tokenizer import TokenizerInfo
+from tokenmill.tokenizer_info import TokenizerInfo
 
 if TYPE_CHECKING:
     import pandera.pandas as pa
 
-COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens", "max_token_id",
-           "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files"]  # fmt: skip
 PAD_CHECK_BYTES = 8 << 20  # a packed shard's padded rows are checked this many bytes of mask at a time
 ROWS_AT_ONCE = 10_000  # stats rows (or a dataset's files) made into Python objects at a time
-_NOT_PACKED = {"rows": -1, "real_tokens": -1, "pad_tokens": -1, "padded_layout_rows": -1, "llmc_files": -1}
 
 
 # Runs `work(config, item, *args)` over the items, named `name` (a stage of shard work), where the caller wants:
 # each item's result, in order.
 RunShards = Callable[[str, Sequence[dict], Callable, tuple], list]
-
-
-class ValidationFailed(Exception):
-    """The dataset is not sound; the message is the readable report."""
-
-
-def all_rejected(store: Store, rows: pd.DataFrame) -> str:
-    """What a person reads of stats rows (a row per shard and split) whose records were all rejected: how many,
-    the first one's file, line and reason, and the rejects files that give each one's."""
-    rejected = rows.groupby("shard_id").rejected.first()
-    files = [layout.rejects_file(int(i)) for i in rejected.index[rejected > 0]]
-    if not files:
-        return "its files hold no records"
-    with store.open(files[0]) as f:
-        first = orjson.loads(f.readline())
-    more = f" and {len(files) - 3} more" if len(files) > 3 else ""
-    return (
-        f"all {int(rejected.sum()):,} records were rejected, the first at {first['file']} line {first['line']}: "
-        f"{first['reason']} (each one's file, line and reason: {', '.join(files[:3])}{more} in {store.url})"
-    )
-
-
-def stats_rows(tokenized: dict, packed: dict) -> list[tuple]:
-    """A shard's rows of the stats table (one per split), from its tokenize and pack results."""
-    rows = []
-    for split, c in tokenized["splits"].items():
-        p = _NOT_PACKED | packed["splits"].get(split, {})
-        rows.append(
-            (
-                tokenized["shard_id"],
-                split,
-                tokenized["documents_in"],
-                tokenized["rejected"],
-                c["documents"],
-                c["tokens"],
-                c["max_token_id"],
-                p["rows"],
-                p["real_tokens"],
-                p["pad_tokens"],
-                p["padded_layout_rows"],
-                p["llmc_files"],
-            )
-        )
-    return rows
-
-
-def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
-    """One row per shard and split, from the tokenize and pack stages' results."""
-    packing = {p["shard_id"]: p for p in packed}
-    return table_of([row for t in tokenized for row in stats_rows(t, packing.get(t["shard_id"], {"splits": {}}))])
-
-
-def table_of(rows: list[tuple]) -> pd.DataFrame:
-    """The stats table of rows as `stats_rows` makes them, in order of shard and split."""
-    return pd.DataFrame(rows, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
-
-
-class StatsColumns:
-    """Rows as `stats_rows` makes them, added in any order and kept as columns: 8 bytes a number and 1 a split
-    (a tuple of Python ints per row was about 0.4 KB); `table()` is `table_of` the rows."""
-
-    def __init__(self):
-        self.splits: dict[str, int] = {}  # each split's code, in order of first appearance
-        self.split_codes = array("b")
-        self.numbers = array("q")  # every column but the split, row after row
-
-    def add(self, rows: list[tuple]) -> None:
-        for row in rows:
-            self.split_codes.append(self.splits.setdefault(row[1], len(self.splits)))
-            self.numbers.append(row[0])
-            self.numbers.extend(row[2:])
-
-    def __len__(self) -> int:
-        return len(self.split_codes)
-
-    def table(self) -> pd.DataFrame:
-        numbers = np.frombuffer(self.numbers, dtype=np.int64).reshape(len(self), len(COLUMNS) - 1)
-        names = np.array(list(self.splits) or [""], dtype=object)
-        columns = {"shard_id": numbers[:, 0], "split": names[np.frombuffer(self.split_codes, dtype=np.int8)]}
-        columns |= {name: numbers[:, i] for i, name in enumerate(COLUMNS[2:], start=1)}
-        return pd.DataFrame(columns, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
 
 
 def load_pandera() -> None:
@@ -380,7 +294,6 @@ def _check_shuffle(store: Store, split: str, split_rows: pd.DataFrame) -> list[s
 
 # --- sampled documents: stored ids against the reference's, and decoded back to their text ----------
 
-REFERENCE_CHECK = "_work/reference_check.json"
 REFERENCE_SHARDS = 8  # the reference's sample spans at least this many shards (where there are): a block or so of each
 
 
@@ -523,7 +436,7 @@ def check_reference(config: TokenmillConfig, item: dict, tokenizer: TokenizerInf
 
 
 def reference_verdict(config: TokenmillConfig, checked: list[dict]) -> list[str]:
-    """What `check_reference` found over the whole sample, recorded in REFERENCE_CHECK: the problems, where
+    """What `check_reference` found over the whole sample, recorded in layout.REFERENCE_CHECK: the problems, where
     more documents differ than `tokenizer.allowed_mismatch_rate` allows, or some do not decode to their text."""
     documents = sum(c["documents"] for c in checked)
     if not documents:
@@ -532,7 +445,9 @@ def reference_verdict(config: TokenmillConfig, checked: list[dict]) -> list[str]
     undecodable = [u for c in checked for u in c["undecodable"]]
     rate, allowed = len(wrong) / documents, config.tokenizer.allowed_mismatch_rate
     store = config.output.store()
-    store.write_json(REFERENCE_CHECK, {"documents": documents, "mismatches": len(wrong), "allowed_rate": allowed})
+    store.write_json(
+        layout.REFERENCE_CHECK, {"documents": documents, "mismatches": len(wrong), "allowed_rate": allowed}
+    )
     problems = undecodable[:10]
     if rate > allowed:
         summary = f"{len(wrong)} of {documents} documents re-encoded with hf differ (allowed rate {allowed})"

@@ -1,0 +1,133 @@
+"""The stats table: a row per shard and split (documents in, rejected and kept, tokens, what was packed), made from
+the tokenize and pack stages' results, checked by validate, summed by publish and the report, drawn from by the
+mix; and the error a run ends with where the counts or files say the dataset is not sound."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from tokenmill import layout
+from tokenmill.storage import Store
+
+COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens", "max_token_id",
+           "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files"]  # fmt: skip
+
+
+_NOT_PACKED = {"rows": -1, "real_tokens": -1, "pad_tokens": -1, "padded_layout_rows": -1, "llmc_files": -1}
+
+
+class ValidationFailed(Exception):
+    """The dataset is not sound; the message is the readable report."""
+
+
+def all_rejected(store: Store, rows: pd.DataFrame) -> str:
+    """What a person reads of stats rows (a row per shard and split) whose records were all rejected: how many,
+    the first one's file, line and reason, and the rejects files that give each one's."""
+    rejected = rows.groupby("shard_id").rejected.first()
+    files = [layout.rejects_file(int(i)) for i in rejected.index[rejected > 0]]
+    if not files:
+        return "its files hold no records"
+    with store.open(files[0]) as f:
+        first = orjson.loads(f.readline())
+    more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+    return (
+        f"all {int(rejected.sum()):,} records were rejected, the first at {first['file']} line {first['line']}: "
+        f"{first['reason']} (each one's file, line and reason: {', '.join(files[:3])}{more} in {store.url})"
+    )
+
+
+def stats_rows(tokenized: dict, packed: dict) -> list[tuple]:
+    """A shard's rows of the stats table (one per split), from its tokenize and pack results."""
+    rows = []
+    for split, c in tokenized["splits"].items():
+        p = _NOT_PACKED | packed["splits"].get(split, {})
+        rows.append(
+            (
+                tokenized["shard_id"],
+                split,
+                tokenized["documents_in"],
+                tokenized["rejected"],
+                c["documents"],
+                c["tokens"],
+                c["max_token_id"],
+                p["rows"],
+                p["real_tokens"],
+                p["pad_tokens"],
+                p["padded_layout_rows"],
+                p["llmc_files"],
+            )
+        )
+    return rows
+
+
+def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
+    """One row per shard and split, from the tokenize and pack stages' results."""
+    packing = {p["shard_id"]: p for p in packed}
+    return table_of([row for t in tokenized for row in stats_rows(t, packing.get(t["shard_id"], {"splits": {}}))])
+
+
+def table_of(rows: list[tuple]) -> pd.DataFrame:
+    """The stats table of rows as `stats_rows` makes them, in order of shard and split."""
+    return pd.DataFrame(rows, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
+
+
+class StatsColumns:
+    """Rows as `stats_rows` makes them, added in any order and kept as columns: 8 bytes a number and 1 a split
+    (a tuple of Python ints per row was about 0.4 KB); `table()` is `table_of` the rows."""
+
+    def __init__(self):
+        self.splits: dict[str, int] = {}  # each split's code, in order of first appearance
+        self.split_codes = array("b")
+        self.numbers = array("q")  # every column but the split, row after row
+
+    def add(self, rows: list[tuple]) -> None:
+        for row in rows:
+            self.split_codes.append(self.splits.setdefault(row[1], len(self.splits)))
+            self.numbers.append(row[0])
+            self.numbers.extend(row[2:])
+
+    def __len__(self) -> int:
+        return len(self.split_codes)
+
+    def table(self) -> pd.DataFrame:
+        numbers = np.frombuffer(self.numbers, dtype=np.int64).reshape(len(self), len(COLUMNS) - 1)
+        names = np.array(list(self.splits) or [""], dtype=object)
+        columns = {"shard_id": numbers[:, 0], "split": names[np.frombuffer(self.split_codes, dtype=np.int8)]}
+        columns |= {name: numbers[:, i] for i, name in enumerate(COLUMNS[2:], start=1)}
+        return pd.DataFrame(columns, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
+
+
+NOTHING_PACKED = {"rows": 0, "real_tokens": 0, "pad_tokens": 0, "padded_layout_rows": 0, "llmc_files": 0}
+
+
+def skipped(tokenized: dict) -> dict:
+    """A shard's pack result where the stage has nothing to write (see `writes_files`)."""
+    return {"shard_id": tokenized["shard_id"], "splits": {split: dict(NOTHING_PACKED) for split in tokenized["splits"]}}
+
+
+def packing_summary(r: pd.Series, seq_len: int) -> dict:
+    """Packing stats of summed stats rows, beside what one document per padded row would have cost."""
+    slots = r.packed_real_tokens + r.packed_pad_tokens
+    padded_slots = r.padded_layout_rows * seq_len
+    return {
+        "sequences": int(r.packed_rows),
+        "real_tokens": int(r.packed_real_tokens),
+        "pad_tokens": int(r.packed_pad_tokens),
+        "utilization": round(float(r.packed_real_tokens / slots), 6) if slots else None,
+        "padded_layout": {
+            "sequences": int(r.padded_layout_rows),
+            "utilization": round(float(r.tokens / padded_slots), 6) if padded_slots else None,
+        },
+    }
+
+
+def split_summary(table: pd.DataFrame, seq_len: int) -> dict:
+    by_split = table.groupby("split").sum(numeric_only=True)
+    return {
+        split: {"documents": int(r.documents), "tokens": int(r.tokens), "packing": packing_summary(r, seq_len)}
+        for split, r in by_split.iterrows()
+    }
