@@ -8,7 +8,7 @@ import gc
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from distributed import Client, default_client, fire_and_forget
+from distributed import Client, fire_and_forget
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import flows.dask_settings  # noqa: F401 (applied to the flow's client, and to a scheduler it starts)
@@ -67,26 +67,6 @@ def connect(address: str, security=None) -> Client:
         ) from None
 
 
-class SchedulerLost(ConnectionError):
-    """The flow's client lost its scheduler mid-run, for good."""
-
-
-def check_scheduler() -> None:
-    """SchedulerLost where this process's client has lost its scheduler: reconnecting, or closed after it gave up
-    (Dask tries for distributed.comm.timeouts.connect, 30 s). The shards in flight then all fail in Dask's words,
-    and the cause is the network or the scheduler, not the shards."""
-    try:
-        lost = default_client().status != "running"
-    except ValueError:  # no client left: the closed one is no longer the default
-        lost = True
-    if lost:
-        raise SchedulerLost(
-            "lost the Dask scheduler mid-run: no answer from it for 30 s (its host down or cut off, or the scheduler "
-            "ended); the shards committed so far are kept: once it is reachable, run the same command again and "
-            "it reuses every one of them"
-        )
-
-
 def prepare_cluster(client: Client) -> None:
     """Make the workers quick to exit (`QuickExit`) and have every worker import the shard stages and encoders
     now, while the flow partitions and chooses the encoder: a fresh worker spends about 2 s importing them
@@ -95,19 +75,20 @@ def prepare_cluster(client: Client) -> None:
     on_every_worker(client, warm_up)
 
 
-def on_every_worker(client: Client, work: Callable, *args) -> None:
-    """Run `work(*args)` once on each worker the cluster has now, not awaited: the flow has other work
-    meanwhile (a worker's shard tasks queue behind it)."""
-    for worker in client.scheduler_info()["workers"]:
-        fire_and_forget(client.submit(Sealed(work, *args), workers=[worker], pure=False))
-
-
 class QuickExit(WorkerPlugin):
     """Workers that have imported Prefect, pandas and the encoders spent 0.3-0.7 s in the garbage collector's
     passes over the whole heap as they exited, which every run waited for when closing its cluster; frozen
-    objects are skipped (their exit handlers still run)."""
+    objects are skipped (their exit handlers still run). The workers unpickle it, importing this module: it
+    imports nothing of Prefect (tests/test_shards.py checks the workers)."""
 
     name = "tokenmill-quick-exit"
 
     def teardown(self, worker) -> None:
         gc.freeze()
+
+
+def on_every_worker(client: Client, work: Callable, *args) -> None:
+    """Run `work(*args)` once on each worker the cluster has now, not awaited: the flow has other work
+    meanwhile (a worker's shard tasks queue behind it)."""
+    for worker in client.scheduler_info()["workers"]:
+        fire_and_forget(client.submit(Sealed(work, *args), workers=[worker], pure=False))

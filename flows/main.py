@@ -28,22 +28,21 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
-    create_progress_artifact,
     create_table_artifact,
-    update_progress_artifact,
 )
+from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 from pydantic import ByteSize
 from pydantic.json_schema import SkipJsonSchema
 
-from flows.cluster import check_scheduler, dask_client, kind, on_every_worker, prepare_cluster
+from flows.cluster import dask_client, kind, on_every_worker, prepare_cluster
 from flows.server import retry_refused_connections
 from tasks.mix import resolve_mix
 from tasks.partition import partition
 from tasks.publish import already_published, publish
 from tasks.sample import holdout_shards, sample_shards
-from tasks.shards import GroupFailed, ShardsFailed, in_groups, shard_id
+from tasks.shards import StageRun, map_shards, stage_groups
 from tasks.shuffle_documents import gather_shards, scatter_shards
 from tasks.shuffle_index import shuffle_index
 from tasks.tokenize import choose_encoder, number_rejects, tokenize_shards
@@ -53,13 +52,14 @@ from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
 from tokenmill.packing import writes_packed
 from tokenmill.partition import PlanAhead
-from tokenmill.plan import Shards, mix_sources, shard_ids
+from tokenmill.plan import Shards, shard_ids
 from tokenmill.report import load_matplotlib
 from tokenmill.report import plots as report_plots
 from tokenmill.runs import save_run_config
 from tokenmill.sampling import fractions as sample_fractions
 from tokenmill.shuffle_documents import check_counts, shuffled_shards
 from tokenmill.tokenize import preload_encoder
+from tokenmill.tokenizer_info import TokenizerInfo
 from tokenmill.validate import load_pandera
 
 # Before any flow run is created (the CLI's, a deployment's): that first call, too, waits out a server restart.
@@ -68,16 +68,6 @@ retry_refused_connections()
 # Group task runs at once: each waits in a thread while its shards run on the cluster. The thread pool is the
 # throttle (a group still queued is not yet a task run).
 GROUP_THREADS = 64
-# Task runs per shard stage by default: one per cluster thread, at most this many. A task run costs about 50 ms
-# of CPU in the flow and the server; one per shard made a 10 s run of 16 shards on 2 cores 0.4 s slower.
-MAX_GROUPS = 32
-PROGRESS_EVERY_S = 1.0  # the least time between two updates of a stage's progress artifact
-
-
-def stage_groups(config: TokenmillConfig, cluster_threads: int) -> int:
-    """The most task runs a shard stage has: `dask.groups_per_stage`, else one per cluster thread (at most
-    MAX_GROUPS)."""
-    return config.dask.groups_per_stage or min(MAX_GROUPS, cluster_threads)
 
 
 def shuffle(config: TokenmillConfig, plan: dict, groups: int) -> tuple[Shards, float]:
@@ -91,86 +81,37 @@ def shuffle(config: TokenmillConfig, plan: dict, groups: int) -> tuple[Shards, f
     return Shards(shuffled_shards(config, plan["key"], gathered)), time.perf_counter() - started
 
 
-class StageRun:
-    """A shard stage's task submitted over every group of items (at most `groups`); its groups run in the flow's
-    thread pool while the flow does other work, until `results()` waits for them."""
-
-    def __init__(self, stage_task, config: TokenmillConfig, items: list, *args, groups: int):
-        self.stage_task, self.items = stage_task, items
-        self.groups = in_groups(items, groups)
-        self.futures = [stage_task.submit(config, group, *args) for group in self.groups]
-
-    @functools.cached_property
-    def group_results(self) -> list:
-        """Each group's result, in order, or ShardsFailed naming every shard that failed (a flow must not end
-        Completed with failed shards, which Prefect allows when their states are not returned)."""
-        failures: dict[str, dict[int, str]] = {}
-        progress = StageProgress(self.stage_task.name, self.items)
-        for future, group in zip(self.futures, self.groups, strict=True):
-            future.wait()
-            progress.done(group.unwrap())
-            if future.state.is_completed():
-                continue
-            error = future.state.result(raise_on_failure=False)
-            if isinstance(error, GroupFailed):
-                for stage, failed in error.failures.items():
-                    failures.setdefault(stage, {}).update(failed)
-            else:  # the task itself failed, outside its shards' work
-                failures.setdefault(self.stage_task.name, {}).update({shard_id(i): repr(error) for i in group.unwrap()})
-        if failures:
-            check_scheduler()
-        for stage, failed in failures.items():
-            if failed:
-                raise ShardsFailed(stage, failed, len(self.items))
-        return [future.result() for future in self.futures]
-
-    def results(self) -> list:
-        """For a stage whose groups return a result per item: every item's result, in order."""
-        return [result for group in self.group_results for result in group]
-
-
-class StageProgress:
-    """A shard stage's progress artifact: shards done, in percent (in a mixture its description names the
-    sources); updated at most once a second (each update is an API call), and when the stage is done."""
-
-    def __init__(self, stage: str, items: list):
-        self.total, self.finished = len(items), 0
-        sources = mix_sources(items)
-        of_sources = f" ({', '.join(sources)})" if sources else ""
-        self.artifact = create_progress_artifact(0.0, description=f"{stage}: shards done, in percent{of_sources}")
-        self.reported = time.monotonic()
-
-    def done(self, items: list) -> None:
-        self.finished += len(items)
-        if self.finished == self.total or time.monotonic() - self.reported >= PROGRESS_EVERY_S:
-            update_progress_artifact(self.artifact, 100 * self.finished / self.total)
-            self.reported = time.monotonic()
-
-
-def map_shards(stage_task, config: TokenmillConfig, items: list, *args, groups: int) -> list:
-    """A shard stage whose groups return a result per item, run and waited for: every item's result, in order."""
-    return StageRun(stage_task, config, items, *args, groups=groups).results()
-
-
-def tokenize_and_pack(stage: StageRun) -> tuple[pd.DataFrame, dict]:
-    """The tokenize stage started (`tokenize_shards`, each shard's pack and check chained to its tokenize on the
-    cluster), waited for: the stats table, a row per shard and split, and the run's totals (with what the checks
-    found wrong); a table artifact with a row per group."""
-    groups = stage.group_results
-    rows = [totals for _, totals in groups]
+def tokenize_stage(
+    config: TokenmillConfig, shards: Shards, tokenizer: TokenizerInfo, groups: int, holdout: StageRun | None
+) -> tuple[pd.DataFrame, dict, PrefectFuture | None]:
+    """The run's encoder chosen (on a worker), then the tokenize stage (`tokenize_shards`, each shard's pack and
+    check chained to its tokenize on the cluster), waited for: the stats table, a row per shard and split, the run's
+    totals (with what the checks found wrong), and a table artifact with a row per group. Beside it, on a worker,
+    the tokenizer report, once the held-out sample is written (`holdout`, where the run trains no tokenizer)."""
+    import_while_waiting()
+    encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run; the shards get the choice
+    started = time.perf_counter()
+    tokenizing = StageRun(tokenize_shards, config, shards, tokenizer, encoder, groups=groups)
+    report = None
+    if config.fertility.enabled:  # the held-out files, which the shard ids name, written first
+        if holdout is not None:
+            holdout.wait()
+        report = tokenizer_report.submit(config, tokenizer, quote(shard_ids(shards)), encoder)
+    groups_done = tokenizing.wait()
+    rows = [totals for _, totals in groups_done]
     reused = sum(r["reused"] for r in rows)
     redone = [reason for r in rows for reason in r.pop("redone")]
     files_rejected = [why for r in rows for why in r.pop("files_rejected", [])]
     problems = [problem for r in rows for problem in r.pop("problems")]  # found by each shard's check, for validate
     unnumbered = [shard for r in rows for shard in r.pop("unnumbered")]  # rejects to number by their line
-    description = f"tokenize: {len(stage.items)} shards, {reused} reused"
-    create_table_artifact(rows, key="tokenize-shards", description=description)
-    table = pd.concat([t for t, _ in groups], ignore_index=True).sort_values(["shard_id", "split"], ignore_index=True)
-    bytes_in = sum(r["bytes_in"] for r in rows)
-    return table, {
-        "bytes_in": bytes_in, "reused": reused, "redone": redone, "files_rejected": files_rejected,
-        "problems": problems, "unnumbered": unnumbered,
+    create_table_artifact(rows, key="tokenize-shards", description=f"tokenize: {len(shards)} shards, {reused} reused")
+    table = pd.concat([t for t, _ in groups_done], ignore_index=True)
+    totals = {
+        "bytes_in": sum(r["bytes_in"] for r in rows), "reused": reused, "redone": redone,
+        "files_rejected": files_rejected, "problems": problems, "unnumbered": unnumbered,
+        "seconds": time.perf_counter() - started,
     }  # fmt: skip
+    return table.sort_values(["shard_id", "split"], ignore_index=True), totals, report
 
 
 @flow(
@@ -214,7 +155,7 @@ def build_dataset(
     release_workers: Callable[[], str | None],
     plan_ahead: PlanAhead | None = None,
 ) -> dict:
-    """The DAG of DESIGN.md. `release_workers` once the cluster's work is done, before publish copies (in this
+    """The DAG (docs/architecture.md). `release_workers` once the cluster's work is done, before publish copies (in this
     process): SLURM jobs then go back to the queue."""
     logger = get_run_logger()
     started = time.perf_counter()
@@ -242,28 +183,14 @@ def build_dataset(
     quoted_plan = quote(plan)
 
     if training:
-        sampling = start_sample(config, plan)
-        tokenizer = train_tokenizer(config, quote(sampling.results()))
+        tokenizer = train_tokenizer(config, quote(start_sample(config, plan).results()))
         on_every_worker(default_client(), preload_encoder, config, tokenizer)  # while the encoder is chosen
     logger.info("tokenizer: vocab %d, EOD id %d, BOS id %s", tokenizer.vocab_size, tokenizer.eod_id, tokenizer.bos_id)
     if not rebuild and (done := already_published(config, quoted_plan, tokenizer)) is not None:
         return unchanged_summary(config, done, time.perf_counter() - started)
-    if config.fertility.enabled and not training:  # drawn on the cluster while the encoder is chosen
-        sampling = start_sample(config, plan, holdout_shards)
-    import_while_waiting()
-    encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run (on a worker); shards get the choice
-    tokenize_started = time.perf_counter()
-    tokenizing = StageRun(tokenize_shards, config, shards, tokenizer, encoder, groups=groups)
-    # The report (on a worker, beside the shards) needs the tokenizer, its encoder and the held-out sample, whose
-    # files the shard ids name, once the sample stage has written them. The flow lets go of the samples.
-    report = None
-    if config.fertility.enabled:
-        sampling.group_results  # noqa: B018 (waited for: every held-out file written, or ShardsFailed)
-        report = tokenizer_report.submit(config, tokenizer, quote(shard_ids(shards)), encoder)
-    sampling = None
-    table, totals = tokenize_and_pack(tokenizing)
-    tokenizing = None  # its groups' tables, as many rows as the stats table, were held to the run's end
-    tokenize_seconds = time.perf_counter() - tokenize_started
+    # Without a tokenizer to train, the report's held-out sample is drawn on the cluster while the encoder is chosen.
+    holdout = start_sample(config, plan, holdout_shards) if config.fertility.enabled and not training else None
+    table, totals, report = tokenize_stage(config, shards, tokenizer, groups, holdout)
     if totals["reused"]:
         logger.info("reused %d of %d committed tokenize shards", totals["reused"], len(shards))
     for reason in totals["redone"]:  # files damaged after their commit
@@ -288,8 +215,8 @@ def build_dataset(
     bytes_in = totals["bytes_in"]
     run = {
         "bytes_in": bytes_in,
-        "tokenize_mb_per_s": round(bytes_in / 1e6 / tokenize_seconds, 2),
-        "tokenize_seconds": round(tokenize_seconds, 2),
+        "tokenize_mb_per_s": round(bytes_in / 1e6 / totals["seconds"], 2),
+        "tokenize_seconds": round(totals["seconds"], 2),
         "shuffle_seconds": None if shuffle_seconds is None else round(shuffle_seconds, 2),
         "flow_seconds": round(time.perf_counter() - started, 2),
     }

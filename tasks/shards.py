@@ -1,13 +1,16 @@
-"""Shard stages as Prefect tasks over groups of shards, each group's shards run as plain Dask futures.
+"""How a shard stage runs: Prefect task runs over groups of shards, each group's shards plain Dask tasks.
 
 A Prefect task run costs about 50 ms of CPU (the flow's task engine and the server's events, logs and state writes;
-docs/performance.md), a Dask task a few ms. So a shard stage is at most `dask.groups_per_stage` Prefect task
-runs (by default one per cluster thread, at most 32), each over a group of consecutive shards. A group sends its
-shards to the cluster as Dask tasks of the library's shard functions, keyed `(<stage>-shard-<run>, shard id)` (the
-Dask dashboard shows `<stage>-shard`), each with its own retries, a bounded window at a time; consecutive stages
-chain per shard on the cluster (a shard's pack starts when its tokenize ends, and the result goes from worker to
-worker). The group tasks run in the flow's process; the workers run library code only, so shard work never talks to
-the Prefect server. A group fails naming every shard of it that failed and the stage it failed in; the others are
+docs/performance.md), a Dask task a few ms. So a shard stage (`StageRun`) is at most `dask.groups_per_stage`
+Prefect task runs (by default one per cluster thread, at most MAX_GROUPS), each over a group of consecutive shards,
+run in the flow's thread pool while the flow goes on, with the stage's progress artifact. A group (`run_on_dask`)
+sends its shards to the cluster as Dask tasks of the library's shard functions, keyed `(<stage>-shard-<run>, shard
+id)` (the Dask dashboard shows `<stage>-shard`), small shards bundled into one task (`bundles`), a bounded window at
+a time; consecutive stages chain per shard on the cluster (a shard's pack starts when its tokenize ends, and the
+result goes from worker to worker). Each shard is tried on its own, with retries, on its worker
+(`tokenmill.tries`, which the workers and the scheduler import: it stays free of Prefect and of this module), and
+each Dask task is retried if its worker dies. The workers run library code only, so shard work never talks to the
+Prefect server. A group fails naming every shard of it that failed and the stage it failed in; the others are
 committed (their markers), so Retry redoes only the failed ones.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import math
 import time
 import uuid
@@ -23,17 +27,31 @@ from dataclasses import dataclass
 
 from distributed import as_completed, default_client
 from prefect import get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.utilities.annotations import quote
 
 from tasks import UNCACHED
+from tokenmill.config import TokenmillConfig
 from tokenmill.plan import mix_sources
 from tokenmill.tries import SHARD_RETRIES, EachShard, Failed, Sealed
 
+# Task runs per shard stage by default: one per cluster thread, at most this many. A task run costs about 50 ms
+# of CPU in the flow and the server; one per shard made a 10 s run of 16 shards on 2 cores 0.4 s slower.
+MAX_GROUPS = 32
+
+
+PROGRESS_EVERY_S = 1.0  # the least time between two updates of a stage's progress artifact
+
+
 WINDOW_PER_THREAD = 4  # a group keeps at most this many Dask tasks per cluster thread on the cluster at once
+
+
 # Shards smaller than this share a Dask task, consecutive ones up to this many bytes (and MAX_SHARDS_PER_TASK),
 # so that a Dask task's 2-3 ms of scheduler and client time stays small beside its work; shards of
 # `shard_size: auto` (16 MB or more) have a task each.
 TASK_BYTES, MAX_SHARDS_PER_TASK = 4 << 20, 256
+
+
 ALIVE_CHECK_S = 0.1  # a group waiting on the cluster looks this often at whether the flow's client still runs
 
 
@@ -48,41 +66,10 @@ class Stage:
     whole_chain: bool = False
 
 
-class ShardsFailed(RuntimeError):
-    """Some shards did not complete; their committed siblings are reused when the run is retried."""
-
-    def __init__(self, stage: str, failures: dict[int, str], total: int):
-        self.stage, self.failures, self.total = stage, failures, total
-        by_error: dict[str, list[int]] = {}
-        for sid, error in sorted(failures.items()):
-            by_error.setdefault(error, []).append(sid)
-        lines = [f"  {shard_list(sids)}: {error}" for error, sids in by_error.items()]
-        super().__init__(
-            f"{stage}: {len(failures)} of {total} shards failed (a rerun reuses every committed shard and redoes "
-            "these)\n" + "\n".join(lines)
-        )
-
-
-def shard_list(ids: list[int], most: int = 8) -> str:
-    """Sorted shard ids as a person reads them: "shard 00004", "shards 00000-00007, 00012", at most `most` runs
-    of consecutive ids shown (a cluster lost mid-run fails every shard the same way: one line, not thousands)."""
-    runs: list[list[int]] = []
-    for sid in ids:
-        if runs and sid == runs[-1][1] + 1:
-            runs[-1][1] = sid
-        else:
-            runs.append([sid, sid])
-    shown = ", ".join(f"{a:05d}" if a == b else f"{a:05d}-{b:05d}" for a, b in runs[:most])
-    more = f", ... ({len(ids)} in all)" if len(runs) > most else ""
-    return f"shard {shown}" if len(ids) == 1 else f"shards {shown}{more}"
-
-
-class GroupFailed(RuntimeError):
-    """A group's failed shards, per stage (a shard counts in the first stage it failed in)."""
-
-    def __init__(self, failures: dict[str, dict[int, str]]):
-        self.failures = failures
-        super().__init__("\n".join(str(ShardsFailed(stage, f, len(f))) for stage, f in failures.items() if f))
+def stage_groups(config: TokenmillConfig, cluster_threads: int) -> int:
+    """The most task runs a shard stage has: `dask.groups_per_stage`, else one per cluster thread (at most
+    MAX_GROUPS)."""
+    return config.dask.groups_per_stage or min(MAX_GROUPS, cluster_threads)
 
 
 def in_groups(items: list, groups_per_stage: int) -> list[quote]:
@@ -92,17 +79,69 @@ def in_groups(items: list, groups_per_stage: int) -> list[quote]:
     return [quote(items[start : start + size]) for start in range(0, len(items), size)]
 
 
-def bundles(items: list) -> list[range]:
-    """Consecutive items, a Dask task's worth each: up to TASK_BYTES of shards (an item's `bytes`; an item
-    without it goes alone) and MAX_SHARDS_PER_TASK."""
-    found, start, total = [], 0, 0
-    for index, item in enumerate(items):
-        size = item.get("bytes", TASK_BYTES) if isinstance(item, dict) else TASK_BYTES
-        if index > start and (total + size > TASK_BYTES or index - start == MAX_SHARDS_PER_TASK):
-            found.append(range(start, index))
-            start, total = index, 0
-        total += size
-    return found + [range(start, len(items))] if items else found
+class StageRun:
+    """A shard stage's task submitted over every group of items (at most `groups`); its groups run in the flow's
+    thread pool while the flow does other work, until `wait()` or `results()` waits for them."""
+
+    def __init__(self, stage_task, config: TokenmillConfig, items: list, *args, groups: int):
+        self.stage_task, self.items = stage_task, items
+        self.groups = in_groups(items, groups)
+        self.futures = [stage_task.submit(config, group, *args) for group in self.groups]
+
+    def wait(self) -> list:
+        """Each group's result, in order, once every group has ended; or ShardsFailed naming every shard that
+        failed (a flow must not end Completed with failed shards, which Prefect allows when their states are not
+        returned)."""
+        return self._group_results
+
+    @functools.cached_property
+    def _group_results(self) -> list:
+        failures: dict[str, dict[int, str]] = {}
+        progress = StageProgress(self.stage_task.name, self.items)
+        for future, group in zip(self.futures, self.groups, strict=True):
+            future.wait()
+            progress.done(group.unwrap())
+            if future.state.is_completed():
+                continue
+            error = future.state.result(raise_on_failure=False)
+            if isinstance(error, GroupFailed):
+                for stage, failed in error.failures.items():
+                    failures.setdefault(stage, {}).update(failed)
+            else:  # the task itself failed, outside its shards' work
+                failures.setdefault(self.stage_task.name, {}).update({shard_id(i): repr(error) for i in group.unwrap()})
+        if failures:
+            check_scheduler()
+        for stage, failed in failures.items():
+            if failed:
+                raise ShardsFailed(stage, failed, len(self.items))
+        return [future.result() for future in self.futures]
+
+    def results(self) -> list:
+        """For a stage whose groups return a result per item: every item's result, in order."""
+        return [result for group in self.wait() for result in group]
+
+
+class StageProgress:
+    """A shard stage's progress artifact: shards done, in percent (in a mixture its description names the
+    sources); updated at most once a second (each update is an API call), and when the stage is done."""
+
+    def __init__(self, stage: str, items: list):
+        self.total, self.finished = len(items), 0
+        sources = mix_sources(items)
+        of_sources = f" ({', '.join(sources)})" if sources else ""
+        self.artifact = create_progress_artifact(0.0, description=f"{stage}: shards done, in percent{of_sources}")
+        self.reported = time.monotonic()
+
+    def done(self, items: list) -> None:
+        self.finished += len(items)
+        if self.finished == self.total or time.monotonic() - self.reported >= PROGRESS_EVERY_S:
+            update_progress_artifact(self.artifact, 100 * self.finished / self.total)
+            self.reported = time.monotonic()
+
+
+def map_shards(stage_task, config: TokenmillConfig, items: list, *args, groups: int) -> list:
+    """A shard stage whose groups return a result per item, run and waited for: every item's result, in order."""
+    return StageRun(stage_task, config, items, *args, groups=groups).results()
 
 
 def shard_id(item) -> int:
@@ -125,6 +164,11 @@ def _run_name(parameters: dict) -> str:
     if sources := mix_sources(items):
         label += f": {', '.join(sources)}"
     return f"{task_run.task_name}[{label}]"
+
+
+# The options of every shard stage's task: uncached (its result lives in the flow's memory only, the commit markers
+# are the durable record), and its runs are named by their shards.
+GROUP_TASK = {"task_run_name": _run_name, **UNCACHED}
 
 
 def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple], object] = tuple) -> list:
@@ -201,12 +245,99 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
     return results
 
 
+def bundles(items: list) -> list[range]:
+    """Consecutive items, a Dask task's worth each: up to TASK_BYTES of shards (an item's `bytes`; an item
+    without it goes alone) and MAX_SHARDS_PER_TASK."""
+    found, start, total = [], 0, 0
+    for index, item in enumerate(items):
+        size = item.get("bytes", TASK_BYTES) if isinstance(item, dict) else TASK_BYTES
+        if index > start and (total + size > TASK_BYTES or index - start == MAX_SHARDS_PER_TASK):
+            found.append(range(start, index))
+            start, total = index, 0
+        total += size
+    return found + [range(start, len(items))] if items else found
+
+
 def on_a_worker(work: Callable, *args, priority: int = 0):
     """`work(*args)` (a library call) on a worker of the cluster, waited for: for work that uses what every worker
     has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU). `priority`
     orders it among the shard tasks waiting for a worker (theirs is 0)."""
     client = default_client()
     return gather(client, client.submit(Sealed(work, *args), pure=False, priority=priority))
+
+
+class ShardsFailed(RuntimeError):
+    """Some shards did not complete; their committed siblings are reused when the run is retried."""
+
+    def __init__(self, stage: str, failures: dict[int, str], total: int):
+        self.stage, self.failures, self.total = stage, failures, total
+        by_error: dict[str, list[int]] = {}
+        for sid, error in sorted(failures.items()):
+            by_error.setdefault(error, []).append(sid)
+        lines = [f"  {shard_list(sids)}: {error}" for error, sids in by_error.items()]
+        super().__init__(
+            f"{stage}: {len(failures)} of {total} shards failed (a rerun reuses every committed shard and redoes "
+            "these)\n" + "\n".join(lines)
+        )
+
+
+def shard_list(ids: list[int], most: int = 8) -> str:
+    """Sorted shard ids as a person reads them: "shard 00004", "shards 00000-00007, 00012", at most `most` runs
+    of consecutive ids shown (a cluster lost mid-run fails every shard the same way: one line, not thousands)."""
+    runs: list[list[int]] = []
+    for sid in ids:
+        if runs and sid == runs[-1][1] + 1:
+            runs[-1][1] = sid
+        else:
+            runs.append([sid, sid])
+    shown = ", ".join(f"{a:05d}" if a == b else f"{a:05d}-{b:05d}" for a, b in runs[:most])
+    more = f", ... ({len(ids)} in all)" if len(runs) > most else ""
+    return f"shard {shown}" if len(ids) == 1 else f"shards {shown}{more}"
+
+
+class GroupFailed(RuntimeError):
+    """A group's failed shards, per stage (a shard counts in the first stage it failed in)."""
+
+    def __init__(self, failures: dict[str, dict[int, str]]):
+        self.failures = failures
+        super().__init__("\n".join(str(ShardsFailed(stage, f, len(f))) for stage, f in failures.items() if f))
+
+
+def _error(future) -> str:
+    if future.status == "error":
+        error = future.exception()
+        if type(error).__name__ == "KilledWorker":  # no traceback of its own: say what it usually means
+            return (
+                "every Dask worker that ran it died (KilledWorker): most often it needed more memory than "
+                "dask.memory_limit allows; raise the limit or make the shard smaller, then rerun"
+            )
+        return f"{type(error).__name__}: {error}"
+    if future.status == "cancelled":  # seen when workers were restarted for memory (campaign, oom kind)
+        return (
+            "its Dask task was cancelled: the workers running it died (most often for memory: raise "
+            "dask.memory_limit or make the shards smaller), or the connection to the scheduler was lost; then rerun"
+        )
+    return f"its Dask task ended {future.status}"
+
+
+class SchedulerLost(ConnectionError):
+    """The flow's client lost its scheduler mid-run, for good."""
+
+
+def check_scheduler() -> None:
+    """SchedulerLost where this process's client has lost its scheduler: reconnecting, or closed after it gave up
+    (Dask tries for distributed.comm.timeouts.connect, 30 s). The shards in flight then all fail in Dask's words,
+    and the cause is the network or the scheduler, not the shards."""
+    try:
+        lost = default_client().status != "running"
+    except ValueError:  # no client left: the closed one is no longer the default
+        lost = True
+    if lost:
+        raise SchedulerLost(
+            "lost the Dask scheduler mid-run: no answer from it for 30 s (its host down or cut off, or the scheduler "
+            "ended); the shards committed so far are kept: once it is reachable, run the same command again and "
+            "it reuses every one of them"
+        )
 
 
 # The flow's waits on the cluster, in its group threads. Dask's own blocking calls wait for its event loop without
@@ -264,25 +395,3 @@ def completed_batches(chains: as_completed, client) -> Iterator[list]:
             chains.thread_condition.wait(timeout=ALIVE_CHECK_S)
         if not chains.has_ready() and not loop_runs(client):
             raise ClientClosed()
-
-
-def _error(future) -> str:
-    if future.status == "error":
-        error = future.exception()
-        if type(error).__name__ == "KilledWorker":  # no traceback of its own: say what it usually means
-            return (
-                "every Dask worker that ran it died (KilledWorker): most often it needed more memory than "
-                "dask.memory_limit allows; raise the limit or make the shard smaller, then rerun"
-            )
-        return f"{type(error).__name__}: {error}"
-    if future.status == "cancelled":  # seen when workers were restarted for memory (campaign, oom kind)
-        return (
-            "its Dask task was cancelled: the workers running it died (most often for memory: raise "
-            "dask.memory_limit or make the shards smaller), or the connection to the scheduler was lost; then rerun"
-        )
-    return f"its Dask task ended {future.status}"
-
-
-# The options of every shard stage's task: uncached (its result lives in the flow's memory only, the commit markers
-# are the durable record), and its runs are named by their shards.
-GROUP_TASK = {"task_run_name": _run_name, **UNCACHED}
