@@ -1,1 +1,1 @@
-"""The Prefect flows that wire tokenmill's DAG (see DESIGN.md) and the runtime they need."""
+"""The Prefect flows that wire tokenmill's DAG (docs/architecture.md) and the runtime they need."""

@@ -1,4 +1,4 @@
-"""corpus_to_tokens: the main flow, DESIGN.md's DAG.
+"""corpus_to_tokens: the main flow, the DAG of docs/architecture.md.
 
 pretrained_tokenizer (then its encoders loaded on every worker)  ║  partition   (side by side)
 partition ─► [scatter[shards] ─► gather[shards]]        (partition.shuffle: the global document shuffle)
@@ -45,12 +45,12 @@ from tasks.sample import holdout_shards, sample_shards
 from tasks.shards import StageRun, map_shards, stage_groups
 from tasks.shuffle_documents import gather_shards, scatter_shards
 from tasks.shuffle_index import shuffle_index
-from tasks.tokenize import choose_encoder, number_rejects, tokenize_shards
+from tasks.tokenize import choose_run_encoder, number_rejects, tokenize_shards
 from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
-from tokenmill.packing import writes_packed
+from tokenmill.packers import writes_packed
 from tokenmill.partition import PlanAhead
 from tokenmill.plan import Shards, shard_ids
 from tokenmill.report import load_matplotlib
@@ -89,7 +89,7 @@ def tokenize_stage(
     totals (with what the checks found wrong), and a table artifact with a row per group. Beside it, on a worker,
     the tokenizer report, once the held-out sample is written (`holdout`, where the run trains no tokenizer)."""
     import_while_waiting()
-    encoder = choose_encoder(config, quote(shards), tokenizer)  # once per run; the shards get the choice
+    encoder = choose_run_encoder(config, quote(shards), tokenizer)  # once per run; the shards get the choice
     started = time.perf_counter()
     tokenizing = StageRun(tokenize_shards, config, shards, tokenizer, encoder, groups=groups)
     report = None

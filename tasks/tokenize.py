@@ -10,7 +10,7 @@ from prefect import get_run_logger, task
 
 from tasks import UNCACHED
 from tasks.shards import GROUP_TASK, Stage, group_label, on_a_worker, run_on_dask, shard_id
-from tokenmill import layout, pack, packing, stats, tokenize
+from tokenmill import layout, pack, packers, stats, tokenize
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
 from tokenmill.stats import StatsColumns, stats_rows
@@ -19,7 +19,7 @@ from tokenmill.validate import check_written
 
 
 @task(name="choose_encoder", **UNCACHED)
-def choose_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: TokenizerInfo) -> EncoderChoice:
+def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: TokenizerInfo) -> EncoderChoice:
     """Made on a worker, whose encoders are loaded (tokenmill.tokenize.preload_encoder), ahead of the sample
     stage's shards (every shard waits for the choice). It is sent only the shards it reads: the whole plan was
     an 11 MB task at 98,176 shards, which Dask warned about on the terminal."""
@@ -75,7 +75,7 @@ def tokenize_shards(
     Each shard's files are checked as its last step, while they are fresh (`check_written`): validate gets what
     was found."""
     stages = [Stage("tokenize", tokenize.tokenize_shard, (tokenizer, encoder))]
-    if packing.writes_files(config):
+    if packers.writes_files(config):
         stages.append(Stage("pack", pack.pack_shard, (tokenizer,)))
     stages.append(Stage("check", check_written, (tokenizer,), whole_chain=True))
     kept = Kept()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tokenmill.formats.megatron import CorruptIndex, MegatronReader, token_dtype, write_indexed_dataset
 from tokenmill.formats.packed import SUFFIXES, PackedReader, write_packed
 from tokenmill.hashing import assign_splits
-from tokenmill.packing import ConcatRows, pack_concat
+from tokenmill.packers import ConcatRows, pack_concat
 
 
 def test_megatron_idx_byte_layout(tmp_path):

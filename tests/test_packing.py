@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenmill.packing import (
+from tokenmill.packers import (
     Packed,
     best_fit_decreasing,
     global_shuffle_index,

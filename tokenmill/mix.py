@@ -28,7 +28,7 @@ from tokenmill import layout
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import MegatronIndex, write_index
 from tokenmill.formats.packed import write_shuffle_index
-from tokenmill.packing import global_shuffle_index, writes_packed
+from tokenmill.packers import global_shuffle_index, writes_packed
 from tokenmill.shares import MixError, draw
 from tokenmill.stats import all_rejected
 from tokenmill.storage import Store

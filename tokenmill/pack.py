@@ -22,7 +22,7 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.formats.llmc import llmc_dtype, shard_bounds, write_llmc
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import SUFFIXES, write_packed, write_shuffle_index
-from tokenmill.packing import global_shuffle_index, pack, pad_id, padded_layout_rows, writes_files, writes_packed
+from tokenmill.packers import global_shuffle_index, pack, pad_id, padded_layout_rows, writes_files, writes_packed
 from tokenmill.stats import NOTHING_PACKED
 from tokenmill.tokenizer_info import TokenizerInfo
 

@@ -29,8 +29,8 @@ from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
 from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
 from tokenmill.formats.packed import SUFFIXES, PackedReader, read_shuffle_index
 from tokenmill.hashing import assign_splits
-from tokenmill.packing import pad_id as pack_pad_id
-from tokenmill.packing import writes_packed
+from tokenmill.packers import pad_id as pack_pad_id
+from tokenmill.packers import writes_packed
 from tokenmill.plan import Shards, shard_ids, shard_pieces
 from tokenmill.readers import Piece, read_documents, schema_library
 from tokenmill.stats import COLUMNS, ValidationFailed, all_rejected, skipped, stats_rows

@@ -10,7 +10,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from tokenmill.packing import Packed
+from tokenmill.packers import Packed
 
 SUFFIXES = {"rows": ".tokens.npy", "cu_seqlens": ".cu_seqlens.npy", "row_offsets": ".row_offsets.npy"}
 

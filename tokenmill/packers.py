@@ -1,4 +1,4 @@
-"""Packing tokenized documents into fixed-length rows, with the document boundaries of every row.
+"""The packing modes: tokenized documents into fixed-length rows, with the document boundaries of every row.
 
 Pure numpy over one split of one shard: `tokens` is the documents back to back, `lengths` their
 lengths. Every mode returns a `Packed`: rows `[n_rows, row_len]`, each row's real tokens first and
@@ -14,7 +14,8 @@ boundaries (`cu_seqlens`: 0, the end of each piece, the real length).
 - `window`: each document cut into windows of `seq_len` (less BOS/EOS) tokens whose neighbours share
   `stride` tokens; one window per row, BOS and EOS around each window when configured.
 
-Plus the global shuffle index over a split's rows across shards.
+Plus the global shuffle index over a split's rows across shards, and what the config asks the pack stage to write
+(`writes_packed`, `writes_files`) with which pad id.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ untimed warm-up run: a fresh server's first run, and the page cache, are no cont
 round's walls, the medians, the mix's wall against the three runs' sum, and MB/s of input for the mix and the
 single run (the mix must be no slower per byte). One Prefect server for all runs (started first).
 
-    .venv/bin/python bench/mix.py [--rounds 3]
+    .venv/bin/python bench/mixture.py [--rounds 3]
 """
 
 from __future__ import annotations
