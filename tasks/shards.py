@@ -33,7 +33,7 @@ from prefect.utilities.annotations import quote
 from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
 from tokenmill.plan import mix_sources
-from tokenmill.tries import SHARD_RETRIES, EachShard, Failed, Sealed
+from tokenmill.tries import SHARD_RETRIES, EachShard, Failed, Raised, Sealed, caught
 
 # Task runs per shard stage by default: one per cluster thread, at most this many. A task run costs about 50 ms
 # of CPU in the flow and the server; one per shard made a 10 s run of 16 shards on 2 cores 0.4 s slower.
@@ -261,9 +261,13 @@ def bundles(items: list) -> list[range]:
 def on_a_worker(work: Callable, *args, priority: int = 0):
     """`work(*args)` (a library call) on a worker of the cluster, waited for: for work that uses what every worker
     has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU). `priority`
-    orders it among the shard tasks waiting for a worker (theirs is 0)."""
+    orders it among the shard tasks waiting for a worker (theirs is 0). What it raises is raised here, not logged
+    by the worker with its traceback."""
     client = default_client()
-    return gather(client, client.submit(Sealed(work, *args), pure=False, priority=priority))
+    result = gather(client, client.submit(Sealed(caught, work, *args), pure=False, priority=priority))
+    if isinstance(result, Raised):
+        raise result.error
+    return result
 
 
 class ShardsFailed(RuntimeError):

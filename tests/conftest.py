@@ -19,11 +19,18 @@ import pytest
 from flows.server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+# All the tests need from outside the repository: the real tokenizers and corpora of ../shared (see its READMEs).
 SHARED = REPO.parent / "shared"
 TOKENIZERS = SHARED / "tokenizers"
 CORPORA = SHARED / "corpora"
 EXAMPLES = REPO / "examples"
 TOKENMILL = [str(Path(sys.executable).with_name("tokenmill"))]  # the installed command, as a user runs it
+
+
+def pytest_sessionstart(session) -> None:
+    """Without ../shared the suite stops at once, saying so in one line, instead of failing deep inside tests."""
+    if missing := " and ".join(str(path) for path in (TOKENIZERS, CORPORA) if not path.is_dir()):
+        pytest.exit(f"the tests need ../shared beside the repository (tokenizers and corpora): {missing} missing", 2)
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -17,8 +17,21 @@ import subprocess
 import time
 from pathlib import Path
 
-# Each process on a host: its own mount namespace, in which the host's directory is /tmp and the working directory.
-ON_HOST = 'mount --bind "$0" /tmp && cd /tmp && exec "$@"'
+# What every host sees at its own path, as hosts share an image: this repository (its code and .venv) and the
+# ../shared beside it. A clone under /tmp would be hidden by the host's /tmp, so those are bound into it first.
+CODE = (Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "shared")
+
+
+def on_host(root: Path) -> str:
+    """The shell line each process on a host runs in its own mount namespace: the host's directory `root` becomes
+    /tmp and the working directory, with the code of `CODE` that lies under /tmp still at its own path."""
+    keep = [path for path in CODE if path.is_relative_to("/tmp") and path.exists()]
+    binds = "".join(
+        f'mkdir -p "{root}/{rel}" && mount --bind "{path}" "{root}/{rel}" && '
+        for path in keep
+        for rel in [path.relative_to("/tmp")]
+    )
+    return binds + 'mount --rbind "$0" /tmp && cd /tmp && exec "$@"'
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -42,7 +55,7 @@ class Host:
         with open(self.root / log, "ab") as out:
             process = subprocess.Popen(
                 ["ip", "netns", "exec", self.namespace, "unshare", "--mount", "--propagation", "private",
-                 "sh", "-c", ON_HOST, str(self.root), *command],
+                 "sh", "-c", on_host(self.root), str(self.root), *command],
                 env={**env, "HOME": "/tmp", "TMPDIR": "/tmp"}, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip

@@ -40,6 +40,7 @@ class Case:
     said: str = ""  # a regex the terminal must show
     code: int = 1  # 2: the config itself is invalid
     raw_config: str | None = None  # the config file's text as is
+    local_cluster: bool = False  # the run's own LocalCluster, whose workers print on the run's terminal
 
 
 CASES = {
@@ -66,7 +67,7 @@ CASES = {
         said=r"a\.jsonl, line 21",
     ),
     "a Parquet file without the text column": Case(
-        files={"in/t.parquet": parquet(pa.table({"body": ["x", "y"]}))}, said=r"t\.parquet.*text"
+        files={"in/t.parquet": parquet(pa.table({"body": ["x", "y"]}))}, said=r"t\.parquet.*text", local_cluster=True
     ),
     "a missing tokenizer file": Case(
         config={"tokenizer": {"path": "{tmp}/none/tokenizer.json"}}, said=r"none/tokenizer\.json"
@@ -76,6 +77,9 @@ CASES = {
         files={"afile": b"not a directory"}, config={"output": {"path": "{tmp}/afile/out"}}, said=r"afile"
     ),
     "a config that is not YAML": Case(raw_config="name: [unclosed\n", said=r"config\.yaml", code=2),
+    "a shard size of 0": Case(
+        config={"partition": {"shard_size": 0}}, said=r"partition\.shard_size: .*at least one byte", code=2
+    ),
     "an unknown config key": Case(config={"pakc": {"mode": "concat"}}, said=r"pakc", code=2),
     "split fractions that do not sum to 1": Case(
         config={"split": {"train": 0.5, "val": 0.1}}, said=r"split fractions must be >= 0 and sum to 1", code=2
@@ -153,7 +157,7 @@ def test_bad_input_gets_one_clear_message_no_traceback_and_nothing_published(nam
     path = tmp_path / "config.yaml"
     path.write_text(case.raw_config if case.raw_config is not None else yaml.safe_dump(config))
 
-    result = run_cli("run", str(path), check=False)
+    result = run_cli("run", str(path), check=False, local_cluster=case.local_cluster)
     terminal = result.stdout + result.stderr
     assert result.returncode == case.code, terminal[-3000:]
     error = terminal[terminal.rindex("error:") :]  # the run's last word, and what follows it

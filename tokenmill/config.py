@@ -136,6 +136,13 @@ class PartitionConfig(_Section):
     )
     seed: int = Field(0, description="Seed of the global document shuffle.")
 
+    @field_validator("shard_size")
+    @classmethod
+    def _some_bytes(cls, size: ByteSize | str) -> ByteSize | str:
+        if size != "auto" and size <= 0:
+            raise ValueError("a shard holds at least one byte: give a size such as 64MB, or auto")
+        return size
+
 
 class TrainConfig(_Section):
     """Training a tokenizer with HF `tokenizers` on a sample of the input (docs/tokenizers.md)."""

@@ -47,6 +47,27 @@ class EachShard:
         return Failed(f"{type(error).__name__}: {error}")
 
 
+@dataclass(frozen=True)
+class Raised:
+    """What a call on a worker raised, returned as its value (`caught`): a task that raises is logged by the worker
+    with its whole traceback ("Compute Failed"), which a LocalCluster's worker prints on the run's terminal; the
+    flow raises the error again itself, as the one failure."""
+
+    error: Exception
+
+
+def caught(work: Callable, *args):
+    """`work(*args)`, or a `Raised` of what it raised (an error that cannot be pickled back, as its words)."""
+    try:
+        return work(*args)
+    except Exception as e:
+        try:
+            pickle.dumps(e)
+        except Exception:
+            e = RuntimeError(f"{type(e).__name__}: {e}")
+        return Raised(e)
+
+
 class Sealed:
     """`work(*args, *more)`, with `work` and `args` pickled here and unpickled only where it runs. Dask's scheduler
     unpickles every task it is sent: tasks holding tokenmill's functions, config (pydantic models) and tokenizer
