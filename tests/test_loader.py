@@ -103,7 +103,7 @@ def test_split_follows_the_shuffle_index(dataset):
 
 def test_torch_dataset_gives_each_rank_and_worker_its_own_samples(dataset):
     torch = pytest.importorskip("torch")
-    from tokenmill.loader import PackedTorchDataset, collate_thd
+    from tokenmill.loader_torch import PackedTorchDataset, collate_thd
 
     split = PackedSplit(dataset, "train")
     seen = []

@@ -53,7 +53,9 @@ class InputConfig(_Section):
 
     paths: list[str] = Field(description="Local paths, globs or fsspec URLs (s3://...) of the input files.")
     format: Literal["auto", "jsonl", "parquet", "text"] = Field(
-        "auto", description="auto: from the file name (.jsonl[.gz|.zst], .parquet, anything else is plain text)."
+        "auto",
+        description="auto: from the file name, a compression suffix (.gz, .zst, .zstd) set aside: .jsonl, .json or "
+        ".ndjson is JSON lines, .parquet or .pq Parquet, anything else plain text (compressed or not).",
     )
     text_field: str = Field("text", description="Field holding the document text; may be nested (meta.content).")
     id_field: str | None = Field(
@@ -418,7 +420,9 @@ class DaskConfig(_Section):
     adaptive: AdaptiveConfig | None = Field(
         None, description="Scale the LocalCluster (or the SLURM jobs' workers) between minimum and maximum workers."
     )
-    slurm: SlurmConfig | None = Field(None, description="Run the workers as SLURM jobs (needs tokenmill[slurm]).")
+    slurm: SlurmConfig | None = Field(
+        None, description="Run the workers as SLURM jobs (needs the slurm extra: pip install -e '.[slurm]')."
+    )
     memory_limit: str | None = Field(
         "auto", description="Per LocalCluster worker (e.g. 4GiB): a runaway shard is killed, not the node."
     )

@@ -4,7 +4,7 @@
 - `PackedSplit` (numpy only): every packed row of one split across its shards, memory-mapped, in the
   order of the split's global shuffle index (or in shard order); of a mixture, the mix (every source's rows
   as often as the mix draws them, shuffled), or one source's split (`<source>/<split>`).
-- `PackedTorchDataset` and `collate_thd` (need torch; imported from here only when asked for): a
+- `PackedTorchDataset` and `collate_thd`, in `tokenmill.loader_torch` (it needs torch, this module does not): a
   `torch.utils.data.IterableDataset` giving each rank, and each DataLoader worker within a rank, its
   own samples; and a collate function that flattens a batch for varlen (THD) attention.
 
@@ -16,7 +16,6 @@ token is padding, beyond the row, or (with `mask_cross_document_labels`) the sta
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -32,8 +31,20 @@ IGNORE_INDEX = -100  # the label PyTorch's cross-entropy skips
 def training_sample(
     row: np.ndarray, cu_seqlens: np.ndarray, *, extra_token: bool = False, mask_cross_document_labels: bool = True
 ) -> dict[str, np.ndarray]:
-    """One packed row (its tokens and stored boundaries) as a training sample; `extra_token` rows are
-    `seq_len + 1` wide, their last token only a label."""
+    """One packed row (its tokens and stored boundaries) as a training sample.
+
+    Args:
+        row: the row's tokens, as `PackedSplit.row` gives them.
+        cu_seqlens: the row's stored boundaries: 0, the end of each piece of a document, the real length.
+        extra_token: the dataset was packed with `pack.extra_token` (rows `seq_len + 1` wide, their last token
+            only a label).
+        mask_cross_document_labels: label -100 where the next token starts another piece, so that no position
+            learns to predict across a document boundary.
+
+    Returns:
+        `input_ids`, `labels` (-100 where masked), `position_ids` (restarting at 0 at each segment) and
+        `cu_seqlens` (int32, from 0 to `seq_len`, the padding as one last segment), as numpy arrays.
+    """
     row, cu = np.asarray(row), np.asarray(cu_seqlens, dtype=np.int64)
     seq_len = len(row) - extra_token
     real = int(cu[-1])
@@ -65,6 +76,14 @@ class PackedSplit:
     """
 
     def __init__(self, root: str | Path, split: str, *, shuffle: bool = True, mask_cross_document_labels: bool = True):
+        """
+        Args:
+            root: a dataset directory: a published version, or a build (`output.path`), local.
+            split: a split's name (`train`, `val`, ...), or in a mixture one source's, `<source>/<split>`.
+            shuffle: read the rows in the order of the split's global shuffle index (`pack.shuffle_seed`); off,
+                in shard order. A mixture's training split is always read in its mix's order.
+            mask_cross_document_labels: as in `training_sample`.
+        """
         self.root, self.split, self.shuffle = Path(root), split, shuffle
         self.mask_cross_document_labels = mask_cross_document_labels
         manifest = json.loads((self.root / layout.MANIFEST).read_text())
@@ -123,9 +142,11 @@ class PackedSplit:
 
 
 def __getattr__(name: str):
-    # PEP 562: the torch parts (and torch itself) load only when asked for.
+    # The torch parts were here once: say where they are now, not only that they are missing.
     if name in ("PackedTorchDataset", "collate_thd"):
-        return _torch_parts()[name]
+        raise AttributeError(
+            f"{name} is in tokenmill.loader_torch (it needs torch): from tokenmill.loader_torch import {name}"
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -139,70 +160,3 @@ def distributed_rank() -> tuple[int, int]:
     except ImportError:
         pass
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-@functools.cache
-def _torch_parts() -> dict:
-    try:
-        import torch
-        from torch.utils.data import IterableDataset, get_worker_info
-    except ImportError as e:
-        raise ImportError(
-            "tokenmill.loader.PackedTorchDataset needs torch: pip install torch (or tokenmill[megatron])"
-        ) from e
-
-    class PackedTorchDataset(IterableDataset):
-        """The samples of one split for this rank, as torch tensors.
-
-        Rank r of w takes positions r, r + w, r + 2w, ... of the (shuffled) split, all ranks the same
-        number (the last `len % w` samples are left out, so no rank waits on another at the end); within
-        a rank, DataLoader worker k of K takes every K-th of those. Rank and world size default to
-        `distributed_rank()`.
-        """
-
-        def __init__(
-            self,
-            root: str | Path,
-            split: str,
-            *,
-            rank: int | None = None,
-            world_size: int | None = None,
-            shuffle: bool = True,
-            mask_cross_document_labels: bool = True,
-        ):
-            self.samples = PackedSplit(
-                root, split, shuffle=shuffle, mask_cross_document_labels=mask_cross_document_labels
-            )
-            default_rank, default_world = distributed_rank()
-            self.rank = default_rank if rank is None else rank
-            self.world_size = default_world if world_size is None else world_size
-            if not 0 <= self.rank < self.world_size:
-                raise ValueError(f"rank {self.rank} is not within world size {self.world_size}")
-
-        def positions(self) -> range:
-            """This rank's positions in the split."""
-            per_rank = len(self.samples) // self.world_size
-            return range(self.rank, per_rank * self.world_size, self.world_size)
-
-        def __len__(self) -> int:
-            return len(self.positions())
-
-        def __iter__(self):
-            mine = self.positions()
-            if (worker := get_worker_info()) is not None:
-                mine = mine[worker.id :: worker.num_workers]
-            for position in mine:
-                yield {k: torch.from_numpy(v) for k, v in self.samples[position].items()}
-
-    def collate_thd(samples: list[dict]) -> dict:
-        """Stack a batch `[B, seq_len]` and join its boundaries into one `cu_seqlens` over the flattened
-        `B * seq_len` tokens, with `max_seqlen`, as varlen attention kernels take them."""
-        batch = {k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels", "position_ids")}
-        seq_len = batch["input_ids"].shape[1]
-        starts = [s["cu_seqlens"][:-1] + i * seq_len for i, s in enumerate(samples)]
-        cu = torch.cat([*starts, torch.tensor([len(samples) * seq_len], dtype=torch.int32)]).to(torch.int32)
-        return batch | {"cu_seqlens": cu, "max_seqlen": int((cu[1:] - cu[:-1]).max())}
-
-    for part in (PackedTorchDataset, collate_thd):  # picklable by name, as spawned DataLoader workers need
-        part.__module__, part.__qualname__ = __name__, part.__name__
-    return {"PackedTorchDataset": PackedTorchDataset, "collate_thd": collate_thd}
