@@ -29,10 +29,9 @@ import platform
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
-from throughput import tokenmill_command  # beside this file
+from throughput import timed_run, tokenmill_command  # beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -55,22 +54,17 @@ def land(path: Path, docs, n: int) -> None:
 
 def night(work: Path, config: Path, env: dict, tokenized_before: set[str]) -> dict:
     """One run; `tokenized_before`: the sources of every shard tokenized on earlier nights (updated here)."""
-    began = time.perf_counter()
-    done = subprocess.run([*tokenmill_command(), "run", str(config)], env=env, cwd=REPO,
-                          capture_output=True, text=True)  # fmt: skip
-    wall = time.perf_counter() - began
-    if done.returncode:
-        raise SystemExit(f"tokenmill run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    wall, printed = timed_run(config, env)
     root = work / "out" / "nightly"
     manifest = json.loads((root / (root / "LATEST").read_text().strip() / "manifest.json").read_text())
     results = [json.loads(m.read_text())["result"] for m in (work / "out" / "_commits" / "tokenize").glob("*.json")]
     fresh = [r for r in results if r["source"] not in tokenized_before]
     tokenized_before.update(r["source"] for r in results)
-    flow = re.search(r"whole flow: ([\d.]+) s", done.stdout)
+    flow = re.search(r"whole flow: ([\d.]+) s", printed)
     return {
         "wall_s": round(wall, 1),
         "flow_s": float(flow[1]) if flow else None,
-        "nothing_to_do": "Nothing to do" in done.stdout,
+        "nothing_to_do": "Nothing to do" in printed,
         "version": manifest["version"],
         "lineage": manifest["lineage"],
         "input_mb": round(sum(f["bytes"] for f in manifest["inputs"]["files"]) / 1e6, 1),

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import yaml
-from throughput import tokenmill_command  # beside this file
+from throughput import timed_run, tokenmill_command  # beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -62,13 +62,7 @@ def configs(work: Path, round_: int) -> dict[str, list[dict]]:
 def run(config: dict, work: Path, env: dict) -> float:
     path = work / f"{config['name']}-{time.monotonic_ns()}.yaml"
     path.write_text(yaml.safe_dump(config))
-    began = time.perf_counter()
-    done = subprocess.run([*tokenmill_command(), "run", str(path)], env=env, cwd=REPO,
-                          capture_output=True, text=True)  # fmt: skip
-    wall = time.perf_counter() - began
-    if done.returncode:
-        raise SystemExit(f"tokenmill run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return wall
+    return timed_run(path, env)[0]
 
 
 def main() -> None:

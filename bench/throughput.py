@@ -50,6 +50,17 @@ def tokenmill_command(python: str = sys.executable, code: Path | None = None) ->
     return [str(Path(python).with_name("tokenmill"))]
 
 
+def timed_run(config: Path, env: dict) -> tuple[float, str]:
+    """`tokenmill run CONFIG` from the repository, to its exit: its wall time in seconds and what it printed. A run
+    that fails ends the benchmark with its output."""
+    began = time.perf_counter()
+    done = subprocess.run([*tokenmill_command(), "run", str(config)], env=env, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - began
+    if done.returncode:
+        raise SystemExit(f"tokenmill run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return wall, done.stdout
+
+
 def make_corpus(source: Path, repeat: int, target: Path) -> int:
     """Write `source` `repeat` times over as one plain JSONL with unique ids; return its size."""
     docs = [orjson.loads(line) for line in gzip.open(source)]
