@@ -133,7 +133,8 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
     shutil.rmtree(out, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "TOKENMILL_DASK_ADDRESS")}
     env |= {"PREFECT_HOME": str(home), "CI": "1", "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(code)}
-    subprocess.run([*tokenmill_command(python, code), "server", "start"], env=env, capture_output=True, check=True)
+    tokenmill = tokenmill_command(python, code)  # run from `code`: `python -m` puts the working directory first
+    subprocess.run([*tokenmill, "server", "start"], env=env, cwd=code, capture_output=True, check=True)
     server = json.loads((home / "tokenmill-server.json").read_text())
     api, server_pid = server["api_url"], server["pid"]
     config = work / "config.yaml"
@@ -143,7 +144,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
     )
     env["PREFECT_API_URL"] = api
     began = time.perf_counter()
-    process = subprocess.Popen([*tokenmill_command(python, code), "run", str(config)], env=env, cwd=code,
+    process = subprocess.Popen([*tokenmill, "run", str(config)], env=env, cwd=code,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     watch = ProcessWatch(process.pid, server_pid, out / ENCODER_CHOICE)
     output, _ = process.communicate()
@@ -171,7 +172,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
         "files_per_shard": round(built / shards, 2),
         "manifest_files": len(published["files"]),
     }
-    subprocess.run([*tokenmill_command(python, code), "server", "stop"], env=env, capture_output=True)
+    subprocess.run([*tokenmill, "server", "stop"], env=env, cwd=code, capture_output=True)
     return result
 
 
