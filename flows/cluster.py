@@ -3,6 +3,8 @@ module each in `flows.clusters`), the flow's client of it, and the workers made 
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import gc
 from collections.abc import Callable, Iterator
@@ -90,5 +92,28 @@ class QuickExit(WorkerPlugin):
 def on_every_worker(client: Client, work: Callable, *args) -> None:
     """Run `work(*args)` once on each worker the cluster has now, not awaited: the flow has other work
     meanwhile (a worker's shard tasks queue behind it)."""
-    for worker in client.scheduler_info()["workers"]:
+    for worker in workers_now(client):
         fire_and_forget(client.submit(Sealed(work, *args), workers=[worker], pure=False))
+
+
+ASK_CHECK_S = 0.1  # while asking the scheduler, how often to look at whether the client still runs
+
+
+def workers_now(client: Client) -> list[str]:
+    """The addresses of the cluster's workers, asked of the scheduler on the client's event loop; none once the
+    client no longer runs. Dask's own `scheduler_info()` waits on that loop without end: called as a run ended
+    and closed its client (the pretrained tokenizer's install finishing just after the partition failed), it
+    never returned, and the run never exited (a test's run hung until killed at 300 s)."""
+    try:
+        asking = asyncio.run_coroutine_threadsafe(client.scheduler.identity(n_workers=-1), client.loop.asyncio_loop)
+    except (AttributeError, RuntimeError):  # no scheduler connection, or the loop is closed
+        return []
+    while True:
+        try:
+            return list(asking.result(timeout=ASK_CHECK_S)["workers"])
+        except concurrent.futures.TimeoutError:
+            if client.status not in ("running", "connecting") or not client.loop.asyncio_loop.is_running():
+                asking.cancel()
+                return []
+        except Exception:  # the connection closed under the question: the run is ending
+            return []

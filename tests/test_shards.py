@@ -141,3 +141,20 @@ def test_a_group_waiting_on_the_cluster_ends_when_the_flows_client_closes(dask_c
     chains = as_completed([client.submit(time.sleep, 60, pure=False)])
     batches = closed_under(lambda: list(completed_batches(chains, client)))
     assert isinstance(batches, ClientClosed) or [[f.status for f in b] for b in batches] == [["cancelled"]], batches
+
+
+def test_the_workers_are_asked_for_and_a_closed_client_gets_none_at_once(dask_cluster):
+    """A run's callback that starts work on every worker as its client closes returns, rather than wait on Dask's
+    event loop without end (a bad-input run hung there until killed)."""
+    import time
+
+    from distributed import Client
+
+    from flows.cluster import workers_now
+
+    client = Client(dask_cluster, set_as_default=False)
+    assert len(workers_now(client)) == 2
+    client.close()
+    started = time.monotonic()
+    assert workers_now(client) == []
+    assert time.monotonic() - started < 5
