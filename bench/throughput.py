@@ -141,10 +141,10 @@ def tokenize_stage(config, workers: int) -> tuple[float, int, float, str]:
 
     plan = plan_shards(config)
     info = install_pretrained(config)
-    choice = choose_run_encoder(config, plan["shards"], info, log=lambda _: None)
+    choice = choose_run_encoder(config, plan.shards, info, log=lambda _: None)
     started = time.perf_counter()
     with ProcessPoolExecutor(workers) as pool:
-        results = list(pool.map(_tokenize_one, [(config, s, info, choice) for s in plan["shards"]]))
+        results = list(pool.map(_tokenize_one, [(config, s, info, choice) for s in plan.shards]))
     seconds = time.perf_counter() - started
     tokens = sum(c["tokens"] for r, _ in results for c in r["splits"].values())
     return seconds, tokens, max(rss for _, rss in results), f"{choice.backend} {choice.version}"

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 import pandas as pd
 from distributed import default_client
@@ -52,7 +53,7 @@ from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
 from tokenmill.packers import writes_packed
 from tokenmill.partition import PlanAhead
-from tokenmill.plan import Shards, shard_ids
+from tokenmill.plan import Plan, Shards, shard_ids
 from tokenmill.report import load_matplotlib
 from tokenmill.report import plots as report_plots
 from tokenmill.runs import save_run_config
@@ -70,15 +71,15 @@ retry_refused_connections()
 GROUP_THREADS = 64
 
 
-def shuffle(config: TokenmillConfig, plan: dict, groups: int) -> tuple[Shards, float]:
+def shuffle(config: TokenmillConfig, plan: Plan, groups: int) -> tuple[Shards, float]:
     """The global document shuffle: the shards tokenize reads instead of the input shards."""
     started = time.perf_counter()
-    sources, n_outputs = plan["shards"], plan["shuffled_shards"]
+    sources, n_outputs = plan.shards, plan.shuffled_shards
     scattered = map_shards(scatter_shards, config, sources, n_outputs, groups=groups)
     source_ids = quote(shard_ids(sources).tolist())
-    gathered = map_shards(gather_shards, config, list(range(n_outputs)), source_ids, plan["key"], groups=groups)
+    gathered = map_shards(gather_shards, config, list(range(n_outputs)), source_ids, plan.key, groups=groups)
     check_counts(scattered, gathered)
-    return Shards(shuffled_shards(config, plan["key"], gathered)), time.perf_counter() - started
+    return Shards(shuffled_shards(config, plan.key, gathered)), time.perf_counter() - started
 
 
 def tokenize_stage(
@@ -141,11 +142,11 @@ def cluster_threads(client, config: TokenmillConfig) -> int:
     return max(sum(client.nthreads().values()), kind(config.dask).threads(config.dask))
 
 
-def start_sample(config: TokenmillConfig, plan: dict, stage_task=sample_shards) -> StageRun:
+def start_sample(config: TokenmillConfig, plan: Plan, stage_task=sample_shards) -> StageRun:
     """The sample stage, started: it reads a bounded few MB over all shards, so one task run (each costs ~0.1 s
     of CPU here and in the Prefect server), its shards still Dask tasks with their own retries. `holdout_shards`
     when only the tokenizer report needs it (it keeps no result per shard)."""
-    return StageRun(stage_task, config, plan["shards"], *sample_fractions(config, plan), groups=1)
+    return StageRun(stage_task, config, plan.shards, *sample_fractions(config, plan), groups=1)
 
 
 def build_dataset(
@@ -169,13 +170,13 @@ def build_dataset(
         installing.add_done_callback(functools.partial(preload_installed, config))
     plan = partition(config, cluster_threads, quote(plan_ahead))
     tokenizer = None if installing is None else installing.result()
-    shards = plan["shards"]
-    size = ByteSize(plan["shard_size"]).human_readable(decimal=True)  # 200.0KB, 746.0MB, 1.0GB
-    logger.info("planned %d shards of %s over %d files", len(shards), size, len(plan["files"]))
+    shards = plan.shards
+    size = ByteSize(plan.shard_size).human_readable(decimal=True)  # 200.0KB, 746.0MB, 1.0GB
+    logger.info("planned %d shards of %s over %d files", len(shards), size, len(plan.files))
     shuffle_seconds = None
     if config.partition.shuffle:
         shards, shuffle_seconds = shuffle(config, plan, groups)
-        plan = {**plan, "shards": shards}
+        plan = replace(plan, shards=shards)
         logger.info("shuffled all documents into %d shards in %.1f s", len(shards), shuffle_seconds)
 
     # Prefect walks a task's arguments for futures, twice a call: 15 s for a 100,000-shard plan, or for a result

@@ -7,12 +7,13 @@ from prefect import task
 from tasks import UNCACHED
 from tokenmill import mix as library
 from tokenmill.config import TokenmillConfig
+from tokenmill.plan import Plan
 from tokenmill.publish import dataset_version, version_store
 from tokenmill.tokenizer_info import TokenizerInfo
 
 
 @task(name="mix", **UNCACHED)
-def resolve_mix(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict:
+def resolve_mix(config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict:
     resolved = library.resolve(config, table)
     published = version_store(config, dataset_version(config, plan, tokenizer)).url
     library.write_mix(config, table, resolved, published)

@@ -6,18 +6,16 @@ from prefect import get_run_logger, task
 from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import PlanAhead, load_or_plan
-from tokenmill.plan import Shards
+from tokenmill.plan import Plan
 
 
 @task(name="partition", **UNCACHED)
-def partition(config: TokenmillConfig, cluster_threads: int, ahead: PlanAhead | None = None) -> dict:
-    """The plan (the one made `ahead`, where it is for this config), its shards as columns (`Shards`): the flow
-    holds them all run long."""
+def partition(config: TokenmillConfig, cluster_threads: int, ahead: PlanAhead | None = None) -> Plan:
+    """The plan (the one made `ahead`, where it is for this config)."""
     plan, change = load_or_plan(config, cluster_threads, ahead)
-    plan = {**plan, "shards": Shards(plan["shards"])}
     logger = get_run_logger()
     if change is None:
-        logger.info("the input is as plan.json recorded it: reusing its %d shards", len(plan["shards"]))
+        logger.info("the input is as plan.json recorded it: reusing its %d shards", len(plan.shards))
     elif change:
         logger.info(
             "the input changed since the last plan: %d files added, %d changed, %d removed; %d shards kept and %d "

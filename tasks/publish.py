@@ -8,11 +8,12 @@ from tasks import UNCACHED
 from tokenmill import publish as library
 from tokenmill import report
 from tokenmill.config import TokenmillConfig
+from tokenmill.plan import Plan
 from tokenmill.tokenizer_info import TokenizerInfo
 
 
 @task(name="already_published", **UNCACHED)
-def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo) -> dict | None:
+def already_published(config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInfo) -> dict | None:
     """This version's manifest and LATEST pointed at it, if the version is published complete; else None."""
     if (manifest := library.already_published(config, plan, tokenizer)) is None:
         return None
@@ -22,7 +23,7 @@ def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerI
 @task(name="publish", **UNCACHED)
 def publish(
     config: TokenmillConfig,
-    plan: dict,
+    plan: Plan,
     tokenizer: TokenizerInfo,
     table: pd.DataFrame,
     run: dict,

@@ -145,8 +145,8 @@ def map_shards(stage_task, config: TokenmillConfig, items: list, *args, groups: 
 
 
 def shard_id(item) -> int:
-    """The shard an item stands for: a shard of the plan, a shard's result, or a bare shard id."""
-    return item["shard_id"] if isinstance(item, dict) else int(item)
+    """The shard an item stands for: a shard of the plan (or an item of validate's about one), or a bare shard id."""
+    return item if isinstance(item, int) else item.shard_id
 
 
 def group_label(ids: list[int]) -> str:
@@ -250,7 +250,7 @@ def bundles(items: list) -> list[range]:
     without it goes alone) and MAX_SHARDS_PER_TASK."""
     found, start, total = [], 0, 0
     for index, item in enumerate(items):
-        size = item.get("bytes", TASK_BYTES) if isinstance(item, dict) else TASK_BYTES
+        size = getattr(item, "bytes", TASK_BYTES)
         if index > start and (total + size > TASK_BYTES or index - start == MAX_SHARDS_PER_TASK):
             found.append(range(start, index))
             start, total = index, 0

@@ -10,12 +10,13 @@ from tasks import UNCACHED
 from tasks.shards import Stage, run_on_dask
 from tokenmill import validate as library
 from tokenmill.config import TokenmillConfig
+from tokenmill.plan import Plan
 from tokenmill.tokenizer_info import TokenizerInfo
 
 
 @task(name="validate", **UNCACHED)
 def validate(
-    config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, problems: list[str]
+    config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInfo, table: pd.DataFrame, problems: list[str]
 ) -> pd.DataFrame:
     def on_the_cluster(name: str, items: list[dict], work, args: tuple) -> list:
         return [result for (result,) in run_on_dask(config, items, [Stage(name, work, args)])]

@@ -13,7 +13,7 @@ from tokenmill import readers
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import MegatronReader, narrowed
 from tokenmill.partition import load_or_plan
-from tokenmill.plan import Shards, shard_ids
+from tokenmill.plan import Shard, Shards, shard_ids
 from tokenmill.readers import Piece, ReadOptions, read_documents
 from tokenmill.tokenize import VERIFY_SHARDS, choose_run_encoder, tokenize_shard, verification_shards, with_specials
 from tokenmill.train_tokenizer import install_pretrained
@@ -105,9 +105,9 @@ def test_a_five_million_character_document_is_tokenized_exactly(tmp_path):
     )
     plan, _ = load_or_plan(config)
     tokenizer = install_pretrained(config)
-    choice = choose_run_encoder(config, plan["shards"], tokenizer, log=lambda _: None)
+    choice = choose_run_encoder(config, plan.shards, tokenizer, log=lambda _: None)
     assert choice.backend == "gigatoken"
-    (shard,) = plan["shards"]
+    (shard,) = plan.shards
     assert tokenize_shard(config, shard, tokenizer, choice)["splits"]["train"]["documents"] == 4
     reader = MegatronReader(tmp_path / "out" / "megatron" / "train" / "shard-00000")
     reference = Tokenizer.from_file(str(tokenizer_path)).encode_batch_fast(documents, add_special_tokens=False)
@@ -117,7 +117,7 @@ def test_a_five_million_character_document_is_tokenized_exactly(tmp_path):
 def test_the_encoder_choice_is_sent_only_the_shards_its_sample_reads():
     """At most VERIFY_SHARDS, evenly spaced (the whole plan of 98,176 shards was an 11 MB Dask task); drawn again
     from those, the same shards: the worker's sample is the one the whole plan gives."""
-    shards = Shards([{"shard_id": i, "source": f"s{i}", "bytes": 1} for i in range(1000)])
+    shards = Shards([Shard(i, (Piece(f"s{i}"),), 1, f"s{i}") for i in range(1000)])
     sent = verification_shards(shards)
     assert shard_ids(sent).tolist() == list(range(0, 1000, 4)) and len(sent) <= VERIFY_SHARDS
     assert list(verification_shards(sent)) == list(sent)

@@ -39,7 +39,7 @@ def small_config(out: Path) -> TokenmillConfig:
 def build(config: TokenmillConfig, shard_ids=None):
     plan, _ = load_or_plan(config)
     tokenizer = install_pretrained(config)
-    shards = [s for s in plan["shards"] if shard_ids is None or s["shard_id"] in shard_ids]
+    shards = [s for s in plan.shards if shard_ids is None or s.shard_id in shard_ids]
     tokenized = [tokenize_shard(config, shard, tokenizer) for shard in shards]
     return tokenized, [pack_shard(config, t, tokenizer) for t in tokenized]
 

@@ -300,17 +300,17 @@ def test_the_tokenizer_of_a_mix_is_trained_on_a_sample_in_the_mix_shares(tmp_pat
     config = TokenmillConfig.model_validate(config)
     plan = plan_shards(config)
     f, g = sampling.fractions(config, plan)
-    samples = [sampling.sample_shard(config, shard, f, g) for shard in plan["shards"]]
+    samples = [sampling.sample_shard(config, shard, f, g) for shard in plan.shards]
     source_of = {}  # each sampled text's source, from the sample files written
-    for sample, shard in zip(samples, plan["shards"], strict=True):
+    for sample, shard in zip(samples, plan.shards, strict=True):
         for line in (tmp_path / "build" / sample["path"]).read_text().splitlines():
-            source_of[json.loads(line)["text"]] = shard["mix_source"]
+            source_of[json.loads(line)["text"]] = shard.mix_source
     trained_on = collections.Counter()
     for text in sample_files.training_texts(config, samples):
         trained_on[source_of[text]] += len(text.encode())
     corpus = collections.Counter()
-    for shard in plan["shards"]:
-        corpus[shard["mix_source"]] += shard["bytes"]
+    for shard in plan.shards:
+        corpus[shard.mix_source] += shard.bytes
     assert corpus["code"] / corpus.total() > 0.4  # the largest source by far, a tenth of the mix
     for source in sources:
         assert trained_on[source["name"]] / trained_on.total() == pytest.approx(source["weight"], rel=0.1), trained_on

@@ -52,7 +52,7 @@ def build_dataset(config: TokenmillConfig) -> tuple:
     """partition, tokenize[shard], pack[shard], shuffle_index, validate, publish, as the flow runs them."""
     plan, _ = load_or_plan(config)
     tokenizer = install_pretrained(config)
-    tokenized = [tokenize_shard(config, shard, tokenizer) for shard in plan["shards"]]
+    tokenized = [tokenize_shard(config, shard, tokenizer) for shard in plan.shards]
     packed = [pack_shard(config, t, tokenizer) for t in tokenized]
     table = stats_table(tokenized, packed)
     write_shuffle_indexes(config, table)

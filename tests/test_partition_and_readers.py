@@ -1,6 +1,7 @@
 import gzip
 import json
 import os
+from dataclasses import replace
 
 import fsspec
 import pyarrow as pa
@@ -11,7 +12,7 @@ import zstandard
 from tokenmill import partition, readers
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import auto_shard_size, load_or_plan, plan_shards
-from tokenmill.plan import Shards, shard_pieces
+from tokenmill.plan import Shards
 from tokenmill.readers import InputError, Piece, ReadOptions, count_crlf, line_blocks, read_documents
 
 from .conftest import CORPUS
@@ -31,8 +32,8 @@ def make_config(paths, shard_size, tmp_path, **input_options):
 
 def read_all(config, plan):
     docs, rejects = [], []
-    for shard in plan["shards"]:
-        for batch, bad in read_documents(shard_pieces(shard), config.input.read_options()):
+    for shard in plan.shards:
+        for batch, bad in read_documents(shard.pieces, config.input.read_options()):
             docs += list(zip(batch.ids, batch.texts, strict=True))
             rejects += bad
     return docs, rejects
@@ -49,11 +50,11 @@ def test_byte_range_shards_cover_every_line_exactly_once(tmp_path):
     write_jsonl(path, 5000)
     config = make_config([str(path)], 40_000, tmp_path)
     plan = plan_shards(config)
-    assert len(plan["shards"]) > 20
-    assert all(len(s["pieces"]) == 1 for s in plan["shards"])
+    assert len(plan.shards) > 20
+    assert all(len(s.pieces) == 1 for s in plan.shards)
     docs, rejects = read_all(config, plan)
     assert [d[0] for d in docs] == [f"d{i}" for i in range(5000)] and not rejects
-    sizes = [s["bytes"] for s in plan["shards"]]
+    sizes = [s.bytes for s in plan.shards]
     assert max(sizes) - min(sizes) < 1000  # balanced to within a line or two
 
 
@@ -73,12 +74,12 @@ def test_line_numbers_at_cuts_are_counted_where_ids_are_hashed(tmp_path):
 
     plan = plan_shards(one_split)
     assert not partition.counts_lines(one_split, one_split.input)
-    first_lines = [shard["pieces"][0]["first_line"] for shard in plan["shards"]]
+    first_lines = [shard.pieces[0].first_line for shard in plan.shards]
     assert len(first_lines) > 5 and first_lines[0] == 1 and set(first_lines[1:]) == {None}
     options = one_split.input.read_options()
-    lines = [sum(b.lines for b, _ in read_documents(shard_pieces(s), options, columnar=True)) for s in plan["shards"]]
+    lines = [sum(b.lines for b, _ in read_documents(s.pieces, options, columnar=True)) for s in plan.shards]
     assert sum(lines) == 3000
-    assert [s["pieces"][0]["first_line"] for s in counted["shards"]] == [1 + sum(lines[:k]) for k in range(len(lines))]
+    assert [s.pieces[0].first_line for s in counted.shards] == [1 + sum(lines[:k]) for k in range(len(lines))]
     dotted = one_split.model_copy(update={"input": one_split.input.model_copy(update={"text_field": "meta.text"})})
     assert partition.counts_lines(dotted, dotted.input)  # the careful reader reports no line counts
 
@@ -159,10 +160,10 @@ def test_small_and_compressed_files_are_grouped_whole_in_order(tmp_path):
         (tmp_path / f"{name}.jsonl").unlink()
     config = make_config([str(tmp_path / "*.jsonl.gz")], 30_000, tmp_path)
     plan = plan_shards(config)
-    pieces = [p["path"].rsplit("/", 1)[-1] for s in plan["shards"] for p in s["pieces"]]
+    pieces = [p.path.rsplit("/", 1)[-1] for s in plan.shards for p in s.pieces]
     assert pieces == ["a.jsonl.gz", "b.jsonl.gz", "c.jsonl.gz"]
-    assert len(plan["shards"]) == 2
-    assert all(p["start"] == 0 and p["end"] is None for s in plan["shards"] for p in s["pieces"])
+    assert len(plan.shards) == 2
+    assert all(p.start == 0 and p.end is None for s in plan.shards for p in s.pieces)
     assert len(read_all(config, plan)[0]) == 150
 
 
@@ -171,8 +172,8 @@ def test_parquet_is_partitioned_by_row_groups(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "t.parquet", row_group_size=100)
     config = make_config([str(tmp_path / "t.parquet")], 50_000, tmp_path, text_field="meta.content")
     plan = plan_shards(config)
-    assert len(plan["shards"]) > 5
-    groups = [g for s in plan["shards"] for p in s["pieces"] for g in p["row_groups"]]
+    assert len(plan.shards) > 5
+    groups = [g for s in plan.shards for p in s.pieces for g in p.row_groups]
     assert groups == list(range(30))
     docs, rejects = read_all(config, plan)
     assert [d[0] for d in docs] == [r["id"] for r in rows] and not rejects
@@ -195,7 +196,7 @@ def test_plan_is_deterministic_and_reused_while_the_input_is_unchanged(tmp_path)
     config = make_config([str(tmp_path / "*.jsonl")], 25_000, tmp_path)
     assert plan_shards(config) == plan_shards(config)
     first, change = load_or_plan(config)
-    assert change == {} and [f["path"] for f in first["files"]] == [str(tmp_path / "x.jsonl")]
+    assert change == {} and [f["path"] for f in first.files] == [str(tmp_path / "x.jsonl")]
     again, change = load_or_plan(config)
     assert change is None and again == first
 
@@ -230,14 +231,14 @@ def test_a_changed_input_gets_a_plan_that_keeps_the_unchanged_shards(tmp_path):
     store = config.output.store()
 
     def tokenized(plan):  # as if tokenized: a file (its shard's source) and its marker per shard
-        for shard in plan["shards"]:
-            rel, data = f"megatron/train/shard-{shard['shard_id']:05d}.bin", shard["source"].encode()
+        for shard in plan.shards:
+            rel, data = f"megatron/train/shard-{shard.shard_id:05d}.bin", shard.source.encode()
             store.write_bytes(rel, data)
-            result = {"shard_id": shard["shard_id"], "source": shard["source"]}
-            commit(store, "tokenize", shard["shard_id"], shard["source"], result, {rel: store.digest(rel)})
+            result = {"shard_id": shard.shard_id, "source": shard.source}
+            commit(store, "tokenize", shard.shard_id, shard.source, result, {rel: store.digest(rel)})
 
     first, _ = load_or_plan(config)
-    ids = {s["pieces"][0]["path"].rsplit("/", 1)[-1]: s["shard_id"] for s in first["shards"]}
+    ids = {s.pieces[0].path.rsplit("/", 1)[-1]: s.shard_id for s in first.shards}
     assert ids == {"a.jsonl": 0, "b.jsonl": 1, "c.jsonl": 2}
     tokenized(first)
 
@@ -251,10 +252,10 @@ def test_a_changed_input_gets_a_plan_that_keeps_the_unchanged_shards(tmp_path):
         "files_added": 1, "files_changed": 1, "files_removed": 1,
         "shards_kept": 1, "shards_renumbered": 0, "shards_new": 2,
     }  # fmt: skip
-    by_file = {s["pieces"][0]["path"].rsplit("/", 1)[-1]: s for s in second["shards"]}
-    assert by_file["a.jsonl"] == first["shards"][0]  # kept: same id, same source, so its output is reused
-    assert (by_file["c.jsonl"]["shard_id"], by_file["d.jsonl"]["shard_id"]) == (1, 2)  # ids in input order
-    assert by_file["c.jsonl"]["source"] != first["shards"][2]["source"]
+    by_file = {s.pieces[0].path.rsplit("/", 1)[-1]: s for s in second.shards}
+    assert by_file["a.jsonl"] == first.shards[0]  # kept: same id, same source, so its output is reused
+    assert (by_file["c.jsonl"].shard_id, by_file["d.jsonl"].shard_id) == (1, 2)  # ids in input order
+    assert by_file["c.jsonl"].source != first.shards[2].source
     # the dropped and changed shards' committed outputs are gone, the kept one's stay
     assert store.exists(marker("tokenize", 0)) and store.exists("megatron/train/shard-00000.bin")
     assert not any(store.exists(marker("tokenize", i)) for i in (1, 2))
@@ -266,18 +267,18 @@ def test_a_changed_input_gets_a_plan_that_keeps_the_unchanged_shards(tmp_path):
     # c removed: d's shard moves up to id 1 with its committed file and marker, as a plan of a and d alone has it
     (tmp_path / "c.jsonl").unlink()
     third, change = load_or_plan(config)
-    assert [s["shard_id"] for s in third["shards"]] == [0, 1]
+    assert [s.shard_id for s in third.shards] == [0, 1]
     assert change == {
         "files_added": 0, "files_changed": 0, "files_removed": 1,
         "shards_kept": 1, "shards_renumbered": 1, "shards_new": 0,
     }  # fmt: skip
     d = by_file["d.jsonl"]
-    assert third["shards"][1] == d | {"shard_id": 1}
-    assert store.read_bytes("megatron/train/shard-00001.bin") == d["source"].encode()
-    assert store.read_json(marker("tokenize", 1))["result"] == {"shard_id": 1, "source": d["source"]}
+    assert third.shards[1] == replace(d, shard_id=1)
+    assert store.read_bytes("megatron/train/shard-00001.bin") == d.source.encode()
+    assert store.read_json(marker("tokenize", 1))["result"] == {"shard_id": 1, "source": d.source}
     assert not store.exists("megatron/train/shard-00002.bin") and not store.exists(marker("tokenize", 2))
     fresh = make_config([str(tmp_path / "*.jsonl")], 100_000, tmp_path / "fresh")
-    assert plan_shards(fresh)["shards"] == third["shards"]
+    assert plan_shards(fresh).shards == third.shards
 
 
 def test_small_files_group_by_their_names_so_one_file_landing_changes_one_group(tmp_path):
@@ -290,21 +291,21 @@ def test_small_files_group_by_their_names_so_one_file_landing_changes_one_group(
         write_jsonl(tmp_path / name, 20, prefix=name)  # ~5 KB files, ~20 to a 100 KB shard
     config = make_config([str(tmp_path / "*.jsonl")], 100_000, tmp_path)
     before, _ = load_or_plan(config)
-    layout = [(len(s["pieces"]), s["bytes"]) for s in before["shards"]]
+    layout = [(len(s.pieces), s.bytes) for s in before.shards]
     assert [n for n, _ in layout[:6]] == [18, 12, 9, 15, 16, 22]  # half a shard to two: 52 KB to 128 KB
     assert layout[6:] == [(1, 5830)] * 8  # the 8 files after the last group's end stand alone
 
     write_jsonl(tmp_path / "part-101.jsonl", 20, prefix="new")
     after, change = load_or_plan(config)
     assert change["shards_new"] == 1  # the group the file landed in, made anew; the others kept
-    assert change["shards_kept"] + change["shards_renumbered"] == len(after["shards"]) - 1
+    assert change["shards_kept"] + change["shards_renumbered"] == len(after.shards) - 1
     fresh = make_config([str(tmp_path / "*.jsonl")], 100_000, tmp_path / "fresh")
-    assert plan_shards(fresh)["shards"] == after["shards"]
+    assert plan_shards(fresh).shards == after.shards
 
     write_jsonl(tmp_path / "part-200.jsonl", 1, prefix="last")  # 10 bytes: too small to end the files' group
     last, change = load_or_plan(config)
-    assert change["shards_new"] == 1 and change["shards_kept"] == len(after["shards"])
-    assert last["shards"][-1]["pieces"] == [vars(Piece(str(tmp_path / "part-200.jsonl")))]
+    assert change["shards_new"] == 1 and change["shards_kept"] == len(after.shards)
+    assert last.shards[-1].pieces == (Piece(str(tmp_path / "part-200.jsonl")),)
 
 
 def test_many_tiny_files_make_few_shards(tmp_path):
@@ -313,10 +314,10 @@ def test_many_tiny_files_make_few_shards(tmp_path):
     for i in range(2000):
         (tmp_path / f"doc-{i:05d}.jsonl").write_text(json.dumps({"id": str(i), "text": "x" * 90}) + "\n")
     config = make_config([str(tmp_path / "*.jsonl")], 1_000_000, tmp_path)
-    shards = plan_shards(config)["shards"]
-    loose = [s for s in shards if len(s["pieces"]) == 1]
+    shards = plan_shards(config).shards
+    loose = [s for s in shards if len(s.pieces) == 1]
     assert len(shards) < 100 and len(loose) <= partition.LOOSE_FILES
-    assert sum(len(s["pieces"]) for s in shards) == 2000
+    assert sum(len(s.pieces) for s in shards) == 2000
 
 
 def test_auto_shard_size_follows_corpus_and_cluster_within_its_bounds():
@@ -332,15 +333,15 @@ def test_auto_shard_size_is_kept_by_later_plans_of_the_same_output(tmp_path, mon
     size = (tmp_path / "x.jsonl").stat().st_size
     config = make_config([str(tmp_path / "*.jsonl")], "auto", tmp_path)
     first, _ = load_or_plan(config, cluster_threads=2)
-    assert first["shard_size"] == -(-size // 16) and len(first["shards"]) == 16
+    assert first.shard_size == -(-size // 16) and len(first.shards) == 16
     # the partition config changes (a new plan), and the run has 4 threads now: the size stays
     changed = config.model_copy(update={"partition": config.partition.model_copy(update={"seed": 1})})
     second, change = load_or_plan(changed, cluster_threads=4)
-    assert change is not None and second["shard_size"] == first["shard_size"] and second["shards"] == first["shards"]
+    assert change is not None and second.shard_size == first.shard_size and second.shards == first.shards
     # an explicit size is used as given
     explicit = config.model_copy(update={"partition": config.partition.model_copy(update={"shard_size": 50_000})})
     third, _ = load_or_plan(explicit, cluster_threads=4)
-    assert third["shard_size"] == 50_000
+    assert third.shard_size == 50_000
 
 
 def test_same_corpus_as_jsonl_gz_zst_and_parquet_gives_identical_tokens(tmp_path, gpt2_info):
@@ -357,7 +358,7 @@ def test_same_corpus_as_jsonl_gz_zst_and_parquet_gives_identical_tokens(tmp_path
         config = make_config([str(tmp_path / name)], "100MB", tmp_path)
         config.output.path = str(tmp_path / f"out-{name}")
         info = gpt2_info(config)
-        (shard,) = plan_shards(config)["shards"]
+        (shard,) = plan_shards(config).shards
         result = tokenize_shard(config, shard, info)
         assert result["documents_in"] == len(rows) == 181 and result["rejected"] == 0
         outputs[name] = (tmp_path / f"out-{name}/megatron/train/shard-00000.bin").read_bytes()
@@ -512,12 +513,13 @@ def test_size_limit(tmp_path):
 
 
 def test_the_flows_columnar_shards_read_as_the_plans_list(tmp_path):
-    """The flow holds the plan's shards as columns (`Shards`, ~100 bytes a shard, not a dict each): every way
-    the flow reads them gives what the list of dicts gives."""
+    """The flow holds the plan's shards as columns (`Shards`, ~100 bytes a shard, not an object each): every way
+    the flow reads them gives what the list of shards gives, and plan.json's form of them goes both ways."""
     data = tmp_path / "x.jsonl"
     data.write_text("".join(f'{{"text": "document {i} {"x" * (i % 50)}"}}\n' for i in range(3000)))
-    listed = plan_shards(make_config([str(data)], 1000, tmp_path))["shards"]
+    listed = list(plan_shards(make_config([str(data)], 1000, tmp_path)).shards)
     shards = Shards(listed)
+    assert Shards(shards.to_json()) == shards and shards.to_json() == [s.to_json() for s in listed]
     assert len(listed) > 100 and len(shards) == len(listed) and shards == listed and list(shards) == listed
     assert shards[0] == listed[0] and shards[-1] == listed[-1] and shards[57] == listed[57]
     for part in (slice(10, 20), slice(None, None, 7), slice(5, 2), slice(-3, None)):

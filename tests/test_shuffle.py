@@ -8,7 +8,6 @@ import numpy as np
 
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import plan_shards
-from tokenmill.plan import shard_pieces
 from tokenmill.readers import read_documents
 from tokenmill.shuffle_documents import check_counts, gather_shard, scatter_shard, shuffled_shards
 
@@ -37,16 +36,16 @@ def run_shuffle(tmp_path, seed: int, out: str):
         }
     )
     plan = plan_shards(config)
-    n = plan["shuffled_shards"]
-    scattered = [scatter_shard(config, s, n) for s in plan["shards"]]
-    sources = [s["shard_id"] for s in plan["shards"]]
-    gathered = [gather_shard(config, t, sources, plan["key"]) for t in range(n)]
+    n = plan.shuffled_shards
+    scattered = [scatter_shard(config, s, n) for s in plan.shards]
+    sources = [s.shard_id for s in plan.shards]
+    gathered = [gather_shard(config, t, sources, plan.key) for t in range(n)]
     check_counts(scattered, gathered)
-    shards = shuffled_shards(config, plan["key"], gathered)
+    shards = shuffled_shards(config, plan.key, gathered)
     docs = [
         [
             (i, len(t))
-            for batch, _ in read_documents(shard_pieces(s), config.input.read_options())
+            for batch, _ in read_documents(s.pieces, config.input.read_options())
             for i, t in zip(batch.ids, batch.texts, strict=True)
         ]
         for s in shards
@@ -93,11 +92,11 @@ def test_bad_records_travel_and_are_rejected_naming_their_original_line(tmp_path
         }
     )
     plan = plan_shards(config)
-    gathered = [{"shard_id": t, "bytes": 0} for t in range(plan["shuffled_shards"])]
+    gathered = [{"shard_id": t, "bytes": 0} for t in range(plan.shuffled_shards)]
     rejects = [
         r.to_dict()
-        for s in shuffled_shards(config, plan["key"], gathered)
-        for _, bad in read_documents(shard_pieces(s), config.input.read_options())
+        for s in shuffled_shards(config, plan.key, gathered)
+        for _, bad in read_documents(s.pieces, config.input.read_options())
         for r in bad
     ]
     assert sorted((r["file"], r["line"], r["reason"][:14]) for r in rejects) == [

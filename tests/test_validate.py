@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from tokenmill.config import load_config
-from tokenmill.plan import shard_pieces
+from tokenmill.plan import Plan, Shard
 from tokenmill.stats import StatsColumns, ValidationFailed, stats_table, table_of
 from tokenmill.tokenizer_info import TokenizerInfo
 from tokenmill.validate import PAD_CHECK_BYTES, _only_pad_after, validate
@@ -27,7 +27,7 @@ def dataset(gpt2_run, tmp_path):
     out = tmp_path / "copy"
     shutil.copytree(gpt2_run, out)
     config = load_config(EXAMPLES / "gpt2.yaml", [f"output.path={out}", "partition.shard_size=1MB"])
-    plan = json.loads((out / "plan.json").read_text())
+    plan = Plan.read(config.output.store())
     manifest = json.loads((out / "manifest.json").read_text())
     tokenizer = TokenizerInfo(**{k: manifest["tokenizer"][k] for k in ("sha256", "vocab_size", "eod_id", "trained")})
 
@@ -40,7 +40,7 @@ def dataset(gpt2_run, tmp_path):
 def test_intact_dataset_validates(dataset):
     out, *args = dataset
     table = validate(*args)
-    assert len(table) == len(args[1]["shards"]) * 2 and table.equals(args[3])
+    assert len(table) == len(args[1].shards) * 2 and table.equals(args[3])
 
 
 def test_one_corrupted_idx_byte_fails_naming_the_file(dataset):
@@ -106,7 +106,7 @@ def test_the_check_chained_to_each_shard_finds_what_validate_would_and_validate_
         markers = [out / "_commits" / stage / f"shard-{shard_id:05d}.json" for stage in ("tokenize", "pack")]
         return tuple(json.loads(marker.read_text())["result"] for marker in markers)
 
-    found = {s["shard_id"]: check_written(config, results(s["shard_id"]), tokenizer) for s in plan["shards"]}
+    found = {s.shard_id: check_written(config, results(s.shard_id), tokenizer) for s in plan.shards}
     assert [s for s, problems in found.items() if problems] == [0, 2]
     assert any("megatron/val/shard-00000.bin" in p for p in found[0])
     assert found[2] == ["packed/train/shard-00002.tokens.npy: missing"]
@@ -169,9 +169,9 @@ def library_dataset(tmp_path, lines: list[bytes], **config) -> tuple:
         }
     )
     plan, _ = load_or_plan(config)
-    assert len(plan["shards"]) == 3
+    assert len(plan.shards) == 3
     tokenizer = install_pretrained(config)
-    tokenized = [tokenize_shard(config, shard, tokenizer) for shard in plan["shards"]]
+    tokenized = [tokenize_shard(config, shard, tokenizer) for shard in plan.shards]
     return config, plan, tokenizer, stats_table(tokenized, [stats.skipped(t) for t in tokenized])
 
 
@@ -214,10 +214,10 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     assert min(len(b) for b in blocks) > 10
     assert sum(block[4] for shard in blocks for block in shard) == 1  # the block with the reject
 
-    def every_document(shard: dict) -> dict:
+    def every_document(shard: Shard) -> dict:
         """(split, index) -> text of every document of the shard, read whole as tokenize read it."""
-        documents = int(table[table.shard_id == shard["shard_id"]].documents.sum())
-        item = {**shard, "sample": documents, "documents": documents, "seed": 1}
+        documents = int(table[table.shard_id == shard.shard_id].documents.sum())
+        item = library.ReferenceItem(shard, sample=documents, documents=documents, rejected=0, seed=1)
         found = library._from_shard(config, item, np.random.default_rng())
         return {(split, index): text for split, _, index, text in found}
 
@@ -229,16 +229,16 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
 
     monkeypatch.setattr(library, "read_documents", reading)
     items = library.reference_items(config, plan, table)
-    assert len(items) == 3 and sum(item["sample"] for item in items) == 100
+    assert len(items) == 3 and sum(item.sample for item in items) == 100
     rejected_at = {start for shard in blocks for _, start, _, _, rejects, *_ in shard if rejects}
     for item in items:
         read.clear()
         sample = library.sampled_documents(config, item)
-        assert len(sample) == item["sample"] and {split for split, *_ in sample} == {"train", "val"}
-        recorded = {(start, stop) for _, start, stop, *_ in blocks[item["shard_id"]]}
+        assert len(sample) == item.sample and {split for split, *_ in sample} == {"train", "val"}
+        recorded = {(start, stop) for _, start, stop, *_ in blocks[item.shard_id]}
         assert 1 <= len(read) < len(recorded) and {(piece.start, piece.end) for piece in read} <= recorded
         assert not {piece.start for piece in read} & rejected_at
-        everything = every_document(plan["shards"][item["shard_id"]])
+        everything = every_document(plan.shards[item.shard_id])
         assert all(everything[split, index] == text for split, _, index, text in sample)
     validate(config, plan, tokenizer, table)
 
@@ -247,10 +247,10 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     del marker["result"]["blocks"]
     first.write_text(json.dumps(marker))
     read.clear()
-    item = next(item for item in items if item["shard_id"] == 0)
+    item = next(item for item in items if item.shard_id == 0)
     sample = library.sampled_documents(config, item)
-    assert len(sample) == item["sample"] and read == shard_pieces(plan["shards"][0])
-    everything = every_document(plan["shards"][0])
+    assert len(sample) == item.sample and read == list(plan.shards[0].pieces)
+    everything = every_document(plan.shards[0])
     assert all(everything[split, index] == text for split, _, index, text in sample)
 
 

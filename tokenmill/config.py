@@ -19,6 +19,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, field_va
 # Imported where used: with pyarrow and fsspec, importing the config was half the time `tokenmill run` took to
 # start its cluster's process.
 if TYPE_CHECKING:
+    from tokenmill.plan import Shard
     from tokenmill.readers import ReadOptions
     from tokenmill.storage import Store
 
@@ -497,13 +498,13 @@ class TokenmillConfig(_Section):
         """Each source's input by name; a dataset of one `input` is the source named ""."""
         return {"": self.input} if self.sources is None else {s.name: s.input for s in self.sources}
 
-    def input_of(self, shard: dict) -> InputConfig:
+    def input_of(self, shard: Shard) -> InputConfig:
         """The input config a shard of the plan is read with: its source's."""
-        return self.inputs()[shard.get("mix_source", "")]
+        return self.inputs()[shard.mix_source]
 
-    def streams_of(self, shard: dict) -> list[str]:
+    def streams_of(self, shard: Shard) -> list[str]:
         """Where a shard of the plan puts its documents, in split order: its source's streams."""
-        return self.streams(shard.get("mix_source", ""))
+        return self.streams(shard.mix_source)
 
     def streams(self, source: str | None = None) -> list[str]:
         """Where documents go, in split order: the split names (`<source>/<split>` in a mixture) of `source`, or

@@ -35,7 +35,7 @@ from tokenmill import layout
 from tokenmill.commits import discard, land, lift
 from tokenmill.config import InputConfig, TokenmillConfig
 from tokenmill.hashing import unit_interval
-from tokenmill.plan import shard_pieces
+from tokenmill.plan import Plan, Shard, Shards
 from tokenmill.readers import Piece, compression_of, count_newlines, fast_path_applies, format_of, line_start
 from tokenmill.storage import list_files, options_for
 
@@ -144,8 +144,8 @@ def auto_shard_size(total_bytes: int, cluster_threads: int) -> int:
 
 
 def plan_shards(
-    config: TokenmillConfig, cluster_threads: int = 1, shard_size: int | None = None, earlier: dict | None = None
-) -> dict:
+    config: TokenmillConfig, cluster_threads: int = 1, shard_size: int | None = None, earlier: Plan | None = None
+) -> Plan:
     """The plan: every input file as it is now (with its fingerprint), and the shards in input order, each a
     list of pieces with its size and `source` (a hash of its pieces and their files' fingerprints: what its
     output is made from). `shard_size` overrides the config's (an earlier plan's resolved `auto`).
@@ -153,7 +153,7 @@ def plan_shards(
     `earlier` (a plan of the same input and partition config over an input that has changed since) saves
     reading: an unchanged file's uncompressed size and cut points are taken from it."""
     files = list_inputs(config)
-    known = {f["path"]: f for f in earlier["files"]} if earlier else {}
+    known = {f["path"]: f for f in earlier.files} if earlier else {}
     options_of = {name: source_input.storage.fsspec_options() for name, source_input in config.inputs().items()}
     for f in files:  # an unchanged file's uncompressed size is known (measuring it reads the file's end)
         before = known.get(f["path"])
@@ -165,27 +165,22 @@ def plan_shards(
         shard_size = auto_shard_size(total, cluster_threads) if configured == "auto" else int(configured)
     current = {f["path"]: f for f in files}
     unchanged = {path for path, f in current.items() if known.get(path) == f}
-    cuts = _cuts_of(earlier, unchanged) if earlier and earlier.get("shard_size") == shard_size else {}
+    cuts = _cuts_of(earlier, unchanged) if earlier and earlier.shard_size == shard_size else {}
     shards = []
     for name, options in options_of.items():  # a source's shards hold its files only
         of_source = [f for f in files if f.get("mix_source", "") == name]
         count_lines = counts_lines(config, config.inputs()[name])
         for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, count_lines, cuts):
-            shard = {"shard_id": len(shards), "pieces": [asdict(p) for p in pieces], "bytes": nbytes}
-            shards.append(shard | ({"mix_source": name} if name else {}))
-    for shard in shards:
-        shard["source"] = _source_of(shard, current)
-    plan = {
-        "key": plan_key(config, files),
-        "config_key": config.section_hash("input", "partition"),
-        "inputs": inputs_hash(files),
-        "shard_size": shard_size,
-        # with the global shuffle, the input shards are scattered into this many output shards
-        "shuffled_shards": math.ceil(total / shard_size) if config.partition.shuffle else None,
-        "files": files,
-        "shards": shards,
-    }
-    return plan
+            shards.append(Shard(len(shards), tuple(pieces), nbytes, _source_of(pieces, current), name))
+    return Plan(
+        key=plan_key(config, files),
+        config_key=config.section_hash("input", "partition"),
+        inputs=inputs_hash(files),
+        shard_size=shard_size,
+        shuffled_shards=math.ceil(total / shard_size) if config.partition.shuffle else None,
+        files=files,
+        shards=Shards(shards),
+    )
 
 
 def list_inputs(config: TokenmillConfig) -> list[dict]:
@@ -207,30 +202,30 @@ def list_inputs(config: TokenmillConfig) -> list[dict]:
     return files
 
 
-def change_between(earlier: dict, plan: dict) -> dict:
+def change_between(earlier: Plan, plan: Plan) -> dict:
     """The input files added, changed and removed since the earlier plan, and how many shards are the earlier
     plan's under the same id, under another id (a file landed or went before them in input order), or new."""
-    known, current = {f["path"]: f for f in earlier["files"]}, {f["path"]: f for f in plan["files"]}
-    ids_before = {s.get("source"): s["shard_id"] for s in earlier["shards"]}
-    kept = sum(ids_before.get(s["source"]) == s["shard_id"] for s in plan["shards"])
-    new = sum(s["source"] not in ids_before for s in plan["shards"])
+    known, current = {f["path"]: f for f in earlier.files}, {f["path"]: f for f in plan.files}
+    ids_before = {s.source: s.shard_id for s in earlier.shards}
+    kept = sum(ids_before.get(s.source) == s.shard_id for s in plan.shards)
+    new = sum(s.source not in ids_before for s in plan.shards)
     return {
         "files_added": len(current.keys() - known.keys()),
         "files_changed": sum(known[p] != current[p] for p in current.keys() & known.keys()),
         "files_removed": len(known.keys() - current.keys()),
         "shards_kept": kept,
-        "shards_renumbered": len(plan["shards"]) - kept - new,
+        "shards_renumbered": len(plan.shards) - kept - new,
         "shards_new": new,
     }
 
 
-def _cuts_of(earlier: dict, unchanged: set[str]) -> dict[str, list[tuple[Piece, int]]]:
+def _cuts_of(earlier: Plan, unchanged: set[str]) -> dict[str, list[tuple[Piece, int]]]:
     """The pieces (with their sizes) an earlier plan of the same shard size cut each unchanged large file into."""
     cuts: dict[str, list[tuple[Piece, int]]] = {}
-    for shard in earlier["shards"]:
-        (piece, *others) = shard_pieces(shard)
+    for shard in earlier.shards:
+        (piece, *others) = shard.pieces
         if not others and piece.path in unchanged and (piece.end is not None or piece.row_groups is not None):
-            cuts.setdefault(piece.path, []).append((piece, shard["bytes"]))
+            cuts.setdefault(piece.path, []).append((piece, shard.bytes))
     return cuts
 
 
@@ -299,9 +294,9 @@ def inputs_hash(files: list[dict]) -> str:
     return _digest([_fingerprint(f) for f in files])
 
 
-def _source_of(shard: dict, files: dict[str, dict]) -> str:
+def _source_of(pieces: list[Piece], files: dict[str, dict]) -> str:
     """What a shard's output is made from: its pieces and the fingerprints of their files (not its id)."""
-    return _digest([[p, files[p["path"]]] for p in shard["pieces"]])
+    return _digest([[asdict(p), files[p.path]] for p in pieces])
 
 
 def plan_key(config: TokenmillConfig, files: list[dict]) -> str:
@@ -335,7 +330,7 @@ class PlanAhead:
 
 def load_or_plan(
     config: TokenmillConfig, cluster_threads: int = 1, ahead: PlanAhead | None = None
-) -> tuple[dict, dict | None]:
+) -> tuple[Plan, dict | None]:
     """The plan in the output if the input and partition config are as it recorded them (so a rerun or retry
     of a half-finished run sees the same shards), else a new one written there. Against the earlier plan, by
     `source`: a shard made from the same pieces of the same file versions keeps its committed output (moved to
@@ -354,30 +349,30 @@ def load_or_plan(
     return _load_or_plan(config, cluster_threads)
 
 
-def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[dict, dict | None]:
+def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[Plan, dict | None]:
     store = config.output.store()
-    earlier = store.read_json(layout.PLAN) if store.exists(layout.PLAN) else None
-    sticky = earlier.get("shard_size") if earlier and config.partition.shard_size == "auto" else None
+    earlier = Plan.read(store)
+    sticky = earlier.shard_size if earlier and config.partition.shard_size == "auto" else None
     same_config = earlier is not None and _made_alike(earlier, config)
     plan = plan_shards(config, cluster_threads, sticky, earlier if same_config else None)
-    if same_config and plan["key"] == earlier["key"]:  # the input as the earlier plan saw it: every shard kept
+    if same_config and plan.key == earlier.key:  # the input as the earlier plan saw it: every shard kept
         return earlier, None
     moved = []
     if earlier is not None:
-        ids_now = {s["source"]: s["shard_id"] for s in plan["shards"]}
-        discard(store, [s["shard_id"] for s in earlier["shards"] if s.get("source") not in ids_now])
-        moves = {s["shard_id"]: ids_now[s["source"]] for s in earlier["shards"] if s.get("source") in ids_now}
+        ids_now = {s.source: s.shard_id for s in plan.shards}
+        discard(store, [s.shard_id for s in earlier.shards if s.source not in ids_now])
+        moves = {s.shard_id: ids_now[s.source] for s in earlier.shards if s.source in ids_now}
         moved = lift(store, {old: new for old, new in moves.items() if old != new})
-    store.write_json(layout.PLAN, plan)
+    store.write_json(layout.PLAN, plan.to_json())
     land(store, moved)  # after the plan: a run killed before this finds those shards uncommitted, and redoes them
     return plan, change_between(earlier, plan) if same_config else {}
 
 
-def _made_alike(earlier: dict, config: TokenmillConfig) -> bool:
+def _made_alike(earlier: Plan, config: TokenmillConfig) -> bool:
     """Whether an earlier plan was made with this input and partition config, and, where this config needs the
     lines at each cut counted (`counts_lines`), knows every piece's first line."""
-    if earlier.get("config_key") != config.section_hash("input", "partition"):
+    if earlier.config_key != config.section_hash("input", "partition"):
         return False
     if not any(counts_lines(config, source_input) for source_input in config.inputs().values()):
         return True
-    return all(piece["first_line"] is not None for shard in earlier["shards"] for piece in shard["pieces"])
+    return all(piece.first_line is not None for shard in earlier.shards for piece in shard.pieces)

@@ -12,8 +12,8 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tokenmill import layout
 from tokenmill.commits import STAGES
+from tokenmill.plan import Plan
 from tokenmill.storage import Store
 
 POLL_SECONDS = 1.0
@@ -22,11 +22,10 @@ POLL_SHARE = 0.05  # listing the markers may take at most this share of the time
 
 def committed_counts(store: Store) -> tuple[dict[str, int], dict[str, int]]:
     """(shards committed per stage, shards expected per stage) as the output shows them now."""
-    if not store.exists(layout.PLAN):
+    if (plan := Plan.read(store)) is None:
         return {}, {}
-    plan = store.read_json(layout.PLAN)
-    inputs = len(plan["shards"])
-    outputs = plan.get("shuffled_shards") or inputs
+    inputs = len(plan.shards)
+    outputs = plan.shuffled_shards or inputs
     expected = {stage: inputs if stage == "scatter" else outputs for stage in STAGES}
     done = {}
     for stage in STAGES:

@@ -23,6 +23,7 @@ from tokenmill.commits import marker
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import token_dtype
 from tokenmill.formats.packed import SUFFIXES
+from tokenmill.plan import Plan
 from tokenmill.stats import ValidationFailed, packing_summary, split_summary
 from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer_info import TokenizerInfo
@@ -56,15 +57,15 @@ def encoder_entry(store: Store) -> dict:
     return {"encoder": entry}
 
 
-def dataset_version(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo) -> str:
+def dataset_version(config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInfo) -> str:
     """The published version's name: `output.publish.version`, else a hash of everything the dataset's bytes
     depend on: the config, the input files' fingerprints, the tokenizer, and the shards' layout (which shard
     holds which pieces, a function of the input set and the shard size), so a changed input is a new version
     and a version's name always means the same bytes."""
     if config.output.publish.version:
         return config.output.publish.version
-    layout = [[s["shard_id"], s["source"]] for s in plan["shards"]]
-    made_from = json.dumps([config.dataset_hash(), plan["inputs"], tokenizer.sha256, layout])
+    layout = [[s.shard_id, s.source] for s in plan.shards]
+    made_from = json.dumps([config.dataset_hash(), plan.inputs, tokenizer.sha256, layout])
     return hashlib.sha256(made_from.encode()).hexdigest()[:16]
 
 
@@ -77,7 +78,7 @@ class VersionConflict(Exception):
     """`output.publish.version` names a version already published from another input or config."""
 
 
-def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo) -> dict | None:
+def already_published(config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInfo) -> dict | None:
     """The manifest of this dataset's version if it is published complete (its manifest is written last), so
     a run over an unchanged input has nothing to do, less its list of files (`manifest_less_files`); None if it
     is not. Raises VersionConflict if a version of that name holds another dataset."""
@@ -91,7 +92,7 @@ def already_published(config: TokenmillConfig, plan: dict, tokenizer: TokenizerI
         "config": manifest.get("dataset_hash"),
         "tokenizer": manifest["tokenizer"]["sha256"],
     }
-    now = {"input": plan["inputs"], "config": config.dataset_hash(), "tokenizer": tokenizer.sha256}
+    now = {"input": plan.inputs, "config": config.dataset_hash(), "tokenizer": tokenizer.sha256}
     if differs := [what for what in now if published[what] != now[what]]:
         raise VersionConflict(
             f"{target.url} was published from another {' and '.join(differs)}; nothing was overwritten. Name a new "
@@ -266,7 +267,7 @@ def manifest_entries(files: Files) -> Iterator[dict]:
 
 def publish(
     config: TokenmillConfig,
-    plan: dict,
+    plan: Plan,
     tokenizer: TokenizerInfo,
     table: pd.DataFrame,
     files: Files,
@@ -279,14 +280,14 @@ def publish(
     shard_rows = table.drop_duplicates("shard_id")
     spool_files(store, table, files)
     version = dataset_version(config, plan, tokenizer)
-    sources = {str(s["shard_id"]): s["source"] for s in plan["shards"]}
+    sources = {str(s.shard_id): s.source for s in plan.shards}
     manifest = {
         "name": config.name,
         "version": version,
         "tokenmill_version": __version__,
         "dataset_hash": config.dataset_hash(),
-        "inputs": {"hash": plan["inputs"], "files": plan["files"]},
-        "lineage": lineage(config, version, plan["files"], sources),
+        "inputs": {"hash": plan.inputs, "files": plan.files},
+        "lineage": lineage(config, version, plan.files, sources),
         "shard_sources": sources,
         "config": config.dataset_config(),
         "tokenizer": {

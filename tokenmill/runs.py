@@ -3,9 +3,9 @@ commit markers a targeted rerun removes to redo chosen shards."""
 
 from __future__ import annotations
 
-from tokenmill import layout
 from tokenmill.commits import marker
 from tokenmill.config import TokenmillConfig
+from tokenmill.plan import Plan
 from tokenmill.storage import Store
 
 RUN_CONFIG = "_work/config.json"
@@ -40,8 +40,8 @@ def _without_masked_secrets(data):
 def forget_shards(config: TokenmillConfig, shard_ids: list[int]) -> int:
     """Remove the commit markers of these shards so the next run redoes them; returns how many went."""
     store = config.output.store()
-    plan = store.read_json(layout.PLAN)
-    known = range(plan["shuffled_shards"]) if plan.get("shuffled_shards") else [s["shard_id"] for s in plan["shards"]]
+    plan = Plan.read(store)
+    known = range(plan.shuffled_shards) if plan.shuffled_shards else [s.shard_id for s in plan.shards]
     if unknown := sorted(set(shard_ids) - set(known)):
         raise ValueError(
             f"{config.output.path}: no shards {unknown}; the plan has {len(known)} shards, "

@@ -42,7 +42,7 @@ from tokenmill.commits import SAMPLE, commit, committed
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.sample import group_name
 from tokenmill.hashing import unit_interval
-from tokenmill.plan import shard_pieces
+from tokenmill.plan import Plan, Shard
 from tokenmill.readers import (
     CORRUPT_STREAM,
     LINE_KINDS,
@@ -65,18 +65,18 @@ OVERSAMPLE = 4  # the blocks read hold this many times the sample's bytes
 MIX_MARGIN = 1.6
 
 
-def fractions(config: TokenmillConfig, plan: dict) -> tuple[float | dict[str, float], float]:
+def fractions(config: TokenmillConfig, plan: Plan) -> tuple[float | dict[str, float], float]:
     """(training fraction, held-out fraction) of the corpus: f and g in the module docstring. In a mixture the
     training sample mirrors the mix: f is a fraction per source (`source_fraction`), each source's share of the
     sample its share of the mix (`tokenmill.shares.sample_shares`) with a margin that `training_texts` trims; the
     held-out sample stays proportional."""
-    total = max(sum(s["bytes"] for s in plan["shards"]), 1)
+    total = max(sum(s.bytes for s in plan.shards), 1)
     train = config.tokenizer.train
     f = min(1.0, int(train.sample_size) / total) if train is not None else 0.0
     if train is not None and config.mixture:
         source_bytes = dict.fromkeys(config.inputs(), 0)
-        for shard in plan["shards"]:
-            source_bytes[shard["mix_source"]] += shard["bytes"]
+        for shard in plan.shards:
+            source_bytes[shard.mix_source] += shard.bytes
         shares = sample_shares(config, source_bytes)
         f = {n: min(1.0, MIX_MARGIN * int(train.sample_size) * shares[n] / max(b, 1)) for n, b in source_bytes.items()}
     highest = max(f.values()) if isinstance(f, dict) else f
@@ -84,9 +84,9 @@ def fractions(config: TokenmillConfig, plan: dict) -> tuple[float | dict[str, fl
     return f, g
 
 
-def source_fraction(f: float | dict[str, float], shard: dict) -> float:
+def source_fraction(f: float | dict[str, float], shard: Shard) -> float:
     """A shard's training fraction (`fractions`): its source's, in a mixture."""
-    return f[shard["mix_source"]] if isinstance(f, dict) else f
+    return f[shard.mix_source] if isinstance(f, dict) else f
 
 
 def stride(f: float, g: float) -> int:
@@ -121,13 +121,13 @@ class _Reserve:
             self.nbytes -= heapq.heappop(self.heap)[1]
 
 
-def stage_key(config: TokenmillConfig, shard: dict, f: float, g: float) -> str:
+def stage_key(config: TokenmillConfig, shard: Shard, f: float, g: float) -> str:
     train = config.tokenizer.train
     stratify = (train.stratify_by, int(train.min_group_size)) if train and train.stratify_by else None
     seed = train.seed if train else 0
     blocks = f"blocks-{BLOCK_BYTES}-{stride(f, g)}"
     config_part = f"{config.section_hash('input', 'partition')}-{f!r}-{g!r}-{seed}-{record_fields(config)}-{stratify}"
-    return f"{config_part}-{blocks}-{shard['source']}"
+    return f"{config_part}-{blocks}-{shard.source}"
 
 
 def _skip_to(f: BinaryIO, position: int, target: int) -> int:
@@ -170,13 +170,13 @@ def line_blocks(piece: Piece, options: ReadOptions, every: int, phase: int) -> I
 
 
 def _documents(
-    shard: dict, options: ReadOptions, every: int, salt: str, read_all: bool
+    shard: Shard, options: ReadOptions, every: int, salt: str, read_all: bool
 ) -> Iterator[tuple[int, Batch, list[str], int]]:
     """(scale, documents, their sampling keys, bytes read) for what the sample reads of the shard: the
     blocks of line-based pieces that the sample draws from (scale `every`), with `read_all` the other blocks
     too (scale 0: only for the stratification's reserve), and the whole of other pieces (scale 1). A key is
     the document's id, or without an id field its file, block and line in the block."""
-    for piece in shard_pieces(shard):
+    for piece in shard.pieces:
         kind, name = kind_of(piece, options), display_name(piece.path)
         if kind not in LINE_KINDS:
             for batch, _ in read_documents([piece], options, columnar=True):
@@ -191,10 +191,10 @@ def _documents(
             continue
 
 
-def sample_shard(config: TokenmillConfig, shard: dict, f: float | dict[str, float], g: float) -> dict:
+def sample_shard(config: TokenmillConfig, shard: Shard, f: float | dict[str, float], g: float) -> dict:
     """Write this shard's training sample, held-out sample (and reserve) under `_work/`; return their
     paths and sizes (per group too, when stratified) and the bytes read. `f`: as `fractions` gives it."""
-    store, shard_id, f = config.output.store(), shard["shard_id"], source_fraction(f, shard)
+    store, shard_id, f = config.output.store(), shard.shard_id, source_fraction(f, shard)
     key = stage_key(config, shard, f, g)
     if (done := committed(store, SAMPLE, shard_id, key)) is not None:
         return done
@@ -246,8 +246,8 @@ def sample_shard(config: TokenmillConfig, shard: dict, f: float | dict[str, floa
     store.write_bytes(layout.sample_file(shard_id), b"".join(sample))
     store.write_bytes(layout.holdout_file(shard_id), b"".join(holdout))
     result = {"shard_id": shard_id, "path": layout.sample_file(shard_id), "holdout": layout.holdout_file(shard_id)}
-    if "mix_source" in shard:  # what `mix_thresholds` needs of a mixture's shard
-        result |= {"mix_source": shard["mix_source"], "input_bytes": shard["bytes"]}
+    if shard.mix_source:  # what `mix_thresholds` needs of a mixture's shard
+        result |= {"mix_source": shard.mix_source, "input_bytes": shard.bytes}
     result |= sizes
     if stratify:
         # A group whose share in this shard alone reaches the minimum needs no reserve from this shard.

@@ -17,7 +17,7 @@ from tokenmill import layout
 from tokenmill.commits import commit, committed
 from tokenmill.config import TokenmillConfig
 from tokenmill.hashing import unit_interval
-from tokenmill.plan import shard_pieces
+from tokenmill.plan import Shard
 from tokenmill.readers import Piece, Record, records
 
 
@@ -29,10 +29,10 @@ def _routing_keys(batch: list[Record]) -> list[str]:
     return [_routing_key(r.doc_id, r.problem, r.file, r.line) for r in batch]
 
 
-def scatter_shard(config: TokenmillConfig, shard: dict, n_outputs: int) -> dict:
+def scatter_shard(config: TokenmillConfig, shard: Shard, n_outputs: int) -> dict:
     """Split one input shard into `n_outputs` bucket files, one per output shard (empty ones too)."""
-    store, source = config.output.store(), shard["shard_id"]
-    key = f"{config.section_hash('input', 'partition')}-{shard['source']}-{n_outputs}"
+    store, source = config.output.store(), shard.shard_id
+    key = f"{config.section_hash('input', 'partition')}-{shard.source}-{n_outputs}"
     if (done := committed(store, "scatter", source, key)) is not None:
         return done
     buckets: list[list[bytes]] = [[] for _ in range(n_outputs)]
@@ -46,7 +46,7 @@ def scatter_shard(config: TokenmillConfig, shard: dict, n_outputs: int) -> dict:
         for record, target in zip(batch, targets, strict=True):
             buckets[target].append(record.to_json())
 
-    for piece in shard_pieces(shard):
+    for piece in shard.pieces:
         for record in records(piece, options):
             batch.append(record)
             count += 1
@@ -83,16 +83,16 @@ def gather_shard(config: TokenmillConfig, target: int, sources: list[int], plan_
     return commit(store, "gather", target, key, {"shard_id": target, "records": len(lines), "bytes": size})
 
 
-def shuffled_shards(config: TokenmillConfig, plan_key: str, gathered: list[dict]) -> list[dict]:
-    """The shards tokenize reads after the shuffle (shaped like the plan's shards; made from the whole input)."""
+def shuffled_shards(config: TokenmillConfig, plan_key: str, gathered: list[dict]) -> list[Shard]:
+    """The shards tokenize reads after the shuffle (made from the whole input)."""
     store = config.output.store()
     return [
-        {
-            "shard_id": g["shard_id"],
-            "pieces": [vars(Piece(store.url_of(layout.shuffled_shard(g["shard_id"])), format="shuffled"))],
-            "bytes": g["bytes"],
-            "source": f"{plan_key}-{g['shard_id']}",
-        }
+        Shard(
+            g["shard_id"],
+            (Piece(store.url_of(layout.shuffled_shard(g["shard_id"])), format="shuffled"),),
+            g["bytes"],
+            source=f"{plan_key}-{g['shard_id']}",
+        )
         for g in gathered
     ]
 

@@ -25,7 +25,7 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder, loaded_backend, preload_backends
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
 from tokenmill.hashing import assign_splits
-from tokenmill.plan import shard_pieces
+from tokenmill.plan import Shard
 from tokenmill.readers import Piece, fast_path_applies, read_documents
 from tokenmill.tokenizer_info import TokenizerInfo
 
@@ -48,12 +48,12 @@ def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod
 
 
 def tokenize_shard(
-    config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo, encoder: EncoderChoice | None = None
+    config: TokenmillConfig, shard: Shard, tokenizer: TokenizerInfo, encoder: EncoderChoice | None = None
 ) -> dict:
     """Tokenize one shard of the plan (or return its committed result) with the run's encoder choice
     (None: the reference, HF tokenizers)."""
-    store, shard_id = config.output.store(), shard["shard_id"]
-    key = tokenize_key(config, tokenizer, shard["source"])
+    store, shard_id = config.output.store(), shard.shard_id
+    key = tokenize_key(config, tokenizer, shard.source)
     earlier = check(store, TOKENIZE, shard_id, key)
     if earlier.result is not None:
         return earlier.result | {"reused": True}
@@ -78,7 +78,7 @@ def tokenize_shard(
     blocks: list[list[int]] | None = []
     with ExitStack() as stack:
         writers: dict[str, BinWriter] = {}
-        options, pieces = config.input_of(shard).read_options(), shard_pieces(shard)
+        options, pieces = config.input_of(shard).read_options(), shard.pieces
         piece_of = {piece.path: index for index, piece in enumerate(pieces)}  # a block is read back by its path
         for batch, batch_rejects in read_documents(pieces, options, columnar=True):
             if batch.block is None:
@@ -125,7 +125,7 @@ def tokenize_shard(
         store.remove(layout.rejects_file(shard_id))
     result = {
         "shard_id": shard_id,
-        "source": shard["source"],
+        "source": shard.source,
         "documents_in": documents_in,
         "rejected": len(rejects),
         "files_rejected": whole_files,
@@ -142,7 +142,7 @@ def tokenize_shard(
     return commit(store, TOKENIZE, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
 
 
-def number_rejects(config: TokenmillConfig, shards: Sequence[dict], unnumbered: list[int]) -> None:
+def number_rejects(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: list[int]) -> None:
     """Give the rejects of the `unnumbered` shards their line in the file: each is a piece of a cut file whose
     first line the partition did not count (`partition.counts_lines`), so its rejects' lines count from the
     piece's start (`from_byte`). The pieces before it are tokenized now, and their markers hold their lines. Each
@@ -152,11 +152,11 @@ def number_rejects(config: TokenmillConfig, shards: Sequence[dict], unnumbered: 
     pieces_of: dict[str, list[tuple[int, int]]] = {}  # a cut file -> (start, shard id) of each of its pieces
     piece_of: dict[int, Piece] = {}  # an unnumbered shard's piece
     for shard in shards:
-        (piece, *others) = shard_pieces(shard)
+        (piece, *others) = shard.pieces
         if not others and piece.end is not None:
-            pieces_of.setdefault(piece.path, []).append((piece.start, shard["shard_id"]))
-            if shard["shard_id"] in wanted:
-                piece_of[shard["shard_id"]] = piece
+            pieces_of.setdefault(piece.path, []).append((piece.start, shard.shard_id))
+            if shard.shard_id in wanted:
+                piece_of[shard.shard_id] = piece
     for shard_id, piece in piece_of.items():
         before = [i for start, i in pieces_of[piece.path] if start < piece.start]
         first_line = 1 + sum(store.read_json(marker(TOKENIZE, i))["result"]["lines"] for i in before)
@@ -176,12 +176,12 @@ def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:
     preload_backends(config.output.store().url_of(layout.TOKENIZER), tokenizer.sha256, config.tokenizer.encoder)
 
 
-def verification_shards(shards: Sequence[dict]) -> Sequence[dict]:
+def verification_shards(shards: Sequence[Shard]) -> Sequence[Shard]:
     """The shards the verification sample is drawn from: at most VERIFY_SHARDS, evenly spaced across the run."""
     return shards[:: -(-len(shards) // VERIFY_SHARDS)] if len(shards) else shards
 
 
-def verification_sample(config: TokenmillConfig, shards: Sequence[dict], documents: int) -> list[str]:
+def verification_sample(config: TokenmillConfig, shards: Sequence[Shard], documents: int) -> list[str]:
     """About `documents` texts drawn across the shards: an equal share from the start of each of
     `verification_shards`, read in small batches (so this costs little however large the shards, and however
     many)."""
@@ -192,9 +192,7 @@ def verification_sample(config: TokenmillConfig, shards: Sequence[dict], documen
     texts: list[str] = []
     for shard in shards:
         taken = 0
-        for batch, _ in read_documents(
-            shard_pieces(shard), config.input_of(shard).read_options(), True, SAMPLE_BATCH_BYTES
-        ):
+        for batch, _ in read_documents(shard.pieces, config.input_of(shard).read_options(), True, SAMPLE_BATCH_BYTES):
             values = batch.text_values()
             step = max(1, len(values) // share)
             picked = values[::step][: share - taken]
@@ -205,7 +203,7 @@ def verification_sample(config: TokenmillConfig, shards: Sequence[dict], documen
     return texts
 
 
-def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: TokenizerInfo, log=None):
+def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokenizer: TokenizerInfo, log=None):
     """The run's encoder (tokenizer.encoder, verified on a sample across shards), recorded in `_work/`; the choice
     is said to `log`, if given (its reason says why)."""
     store = config.output.store()

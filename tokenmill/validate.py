@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from contextvars import copy_context
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,7 @@ from tokenmill.formats.packed import SUFFIXES, PackedReader, read_shuffle_index
 from tokenmill.hashing import assign_splits
 from tokenmill.packers import pad_id as pack_pad_id
 from tokenmill.packers import writes_packed
-from tokenmill.plan import Shards, shard_ids, shard_pieces
+from tokenmill.plan import Columns, Plan, Shard, shard_ids
 from tokenmill.readers import Piece, read_documents, schema_library
 from tokenmill.stats import COLUMNS, ValidationFailed, all_rejected, skipped, stats_rows
 from tokenmill.storage import STREAMED, Store
@@ -46,7 +47,7 @@ ROWS_AT_ONCE = 10_000  # stats rows (or a dataset's files) made into Python obje
 
 # Runs `work(config, item, *args)` over the items, named `name` (a stage of shard work), where the caller wants:
 # each item's result, in order.
-RunShards = Callable[[str, Sequence[dict], Callable, tuple], list]
+RunShards = Callable[[str, Sequence, Callable, tuple], list]
 
 
 def load_pandera() -> None:
@@ -297,10 +298,24 @@ def _check_shuffle(store: Store, split: str, split_rows: pd.DataFrame) -> list[s
 REFERENCE_SHARDS = 8  # the reference's sample spans at least this many shards (where there are): a block or so of each
 
 
-def reference_items(config: TokenmillConfig, plan: dict, table: pd.DataFrame, seed: int = 1) -> list[dict]:
+@dataclass(frozen=True)
+class ReferenceItem:
+    """A shard's part of the reference check's sample (`reference_items`)."""
+
+    shard: Shard
+    sample: int  # how many of its documents
+    documents: int  # all its documents
+    rejected: int  # its rejects
+    seed: int
+
+    @property
+    def shard_id(self) -> int:
+        return self.shard.shard_id
+
+
+def reference_items(config: TokenmillConfig, plan: Plan, table: pd.DataFrame, seed: int = 1) -> list[ReferenceItem]:
     """A random sample of at least `tokenizer.check_min_documents` and `tokenizer.check_fraction` of all
-    documents, as the shards it is read from, one item each for `check_reference`: `{"shard_id", "pieces"
-    (the plan's), "sample" (how many of its documents), "documents", "rejected", "seed"}`. Shards are taken in
+    documents, as the shards it is read from, one item each for `check_reference`. Shards are taken in
     random order until they hold twice that many documents and number REFERENCE_SHARDS (or all there are), and
     each takes its share of a uniform draw from their documents."""
     cfg, rng = config.tokenizer, np.random.default_rng(seed)
@@ -315,44 +330,33 @@ def reference_items(config: TokenmillConfig, plan: dict, table: pd.DataFrame, se
         held += int(per_shard[shard_id])
     read.sort()
     read_ids = set(read)  # these shards of the plan only: not a dict held for each of its shards
-    read_from = {
-        s["shard_id"]: {k: s[k] for k in ("pieces", "mix_source") if k in s}
-        for s in plan["shards"]
-        if s["shard_id"] in read_ids
-    }
+    read_from = {s.shard_id: s for s in plan.shards if s.shard_id in read_ids}
     chosen = rng.choice(held, size=min(wanted, held), replace=False)
     starts = np.cumsum([0] + [int(per_shard[s]) for s in read])
     shares = np.bincount(np.searchsorted(starts, chosen, side="right") - 1, minlength=len(read))
     rejected = table.groupby("shard_id").rejected.first()
     return [
-        {
-            "shard_id": shard_id,
-            **read_from[shard_id],
-            "sample": int(shares[k]),
-            "documents": int(per_shard[shard_id]),
-            "rejected": int(rejected[shard_id]),
-            "seed": seed,
-        }
+        ReferenceItem(read_from[shard_id], int(shares[k]), int(per_shard[shard_id]), int(rejected[shard_id]), seed)
         for k, shard_id in enumerate(read)
         if shares[k]
     ]
 
 
-def sampled_documents(config: TokenmillConfig, item: dict) -> list[tuple[str, int, int, str]]:
-    """(split, shard, index within the shard's split, text) of `item["sample"]` documents of a shard (an item of
+def sampled_documents(config: TokenmillConfig, item: ReferenceItem) -> list[tuple[str, int, int, str]]:
+    """(split, shard, index within the shard's split, text) of `item.sample` documents of a shard (an item of
     `reference_items`), re-read from the input: drawn from a few of the blocks tokenize read, chosen at random
     until they hold twice the sample (their places are in the shard's tokenize marker), or where the shard's
     marker does not say (input read another way, or made by an earlier tokenmill), drawn from the whole shard,
     read as tokenize read it."""
-    rng = np.random.default_rng([item["seed"], item["shard_id"]])
+    rng = np.random.default_rng([item.seed, item.shard_id])
     found = _from_blocks(config, item, rng)
     return _from_shard(config, item, rng) if found is None else found
 
 
-def _from_blocks(config: TokenmillConfig, item: dict, rng: np.random.Generator) -> list | None:
+def _from_blocks(config: TokenmillConfig, item: ReferenceItem, rng: np.random.Generator) -> list | None:
     """`sampled_documents` from blocks without rejects, as `tokenize_shard` recorded them (`blocks` in its
     marker); None where it recorded none, or where they hold too few documents, or a block reads otherwise now."""
-    shard_id, names = item["shard_id"], config.streams_of(item)
+    shard_id, names = item.shard_id, config.streams_of(item.shard)
     result = config.output.store().read_json(marker(TOKENIZE, shard_id))["result"]
     if not result.get("blocks"):
         return None
@@ -360,11 +364,11 @@ def _from_blocks(config: TokenmillConfig, item: dict, rng: np.random.Generator) 
     before = blocks[:, 5:]
     held = np.vstack([before[1:], [[result["splits"][name]["documents"] for name in names]]]) - before
     order = rng.permutation(np.flatnonzero(blocks[:, 4] == 0))
-    sample, enough = item["sample"], np.cumsum(held[order].sum(axis=1))
+    sample, enough = item.sample, np.cumsum(held[order].sum(axis=1))
     if not len(order) or enough[-1] < sample:
         return None
     taken = np.sort(order[: np.searchsorted(enough, 2 * sample) + 1])  # until they hold twice the sample, or all
-    pieces, options = shard_pieces(item), config.input_of(item).read_options()
+    pieces, options = item.shard.pieces, config.input_of(item.shard).read_options()
     read = []  # (split names, their indexes, texts) of each block's documents
     for b in taken:
         piece, start, stop, first_line, _, *counts = blocks[b].tolist()
@@ -388,12 +392,12 @@ def _from_blocks(config: TokenmillConfig, item: dict, rng: np.random.Generator) 
     return found
 
 
-def _from_shard(config: TokenmillConfig, item: dict, rng: np.random.Generator) -> list[tuple[str, int, int, str]]:
+def _from_shard(config: TokenmillConfig, item: ReferenceItem, rng: np.random.Generator) -> list[tuple]:
     """`sampled_documents` drawn uniformly from the whole shard, read as tokenize read it."""
-    shard_id, names = item["shard_id"], config.streams_of(item)
-    positions = np.sort(rng.choice(item["documents"], size=item["sample"], replace=False))
+    shard_id, names = item.shard_id, config.streams_of(item.shard)
+    positions = np.sort(rng.choice(item.documents, size=item.sample, replace=False))
     found, position, counters = [], 0, np.zeros(len(names), np.int64)
-    for batch, _ in read_documents(shard_pieces(item), config.input_of(item).read_options(), columnar=True):
+    for batch, _ in read_documents(item.shard.pieces, config.input_of(item.shard).read_options(), columnar=True):
         splits = assign_splits(batch.ids, config.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
         texts = batch.text_values()
         for i in positions[(positions >= position) & (positions < position + len(batch))] - position:
@@ -405,7 +409,7 @@ def _from_shard(config: TokenmillConfig, item: dict, rng: np.random.Generator) -
     return found
 
 
-def check_reference(config: TokenmillConfig, item: dict, tokenizer: TokenizerInfo) -> dict:
+def check_reference(config: TokenmillConfig, item: ReferenceItem, tokenizer: TokenizerInfo) -> dict:
     """One shard's sampled documents (an item of `reference_items`) re-read from the input, their stored ids
     checked (on a worker, whose reference is loaded): they equal the reference's (HF tokenizers) encoding, and
     they decode to the source text (after the tokenizer's own normalization; documents that the tokenizer
@@ -455,17 +459,33 @@ def reference_verdict(config: TokenmillConfig, checked: list[dict]) -> list[str]
     return problems
 
 
-def shard_rows(table: pd.DataFrame) -> Shards:
-    """The stats table as one item per shard, `{"shard_id", "rows": [a dict per split], "bytes"}`, for
-    `check_shard`; `bytes` (4 per token: about what its files hold) sizes the Dask tasks (`tasks.shards`). As
-    columns (`Shards`): an item is made only while its shard is sent to be checked (a dict per row, held for
-    every shard while they are checked, was 1 KB a row)."""
+@dataclass(frozen=True)
+class ShardFiles:
+    """A shard's rows of the stats table, a dict per split, for `check_shard`; `bytes` (4 per token: about what
+    its files hold) sizes the Dask tasks (`tasks.shards`)."""
+
+    shard_id: int
+    rows: list[dict]
+    bytes: int = 0
+
+
+class ShardsFiles(Columns):
+    """Every shard's `ShardFiles`, as columns: an item is made only while its shard is sent to be checked (a
+    dict per row, held for every shard while they are checked, was 1 KB a row)."""
+
+    @staticmethod
+    def item(row: dict) -> ShardFiles:
+        return ShardFiles(**row)
+
+
+def shard_rows(table: pd.DataFrame) -> ShardsFiles:
+    """The stats table as one `ShardFiles` per shard."""
     ordered = table.sort_values("shard_id", kind="stable")
     ids = ordered.shard_id.to_numpy()
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.zeros(0, np.int64)
     rows = pa.Table.from_pandas(ordered[COLUMNS], preserve_index=False).to_struct_array().combine_chunks()
     tokens = np.add.reduceat(ordered.tokens.to_numpy(np.int64), starts) if len(ids) else np.zeros(0, np.int64)
-    return Shards(
+    return ShardsFiles(
         pa.table(
             {
                 "shard_id": ids[starts],
@@ -476,7 +496,7 @@ def shard_rows(table: pd.DataFrame) -> Shards:
     )
 
 
-def check_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo) -> list[str]:
+def check_shard(config: TokenmillConfig, shard: ShardFiles, tokenizer: TokenizerInfo) -> list[str]:
     """Every file of one shard (an item of `shard_rows`) against its stats: what is wrong, naming the files."""
     store = config.output.store()
     dtype = token_dtype(tokenizer.vocab_size)
@@ -485,7 +505,7 @@ def check_shard(config: TokenmillConfig, shard: dict, tokenizer: TokenizerInfo) 
     pad_id = pack_pad_id(config, tokenizer)
     packing, llmc = writes_packed(config), "llmc" in config.output.formats
     problems = []
-    for row in (SimpleNamespace(**{k: _plain(v) for k, v in r.items()}) for r in shard["rows"]):
+    for row in (SimpleNamespace(**{k: _plain(v) for k, v in r.items()}) for r in shard.rows):
         problems += _check_megatron(store, row, dtype, eod_id, bos_id)
         if packing:
             problems += _check_packed(store, row, config.pack, pad_id)
@@ -501,7 +521,7 @@ def check_written(config: TokenmillConfig, results: tuple, tokenizer: TokenizerI
     by the input) come back from disk: 0.5 s of CPU per 1 GB shard, against 0.03 s fresh."""
     tokenized, packed = results if len(results) == 2 else (results[0], skipped(results[0]))
     rows = [dict(zip(COLUMNS, row, strict=True)) for row in stats_rows(tokenized, packed)]
-    return check_shard(config, {"shard_id": tokenized["shard_id"], "rows": rows}, tokenizer)
+    return check_shard(config, ShardFiles(tokenized["shard_id"], rows), tokenizer)
 
 
 def _plain(value):
@@ -509,7 +529,7 @@ def _plain(value):
 
 
 def validate(
-    config: TokenmillConfig, plan: dict, tokenizer: TokenizerInfo, table: pd.DataFrame, run: RunShards | None = None,
+    config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInfo, table: pd.DataFrame, run: RunShards | None = None,
     checked: list[str] | None = None,
 ) -> pd.DataFrame:  # fmt: skip
     """Check the stats table (`stats_table` of the tokenize and pack results) and the files; write `stats.json`
@@ -531,7 +551,7 @@ def validate(
         sample, reference = reference_items(config, plan, table), None
         if sample:
             reference = pool.submit(copy_context().run, run, "reference", sample, check_reference, (tokenizer,))
-        planned, splits = shard_ids(plan["shards"]).tolist(), config.streams()
+        planned, splits = shard_ids(plan.shards).tolist(), config.streams()
         check_stats(table, planned, splits, tokenizer.vocab_size, config.pack if packing else None)
         if checked is None:
             checked = [p for found in run("check", shard_rows(table), check_shard, (tokenizer,)) for p in found]
