@@ -175,6 +175,7 @@ def test_nightly_runs_over_a_growing_input(run_cli, s3_server, enwiki_docs, tmp_
 
 def test_a_named_version_published_from_another_input_is_not_overwritten(tmp_path, gpt2_info):
     from tokenmill.config import TokenmillConfig
+    from tokenmill.plan import Plan, Shards
     from tokenmill.publish import FILES_LISTED, VersionConflict, already_published, version_store
 
     (tmp_path / "a.jsonl").write_text('{"id": "1", "text": "one"}\n')
@@ -187,7 +188,7 @@ def test_a_named_version_published_from_another_input_is_not_overwritten(tmp_pat
         }
     )
     tokenizer = gpt2_info(config)
-    plan = {"inputs": "the-input-now"}
+    plan = Plan("key", "config-key", "the-input-now", 1000, None, [], Shards())
     assert already_published(config, plan, tokenizer) is None
     manifest = {
         "dataset_hash": config.dataset_hash(),
