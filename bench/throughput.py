@@ -127,7 +127,7 @@ def per_document_baseline(corpus: Path, tokenizer: str, limit: int, workers: int
     return time.perf_counter() - started, size, tokens
 
 
-def _tokenize_one(args) -> tuple[dict, float]:
+def _tokenize_one(args) -> tuple:
     from tokenmill.tokenize import tokenize_shard
 
     config, shard, info, choice = args
@@ -146,7 +146,7 @@ def tokenize_stage(config, workers: int) -> tuple[float, int, float, str]:
     with ProcessPoolExecutor(workers) as pool:
         results = list(pool.map(_tokenize_one, [(config, s, info, choice) for s in plan.shards]))
     seconds = time.perf_counter() - started
-    tokens = sum(c["tokens"] for r, _ in results for c in r["splits"].values())
+    tokens = sum(c["tokens"] for r, _ in results for c in r.splits.values())
     return seconds, tokens, max(rss for _, rss in results), f"{choice.backend} {choice.version}"
 
 

@@ -46,7 +46,7 @@ from tasks.sample import holdout_shards, sample_shards
 from tasks.shards import StageRun, map_shards, stage_groups
 from tasks.shuffle_documents import gather_shards, scatter_shards
 from tasks.shuffle_index import shuffle_index
-from tasks.tokenize import choose_run_encoder, number_rejects, tokenize_shards
+from tasks.tokenize import TokenizeTotals, choose_run_encoder, number_rejects, tokenize_shards
 from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
@@ -84,7 +84,7 @@ def shuffle(config: TokenmillConfig, plan: Plan, groups: int) -> tuple[Shards, f
 
 def tokenize_stage(
     config: TokenmillConfig, shards: Shards, tokenizer: TokenizerInfo, groups: int, holdout: StageRun | None
-) -> tuple[pd.DataFrame, dict, PrefectFuture | None]:
+) -> tuple[pd.DataFrame, TokenizeTotals, PrefectFuture | None]:
     """The run's encoder chosen (on a worker), then the tokenize stage (`tokenize_shards`, each shard's pack and
     check chained to its tokenize on the cluster), waited for: the stats table, a row per shard and split, the run's
     totals (with what the checks found wrong), and a table artifact with a row per group. Beside it, on a worker,
@@ -99,19 +99,10 @@ def tokenize_stage(
             holdout.wait()
         report = tokenizer_report.submit(config, tokenizer, quote(shard_ids(shards)), encoder)
     groups_done = tokenizing.wait()
-    rows = [totals for _, totals in groups_done]
-    reused = sum(r["reused"] for r in rows)
-    redone = [reason for r in rows for reason in r.pop("redone")]
-    files_rejected = [why for r in rows for why in r.pop("files_rejected", [])]
-    problems = [problem for r in rows for problem in r.pop("problems")]  # found by each shard's check, for validate
-    unnumbered = [shard for r in rows for shard in r.pop("unnumbered")]  # rejects to number by their line
-    create_table_artifact(rows, key="tokenize-shards", description=f"tokenize: {len(shards)} shards, {reused} reused")
-    table = pd.concat([t for t, _ in groups_done], ignore_index=True)
-    totals = {
-        "bytes_in": sum(r["bytes_in"] for r in rows), "reused": reused, "redone": redone,
-        "files_rejected": files_rejected, "problems": problems, "unnumbered": unnumbered,
-        "seconds": time.perf_counter() - started,
-    }  # fmt: skip
+    totals = sum((totals for *_, totals in groups_done), TokenizeTotals(seconds=time.perf_counter() - started))
+    description = f"tokenize: {len(shards)} shards, {totals.reused} reused"
+    create_table_artifact([row for _, row, _ in groups_done], key="tokenize-shards", description=description)
+    table = pd.concat([table for table, *_ in groups_done], ignore_index=True)
     return table.sort_values(["shard_id", "split"], ignore_index=True), totals, report
 
 
@@ -192,14 +183,14 @@ def build_dataset(
     # Without a tokenizer to train, the report's held-out sample is drawn on the cluster while the encoder is chosen.
     holdout = start_sample(config, plan, holdout_shards) if config.fertility.enabled and not training else None
     table, totals, report = tokenize_stage(config, shards, tokenizer, groups, holdout)
-    if totals["reused"]:
-        logger.info("reused %d of %d committed tokenize shards", totals["reused"], len(shards))
-    for reason in totals["redone"]:  # files damaged after their commit
+    if totals.reused:
+        logger.info("reused %d of %d committed tokenize shards", totals.reused, len(shards))
+    for reason in totals.redone:  # files damaged after their commit
         logger.warning(reason)
-    for why in totals["files_rejected"]:  # input files quarantined whole (input.on_invalid: quarantine)
+    for why in totals.files_rejected:
         logger.warning("quarantined: %s", why)
-    if totals["unnumbered"]:  # rejects in pieces whose first line the partition did not count
-        number_rejects(config, quote(shards), totals["unnumbered"])
+    if totals.unnumbered:  # rejects in pieces whose first line the partition did not count
+        number_rejects(config, quote(shards), list(totals.unnumbered))
 
     if writes_packed(config):
         shuffle_index(config, table)
@@ -207,17 +198,16 @@ def build_dataset(
     # A mixture's mix, from the stats the shards committed, while validate checks them (on the cluster): a run
     # that fails validation publishes nothing, whatever the mix wrote into the build.
     mixing = resolve_mix.submit(config, quoted_plan, tokenizer, quote(table)) if config.mixture else None
-    stats = validate(config, quoted_plan, tokenizer, table, totals["problems"])
+    stats = validate(config, quoted_plan, tokenizer, table, list(totals.problems))
     mix = None if mixing is None else mixing.result()
     if report is not None:
         create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
     if released := release_workers():
         logger.info("released the cluster's workers before publish: %s", released)
-    bytes_in = totals["bytes_in"]
     run = {
-        "bytes_in": bytes_in,
-        "tokenize_mb_per_s": round(bytes_in / 1e6 / totals["seconds"], 2),
-        "tokenize_seconds": round(totals["seconds"], 2),
+        "bytes_in": totals.bytes_in,
+        "tokenize_mb_per_s": round(totals.bytes_in / 1e6 / totals.seconds, 2),
+        "tokenize_seconds": round(totals.seconds, 2),
         "shuffle_seconds": None if shuffle_seconds is None else round(shuffle_seconds, 2),
         "flow_seconds": round(time.perf_counter() - started, 2),
     }
@@ -227,9 +217,9 @@ def build_dataset(
         "output": config.output.path,
         "published": published["published"],
         "shards": len(shards),
-        "shards_reused": totals["reused"],
-        "shards_redone": totals["redone"],
-        "files_rejected": totals["files_rejected"],
+        "shards_reused": totals.reused,
+        "shards_redone": list(totals.redone),
+        "files_rejected": list(totals.files_rejected),
         **manifest["counts"],
         "splits": manifest["splits"],
         "packing": manifest["packing"],

@@ -215,7 +215,7 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
             values = tuple(stage_results[k] for stage_results in per_stage)
             failed = next((i for i, v in enumerate(values) if isinstance(v, Failed)), None)
             if failed is None:
-                reused += isinstance(values[0], dict) and bool(values[0].get("reused"))
+                reused += getattr(values[0], "reused", False)  # a result that says (`stats.Committed`)
                 results[index] = keep(values)
             else:
                 failures[stages[failed].name][ids[index]] = values[failed].error

@@ -3,7 +3,10 @@ something to pack) its pack, then validate's check of its files against its coun
 run's encoder choice, made once before any shard (verified on a sample across shards); and, after the shards, the
 line numbers of rejects in pieces whose first line was not counted."""
 
+from __future__ import annotations
+
 import time
+from dataclasses import dataclass, fields
 
 import pandas as pd
 from prefect import get_run_logger, task
@@ -13,7 +16,7 @@ from tasks.shards import GROUP_TASK, Stage, group_label, on_a_worker, run_on_das
 from tokenmill import layout, pack, packers, stats, tokenize
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
-from tokenmill.stats import StatsColumns, stats_rows
+from tokenmill.stats import Packed, StatsColumns, Tokenized, stats_rows
 from tokenmill.tokenizer_info import TokenizerInfo
 from tokenmill.validate import check_written
 
@@ -32,6 +35,23 @@ def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: T
     return choice
 
 
+@dataclass(frozen=True)
+class TokenizeTotals:
+    """The tokenize stage's totals, of a group of shards or summed over the stage: what the flow logs and reports
+    and hands on, beside the stats table."""
+
+    bytes_in: int = 0
+    reused: int = 0  # shards whose committed output was reused
+    redone: tuple[str, ...] = ()  # shards whose committed files had changed since (see tokenmill.commits), and what
+    files_rejected: tuple[str, ...] = ()  # input files quarantined whole (input.on_invalid: quarantine), and why
+    problems: tuple[str, ...] = ()  # what each shard's check found wrong in its files, for validate
+    unnumbered: tuple[int, ...] = ()  # shards whose rejects are yet to be numbered by their line (number_rejects)
+    seconds: float = 0.0  # the stage's wall time, as the flow measured it (0 in a group's)
+
+    def __add__(self, other: TokenizeTotals) -> TokenizeTotals:
+        return TokenizeTotals(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+
 class Kept:
     """What a group keeps of its shards' tokenize, pack and check results until it ends (`run_on_dask`'s `keep`,
     called with each shard's): their stats rows as columns (`StatsColumns`, about 0.2 KB a shard; a tuple per row
@@ -39,41 +59,43 @@ class Kept:
 
     def __init__(self):
         self.rows = StatsColumns()
-        self.shards = self.reused = self.bytes_in = self.fresh_bytes = 0
+        self.reused = self.bytes_in = self.fresh_bytes = 0
         self.fresh_seconds = 0.0
         self.redone: list[tuple[int, str]] = []  # (shard id, what changed in its committed files)
         self.files_rejected: list[tuple[int, str]] = []  # (shard id, a whole file quarantined and why)
         self.problems: list[tuple[int, str]] = []  # (shard id, what validate's check found wrong in its files)
         self.unnumbered: list[int] = []  # shards whose rejects are not yet numbered by their line in the file
 
-    def __call__(self, results: tuple) -> None:
+    def __call__(self, results: tuple[Tokenized, *tuple[Packed, ...], list[str]]) -> None:
         *made, problems = results
-        tokenized = made[0]
+        tokenized, shard = made[0], made[0].shard_id
         self.rows.add(stats_rows(tokenized, made[1] if len(made) > 1 else stats.skipped(tokenized)))
-        self.redone += [(tokenized["shard_id"], r["redone"]) for r in made if r.get("redone")]
-        self.problems += [(tokenized["shard_id"], p) for p in problems]
-        shard = tokenized["shard_id"]
-        if tokenized.get("unnumbered_rejects"):
+        self.redone += [(shard, r.redone) for r in made if r.redone]
+        self.problems += [(shard, p) for p in problems]
+        if tokenized.unnumbered_rejects:
             self.unnumbered.append(shard)
-        self.files_rejected += [
-            (shard, f"{why} ({layout.rejects_file(shard)})") for why in tokenized.get("files_rejected", [])
-        ]
-        self.shards += 1
-        self.bytes_in += tokenized["bytes_in"]
-        if tokenized["reused"]:
+        self.files_rejected += [(shard, f"{why} ({layout.rejects_file(shard)})") for why in tokenized.files_rejected]
+        self.bytes_in += tokenized.bytes_in
+        if tokenized.reused:
             self.reused += 1
         else:
-            self.fresh_bytes += tokenized["bytes_in"]
-            self.fresh_seconds += tokenized["seconds"]
+            self.fresh_bytes += tokenized.bytes_in
+            self.fresh_seconds += tokenized.seconds
+
+    def totals(self) -> TokenizeTotals:
+        return TokenizeTotals(
+            self.bytes_in, self.reused, *(tuple(said for _, said in sorted(found)) for found in
+            (self.redone, self.files_rejected, self.problems)), tuple(sorted(self.unnumbered)),
+        )  # fmt: skip
 
 
 @task(name="tokenize", **GROUP_TASK)
 def tokenize_shards(
     config: TokenmillConfig, items: list[dict], tokenizer: TokenizerInfo, encoder: EncoderChoice | None
-) -> tuple[pd.DataFrame, dict]:
-    """The group's stats table (a row per shard and split) and its totals: the flow keeps no per-shard objects.
-    Each shard's files are checked as its last step, while they are fresh (`check_written`): validate gets what
-    was found."""
+) -> tuple[pd.DataFrame, dict, TokenizeTotals]:
+    """The group's stats table (a row per shard and split), its row of the stage's table artifact and its totals:
+    the flow keeps no per-shard objects. Each shard's files are checked as its last step, while they are fresh
+    (`check_written`): validate gets what was found."""
     stages = [Stage("tokenize", tokenize.tokenize_shard, (tokenizer, encoder))]
     if packers.writes_files(config):
         stages.append(Stage("pack", pack.pack_shard, (tokenizer,)))
@@ -81,7 +103,7 @@ def tokenize_shards(
     kept = Kept()
     run_on_dask(config, items, stages, keep=kept)
     table = kept.rows.table()
-    totals = {
+    row = {
         "shards": group_label([shard_id(i) for i in items]),
         "reused": kept.reused,
         "documents": int(table.groupby("shard_id").documents_in.first().sum()),
@@ -90,13 +112,8 @@ def tokenize_shards(
         "packed_rows": int(table.packed_rows.sum()),
         "bytes_in": kept.bytes_in,
         "tokenize_mb_per_s": round(kept.fresh_bytes / 1e6 / kept.fresh_seconds, 2) if kept.fresh_seconds else None,
-        # shards whose committed files had changed since (see tokenmill.commits), each with what changed
-        "redone": [reason for _, reason in sorted(kept.redone)],
-        "files_rejected": [why for _, why in sorted(kept.files_rejected)],
-        "problems": [problem for _, problem in sorted(kept.problems)],  # for validate
-        "unnumbered": sorted(kept.unnumbered),  # for number_rejects
     }
-    return table, totals
+    return table, row, kept.totals()
 
 
 @task(name="number_rejects", **UNCACHED)

@@ -108,7 +108,7 @@ def test_a_five_million_character_document_is_tokenized_exactly(tmp_path):
     choice = choose_run_encoder(config, plan.shards, tokenizer, log=lambda _: None)
     assert choice.backend == "gigatoken"
     (shard,) = plan.shards
-    assert tokenize_shard(config, shard, tokenizer, choice)["splits"]["train"]["documents"] == 4
+    assert tokenize_shard(config, shard, tokenizer, choice).splits["train"]["documents"] == 4
     reader = MegatronReader(tmp_path / "out" / "megatron" / "train" / "shard-00000")
     reference = Tokenizer.from_file(str(tokenizer_path)).encode_batch_fast(documents, add_special_tokens=False)
     assert [reader[i].tolist() for i in range(4)] == [e.ids + [tokenizer.eod_id] for e in reference]

@@ -85,9 +85,9 @@ def test_a_file_damaged_after_its_commit_is_noticed_and_redone_byte_identically(
     damage(out / rel, how)
     tokenized, packed = build(small_config(out), shard_ids={0, 1})
     results = {"tokenize": tokenized, "pack": packed}[stage]
-    assert [r["reused"] for r in results] == [True, False]  # shard 0 untouched, shard 1 redone
-    assert results[1]["redone"].startswith(f"{stage} shard 00001: {rel} {says}")
-    assert results[1]["redone"].endswith(" since its commit; redoing the shard")
+    assert [r.reused for r in results] == [True, False]  # shard 0 untouched, shard 1 redone
+    assert results[1].redone.startswith(f"{stage} shard 00001: {rel} {says}")
+    assert results[1].redone.endswith(" since its commit; redoing the shard")
     assert data_files(out) == before
 
 

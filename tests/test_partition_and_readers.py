@@ -360,7 +360,7 @@ def test_same_corpus_as_jsonl_gz_zst_and_parquet_gives_identical_tokens(tmp_path
         info = gpt2_info(config)
         (shard,) = plan_shards(config).shards
         result = tokenize_shard(config, shard, info)
-        assert result["documents_in"] == len(rows) == 181 and result["rejected"] == 0
+        assert result.documents_in == len(rows) == 181 and result.rejected == 0
         outputs[name] = (tmp_path / f"out-{name}/megatron/train/shard-00000.bin").read_bytes()
     assert len(set(outputs.values())) == 1 and len(outputs["c.parquet"]) > 1000
 

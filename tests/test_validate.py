@@ -13,7 +13,7 @@ import pytest
 
 from tokenmill.config import load_config
 from tokenmill.plan import Plan, Shard
-from tokenmill.stats import StatsColumns, ValidationFailed, stats_table, table_of
+from tokenmill.stats import Packed, StatsColumns, Tokenized, ValidationFailed, stats_table, table_of
 from tokenmill.tokenizer_info import TokenizerInfo
 from tokenmill.validate import PAD_CHECK_BYTES, _only_pad_after, validate
 from tokenmill.validate import records as validate_records
@@ -31,10 +31,13 @@ def dataset(gpt2_run, tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     tokenizer = TokenizerInfo(**{k: manifest["tokenizer"][k] for k in ("sha256", "vocab_size", "eod_id", "trained")})
 
-    def results(stage):
-        return [json.loads(p.read_text())["result"] for p in sorted((out / "_commits" / stage).glob("*.json"))]
+    def results(stage, kind):
+        return [
+            kind.from_json(json.loads(p.read_text())["result"])
+            for p in sorted((out / "_commits" / stage).glob("*.json"))
+        ]
 
-    return out, config, plan, tokenizer, stats_table(results("tokenize"), results("pack"))
+    return out, config, plan, tokenizer, stats_table(results("tokenize", Tokenized), results("pack", Packed))
 
 
 def test_intact_dataset_validates(dataset):
@@ -103,8 +106,9 @@ def test_the_check_chained_to_each_shard_finds_what_validate_would_and_validate_
     (out / "packed/train/shard-00002.tokens.npy").unlink()
 
     def results(shard_id: int) -> tuple:
-        markers = [out / "_commits" / stage / f"shard-{shard_id:05d}.json" for stage in ("tokenize", "pack")]
-        return tuple(json.loads(marker.read_text())["result"] for marker in markers)
+        stages = {"tokenize": Tokenized, "pack": Packed}
+        markers = {kind: out / "_commits" / stage / f"shard-{shard_id:05d}.json" for stage, kind in stages.items()}
+        return tuple(kind.from_json(json.loads(m.read_text())["result"]) for kind, m in markers.items())
 
     found = {s.shard_id: check_written(config, results(s.shard_id), tokenizer) for s in plan.shards}
     assert [s for s, problems in found.items() if problems] == [0, 2]

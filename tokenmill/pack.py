@@ -23,22 +23,22 @@ from tokenmill.formats.llmc import llmc_dtype, shard_bounds, write_llmc
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import SUFFIXES, write_packed, write_shuffle_index
 from tokenmill.packers import global_shuffle_index, pack, pad_id, padded_layout_rows, writes_files, writes_packed
-from tokenmill.stats import NOTHING_PACKED
+from tokenmill.stats import NOTHING_PACKED, Packed, Tokenized
 from tokenmill.tokenizer_info import TokenizerInfo
 
 
-def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInfo) -> dict:
-    """Pack one tokenized shard (`tokenized` is the tokenize stage's result for it)."""
-    store, shard_id = config.output.store(), tokenized["shard_id"]
-    key = pack_key(config, tokenizer, tokenized["source"])
+def pack_shard(config: TokenmillConfig, tokenized: Tokenized, tokenizer: TokenizerInfo) -> Packed:
+    """Pack one tokenized shard."""
+    store, shard_id = config.output.store(), tokenized.shard_id
+    key = pack_key(config, tokenizer, tokenized.source)
     earlier = check(store, PACK, shard_id, key)
     if earlier.result is not None:
-        return earlier.result | {"reused": True}
+        return Packed.from_json(earlier.result, reused=True)
     started = time.perf_counter()
     files: dict[str, dict] = {}  # size and sha256 of each file written, for the marker
     packing, llmc = writes_packed(config), "llmc" in config.output.formats
     splits = {}
-    for split, counts in tokenized["splits"].items():
+    for split, counts in tokenized.splits.items():
         stats = dict(NOTHING_PACKED)
         splits[split] = stats
         if counts["documents"] == 0 or not writes_files(config):
@@ -63,8 +63,9 @@ def pack_shard(config: TokenmillConfig, tokenized: dict, tokenizer: TokenizerInf
                         write_llmc(tmp, tokens[start:end], llmc_dtype(tokenizer.vocab_size))
                 stats["llmc_files"] = len(parts)
             del reader, tokens, lengths
-    result = {"shard_id": shard_id, "splits": splits, "seconds": round(time.perf_counter() - started, 3)}
-    return commit(store, PACK, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
+    result = Packed(shard_id, splits, round(time.perf_counter() - started, 3), redone=earlier.redone)
+    commit(store, PACK, shard_id, key, result.to_json(), files)
+    return result
 
 
 def write_shuffle_indexes(config: TokenmillConfig, table: pd.DataFrame) -> dict[str, int]:

@@ -1,10 +1,12 @@
-"""The stats table: a row per shard and split (documents in, rejected and kept, tokens, what was packed), made from
-the tokenize and pack stages' results, checked by validate, summed by publish and the report, drawn from by the
-mix; and the error a run ends with where the counts or files say the dataset is not sound."""
+"""A shard's tokenize and pack results (`Tokenized`, `Packed`: what their commit markers record), and the stats
+table made from them: a row per shard and split (documents in, rejected and kept, tokens, what was packed),
+checked by validate, summed by publish and the report, drawn from by the mix; and the error a run ends with where
+the counts or files say the dataset is not sound."""
 
 from __future__ import annotations
 
 from array import array
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import orjson
@@ -18,6 +20,55 @@ COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens
 
 
 _NOT_PACKED = {"rows": -1, "real_tokens": -1, "pad_tokens": -1, "padded_layout_rows": -1, "llmc_files": -1}
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A shard's result as its commit marker records it (`to_json`, `from_json`), and what this run found of it:
+    `reused` (committed before, its files intact) and `redone` (what had changed in its committed files)."""
+
+    reused: bool = field(default=False, kw_only=True)
+    redone: str | None = field(default=None, kw_only=True)
+
+    @classmethod
+    def from_json(cls, data: dict, reused: bool = False, redone: str | None = None):
+        known = {f.name for f in fields(cls)} - {"reused", "redone"}  # a marker of an earlier tokenmill may hold more
+        return cls(**{k: v for k, v in data.items() if k in known}, reused=reused, redone=redone)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        del data["reused"], data["redone"]
+        return {k: v for k, v in data.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Tokenized(Committed):
+    """The tokenize stage's result for a shard."""
+
+    shard_id: int
+    source: str  # what the shard is made from (`Shard.source`)
+    documents_in: int  # records read: documents and rejects
+    rejected: int
+    bytes_in: int
+    splits: dict[str, dict]  # per split (stream): documents, tokens, max_token_id
+    files_rejected: list[str] = field(default_factory=list)  # whole input files quarantined, and why
+    unnumbered_rejects: int = 0  # rejects whose lines count from their piece's start (`tokenize.number_rejects`)
+    lines: int | None = None  # a piece of a cut file: its lines, which number the pieces after it
+    # Where each block the fast path read lies (see `tokenize_shard`), for validate's reference sample
+    blocks: list[list[int]] | None = None
+    encoder: str = ""
+    rerouted_to_reference: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Packed(Committed):
+    """The pack stage's result for a shard: per split, its rows, real and pad tokens, the rows a padded
+    one-document-per-row layout would take, and its llm.c files."""
+
+    shard_id: int
+    splits: dict[str, dict]
+    seconds: float = 0.0
 
 
 class ValidationFailed(Exception):
@@ -40,17 +91,17 @@ def all_rejected(store: Store, rows: pd.DataFrame) -> str:
     )
 
 
-def stats_rows(tokenized: dict, packed: dict) -> list[tuple]:
+def stats_rows(tokenized: Tokenized, packed: Packed) -> list[tuple]:
     """A shard's rows of the stats table (one per split), from its tokenize and pack results."""
     rows = []
-    for split, c in tokenized["splits"].items():
-        p = _NOT_PACKED | packed["splits"].get(split, {})
+    for split, c in tokenized.splits.items():
+        p = _NOT_PACKED | packed.splits.get(split, {})
         rows.append(
             (
-                tokenized["shard_id"],
+                tokenized.shard_id,
                 split,
-                tokenized["documents_in"],
-                tokenized["rejected"],
+                tokenized.documents_in,
+                tokenized.rejected,
                 c["documents"],
                 c["tokens"],
                 c["max_token_id"],
@@ -64,10 +115,10 @@ def stats_rows(tokenized: dict, packed: dict) -> list[tuple]:
     return rows
 
 
-def stats_table(tokenized: list[dict], packed: list[dict]) -> pd.DataFrame:
+def stats_table(tokenized: list[Tokenized], packed: list[Packed]) -> pd.DataFrame:
     """One row per shard and split, from the tokenize and pack stages' results."""
-    packing = {p["shard_id"]: p for p in packed}
-    return table_of([row for t in tokenized for row in stats_rows(t, packing.get(t["shard_id"], {"splits": {}}))])
+    packing = {p.shard_id: p for p in packed}
+    return table_of([row for t in tokenized for row in stats_rows(t, packing.get(t.shard_id, Packed(t.shard_id, {})))])
 
 
 def table_of(rows: list[tuple]) -> pd.DataFrame:
@@ -104,9 +155,9 @@ class StatsColumns:
 NOTHING_PACKED = {"rows": 0, "real_tokens": 0, "pad_tokens": 0, "padded_layout_rows": 0, "llmc_files": 0}
 
 
-def skipped(tokenized: dict) -> dict:
+def skipped(tokenized: Tokenized) -> Packed:
     """A shard's pack result where the stage has nothing to write (see `writes_files`)."""
-    return {"shard_id": tokenized["shard_id"], "splits": {split: dict(NOTHING_PACKED) for split in tokenized["splits"]}}
+    return Packed(tokenized.shard_id, {split: dict(NOTHING_PACKED) for split in tokenized.splits})
 
 
 def packing_summary(r: pd.Series, seq_len: int) -> dict:

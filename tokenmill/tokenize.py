@@ -27,6 +27,7 @@ from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_i
 from tokenmill.hashing import assign_splits
 from tokenmill.plan import Shard
 from tokenmill.readers import Piece, fast_path_applies, read_documents
+from tokenmill.stats import Tokenized
 from tokenmill.tokenizer_info import TokenizerInfo
 
 SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of each shard, not 8 MB of each
@@ -49,14 +50,14 @@ def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod
 
 def tokenize_shard(
     config: TokenmillConfig, shard: Shard, tokenizer: TokenizerInfo, encoder: EncoderChoice | None = None
-) -> dict:
+) -> Tokenized:
     """Tokenize one shard of the plan (or return its committed result) with the run's encoder choice
     (None: the reference, HF tokenizers)."""
     store, shard_id = config.output.store(), shard.shard_id
     key = tokenize_key(config, tokenizer, shard.source)
     earlier = check(store, TOKENIZE, shard_id, key)
     if earlier.result is not None:
-        return earlier.result | {"reused": True}
+        return Tokenized.from_json(earlier.result, reused=True)
 
     started = time.perf_counter()
     choice = encoder or EncoderChoice("hf", "", "the reference")
@@ -123,23 +124,24 @@ def tokenize_shard(
         store.write_bytes(layout.rejects_file(shard_id), b"".join(rejects), files)
     else:
         store.remove(layout.rejects_file(shard_id))
-    result = {
-        "shard_id": shard_id,
-        "source": shard.source,
-        "documents_in": documents_in,
-        "rejected": len(rejects),
-        "files_rejected": whole_files,
-        "bytes_in": bytes_in,
-        # a piece of a cut file: its lines number the pieces after it (see `number_rejects`)
-        **({"lines": lines} if pieces[0].end is not None and fast_path_applies(pieces[0], options) else {}),
-        "unnumbered_rejects": unnumbered,
-        "splits": counts,
-        **({"blocks": blocks} if blocks else {}),
-        "encoder": encode.name,
-        "rerouted_to_reference": getattr(encode, "rerouted", 0) - rerouted_before,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-    return commit(store, TOKENIZE, shard_id, key, result, files) | {"reused": False, "redone": earlier.redone}
+    result = Tokenized(
+        shard_id,
+        shard.source,
+        documents_in=documents_in,
+        rejected=len(rejects),
+        bytes_in=bytes_in,
+        splits=counts,
+        files_rejected=whole_files,
+        unnumbered_rejects=unnumbered,
+        lines=lines if pieces[0].end is not None and fast_path_applies(pieces[0], options) else None,
+        blocks=blocks or None,
+        encoder=encode.name,
+        rerouted_to_reference=getattr(encode, "rerouted", 0) - rerouted_before,
+        seconds=round(time.perf_counter() - started, 3),
+        redone=earlier.redone,
+    )
+    commit(store, TOKENIZE, shard_id, key, result.to_json(), files)
+    return result
 
 
 def number_rejects(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: list[int]) -> None:

@@ -34,7 +34,7 @@ from tokenmill.packers import pad_id as pack_pad_id
 from tokenmill.packers import writes_packed
 from tokenmill.plan import Columns, Plan, Shard, shard_ids
 from tokenmill.readers import Piece, read_documents, schema_library
-from tokenmill.stats import COLUMNS, ValidationFailed, all_rejected, skipped, stats_rows
+from tokenmill.stats import COLUMNS, Tokenized, ValidationFailed, all_rejected, skipped, stats_rows
 from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer_info import TokenizerInfo
 
@@ -357,12 +357,12 @@ def _from_blocks(config: TokenmillConfig, item: ReferenceItem, rng: np.random.Ge
     """`sampled_documents` from blocks without rejects, as `tokenize_shard` recorded them (`blocks` in its
     marker); None where it recorded none, or where they hold too few documents, or a block reads otherwise now."""
     shard_id, names = item.shard_id, config.streams_of(item.shard)
-    result = config.output.store().read_json(marker(TOKENIZE, shard_id))["result"]
-    if not result.get("blocks"):
+    result = Tokenized.from_json(config.output.store().read_json(marker(TOKENIZE, shard_id))["result"])
+    if not result.blocks:
         return None
-    blocks = np.array(result["blocks"], np.int64)  # piece, start, stop, first line, rejects, documents before...
+    blocks = np.array(result.blocks, np.int64)  # piece, start, stop, first line, rejects, documents before...
     before = blocks[:, 5:]
-    held = np.vstack([before[1:], [[result["splits"][name]["documents"] for name in names]]]) - before
+    held = np.vstack([before[1:], [[result.splits[name]["documents"] for name in names]]]) - before
     order = rng.permutation(np.flatnonzero(blocks[:, 4] == 0))
     sample, enough = item.sample, np.cumsum(held[order].sum(axis=1))
     if not len(order) or enough[-1] < sample:
@@ -521,7 +521,7 @@ def check_written(config: TokenmillConfig, results: tuple, tokenizer: TokenizerI
     by the input) come back from disk: 0.5 s of CPU per 1 GB shard, against 0.03 s fresh."""
     tokenized, packed = results if len(results) == 2 else (results[0], skipped(results[0]))
     rows = [dict(zip(COLUMNS, row, strict=True)) for row in stats_rows(tokenized, packed)]
-    return check_shard(config, ShardFiles(tokenized["shard_id"], rows), tokenizer)
+    return check_shard(config, ShardFiles(tokenized.shard_id, rows), tokenizer)
 
 
 def _plain(value):
