@@ -128,10 +128,10 @@ def per_document_baseline(corpus: Path, tokenizer: str, limit: int, workers: int
 
 
 def _tokenize_one(args) -> tuple:
-    from tokenmill.tokenize import tokenize_shard
+    from tokenmill.tokenize import Tokenizing, tokenize_shard
 
     config, shard, info, choice = args
-    return tokenize_shard(config, shard, info, choice), peak_rss_mb()
+    return tokenize_shard(Tokenizing.of(config, info, choice), shard), peak_rss_mb()
 
 
 def tokenize_stage(config, workers: int) -> tuple[float, int, float, str]:

@@ -57,11 +57,13 @@ ALIVE_CHECK_S = 0.1  # a group waiting on the cluster looks this often at whethe
 
 @dataclass(frozen=True)
 class Stage:
-    """One step of a shard's work: `work(config, item, *args)`, where the item is the shard (first stage) or
-    the previous stage's result for it; with `whole_chain`, the tuple of every earlier stage's result for it."""
+    """One step of a shard's work: `work(context, item, *args)`, where `context` is what the stage uses of the run
+    (its part of the config, as `tokenmill.tokenize.Tokenizing`, or the config), and the item is the shard (first
+    stage) or the previous stage's result for it; with `whole_chain`, the tuple of every earlier stage's result."""
 
     name: str
     work: Callable
+    context: object
     args: tuple = ()
     whole_chain: bool = False
 
@@ -171,8 +173,8 @@ def _run_name(parameters: dict) -> str:
 GROUP_TASK = {"task_run_name": _run_name, **UNCACHED}
 
 
-def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple], object] = tuple) -> list:
-    """Every item through `stages` on the Dask cluster (the config and each stage's arguments with each task);
+def run_on_dask(items: list, stages: list[Stage], keep: Callable[[tuple], object] = tuple) -> list:
+    """Every item through `stages` on the Dask cluster (each stage's context and arguments with each task);
     for each item, in item order, what `keep` makes of its results (a tuple, one per stage: all of them by
     default), or GroupFailed. A group holds what it keeps of every item until it ends: where the results are
     a few KB a shard, `keep` what is needed. Items go in bundles (see `bundles`), a Dask task per bundle and
@@ -181,7 +183,7 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
     client = default_client()
     started = time.perf_counter()
     run = uuid.uuid4().hex[:8]  # keys unique per submission: a shared cluster may hold an earlier run's
-    # The config and stage arguments (a few KB) go with each task rather than scattered once: scattered data
+    # The stages' contexts and arguments (a few KB) go with each task rather than scattered once: scattered data
     # lives on one worker and is lost with it, failing every task that needs it (fault campaign, worker_kill).
     window = max(8, WINDOW_PER_THREAD * sum(client.nthreads().values()))
     ids = [shard_id(i) for i in items]
@@ -189,7 +191,7 @@ def run_on_dask(config, items: list, stages: list[Stage], keep: Callable[[tuple]
     results: list = [None] * len(items)
     failures: dict[str, dict[int, str]] = {stage.name: {} for stage in stages}
     chains, running, submitted, reused = as_completed(), {}, 0, 0
-    sealed = [Sealed(EachShard(stage.work, config, stage.args, stage.whole_chain)) for stage in stages]
+    sealed = [Sealed(EachShard(stage.work, stage.context, stage.args, stage.whole_chain)) for stage in stages]
 
     def submit(count: int) -> None:
         nonlocal submitted

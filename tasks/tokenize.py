@@ -18,7 +18,7 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
 from tokenmill.stats import Packed, StatsColumns, Tokenized, stats_rows
 from tokenmill.tokenizer_info import TokenizerInfo
-from tokenmill.validate import check_written
+from tokenmill.validate import Checking, check_written
 
 
 @task(name="choose_encoder", **UNCACHED)
@@ -96,12 +96,12 @@ def tokenize_shards(
     """The group's stats table (a row per shard and split), its row of the stage's table artifact and its totals:
     the flow keeps no per-shard objects. Each shard's files are checked as its last step, while they are fresh
     (`check_written`): validate gets what was found."""
-    stages = [Stage("tokenize", tokenize.tokenize_shard, (tokenizer, encoder))]
+    stages = [Stage("tokenize", tokenize.tokenize_shard, tokenize.Tokenizing.of(config, tokenizer, encoder))]
     if packers.writes_files(config):
-        stages.append(Stage("pack", pack.pack_shard, (tokenizer,)))
-    stages.append(Stage("check", check_written, (tokenizer,), whole_chain=True))
+        stages.append(Stage("pack", pack.pack_shard, pack.Packing.of(config, tokenizer)))
+    stages.append(Stage("check", check_written, Checking.of(config, tokenizer), whole_chain=True))
     kept = Kept()
-    run_on_dask(config, items, stages, keep=kept)
+    run_on_dask(items, stages, keep=kept)
     table = kept.rows.table()
     row = {
         "shards": group_label([shard_id(i) for i in items]),

@@ -18,7 +18,7 @@ from tokenmill.tokenizer_info import TokenizerInfo
 def validate(
     config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInfo, table: pd.DataFrame, problems: list[str]
 ) -> pd.DataFrame:
-    def on_the_cluster(name: str, items: list[dict], work, args: tuple) -> list:
-        return [result for (result,) in run_on_dask(config, items, [Stage(name, work, args)])]
+    def on_the_cluster(name: str, items: list, work, context, *args) -> list:
+        return [result for (result,) in run_on_dask(items, [Stage(name, work, context, args)])]
 
     return library.validate(config, plan, tokenizer, table, on_the_cluster, checked=problems)

@@ -15,7 +15,14 @@ from tokenmill.formats.megatron import MegatronReader, narrowed
 from tokenmill.partition import load_or_plan
 from tokenmill.plan import Shard, Shards, shard_ids
 from tokenmill.readers import Piece, ReadOptions, read_documents
-from tokenmill.tokenize import VERIFY_SHARDS, choose_run_encoder, tokenize_shard, verification_shards, with_specials
+from tokenmill.tokenize import (
+    VERIFY_SHARDS,
+    Tokenizing,
+    choose_run_encoder,
+    tokenize_shard,
+    verification_shards,
+    with_specials,
+)
 from tokenmill.train_tokenizer import install_pretrained
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
@@ -108,7 +115,7 @@ def test_a_five_million_character_document_is_tokenized_exactly(tmp_path):
     choice = choose_run_encoder(config, plan.shards, tokenizer, log=lambda _: None)
     assert choice.backend == "gigatoken"
     (shard,) = plan.shards
-    assert tokenize_shard(config, shard, tokenizer, choice).splits["train"]["documents"] == 4
+    assert tokenize_shard(Tokenizing.of(config, tokenizer, choice), shard).splits["train"]["documents"] == 4
     reader = MegatronReader(tmp_path / "out" / "megatron" / "train" / "shard-00000")
     reference = Tokenizer.from_file(str(tokenizer_path)).encode_batch_fast(documents, add_special_tokens=False)
     assert [reader[i].tolist() for i in range(4)] == [e.ids + [tokenizer.eod_id] for e in reference]

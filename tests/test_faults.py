@@ -14,10 +14,10 @@ import pytest
 
 from tokenmill.commits import marker
 from tokenmill.config import TokenmillConfig
-from tokenmill.pack import pack_shard
+from tokenmill.pack import Packing, pack_shard
 from tokenmill.partition import load_or_plan
 from tokenmill.storage import StorageError, Store
-from tokenmill.tokenize import tokenize_shard
+from tokenmill.tokenize import Tokenizing, tokenize_shard
 from tokenmill.train_tokenizer import install_pretrained
 
 from .conftest import CORPORA, EXAMPLES, REPO, TOKENIZERS, TOKENMILL, alive_in_session
@@ -40,8 +40,8 @@ def build(config: TokenmillConfig, shard_ids=None):
     plan, _ = load_or_plan(config)
     tokenizer = install_pretrained(config)
     shards = [s for s in plan.shards if shard_ids is None or s.shard_id in shard_ids]
-    tokenized = [tokenize_shard(config, shard, tokenizer) for shard in shards]
-    return tokenized, [pack_shard(config, t, tokenizer) for t in tokenized]
+    tokenized = [tokenize_shard(Tokenizing.of(config, tokenizer), shard) for shard in shards]
+    return tokenized, [pack_shard(Packing.of(config, tokenizer), t) for t in tokenized]
 
 
 def data_files(out: Path) -> dict[str, bytes]:

@@ -15,11 +15,11 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.formats.llmc import LlmcReader
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import PackedReader
-from tokenmill.pack import pack_shard, write_shuffle_indexes
+from tokenmill.pack import Packing, pack_shard, write_shuffle_indexes
 from tokenmill.partition import load_or_plan
 from tokenmill.publish import Files, publish
 from tokenmill.stats import ValidationFailed, stats_table
-from tokenmill.tokenize import tokenize_shard
+from tokenmill.tokenize import Tokenizing, tokenize_shard
 from tokenmill.train_tokenizer import install_pretrained
 from tokenmill.validate import validate
 
@@ -52,8 +52,8 @@ def build_dataset(config: TokenmillConfig) -> tuple:
     """partition, tokenize[shard], pack[shard], shuffle_index, validate, publish, as the flow runs them."""
     plan, _ = load_or_plan(config)
     tokenizer = install_pretrained(config)
-    tokenized = [tokenize_shard(config, shard, tokenizer) for shard in plan.shards]
-    packed = [pack_shard(config, t, tokenizer) for t in tokenized]
+    tokenized = [tokenize_shard(Tokenizing.of(config, tokenizer), shard) for shard in plan.shards]
+    packed = [pack_shard(Packing.of(config, tokenizer), t) for t in tokenized]
     table = stats_table(tokenized, packed)
     write_shuffle_indexes(config, table)
     with Files() as files:

@@ -345,7 +345,7 @@ def test_auto_shard_size_is_kept_by_later_plans_of_the_same_output(tmp_path, mon
 
 
 def test_same_corpus_as_jsonl_gz_zst_and_parquet_gives_identical_tokens(tmp_path, gpt2_info):
-    from tokenmill.tokenize import tokenize_shard
+    from tokenmill.tokenize import Tokenizing, tokenize_shard
 
     rows = [json.loads(line) for line in gzip.open(CORPUS, "rt")]
     data = "".join(json.dumps(r) + "\n" for r in rows).encode()
@@ -359,7 +359,7 @@ def test_same_corpus_as_jsonl_gz_zst_and_parquet_gives_identical_tokens(tmp_path
         config.output.path = str(tmp_path / f"out-{name}")
         info = gpt2_info(config)
         (shard,) = plan_shards(config).shards
-        result = tokenize_shard(config, shard, info)
+        result = tokenize_shard(Tokenizing.of(config, info), shard)
         assert result.documents_in == len(rows) == 181 and result.rejected == 0
         outputs[name] = (tmp_path / f"out-{name}/megatron/train/shard-00000.bin").read_bytes()
     assert len(set(outputs.values())) == 1 and len(outputs["c.parquet"]) > 1000

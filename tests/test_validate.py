@@ -98,7 +98,7 @@ def test_the_stats_are_checked_a_few_shards_at_a_time_and_every_failure_is_named
 def test_the_check_chained_to_each_shard_finds_what_validate_would_and_validate_reports_it(dataset):
     """The tokenize stage ends each shard's chain with validate's check of its files (while they are fresh) and
     hands validate what it found: the same problems as validate's own pass, which then fails the run."""
-    from tokenmill.validate import check_written
+    from tokenmill.validate import Checking, check_written
 
     out, config, plan, tokenizer, table = dataset
     path = out / "megatron/val/shard-00000.bin"
@@ -110,7 +110,7 @@ def test_the_check_chained_to_each_shard_finds_what_validate_would_and_validate_
         markers = {kind: out / "_commits" / stage / f"shard-{shard_id:05d}.json" for stage, kind in stages.items()}
         return tuple(kind.from_json(json.loads(m.read_text())["result"]) for kind, m in markers.items())
 
-    found = {s.shard_id: check_written(config, results(s.shard_id), tokenizer) for s in plan.shards}
+    found = {s.shard_id: check_written(Checking.of(config, tokenizer), results(s.shard_id)) for s in plan.shards}
     assert [s for s, problems in found.items() if problems] == [0, 2]
     assert any("megatron/val/shard-00000.bin" in p for p in found[0])
     assert found[2] == ["packed/train/shard-00002.tokens.npy: missing"]
@@ -154,7 +154,7 @@ def library_dataset(tmp_path, lines: list[bytes], **config) -> tuple:
     from tokenmill import stats
     from tokenmill.config import TokenmillConfig
     from tokenmill.partition import load_or_plan
-    from tokenmill.tokenize import tokenize_shard
+    from tokenmill.tokenize import Tokenizing, tokenize_shard
     from tokenmill.train_tokenizer import install_pretrained
 
     from .conftest import TOKENIZERS
@@ -175,7 +175,7 @@ def library_dataset(tmp_path, lines: list[bytes], **config) -> tuple:
     plan, _ = load_or_plan(config)
     assert len(plan.shards) == 3
     tokenizer = install_pretrained(config)
-    tokenized = [tokenize_shard(config, shard, tokenizer) for shard in plan.shards]
+    tokenized = [tokenize_shard(Tokenizing.of(config, tokenizer), shard) for shard in plan.shards]
     return config, plan, tokenizer, stats_table(tokenized, [stats.skipped(t) for t in tokenized])
 
 

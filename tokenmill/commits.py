@@ -111,16 +111,21 @@ def land(store: Store, lifted: list[tuple[str, int, int, dict]]) -> None:
         commit(store, stage, new, done["key"], done["result"] | {"shard_id": new}, files)
 
 
-def tokenize_key(config: TokenmillConfig, tokenizer: TokenizerInfo, source: str) -> str:
-    """What a shard's tokens depend on: the config, the tokenizer, tokenmill, and what the shard is made from
-    (`source`, its pieces and their files' fingerprints), not its id or the run that made it."""
+def tokenize_key(config: TokenmillConfig, tokenizer: TokenizerInfo) -> str:
+    """The run's part of each shard's tokenize key (`shard_key`): what a shard's tokens depend on besides what it
+    is made from: the config, the tokenizer, tokenmill; not its id or the run that made it."""
     config_part = config.section_hash("input", "partition", "split", "tokenizer", checks=False)
-    return f"{config_part}-{tokenizer.sha256[:16]}-{__version__}-{source}"
+    return f"{config_part}-{tokenizer.sha256[:16]}-{__version__}"
 
 
-def pack_key(config: TokenmillConfig, tokenizer: TokenizerInfo, source: str) -> str:
-    """What a shard's packed rows and llm.c files depend on: its tokens, the pack config and the formats."""
+def pack_key(config: TokenmillConfig) -> str:
+    """The run's part of each shard's pack key beyond its tokens (`shard_key`): the pack config and the formats."""
     # The formats and llm.c cap change what this stage writes; output.path does not (a moved dataset is reused).
     formats = json.dumps([config.output.formats, config.output.llmc_shard_tokens]).encode()
-    pack_part = f"{config.section_hash('pack')}-{hashlib.sha256(formats).hexdigest()[:8]}"
-    return f"{tokenize_key(config, tokenizer, source)}-{pack_part}"
+    return f"{config.section_hash('pack')}-{hashlib.sha256(formats).hexdigest()[:8]}"
+
+
+def shard_key(tokenize: str, source: str, pack: str | None = None) -> str:
+    """A shard's tokenize key (its pack key with `pack`): the run's parts (`tokenize_key`, `pack_key`) and what the
+    shard is made from (`source`: its pieces and their files' fingerprints)."""
+    return f"{tokenize}-{source}" if pack is None else f"{tokenize}-{source}-{pack}"

@@ -13,54 +13,80 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 import pandas as pd
 
 from tokenmill import layout
-from tokenmill.commits import PACK, check, commit, pack_key
-from tokenmill.config import TokenmillConfig
+from tokenmill.commits import PACK, check, commit, pack_key, shard_key, tokenize_key
+from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.formats.llmc import llmc_dtype, shard_bounds, write_llmc
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import SUFFIXES, write_packed, write_shuffle_index
-from tokenmill.packers import global_shuffle_index, pack, pad_id, padded_layout_rows, writes_files, writes_packed
+from tokenmill.packers import global_shuffle_index, pack, pad_id, padded_layout_rows, writes_packed
 from tokenmill.stats import NOTHING_PACKED, Packed, Tokenized
+from tokenmill.storage import Store
 from tokenmill.tokenizer_info import TokenizerInfo
 
 
-def pack_shard(config: TokenmillConfig, tokenized: Tokenized, tokenizer: TokenizerInfo) -> Packed:
+@dataclass(frozen=True)
+class Packing:
+    """What the pack stage uses of a run, made once (`of`) and sent with its shards' Dask tasks."""
+
+    store: Store  # the build
+    tokenize_key: str  # the run's parts of each shard's stage key (`commits.tokenize_key`, `commits.pack_key`)
+    key: str
+    pack: PackConfig | None  # how to pack rows; None: no packed rows are written
+    pad_id: int
+    llmc_shard_tokens: int | None  # the tokens of an llm.c file; None: no llm.c files are written
+    vocab_size: int
+
+    @classmethod
+    def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Packing:
+        return cls(
+            config.output.store(),
+            tokenize_key(config, tokenizer),
+            pack_key(config),
+            config.pack if writes_packed(config) else None,
+            pad_id(config, tokenizer),
+            config.output.llmc_shard_tokens if "llmc" in config.output.formats else None,
+            tokenizer.vocab_size,
+        )
+
+
+def pack_shard(run: Packing, tokenized: Tokenized) -> Packed:
     """Pack one tokenized shard."""
-    store, shard_id = config.output.store(), tokenized.shard_id
-    key = pack_key(config, tokenizer, tokenized.source)
+    store, shard_id = run.store, tokenized.shard_id
+    key = shard_key(run.tokenize_key, tokenized.source, run.key)
     earlier = check(store, PACK, shard_id, key)
     if earlier.result is not None:
         return Packed.from_json(earlier.result, reused=True)
     started = time.perf_counter()
     files: dict[str, dict] = {}  # size and sha256 of each file written, for the marker
-    packing, llmc = writes_packed(config), "llmc" in config.output.formats
     splits = {}
     for split, counts in tokenized.splits.items():
         stats = dict(NOTHING_PACKED)
         splits[split] = stats
-        if counts["documents"] == 0 or not writes_files(config):
+        if counts["documents"] == 0 or (run.pack is None and run.llmc_shard_tokens is None):
             continue
         source = layout.megatron_prefix(split, shard_id)
         with store.local_copies(source + ".bin", source + ".idx") as (bin_path, idx_path):
             reader = MegatronReader(source, bin_path=bin_path, idx_path=idx_path)
             tokens, lengths = reader.tokens, reader.index.lengths
-            if packing:
-                packed = pack(tokens, lengths, config.pack, pad_id(config, tokenizer))
+            if run.pack is not None:
+                packed = pack(tokens, lengths, run.pack, run.pad_id)
                 target = layout.packed_prefix(split, shard_id)
                 with ExitStack() as stack:
                     writing = {key: store.writing_file(target + suffix, files) for key, suffix in SUFFIXES.items()}
                     write_packed({key: stack.enter_context(w) for key, w in writing.items()}, packed)
                 stats |= {"rows": len(packed.rows), "real_tokens": packed.real_tokens, "pad_tokens": packed.pad_tokens}
-                stats["padded_layout_rows"] = padded_layout_rows(lengths, config.pack.seq_len)
+                stats["padded_layout_rows"] = padded_layout_rows(lengths, run.pack.seq_len)
                 del packed
-            if llmc:
-                parts = shard_bounds(len(tokens), config.output.llmc_shard_tokens)
+            if run.llmc_shard_tokens is not None:
+                parts = shard_bounds(len(tokens), run.llmc_shard_tokens)
                 for part, (start, end) in enumerate(parts):
                     with store.writing(layout.llmc_file(split, shard_id, part), files) as tmp:
-                        write_llmc(tmp, tokens[start:end], llmc_dtype(tokenizer.vocab_size))
+                        write_llmc(tmp, tokens[start:end], llmc_dtype(run.vocab_size))
                 stats["llmc_files"] = len(parts)
             del reader, tokens, lengths
     result = Packed(shard_id, splits, round(time.perf_counter() - started, 3), redone=earlier.redone)

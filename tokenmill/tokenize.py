@@ -14,20 +14,21 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import orjson
 
 from tokenmill import layout
-from tokenmill.commits import TOKENIZE, check, commit, marker, tokenize_key
+from tokenmill.commits import TOKENIZE, check, commit, marker, shard_key, tokenize_key
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder, loaded_backend, preload_backends
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
 from tokenmill.hashing import assign_splits
 from tokenmill.plan import Shard
-from tokenmill.readers import Piece, fast_path_applies, read_documents
+from tokenmill.readers import Piece, ReadOptions, fast_path_applies, read_documents
 from tokenmill.stats import Tokenized
+from tokenmill.storage import Store
 from tokenmill.tokenizer_info import TokenizerInfo
 
 SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of each shard, not 8 MB of each
@@ -48,25 +49,50 @@ def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod
     return np.insert(flat, positions, values), lengths + len(marks)
 
 
-def tokenize_shard(
-    config: TokenmillConfig, shard: Shard, tokenizer: TokenizerInfo, encoder: EncoderChoice | None = None
-) -> Tokenized:
-    """Tokenize one shard of the plan (or return its committed result) with the run's encoder choice
-    (None: the reference, HF tokenizers)."""
-    store, shard_id = config.output.store(), shard.shard_id
-    key = tokenize_key(config, tokenizer, shard.source)
+@dataclass(frozen=True)
+class Tokenizing:
+    """What the tokenize stage uses of a run, made once (`of`) and sent with its shards' Dask tasks."""
+
+    store: Store  # the build
+    key: str  # the run's part of each shard's stage key (`commits.tokenize_key`)
+    reading: dict[str, ReadOptions]  # how each mixture source's files are read ("" for a single input)
+    streams: dict[str, list[str]]  # where each source's documents go, in split order (`config.streams`)
+    split: dict[str, float]  # the split fractions
+    tokenizer: TokenizerInfo
+    encoder: EncoderChoice  # the run's choice
+    bos_id: int | None  # put before each document (tokenizer.prepend_bos), else None
+    eod_id: int | None  # put after each document (tokenizer.append_eod), else None
+
+    @classmethod
+    def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo, encoder: EncoderChoice | None = None) -> Tokenizing:
+        """`encoder`: the run's choice; None, the reference (HF tokenizers)."""
+        return cls(
+            config.output.store(),
+            tokenize_key(config, tokenizer),
+            {name: source.read_options() for name, source in config.inputs().items()},
+            {name: config.streams(name) for name in config.inputs()},
+            dict(config.split),
+            tokenizer,
+            encoder or EncoderChoice("hf", "", "the reference"),
+            tokenizer.bos_id if config.tokenizer.prepend_bos else None,
+            tokenizer.eod_id if config.tokenizer.append_eod else None,
+        )
+
+
+def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
+    """Tokenize one shard of the plan (or return its committed result)."""
+    store, shard_id = run.store, shard.shard_id
+    key = shard_key(run.key, shard.source)
     earlier = check(store, TOKENIZE, shard_id, key)
     if earlier.result is not None:
         return Tokenized.from_json(earlier.result, reused=True)
 
     started = time.perf_counter()
-    choice = encoder or EncoderChoice("hf", "", "the reference")
-    encode = load_encoder(store.url_of(layout.TOKENIZER), tokenizer.sha256, choice)
+    encode = load_encoder(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, run.encoder)
     rerouted_before = getattr(encode, "rerouted", 0)
-    eod_id = tokenizer.eod_id if config.tokenizer.append_eod else None
-    bos_id = tokenizer.bos_id if config.tokenizer.prepend_bos else None
-    dtype = token_dtype(tokenizer.vocab_size)
-    splits = config.streams_of(shard)  # the split names, `<source>/<split>` in a mixture
+    eod_id, bos_id = run.eod_id, run.bos_id
+    dtype = token_dtype(run.tokenizer.vocab_size)
+    splits = run.streams[shard.mix_source]  # the split names, `<source>/<split>` in a mixture
     counts = {s: {"documents": 0, "tokens": 0, "max_token_id": -1} for s in splits}
     documents_in = bytes_in = 0
     rejects: list[bytes] = []
@@ -79,7 +105,7 @@ def tokenize_shard(
     blocks: list[list[int]] | None = []
     with ExitStack() as stack:
         writers: dict[str, BinWriter] = {}
-        options, pieces = config.input_of(shard).read_options(), shard.pieces
+        options, pieces = run.reading[shard.mix_source], shard.pieces
         piece_of = {piece.path: index for index, piece in enumerate(pieces)}  # a block is read back by its path
         for batch, batch_rejects in read_documents(pieces, options, columnar=True):
             if batch.block is None:
@@ -101,7 +127,7 @@ def tokenize_shard(
             # Narrowed to the files' dtype before the specials go in: half the bytes to move for uint16.
             flat, lengths = with_specials(narrowed(ids, dtype), lengths, bos_id, eod_id)
             # One split needs no hashing; otherwise each document's split by the stable hash of its id.
-            doc_split = assign_splits(batch.ids, config.split) if len(splits) > 1 else None
+            doc_split = assign_splits(batch.ids, run.split) if len(splits) > 1 else None
             for index, split in enumerate(splits):
                 chosen = slice(None) if doc_split is None else doc_split == index
                 split_lengths = lengths[chosen]

@@ -22,11 +22,11 @@ class Failed:
 
 @dataclass(frozen=True)
 class EachShard:
-    """A Dask task's work: `work(config, item, *args)` for each item of a bundle of shards, each tried
+    """A Dask task's work: `work(context, item, *args)` for each item of a bundle of shards, each tried
     1 + SHARD_RETRIES times; a shard that still fails is `Failed` and the others go on."""
 
     work: Callable
-    config: object
+    context: object  # what the stage uses of the run
     args: tuple = ()
     whole_chain: bool = False  # given the bundles of every stage before: each item the tuple of a shard's results
 
@@ -41,7 +41,7 @@ class EachShard:
         error = None
         for _ in range(1 + SHARD_RETRIES):
             try:
-                return self.work(self.config, item, *self.args)
+                return self.work(self.context, item, *self.args)
             except Exception as e:  # a shard's work is safe to run again (see tokenmill.commits)
                 error = e
         return Failed(f"{type(error).__name__}: {error}")

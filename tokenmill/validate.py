@@ -10,7 +10,7 @@ decode back to their text.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from contextvars import copy_context
@@ -45,9 +45,9 @@ PAD_CHECK_BYTES = 8 << 20  # a packed shard's padded rows are checked this many 
 ROWS_AT_ONCE = 10_000  # stats rows (or a dataset's files) made into Python objects at a time
 
 
-# Runs `work(config, item, *args)` over the items, named `name` (a stage of shard work), where the caller wants:
-# each item's result, in order.
-RunShards = Callable[[str, Sequence, Callable, tuple], list]
+# `run(name, items, work, context, *args)`: `work(context, item, *args)` over the items, named `name` (a stage of
+# shard work), where the caller wants; each item's result, in order.
+RunShards = Callable[..., list]
 
 
 def load_pandera() -> None:
@@ -496,32 +496,52 @@ def shard_rows(table: pd.DataFrame) -> ShardsFiles:
     )
 
 
-def check_shard(config: TokenmillConfig, shard: ShardFiles, tokenizer: TokenizerInfo) -> list[str]:
+@dataclass(frozen=True)
+class Checking:
+    """What the check of a shard's files uses of a run, made once (`of`) and sent with its shards' Dask tasks."""
+
+    store: Store  # the build
+    vocab_size: int
+    bos_id: int | None  # before each document, else None
+    eod_id: int | None  # after each document, else None
+    pack: PackConfig | None  # how rows were packed; None: no packed rows
+    pad_id: int
+    llmc_shard_tokens: int | None  # the tokens of an llm.c file; None: no llm.c files
+
+    @classmethod
+    def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Checking:
+        return cls(
+            config.output.store(),
+            tokenizer.vocab_size,
+            tokenizer.bos_id if config.tokenizer.prepend_bos else None,
+            tokenizer.eod_id if config.tokenizer.append_eod else None,
+            config.pack if writes_packed(config) else None,
+            pack_pad_id(config, tokenizer),
+            config.output.llmc_shard_tokens if "llmc" in config.output.formats else None,
+        )
+
+
+def check_shard(run: Checking, shard: ShardFiles) -> list[str]:
     """Every file of one shard (an item of `shard_rows`) against its stats: what is wrong, naming the files."""
-    store = config.output.store()
-    dtype = token_dtype(tokenizer.vocab_size)
-    eod_id = tokenizer.eod_id if config.tokenizer.append_eod else None
-    bos_id = tokenizer.bos_id if config.tokenizer.prepend_bos else None
-    pad_id = pack_pad_id(config, tokenizer)
-    packing, llmc = writes_packed(config), "llmc" in config.output.formats
+    dtype = token_dtype(run.vocab_size)
     problems = []
     for row in (SimpleNamespace(**{k: _plain(v) for k, v in r.items()}) for r in shard.rows):
-        problems += _check_megatron(store, row, dtype, eod_id, bos_id)
-        if packing:
-            problems += _check_packed(store, row, config.pack, pad_id)
-        if llmc:
-            problems += _check_llmc(store, row, config.output.llmc_shard_tokens, llmc_dtype(tokenizer.vocab_size))
+        problems += _check_megatron(run.store, row, dtype, run.eod_id, run.bos_id)
+        if run.pack is not None:
+            problems += _check_packed(run.store, row, run.pack, run.pad_id)
+        if run.llmc_shard_tokens is not None:
+            problems += _check_llmc(run.store, row, run.llmc_shard_tokens, llmc_dtype(run.vocab_size))
     return problems
 
 
-def check_written(config: TokenmillConfig, results: tuple, tokenizer: TokenizerInfo) -> list[str]:
+def check_written(run: Checking, results: tuple) -> list[str]:
     """`check_shard` as the last step of a shard's chain on the cluster (`results`: its tokenize result, and its
     pack result where the pack wrote files): its files are read back while they are still in the page cache.
     Read after the stage, outputs the page cache no longer holds (a corpus larger than the memory, or pushed out
     by the input) come back from disk: 0.5 s of CPU per 1 GB shard, against 0.03 s fresh."""
     tokenized, packed = results if len(results) == 2 else (results[0], skipped(results[0]))
     rows = [dict(zip(COLUMNS, row, strict=True)) for row in stats_rows(tokenized, packed)]
-    return check_shard(config, ShardFiles(tokenized.shard_id, rows), tokenizer)
+    return check_shard(run, ShardFiles(tokenized.shard_id, rows))
 
 
 def _plain(value):
@@ -543,18 +563,19 @@ def validate(
             f"nothing to tokenize: {all_rejected(store, table)}; nothing was published: fix the input files or "
             "the input config (input.text_field, input.format) and run again"
         )
-    run = run or (lambda name, items, work, args: [work(config, item, *args) for item in items])
+    run = run or (lambda name, items, work, context, *args: [work(context, item, *args) for item in items])
     with ThreadPoolExecutor(1, thread_name_prefix="tokenmill-reference") as pool:
         # The reference's re-encoding of sampled documents runs while the table and the files are checked (in
         # the caller's context: its logging); it counts only where they are sound: decoding damaged files
         # means nothing.
         sample, reference = reference_items(config, plan, table), None
         if sample:
-            reference = pool.submit(copy_context().run, run, "reference", sample, check_reference, (tokenizer,))
+            reference = pool.submit(copy_context().run, run, "reference", sample, check_reference, config, tokenizer)
         planned, splits = shard_ids(plan.shards).tolist(), config.streams()
         check_stats(table, planned, splits, tokenizer.vocab_size, config.pack if packing else None)
         if checked is None:
-            checked = [p for found in run("check", shard_rows(table), check_shard, (tokenizer,)) for p in found]
+            checking = Checking.of(config, tokenizer)
+            checked = [p for found in run("check", shard_rows(table), check_shard, checking) for p in found]
         problems = list(checked)
         if packing:
             for split in config.streams():
