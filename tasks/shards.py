@@ -33,7 +33,7 @@ from prefect.utilities.annotations import quote
 from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
 from tokenmill.plan import mix_sources
-from tokenmill.tries import SHARD_RETRIES, EachShard, Failed, Raised, Sealed, caught
+from tokenmill.tries import SHARD_RETRIES, EachShard, Failed, Parcel, Raised, Sealed, caught
 
 # Task runs per shard stage by default: one per cluster thread, at most this many. A task run costs about 50 ms
 # of CPU in the flow and the server; one per shard made a 10 s run of 16 shards on 2 cores 0.4 s slower.
@@ -199,7 +199,7 @@ def run_on_dask(items: list, stages: list[Stage], keep: Callable[[tuple], object
         submitted += len(batch)
         if not batch:
             return
-        arguments, per_stage = [list(items[bundle.start : bundle.stop]) for bundle in batch], []
+        arguments, per_stage = [Parcel(list(items[bundle.start : bundle.stop])) for bundle in batch], []
         for stage, work in zip(stages, sealed, strict=True):
             arguments = client.map(
                 work, *(per_stage if stage.whole_chain else [arguments]),

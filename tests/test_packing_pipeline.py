@@ -182,7 +182,7 @@ def test_repacking_with_another_mode_reuses_the_tokenized_shards(datasets, tmp_p
     out = tmp_path / "repack"
     shutil.copytree(datasets["concat"][0], out)
     manifest, _, (tokenized, packed) = build_dataset(dataset_config(out, MODES["bfd"], llmc_shard_tokens=100_000))
-    assert all(t["reused"] for t in tokenized) and not any(p["reused"] for p in packed)
+    assert all(t.reused for t in tokenized) and not any(p.reused for p in packed)
     assert manifest["packing"] == datasets["bfd"][1]["packing"]
 
 

@@ -5,14 +5,19 @@ from __future__ import annotations
 import sys
 
 from tasks.shards import MAX_SHARDS_PER_TASK, TASK_BYTES, bundles
+from tokenmill.plan import Shard
 from tokenmill.tries import EachShard, Failed
 
 
 def test_small_shards_share_a_dask_task_and_large_ones_go_alone():
     mb = 1 << 20
-    assert bundles([{"bytes": mb}] * 10) == [range(0, 4), range(4, 8), range(8, 10)]  # 4 MB a task
-    assert bundles([{"bytes": 16 * mb}, {"bytes": mb}, {"bytes": 16 * mb}]) == [range(0, 1), range(1, 2), range(2, 3)]
-    assert bundles([{"bytes": 100}] * 300) == [range(0, MAX_SHARDS_PER_TASK), range(MAX_SHARDS_PER_TASK, 300)]
+
+    def shards(*sizes: int) -> list[Shard]:
+        return [Shard(i, (), size, f"s{i}") for i, size in enumerate(sizes)]
+
+    assert bundles(shards(*[mb] * 10)) == [range(0, 4), range(4, 8), range(8, 10)]  # 4 MB a task
+    assert bundles(shards(16 * mb, mb, 16 * mb)) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert bundles(shards(*[100] * 300)) == [range(0, MAX_SHARDS_PER_TASK), range(MAX_SHARDS_PER_TASK, 300)]
     assert bundles([7, 8]) == [range(0, 1), range(1, 2)]  # no size known: a task each
     assert bundles([]) == [] and TASK_BYTES == 4 * mb
 

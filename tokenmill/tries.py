@@ -80,4 +80,13 @@ class Sealed:
 
     def __call__(self, *more):
         work, args = pickle.loads(self.pickled)
-        return work(*args, *more)
+        return work(*args, *(pickle.loads(m.pickled) if isinstance(m, Parcel) else m for m in more))
+
+
+class Parcel:
+    """A task's argument pickled here and unpickled only where the task runs (`Sealed` opens it), for the reason
+    `Sealed` gives: a bundle of the plan's shards (`tokenmill.plan.Shard`) made the scheduler import tokenmill's
+    plan, pyarrow and pydantic."""
+
+    def __init__(self, value):
+        self.pickled = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
