@@ -10,7 +10,7 @@ from tokenmill.config import TokenmillConfig
 @task(name="sample", **GROUP_TASK)
 def sample_shards(config: TokenmillConfig, items: list[dict], train_fraction: float, holdout_fraction: float) -> list:
     """Each shard's sample files and sizes, a dict each (training the tokenizer reads them all)."""
-    stage = Stage("sample", sampling.sample_shard, config, (train_fraction, holdout_fraction))
+    stage = Stage("sample", sampling.sample_shard, sampling.Sampling.of(config, train_fraction, holdout_fraction))
     return [r[0] for r in run_on_dask(items, [stage])]
 
 
@@ -19,5 +19,5 @@ def holdout_shards(config: TokenmillConfig, items: list[dict], train_fraction: f
     """As `sample_shards`, for the tokenizer report alone (no tokenizer to train): the shards' held-out files are
     named by their shard ids (`tokenmill.formats.sample.holdout_records`), so the group keeps nothing of their
     results (a dict of about 0.75 KB a shard, held until the group ended); the number of shards sampled."""
-    stage = Stage("sample", sampling.sample_shard, config, (train_fraction, holdout_fraction))
+    stage = Stage("sample", sampling.sample_shard, sampling.Sampling.of(config, train_fraction, holdout_fraction))
     return len(run_on_dask(items, [stage], keep=lambda _: None))

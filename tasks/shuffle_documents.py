@@ -9,11 +9,11 @@ from tokenmill.config import TokenmillConfig
 
 @task(name="scatter", **GROUP_TASK)
 def scatter_shards(config: TokenmillConfig, items: list[dict], n_outputs: int) -> list[dict]:
-    stage = Stage("scatter", shuffle_documents.scatter_shard, config, (n_outputs,))
+    stage = Stage("scatter", shuffle_documents.scatter_shard, shuffle_documents.Shuffling.of(config), (n_outputs,))
     return [r[0] for r in run_on_dask(items, [stage])]
 
 
 @task(name="gather", **GROUP_TASK)
 def gather_shards(config: TokenmillConfig, items: list[int], sources: list[int], plan_key: str) -> list[dict]:
-    stage = Stage("gather", shuffle_documents.gather_shard, config, (sources, plan_key))
+    stage = Stage("gather", shuffle_documents.gather_shard, shuffle_documents.Shuffling.of(config), (sources, plan_key))
     return [r[0] for r in run_on_dask(items, [stage])]

@@ -41,17 +41,17 @@ def test_retuning_a_check_keeps_the_works_keys_and_makes_a_new_version():
     redone, no tokenizer retrained), the dataset's hash keeps them (the new version is validated with them)."""
     from types import SimpleNamespace
 
-    from tokenmill.commits import tokenize_key as stage_key
+    from tokenmill.commits import tokenize_key
 
     tokenizer = SimpleNamespace(sha256="0" * 64)
     base = load_config(EXAMPLES / "demo.yaml")
     checked = ["tokenizer.check_fraction=0.5", "tokenizer.check_min_documents=7", "tokenizer.verify_documents=3"]
     retuned = load_config(EXAMPLES / "demo.yaml", [*checked, "tokenizer.allowed_mismatch_rate=0.1"])
-    assert stage_key(retuned, tokenizer, "s") == stage_key(base, tokenizer, "s")
+    assert tokenize_key(retuned, tokenizer) == tokenize_key(base, tokenizer)
     assert retuned.section_hash("tokenizer", checks=False) == base.section_hash("tokenizer", checks=False)
     assert retuned.dataset_hash() != base.dataset_hash()
     without_eod = load_config(EXAMPLES / "demo.yaml", ["tokenizer.append_eod=false"])
-    assert stage_key(without_eod, tokenizer, "s") != stage_key(base, tokenizer, "s")
+    assert tokenize_key(without_eod, tokenizer) != tokenize_key(base, tokenizer)
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ def report_for(tmp_path, name: str, english_bytes: int, code_bytes: int) -> tupl
     })  # fmt: skip
     plan = plan_shards(config)
     f, g = sampling.fractions(config, plan)
-    samples = [sampling.sample_shard(config, shard, f, g) for shard in plan.shards]
+    samples = [sampling.sample_shard(sampling.Sampling.of(config, f, g), shard) for shard in plan.shards]
     report = fertility.tokenizer_report(config, train_on_sample(config, samples), samples)
     return report, (tmp_path / name / layout.FERTILITY_REPORT[0]).read_text()
 
@@ -107,7 +107,7 @@ def test_the_runs_encoder_counts_exactly_what_hf_counts(tmp_path):
     })  # fmt: skip
     plan = plan_shards(config)
     f, g = sampling.fractions(config, plan)
-    samples = [sampling.sample_shard(config, shard, f, g) for shard in plan.shards]
+    samples = [sampling.sample_shard(sampling.Sampling.of(config, f, g), shard) for shard in plan.shards]
     info = install_pretrained(config)
     choice = choose_run_encoder(config, plan.shards, info, log=lambda _: None)
     assert choice.backend != "hf"

@@ -300,7 +300,7 @@ def test_the_tokenizer_of_a_mix_is_trained_on_a_sample_in_the_mix_shares(tmp_pat
     config = TokenmillConfig.model_validate(config)
     plan = plan_shards(config)
     f, g = sampling.fractions(config, plan)
-    samples = [sampling.sample_shard(config, shard, f, g) for shard in plan.shards]
+    samples = [sampling.sample_shard(sampling.Sampling.of(config, f, g), shard) for shard in plan.shards]
     source_of = {}  # each sampled text's source, from the sample files written
     for sample, shard in zip(samples, plan.shards, strict=True):
         for line in (tmp_path / "build" / sample["path"]).read_text().splitlines():

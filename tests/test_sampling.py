@@ -34,7 +34,7 @@ def run_sample(config: TokenmillConfig) -> list[dict]:
     """The sample stage as the flow runs it, one shard at a time (the flow maps it over Dask workers)."""
     plan = plan_shards(config)
     f, g = sampling.fractions(config, plan)
-    return [sampling.sample_shard(config, shard, f, g) for shard in plan.shards]
+    return [sampling.sample_shard(sampling.Sampling.of(config, f, g), shard) for shard in plan.shards]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import plan_shards
 from tokenmill.readers import read_documents
-from tokenmill.shuffle_documents import check_counts, gather_shard, scatter_shard, shuffled_shards
+from tokenmill.shuffle_documents import Shuffling, check_counts, gather_shard, scatter_shard, shuffled_shards
 
 
 def length_sorted_corpus(tmp_path, n_files=4, per_file=400) -> list[str]:
@@ -37,9 +37,10 @@ def run_shuffle(tmp_path, seed: int, out: str):
     )
     plan = plan_shards(config)
     n = plan.shuffled_shards
-    scattered = [scatter_shard(config, s, n) for s in plan.shards]
+    run = Shuffling.of(config)
+    scattered = [scatter_shard(run, s, n) for s in plan.shards]
     sources = [s.shard_id for s in plan.shards]
-    gathered = [gather_shard(config, t, sources, plan.key) for t in range(n)]
+    gathered = [gather_shard(run, t, sources, plan.key) for t in range(n)]
     check_counts(scattered, gathered)
     shards = shuffled_shards(config, plan.key, gathered)
     docs = [

@@ -32,6 +32,7 @@ import dataclasses
 import heapq
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
@@ -56,6 +57,7 @@ from tokenmill.readers import (
     read_lines,
 )
 from tokenmill.shares import sample_shares
+from tokenmill.storage import Store
 
 BLOCK_BYTES = 64 << 10  # a run of neighbouring documents (about 40 Wikipedia articles)
 OVERSAMPLE = 4  # the blocks read hold this many times the sample's bytes
@@ -121,12 +123,39 @@ class _Reserve:
             self.nbytes -= heapq.heappop(self.heap)[1]
 
 
-def stage_key(config: TokenmillConfig, shard: Shard, f: float, g: float) -> str:
-    train = config.tokenizer.train
-    stratify = (train.stratify_by, int(train.min_group_size)) if train and train.stratify_by else None
-    seed = train.seed if train else 0
-    blocks = f"blocks-{BLOCK_BYTES}-{stride(f, g)}"
-    config_part = f"{config.section_hash('input', 'partition')}-{f!r}-{g!r}-{seed}-{record_fields(config)}-{stratify}"
+@dataclass(frozen=True)
+class Sampling:
+    """What the sample stage uses of a run, made once (`of`) and sent with its shards' Dask tasks."""
+
+    store: Store  # the build
+    input_key: str  # the input and partition config (`section_hash`), part of each shard's stage key
+    reading: dict[str, ReadOptions]  # how each mixture source's files are read: bad records left out, `fields` kept
+    fields: tuple[str, ...]  # the record fields the sample files carry (`record_fields`)
+    f: float | dict[str, float]  # the training fraction, per source in a mixture (`fractions`)
+    g: float  # the held-out fraction
+    seed: int
+    stratify_by: str | None  # tokenizer.train.stratify_by
+    min_group_size: int
+
+    @classmethod
+    def of(cls, config: TokenmillConfig, f: float | dict[str, float], g: float) -> Sampling:
+        train, fields = config.tokenizer.train, record_fields(config)
+        # Bad records are the tokenize stage's to report (it names their file and line; a block read here cannot
+        # know its line numbers): the sample only leaves them out.
+        reading = {
+            name: dataclasses.replace(source.read_options(fields), on_invalid="quarantine")
+            for name, source in config.inputs().items()
+        }
+        return cls(
+            config.output.store(), config.section_hash("input", "partition"), reading, fields, f, g,
+            train.seed if train else 0, train.stratify_by if train else None, int(train.min_group_size) if train else 0,
+        )  # fmt: skip
+
+
+def stage_key(run: Sampling, shard: Shard, f: float) -> str:
+    stratify = (run.stratify_by, run.min_group_size) if run.stratify_by else None
+    blocks = f"blocks-{BLOCK_BYTES}-{stride(f, run.g)}"
+    config_part = f"{run.input_key}-{f!r}-{run.g!r}-{run.seed}-{run.fields}-{stratify}"
     return f"{config_part}-{blocks}-{shard.source}"
 
 
@@ -191,27 +220,22 @@ def _documents(
             continue
 
 
-def sample_shard(config: TokenmillConfig, shard: Shard, f: float | dict[str, float], g: float) -> dict:
+def sample_shard(run: Sampling, shard: Shard) -> dict:
     """Write this shard's training sample, held-out sample (and reserve) under `_work/`; return their
-    paths and sizes (per group too, when stratified) and the bytes read. `f`: as `fractions` gives it."""
-    store, shard_id, f = config.output.store(), shard.shard_id, source_fraction(f, shard)
-    key = stage_key(config, shard, f, g)
+    paths and sizes (per group too, when stratified) and the bytes read."""
+    store, shard_id, f, g = run.store, shard.shard_id, source_fraction(run.f, shard), run.g
+    key = stage_key(run, shard, f)
     if (done := committed(store, SAMPLE, shard_id, key)) is not None:
         return done
-    train = config.tokenizer.train
-    stratify = train.stratify_by if train else None
-    fields = record_fields(config)
-    salt = f"sample:{train.seed if train else 0}:"
+    stratify, fields = run.stratify_by, run.fields
+    salt = f"sample:{run.seed}:"
     sample: list[bytes] = []
     holdout: list[bytes] = []
     sizes = {"documents": 0, "bytes": 0, "holdout_documents": 0, "holdout_bytes": 0, "bytes_read": 0}
     groups: dict[str, dict[str, int]] = defaultdict(lambda: {"bytes": 0, "sample_bytes": 0})
     reserves: dict[str, _Reserve] = {}
 
-    # Bad records are the tokenize stage's to report (it names their file and line; a block read here cannot
-    # know its line numbers): the sample only leaves them out.
-    options = dataclasses.replace(config.input_of(shard).read_options(fields), on_invalid="quarantine")
-    documents = _documents(shard, options, stride(f, g), salt, read_all=bool(stratify))
+    documents = _documents(shard, run.reading[shard.mix_source], stride(f, g), salt, read_all=bool(stratify))
     for scale, batch, keys, nbytes_read in documents:
         sizes["bytes_read"] += nbytes_read
         hashes = unit_interval(keys, salt)
@@ -238,7 +262,7 @@ def sample_shard(config: TokenmillConfig, shard: Shard, f: float | dict[str, flo
                 if h < train_below:
                     groups[group]["sample_bytes"] += nbytes
                 elif h >= holdout_below:  # in neither sample: a candidate for the group's reserve
-                    reserve = reserves.setdefault(group, _Reserve(int(train.min_group_size)))
+                    reserve = reserves.setdefault(group, _Reserve(run.min_group_size))
                     if reserve.wants(h):
                         record = {"h": h, "group": group, "bytes": nbytes, "text": text, **values}
                         reserve.add(h, nbytes, orjson.dumps(record) + b"\n")

@@ -10,6 +10,9 @@ input's order by source or length; the result depends on the seed and the docume
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 import orjson
 
@@ -18,7 +21,23 @@ from tokenmill.commits import commit, committed
 from tokenmill.config import TokenmillConfig
 from tokenmill.hashing import unit_interval
 from tokenmill.plan import Shard
-from tokenmill.readers import Piece, Record, records
+from tokenmill.readers import Piece, ReadOptions, Record, records
+from tokenmill.storage import Store
+
+
+@dataclass(frozen=True)
+class Shuffling:
+    """What the scatter and gather stages use of a run, made once (`of`) and sent with their shards' Dask tasks."""
+
+    store: Store  # the build
+    input_key: str  # the input and partition config (`section_hash`), part of each scatter's stage key
+    reading: ReadOptions  # how the input's records are read: bad ones travel on (tokenize applies the policy)
+    seed: int  # partition.seed
+
+    @classmethod
+    def of(cls, config: TokenmillConfig) -> Shuffling:
+        reading = dataclasses.replace(config.input.read_options(), on_invalid="quarantine")
+        return cls(config.output.store(), config.section_hash("input", "partition"), reading, config.partition.seed)
 
 
 def _routing_key(doc_id, problem, file: str, line: int) -> str:
@@ -29,25 +48,23 @@ def _routing_keys(batch: list[Record]) -> list[str]:
     return [_routing_key(r.doc_id, r.problem, r.file, r.line) for r in batch]
 
 
-def scatter_shard(config: TokenmillConfig, shard: Shard, n_outputs: int) -> dict:
+def scatter_shard(run: Shuffling, shard: Shard, n_outputs: int) -> dict:
     """Split one input shard into `n_outputs` bucket files, one per output shard (empty ones too)."""
-    store, source = config.output.store(), shard.shard_id
-    key = f"{config.section_hash('input', 'partition')}-{shard.source}-{n_outputs}"
+    store, source = run.store, shard.shard_id
+    key = f"{run.input_key}-{shard.source}-{n_outputs}"
     if (done := committed(store, "scatter", source, key)) is not None:
         return done
     buckets: list[list[bytes]] = [[] for _ in range(n_outputs)]
-    options = config.input.read_options()
-    options.on_invalid = "quarantine"  # bad records travel on; tokenize applies the policy
     batch: list[Record] = []
     count = size = 0
 
     def route(batch: list[Record]) -> None:
-        targets = (unit_interval(_routing_keys(batch), f"shuffle:{config.partition.seed}:") * n_outputs).astype(int)
+        targets = (unit_interval(_routing_keys(batch), f"shuffle:{run.seed}:") * n_outputs).astype(int)
         for record, target in zip(batch, targets, strict=True):
             buckets[target].append(record.to_json())
 
     for piece in shard.pieces:
-        for record in records(piece, options):
+        for record in records(piece, run.reading):
             batch.append(record)
             count += 1
             size += record.size
@@ -60,11 +77,10 @@ def scatter_shard(config: TokenmillConfig, shard: Shard, n_outputs: int) -> dict
     return commit(store, "scatter", source, key, {"shard_id": source, "records": count, "bytes": size})
 
 
-def gather_shard(config: TokenmillConfig, target: int, sources: list[int], plan_key: str) -> dict:
+def gather_shard(run: Shuffling, target: int, sources: list[int], plan_key: str) -> dict:
     """Write output shard `target`: every source's bucket for it, in a seeded random order. Every output shard
     holds documents of every input shard: `plan_key` (the input as the plan saw it) keys it."""
-    store = config.output.store()
-    key = plan_key
+    store, key = run.store, plan_key
     if (done := committed(store, "gather", target, key)) is not None:
         return done
     lines: list[bytes] = []
@@ -77,7 +93,7 @@ def gather_shard(config: TokenmillConfig, target: int, sources: list[int], plan_
     routing = [_routing_key(r["id"], r["problem"], r["file"], r["line"]) for r in parsed]
     # A stable sort on a hash of the id: records sharing an id stay together in input order, so the
     # duplicate check keeps the first one, as it would without the shuffle.
-    order = np.argsort(unit_interval(routing, f"order:{config.partition.seed}:"), kind="stable")
+    order = np.argsort(unit_interval(routing, f"order:{run.seed}:"), kind="stable")
     store.write_bytes(layout.shuffled_shard(target), b"".join(lines[i] for i in order))
     size = sum(r["size"] for r in parsed)
     return commit(store, "gather", target, key, {"shard_id": target, "records": len(lines), "bytes": size})
