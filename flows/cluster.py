@@ -3,8 +3,6 @@ module each in `flows.clusters`), the flow's client of it, and the workers made 
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import gc
 from collections.abc import Callable, Iterator
@@ -16,7 +14,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 import flows.dask_settings  # noqa: F401 (applied to the flow's client, and to a scheduler it starts)
 from flows.clusters import external, local, slurm
 from flows.startup import warm_up
-from tokenmill.tries import Sealed
+from tokenmill.tries import Sealed, client_runs, on_client_loop
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -96,24 +94,12 @@ def on_every_worker(client: Client, work: Callable, *args) -> None:
         fire_and_forget(client.submit(Sealed(work, *args), workers=[worker], pure=False))
 
 
-ASK_CHECK_S = 0.1  # while asking the scheduler, how often to look at whether the client still runs
-
-
 def workers_now(client: Client) -> list[str]:
     """The addresses of the cluster's workers, asked of the scheduler on the client's event loop; none once the
     client no longer runs. Dask's own `scheduler_info()` waits on that loop without end: called as a run ended
     and closed its client (the pretrained tokenizer's install finishing just after the partition failed), it
     never returned, and the run never exited (a test's run hung until killed at 300 s)."""
     try:
-        asking = asyncio.run_coroutine_threadsafe(client.scheduler.identity(n_workers=-1), client.loop.asyncio_loop)
-    except (AttributeError, RuntimeError):  # no scheduler connection, or the loop is closed
+        return list(on_client_loop(client, client.scheduler.identity(n_workers=-1), alive=client_runs)["workers"])
+    except Exception:  # no scheduler connection, the client no longer runs, or it closed under the question
         return []
-    while True:
-        try:
-            return list(asking.result(timeout=ASK_CHECK_S)["workers"])
-        except concurrent.futures.TimeoutError:
-            if client.status not in ("running", "connecting") or not client.loop.asyncio_loop.is_running():
-                asking.cancel()
-                return []
-        except Exception:  # the connection closed under the question: the run is ending
-            return []

@@ -16,8 +16,6 @@ committed (their markers), so Retry redoes only the failed ones.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import functools
 import math
 import time
@@ -33,7 +31,20 @@ from prefect.utilities.annotations import quote
 from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
 from tokenmill.plan import mix_sources
-from tokenmill.tries import SHARD_RETRIES, EachShard, Failed, Parcel, Raised, Sealed, caught
+from tokenmill.tries import (
+    ALIVE_CHECK_S,
+    SHARD_RETRIES,
+    EachShard,
+    Failed,
+    Parcel,
+    Raised,
+    Sealed,
+    Unanswered,
+    caught,
+    client_runs,
+    loop_runs,
+    on_client_loop,
+)
 
 # Task runs per shard stage by default: one per cluster thread, at most this many. A task run costs about 50 ms
 # of CPU in the flow and the server; one per shard made a 10 s run of 16 shards on 2 cores 0.4 s slower.
@@ -50,9 +61,6 @@ WINDOW_PER_THREAD = 4  # a group keeps at most this many Dask tasks per cluster 
 # so that a Dask task's 2-3 ms of scheduler and client time stays small beside its work; shards of
 # `shard_size: auto` (16 MB or more) have a task each.
 TASK_BYTES, MAX_SHARDS_PER_TASK = 4 << 20, 256
-
-
-ALIVE_CHECK_S = 0.1  # a group waiting on the cluster looks this often at whether the flow's client still runs
 
 
 @dataclass(frozen=True)
@@ -362,33 +370,16 @@ class ClientClosed(RuntimeError):
         )
 
 
-def client_runs(client) -> bool:
-    """Whether `client` is connected, or reconnecting, and its event loop runs."""
-    return client.status in ("running", "connecting") and loop_runs(client)
-
-
-def loop_runs(client) -> bool:
-    """Whether the client's event loop runs: a closing client's loop still settles its futures (cancelled), and what
-    waits on them with it; a stopped loop settles nothing more."""
-    return client.loop.asyncio_loop.is_running()
-
-
 def gather(client, futures):
     """`client.gather(futures)`, or ClientClosed once the client is closed under it."""
     try:
-        pending = asyncio.run_coroutine_threadsafe(client.gather(futures, asynchronous=True), client.loop.asyncio_loop)
-    except RuntimeError:  # its loop is closed
+        return on_client_loop(client, client.gather(futures, asynchronous=True))
+    except Unanswered:
         raise ClientClosed() from None
-    while True:
-        try:
-            return pending.result(timeout=ALIVE_CHECK_S)
-        except concurrent.futures.TimeoutError:
-            if not loop_runs(client):
-                raise ClientClosed() from None
-        except BaseException:  # the futures cancelled as the client closes, or a task's own error
-            if not client_runs(client):
-                raise ClientClosed() from None
-            raise
+    except BaseException:  # the futures cancelled as the client closes, or a task's own error
+        if not client_runs(client):
+            raise ClientClosed() from None
+        raise
 
 
 def completed_batches(chains: as_completed, client) -> Iterator[list]:
