@@ -218,11 +218,13 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     assert min(len(b) for b in blocks) > 10
     assert sum(block[4] for shard in blocks for block in shard) == 1  # the block with the reject
 
+    referencing = library.Referencing.of(config, tokenizer)
+
     def every_document(shard: Shard) -> dict:
         """(split, index) -> text of every document of the shard, read whole as tokenize read it."""
         documents = int(table[table.shard_id == shard.shard_id].documents.sum())
         item = library.ReferenceItem(shard, sample=documents, documents=documents, rejected=0, seed=1)
-        found = library._from_shard(config, item, np.random.default_rng())
+        found = library._from_shard(referencing, item, np.random.default_rng())
         return {(split, index): text for split, _, index, text in found}
 
     read = []  # the pieces the sample reads
@@ -237,7 +239,7 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     rejected_at = {start for shard in blocks for _, start, _, _, rejects, *_ in shard if rejects}
     for item in items:
         read.clear()
-        sample = library.sampled_documents(config, item)
+        sample = library.sampled_documents(referencing, item)
         assert len(sample) == item.sample and {split for split, *_ in sample} == {"train", "val"}
         recorded = {(start, stop) for _, start, stop, *_ in blocks[item.shard_id]}
         assert 1 <= len(read) < len(recorded) and {(piece.start, piece.end) for piece in read} <= recorded
@@ -252,7 +254,7 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     first.write_text(json.dumps(marker))
     read.clear()
     item = next(item for item in items if item.shard_id == 0)
-    sample = library.sampled_documents(config, item)
+    sample = library.sampled_documents(referencing, item)
     assert len(sample) == item.sample and read == list(plan.shards[0].pieces)
     everything = every_document(plan.shards[0])
     assert all(everything[split, index] == text for split, _, index, text in sample)

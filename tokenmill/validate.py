@@ -33,7 +33,7 @@ from tokenmill.hashing import assign_splits
 from tokenmill.packers import pad_id as pack_pad_id
 from tokenmill.packers import writes_packed
 from tokenmill.plan import Columns, Plan, Shard, shard_ids
-from tokenmill.readers import Piece, read_documents, schema_library
+from tokenmill.readers import Piece, ReadOptions, read_documents, schema_library
 from tokenmill.stats import COLUMNS, Tokenized, ValidationFailed, all_rejected, skipped, stats_rows
 from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer_info import TokenizerInfo
@@ -342,22 +342,48 @@ def reference_items(config: TokenmillConfig, plan: Plan, table: pd.DataFrame, se
     ]
 
 
-def sampled_documents(config: TokenmillConfig, item: ReferenceItem) -> list[tuple[str, int, int, str]]:
+@dataclass(frozen=True)
+class Referencing:
+    """What the reference check uses of a run, made once (`of`) and sent with its shards' Dask tasks: documents are
+    re-read as the tokenize stage read them."""
+
+    store: Store  # the build
+    reading: dict[str, ReadOptions]  # how each mixture source's files are read ("" for a single input)
+    streams: dict[str, list[str]]  # where each source's documents went, in split order
+    split: dict[str, float]
+    tokenizer: TokenizerInfo
+    bos: bool  # each stored document starts with BOS (tokenizer.prepend_bos)
+    eod: bool  # and ends with EOD (tokenizer.append_eod)
+
+    @classmethod
+    def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Referencing:
+        return cls(
+            config.output.store(),
+            {name: source.read_options() for name, source in config.inputs().items()},
+            {name: config.streams(name) for name in config.inputs()},
+            dict(config.split),
+            tokenizer,
+            config.tokenizer.prepend_bos,
+            config.tokenizer.append_eod,
+        )
+
+
+def sampled_documents(run: Referencing, item: ReferenceItem) -> list[tuple[str, int, int, str]]:
     """(split, shard, index within the shard's split, text) of `item.sample` documents of a shard (an item of
     `reference_items`), re-read from the input: drawn from a few of the blocks tokenize read, chosen at random
     until they hold twice the sample (their places are in the shard's tokenize marker), or where the shard's
     marker does not say (input read another way, or made by an earlier tokenmill), drawn from the whole shard,
     read as tokenize read it."""
     rng = np.random.default_rng([item.seed, item.shard_id])
-    found = _from_blocks(config, item, rng)
-    return _from_shard(config, item, rng) if found is None else found
+    found = _from_blocks(run, item, rng)
+    return _from_shard(run, item, rng) if found is None else found
 
 
-def _from_blocks(config: TokenmillConfig, item: ReferenceItem, rng: np.random.Generator) -> list | None:
+def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator) -> list | None:
     """`sampled_documents` from blocks without rejects, as `tokenize_shard` recorded them (`blocks` in its
     marker); None where it recorded none, or where they hold too few documents, or a block reads otherwise now."""
-    shard_id, names = item.shard_id, config.streams_of(item.shard)
-    result = Tokenized.from_json(config.output.store().read_json(marker(TOKENIZE, shard_id))["result"])
+    shard_id, names = item.shard_id, run.streams[item.shard.mix_source]
+    result = Tokenized.from_json(run.store.read_json(marker(TOKENIZE, shard_id))["result"])
     if not result.blocks:
         return None
     blocks = np.array(result.blocks, np.int64)  # piece, start, stop, first line, rejects, documents before...
@@ -368,7 +394,7 @@ def _from_blocks(config: TokenmillConfig, item: ReferenceItem, rng: np.random.Ge
     if not len(order) or enough[-1] < sample:
         return None
     taken = np.sort(order[: np.searchsorted(enough, 2 * sample) + 1])  # until they hold twice the sample, or all
-    pieces, options = item.shard.pieces, config.input_of(item.shard).read_options()
+    pieces, options = item.shard.pieces, run.reading[item.shard.mix_source]
     read = []  # (split names, their indexes, texts) of each block's documents
     for b in taken:
         piece, start, stop, first_line, _, *counts = blocks[b].tolist()
@@ -377,7 +403,7 @@ def _from_blocks(config: TokenmillConfig, item: ReferenceItem, rng: np.random.Ge
         if len(batches) != 1 or batches[0][1] or len(batches[0][0]) != held[b].sum():
             return None  # the file changed since: read the shard as tokenize did
         batch = batches[0][0]
-        splits = assign_splits(batch.ids, config.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
+        splits = assign_splits(batch.ids, run.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
         indexes = np.zeros(len(batch), np.int64)
         for split, count in enumerate(counts):
             indexes[splits == split] = count + np.arange(np.count_nonzero(splits == split))
@@ -392,13 +418,13 @@ def _from_blocks(config: TokenmillConfig, item: ReferenceItem, rng: np.random.Ge
     return found
 
 
-def _from_shard(config: TokenmillConfig, item: ReferenceItem, rng: np.random.Generator) -> list[tuple]:
+def _from_shard(run: Referencing, item: ReferenceItem, rng: np.random.Generator) -> list[tuple]:
     """`sampled_documents` drawn uniformly from the whole shard, read as tokenize read it."""
-    shard_id, names = item.shard_id, config.streams_of(item.shard)
+    shard_id, names = item.shard_id, run.streams[item.shard.mix_source]
     positions = np.sort(rng.choice(item.documents, size=item.sample, replace=False))
     found, position, counters = [], 0, np.zeros(len(names), np.int64)
-    for batch, _ in read_documents(item.shard.pieces, config.input_of(item.shard).read_options(), columnar=True):
-        splits = assign_splits(batch.ids, config.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
+    for batch, _ in read_documents(item.shard.pieces, run.reading[item.shard.mix_source], columnar=True):
+        splits = assign_splits(batch.ids, run.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
         texts = batch.text_values()
         for i in positions[(positions >= position) & (positions < position + len(batch))] - position:
             split = splits[i]
@@ -409,17 +435,16 @@ def _from_shard(config: TokenmillConfig, item: ReferenceItem, rng: np.random.Gen
     return found
 
 
-def check_reference(config: TokenmillConfig, item: ReferenceItem, tokenizer: TokenizerInfo) -> dict:
+def check_reference(run: Referencing, item: ReferenceItem) -> dict:
     """One shard's sampled documents (an item of `reference_items`) re-read from the input, their stored ids
     checked (on a worker, whose reference is loaded): they equal the reference's (HF tokenizers) encoding, and
     they decode to the source text (after the tokenizer's own normalization; documents that the tokenizer
     itself cannot round-trip are skipped). `{"documents", "wrong", "undecodable"}`, the last two naming files."""
-    store = config.output.store()
-    sample = sampled_documents(config, item)
-    tok = loaded_backend(store.url_of(layout.TOKENIZER), tokenizer.sha256, "hf").tokenizer
+    store, sample = run.store, sampled_documents(run, item)
+    tok = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf").tokenizer
     normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
     expected = tok.encode_batch_fast([text for *_, text in sample], add_special_tokens=False)
-    head, tail = int(config.tokenizer.prepend_bos), int(config.tokenizer.append_eod)
+    head, tail = int(run.bos), int(run.eod)
     wrong, undecodable = [], []
     with ExitStack() as files:
         readers: dict[str, MegatronReader] = {}
@@ -570,7 +595,9 @@ def validate(
         # means nothing.
         sample, reference = reference_items(config, plan, table), None
         if sample:
-            reference = pool.submit(copy_context().run, run, "reference", sample, check_reference, config, tokenizer)
+            reference = pool.submit(
+                copy_context().run, run, "reference", sample, check_reference, Referencing.of(config, tokenizer)
+            )
         planned, splits = shard_ids(plan.shards).tolist(), config.streams()
         check_stats(table, planned, splits, tokenizer.vocab_size, config.pack if packing else None)
         if checked is None:
