@@ -53,7 +53,7 @@ def test_faults_on_every_kind_of_request_are_retried_and_the_shards_are_identica
     assert {"reset", "reset_after", "slowdown", "internal", "stall"} <= kinds, proxy.injected
     assert {method for _, method in proxy.injected} >= {"GET", "PUT", "HEAD"}, proxy.injected
     assert objects(faulted.output.store()) == objects(clean.output.store())
-    assert [r["reused"] for r in tokenized + packed] == [False] * 4
+    assert [r.reused for r in tokenized + packed] == [False] * 4
 
 
 def test_a_write_that_keeps_failing_fails_the_shard_naming_the_object_within_the_bound(tmp_path, proxy, bucket):
