@@ -5,15 +5,17 @@ from prefect import task
 from tasks.shards import GROUP_TASK, Stage, run_on_dask
 from tokenmill import shuffle_documents
 from tokenmill.config import TokenmillConfig
+from tokenmill.plan import Shard
+from tokenmill.shuffle_documents import Moved
 
 
 @task(name="scatter", **GROUP_TASK)
-def scatter_shards(config: TokenmillConfig, items: list[dict], n_outputs: int) -> list[dict]:
+def scatter_shards(config: TokenmillConfig, items: list[Shard], n_outputs: int) -> list[Moved]:
     stage = Stage("scatter", shuffle_documents.scatter_shard, shuffle_documents.Shuffling.of(config), (n_outputs,))
     return [r[0] for r in run_on_dask(items, [stage])]
 
 
 @task(name="gather", **GROUP_TASK)
-def gather_shards(config: TokenmillConfig, items: list[int], sources: list[int], plan_key: str) -> list[dict]:
+def gather_shards(config: TokenmillConfig, items: list[int], sources: list[int], plan_key: str) -> list[Moved]:
     stage = Stage("gather", shuffle_documents.gather_shard, shuffle_documents.Shuffling.of(config), (sources, plan_key))
     return [r[0] for r in run_on_dask(items, [stage])]

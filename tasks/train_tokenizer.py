@@ -6,11 +6,12 @@ from prefect import task
 from tasks import UNCACHED
 from tokenmill import train_tokenizer as tokenizer
 from tokenmill.config import TokenmillConfig
+from tokenmill.formats.sample import Sampled
 from tokenmill.tokenizer_info import TokenizerInfo
 
 
 @task(name="train_tokenizer", **UNCACHED)
-def train_tokenizer(config: TokenmillConfig, samples: list[dict]) -> TokenizerInfo:
+def train_tokenizer(config: TokenmillConfig, samples: list[Sampled]) -> TokenizerInfo:
     return tokenizer.train_on_sample(config, samples)
 
 

@@ -55,8 +55,8 @@ def sampled(tmp_path_factory):
 def test_sample_is_about_the_configured_size_and_comes_from_every_shard(sampled):
     config, samples = sampled
     assert len(samples) >= 3  # compressed files are whole shards; the small ones share one
-    assert all(s["documents"] > 0 for s in samples)
-    total = sum(s["bytes"] for s in samples)
+    assert all(s.documents > 0 for s in samples)
+    total = sum(s.bytes for s in samples)
     # sample_size counts input bytes (JSON included), so the text is a little less; never far off
     assert 0.7e6 < total < 1.1e6, total
     assert sum(len(t.encode()) for t in sample_files.training_texts(config, samples)) == total
@@ -143,15 +143,15 @@ def test_held_out_sample_of_plain_jsonl_reads_a_few_percent_the_same_whatever_th
     large, large_texts = held_out(tmp_path / "large", plain_enwiki, "25MB", id_field)
     assert len(small) == 8 and len(large) == 3
     for samples in (small, large):
-        assert sum(s["bytes_read"] for s in samples) < 0.05 * corpus  # 1 block of 64 KiB in 30 (+ line ends)
-        assert all(s["holdout_documents"] > 0 for s in samples)  # every shard contributes
-        assert 0.7 * 500_000 < sum(s["holdout_bytes"] for s in samples) < 1.1 * 500_000
-    assert not any(s["documents"] for s in small)  # no training sample for a pretrained tokenizer
+        assert sum(s.bytes_read for s in samples) < 0.05 * corpus  # 1 block of 64 KiB in 30 (+ line ends)
+        assert all(s.holdout_documents > 0 for s in samples)  # every shard contributes
+        assert 0.7 * 500_000 < sum(s.holdout_bytes for s in samples) < 1.1 * 500_000
+    assert not any(s.documents for s in small)  # no training sample for a pretrained tokenizer
     assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100
 
 
 def test_holdout_records_of_shard_ids_are_those_of_the_sample_results(sampled):
     """The report is sent the shard ids alone (a result dict per shard went through Dask's scheduler)."""
     config, samples = sampled
-    ids = np.array([s["shard_id"] for s in samples])
+    ids = np.array([s.shard_id for s in samples])
     assert list(sample_files.holdout_records(config, ids)) == list(sample_files.holdout_records(config, samples))

@@ -9,7 +9,7 @@ import numpy as np
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import plan_shards
 from tokenmill.readers import read_documents
-from tokenmill.shuffle_documents import Shuffling, check_counts, gather_shard, scatter_shard, shuffled_shards
+from tokenmill.shuffle_documents import Moved, Shuffling, check_counts, gather_shard, scatter_shard, shuffled_shards
 
 
 def length_sorted_corpus(tmp_path, n_files=4, per_file=400) -> list[str]:
@@ -93,7 +93,7 @@ def test_bad_records_travel_and_are_rejected_naming_their_original_line(tmp_path
         }
     )
     plan = plan_shards(config)
-    gathered = [{"shard_id": t, "bytes": 0} for t in range(plan.shuffled_shards)]
+    gathered = [Moved(t, records=0, bytes=0) for t in range(plan.shuffled_shards)]
     rejects = [
         r.to_dict()
         for s in shuffled_shards(config, plan.key, gathered)

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from tokenmill import layout
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice, load_encoder, loaded_backend
-from tokenmill.formats.sample import group_name, holdout_records
+from tokenmill.formats.sample import Sampled, group_name, holdout_records
 from tokenmill.pretrained import load_pretrained
 from tokenmill.tokenizer_info import TokenizerInfo
 
@@ -91,7 +91,7 @@ def flagged(report: dict, name: str = DATASET) -> list[str]:
 def tokenizer_report(
     config: TokenmillConfig,
     tokenizer: TokenizerInfo,
-    samples: Iterable[dict | int],
+    samples: Iterable[Sampled | int],
     encoder: EncoderChoice | None = None,
 ) -> dict:
     """Measure the held-out sample (`samples`: the sample stage's results, or the shard ids, as

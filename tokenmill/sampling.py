@@ -41,7 +41,7 @@ import orjson
 from tokenmill import layout
 from tokenmill.commits import SAMPLE, commit, committed
 from tokenmill.config import TokenmillConfig
-from tokenmill.formats.sample import group_name
+from tokenmill.formats.sample import Sampled, group_name
 from tokenmill.hashing import unit_interval
 from tokenmill.plan import Plan, Shard
 from tokenmill.readers import (
@@ -220,13 +220,13 @@ def _documents(
             continue
 
 
-def sample_shard(run: Sampling, shard: Shard) -> dict:
+def sample_shard(run: Sampling, shard: Shard) -> Sampled:
     """Write this shard's training sample, held-out sample (and reserve) under `_work/`; return their
     paths and sizes (per group too, when stratified) and the bytes read."""
     store, shard_id, f, g = run.store, shard.shard_id, source_fraction(run.f, shard), run.g
     key = stage_key(run, shard, f)
     if (done := committed(store, SAMPLE, shard_id, key)) is not None:
-        return done
+        return Sampled.from_json(done, reused=True)
     stratify, fields = run.stratify_by, run.fields
     salt = f"sample:{run.seed}:"
     sample: list[bytes] = []
@@ -269,14 +269,17 @@ def sample_shard(run: Sampling, shard: Shard) -> dict:
 
     store.write_bytes(layout.sample_file(shard_id), b"".join(sample))
     store.write_bytes(layout.holdout_file(shard_id), b"".join(holdout))
-    result = {"shard_id": shard_id, "path": layout.sample_file(shard_id), "holdout": layout.holdout_file(shard_id)}
-    if shard.mix_source:  # what `mix_thresholds` needs of a mixture's shard
-        result |= {"mix_source": shard.mix_source, "input_bytes": shard.bytes}
-    result |= sizes
+    reserve = None
     if stratify:
         # A group whose share in this shard alone reaches the minimum needs no reserve from this shard.
         kept = [line for group, r in sorted(reserves.items()) if groups[group]["sample_bytes"] < r.need
                 for *_, line in sorted(r.heap, reverse=True)]  # fmt: skip
-        store.write_bytes(layout.reserve_file(shard_id), b"".join(kept))
-        result |= {"reserve": layout.reserve_file(shard_id), "groups": dict(sorted(groups.items()))}
-    return commit(store, SAMPLE, shard_id, key, result)
+        reserve = layout.reserve_file(shard_id)
+        store.write_bytes(reserve, b"".join(kept))
+    result = Sampled(
+        shard_id, layout.sample_file(shard_id), layout.holdout_file(shard_id), **sizes,
+        mix_source=shard.mix_source or None, input_bytes=shard.bytes if shard.mix_source else 0,
+        reserve=reserve, groups=dict(sorted(groups.items())),
+    )  # fmt: skip
+    commit(store, SAMPLE, shard_id, key, result.to_json())
+    return result

@@ -22,6 +22,7 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.hashing import unit_interval
 from tokenmill.plan import Shard
 from tokenmill.readers import Piece, ReadOptions, Record, records
+from tokenmill.stats import Committed
 from tokenmill.storage import Store
 
 
@@ -40,6 +41,15 @@ class Shuffling:
         return cls(config.output.store(), config.section_hash("input", "partition"), reading, config.partition.seed)
 
 
+@dataclass(frozen=True)
+class Moved(Committed):
+    """A scatter's or a gather's result for a shard: the records it moved and their bytes."""
+
+    shard_id: int
+    records: int
+    bytes: int
+
+
 def _routing_key(doc_id, problem, file: str, line: int) -> str:
     return str(doc_id) if doc_id is not None and not problem else f"{file}:{line}"
 
@@ -48,12 +58,12 @@ def _routing_keys(batch: list[Record]) -> list[str]:
     return [_routing_key(r.doc_id, r.problem, r.file, r.line) for r in batch]
 
 
-def scatter_shard(run: Shuffling, shard: Shard, n_outputs: int) -> dict:
+def scatter_shard(run: Shuffling, shard: Shard, n_outputs: int) -> Moved:
     """Split one input shard into `n_outputs` bucket files, one per output shard (empty ones too)."""
     store, source = run.store, shard.shard_id
     key = f"{run.input_key}-{shard.source}-{n_outputs}"
     if (done := committed(store, "scatter", source, key)) is not None:
-        return done
+        return Moved.from_json(done, reused=True)
     buckets: list[list[bytes]] = [[] for _ in range(n_outputs)]
     batch: list[Record] = []
     count = size = 0
@@ -74,15 +84,17 @@ def scatter_shard(run: Shuffling, shard: Shard, n_outputs: int) -> dict:
     route(batch)
     for target, lines in enumerate(buckets):
         store.write_bytes(layout.shuffle_bucket(source, target), b"".join(lines))
-    return commit(store, "scatter", source, key, {"shard_id": source, "records": count, "bytes": size})
+    moved = Moved(source, count, size)
+    commit(store, "scatter", source, key, moved.to_json())
+    return moved
 
 
-def gather_shard(run: Shuffling, target: int, sources: list[int], plan_key: str) -> dict:
+def gather_shard(run: Shuffling, target: int, sources: list[int], plan_key: str) -> Moved:
     """Write output shard `target`: every source's bucket for it, in a seeded random order. Every output shard
     holds documents of every input shard: `plan_key` (the input as the plan saw it) keys it."""
     store, key = run.store, plan_key
     if (done := committed(store, "gather", target, key)) is not None:
-        return done
+        return Moved.from_json(done, reused=True)
     lines: list[bytes] = []
     for source in sources:
         rel = layout.shuffle_bucket(source, target)
@@ -96,25 +108,27 @@ def gather_shard(run: Shuffling, target: int, sources: list[int], plan_key: str)
     order = np.argsort(unit_interval(routing, f"order:{run.seed}:"), kind="stable")
     store.write_bytes(layout.shuffled_shard(target), b"".join(lines[i] for i in order))
     size = sum(r["size"] for r in parsed)
-    return commit(store, "gather", target, key, {"shard_id": target, "records": len(lines), "bytes": size})
+    moved = Moved(target, len(lines), size)
+    commit(store, "gather", target, key, moved.to_json())
+    return moved
 
 
-def shuffled_shards(config: TokenmillConfig, plan_key: str, gathered: list[dict]) -> list[Shard]:
+def shuffled_shards(config: TokenmillConfig, plan_key: str, gathered: list[Moved]) -> list[Shard]:
     """The shards tokenize reads after the shuffle (made from the whole input)."""
     store = config.output.store()
     return [
         Shard(
-            g["shard_id"],
-            (Piece(store.url_of(layout.shuffled_shard(g["shard_id"])), format="shuffled"),),
-            g["bytes"],
-            source=f"{plan_key}-{g['shard_id']}",
+            g.shard_id,
+            (Piece(store.url_of(layout.shuffled_shard(g.shard_id)), format="shuffled"),),
+            g.bytes,
+            source=f"{plan_key}-{g.shard_id}",
         )
         for g in gathered
     ]
 
 
-def check_counts(scattered: list[dict], gathered: list[dict]) -> None:
+def check_counts(scattered: list[Moved], gathered: list[Moved]) -> None:
     """Every record that was scattered was gathered exactly once."""
-    sent, received = sum(s["records"] for s in scattered), sum(g["records"] for g in gathered)
+    sent, received = sum(s.records for s in scattered), sum(g.records for g in gathered)
     if sent != received:
         raise RuntimeError(f"shuffle lost or duplicated records: {sent} scattered, {received} gathered")

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from tokenmill import layout
 from tokenmill.commits import commit, committed
 from tokenmill.config import TokenizerConfig, TokenmillConfig, TrainConfig
-from tokenmill.formats.sample import training_files, training_texts
+from tokenmill.formats.sample import Sampled, training_files, training_texts
 from tokenmill.pretrained import load_pretrained
 from tokenmill.storage import Store
 from tokenmill.tokenizer_info import TokenizerInfo, describe_tokenizer
@@ -45,7 +45,7 @@ def install_pretrained(config: TokenmillConfig) -> TokenizerInfo:
     return info
 
 
-def train_on_sample(config: TokenmillConfig, samples: list[dict]) -> TokenizerInfo:
+def train_on_sample(config: TokenmillConfig, samples: list[Sampled]) -> TokenizerInfo:
     """Train on the sample (in shard order); reuse the trained file if the sample and config are unchanged."""
     store, cfg = config.output.store(), config.tokenizer
     sample_digest = hashlib.sha256("".join(store.sha256(rel) for rel in training_files(samples)).encode())
