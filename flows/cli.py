@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from tokenmill.config import TokenmillConfig, load_config
+from tokenmill.config import DaskConfig, TokenmillConfig, load_config
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -353,21 +353,34 @@ def rerun(
     shards: Annotated[
         list[int], typer.Option("--shard", help="A shard to redo (repeatable); none: the uncommitted.")
     ] = [],  # noqa: B006
+    config: Annotated[
+        Path | None, typer.Option(help="A config whose dask section the rerun runs on; none: a LocalCluster.")
+    ] = None,
     debug: DebugOption = False,
 ) -> None:
-    """Redo shards of an earlier run, then validate and publish again (the run's config is read from OUTPUT)."""
+    """Redo shards of an earlier run, then validate and publish again. The run's config is read from OUTPUT, but
+    for its cluster (dask), which is this command's: whoever can write OUTPUT must not choose where code runs."""
     from flows.server import ensure_api
     from flows.startup import without_collector
+    from tokenmill.runs import RUN_CONFIG, load_run_config
 
+    dask = _load(config, []).dask if config else None
+    try:
+        stored = load_run_config(output, dask)[1]
+    except (OSError, ValueError) as e:
+        raise _fail(str(e)) from None
     api_url = ensure_api()
     with without_collector():
-        from flows.rerun import rerun_shards
+        from flows.rerun import cluster_of, rerun_shards
+
+    where = cluster_of(dask or DaskConfig())
+    console.print(f"from {output}/{RUN_CONFIG}: {', '.join(stored)}; the cluster: {where}", highlight=False)
 
     if not debug:
         tracebacks_off_the_terminal()
     with ends_promptly():
         try:
-            state = rerun_shards(output=output, shard_ids=shards or None, return_state=True)
+            state = rerun_shards(output=output, shard_ids=shards or None, dask=dask, return_state=True)
         except Exception as e:
             raise _fail(f"rerun failed: {failure_message(e, api_url)}") from None
         print_summary(*outcome(state, "rerun", api_url))
@@ -398,7 +411,11 @@ def serve(
         corpus_to_tokens.to_deployment(
             name=name, cron=cron, parameters={"config": cfg.model_dump(mode="json")}, entrypoint_type=module
         ),
-        rerun_shards.to_deployment(name=name, parameters={"output": cfg.output.path}, entrypoint_type=module),
+        rerun_shards.to_deployment(  # on the cluster this config names, never the one stored in the output
+            name=name,
+            parameters={"output": cfg.output.path, "dask": cfg.dask.model_dump(mode="json")},
+            entrypoint_type=module,
+        ),
     ]
     run_until_interrupted(lambda: aserve(*deployments))
 
@@ -534,8 +551,9 @@ def server_status() -> None:
 
 
 def _print_server(state: dict) -> None:
-    from flows.server import ui_url
+    from flows.server import auth_file, ui_url
 
     console.print(f"Prefect UI: {ui_url(state['api_url'])}", highlight=False)
     console.print(f"PREFECT_API_URL={state['api_url']}", highlight=False)
+    console.print(f'PREFECT_API_AUTH_STRING="$(cat {auth_file()})"  (the UI asks once for that line)', highlight=False)
     console.print(f"log: {state['log']}", highlight=False)

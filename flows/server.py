@@ -5,12 +5,19 @@ start its own on the same SQLite file. tokenmill instead starts one real server 
 started before), records it in `$PREFECT_HOME/tokenmill-server.json` and exports its URL, which the
 Dask workers inherit. The server's UI is told its own API address: left to itself it points the browser at
 port 4200 whatever port it listens on, and the page stays blank.
+
+On a shared host (a SLURM login node) anyone can reach 127.0.0.1, so the server answers only its own user: it
+asks for credentials (basic auth) that are made on first use in a file only that user can read
+(`$PREFECT_HOME/tokenmill-server-auth`, mode 0600, in a PREFECT_HOME of mode 0700, which also holds the
+database), which the CLI, the flow and its deployments send and the UI asks for once; CSRF protection is on and
+cross-origin requests are refused.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -38,6 +45,47 @@ def _state_file() -> Path:
     return prefect_home() / "tokenmill-server.json"
 
 
+AUTH_FILE = "tokenmill-server-auth"
+AUTH_USER = "tokenmill"
+
+
+def private_home() -> Path:
+    """PREFECT_HOME, made (or made again) readable by this user only: it holds the server's database (every run's
+    config) and its credentials."""
+    home = prefect_home()
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if home.stat().st_mode & 0o077:
+        home.chmod(0o700)
+    return home
+
+
+def auth_file() -> Path:
+    return prefect_home() / AUTH_FILE
+
+
+def server_auth() -> str:
+    """The local server's credentials, `tokenmill:<secret>`: read from the auth file, made there on first use
+    (written whole, then linked into place, so that two processes starting at once agree on one)."""
+    path = private_home() / AUTH_FILE
+    if not path.exists():
+        made = path.with_name(f".{AUTH_FILE}.{os.getpid()}")
+        descriptor = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as f:
+            f.write(f"{AUTH_USER}:{secrets.token_urlsafe(32)}\n")
+        try:
+            os.link(made, path)
+        except FileExistsError:  # another process made it first: its secret is the one
+            pass
+        finally:
+            made.unlink()
+    if path.stat().st_mode & 0o077:
+        raise PermissionError(
+            f"{path} can be read by other users: remove it (tokenmill makes a new one, and the server started with "
+            "the old one must be stopped: tokenmill server stop) or chmod 600 it"
+        )
+    return path.read_text().strip()
+
+
 def healthy(api_url: str) -> bool:
     try:
         return httpx.get(f"{api_url}/health", timeout=2).status_code == 200
@@ -46,12 +94,18 @@ def healthy(api_url: str) -> bool:
 
 
 def running_server() -> dict | None:
-    """The server tokenmill started earlier, if it still answers."""
+    """The server tokenmill started earlier, if it still answers. One started without credentials (by a tokenmill
+    before they were asked for) answers anyone on the host: it is stopped, and a run starts another."""
     try:
         state = json.loads(_state_file().read_text())
     except (OSError, ValueError):
         return None
-    return state if healthy(state["api_url"]) else None
+    if not healthy(state["api_url"]):
+        return None
+    if not state.get("auth"):
+        stop_server()
+        return None
+    return state
 
 
 def free_port() -> int:
@@ -63,13 +117,19 @@ def free_port() -> int:
 
 def start_server(port: int | None = None) -> dict:
     """Start `prefect server start` on 127.0.0.1 in the background and wait until it is healthy."""
-    home = prefect_home()
-    home.mkdir(parents=True, exist_ok=True)
+    home = private_home()
     port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     log_path = home / "tokenmill-server.log"
     prefect = Path(sys.executable).with_name("prefect")
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {
+        **os.environ,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # credentials the user gave the server (infra/ does) are kept; else this user's own
+        "PREFECT_SERVER_API_AUTH_STRING": os.environ.get("PREFECT_SERVER_API_AUTH_STRING") or server_auth(),
+        "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "true",
+        "PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS": ui_url(api_url),  # its own UI's pages only
+    }
     env.pop("PREFECT_API_URL", None)
     if not any(env.get(name) for name in UI_API_SETTINGS):
         env["PREFECT_SERVER_UI_API_URL"] = api_url
@@ -84,7 +144,7 @@ def start_server(port: int | None = None) -> dict:
             process.kill()
             raise RuntimeError(f"prefect server did not start on {api_url}; see {log_path}")
         time.sleep(0.5)
-    state = {"api_url": api_url, "pid": process.pid, "log": str(log_path)}
+    state = {"api_url": api_url, "pid": process.pid, "log": str(log_path), "auth": str(auth_file())}
     _state_file().write_text(json.dumps(state))
     return state
 
@@ -142,11 +202,16 @@ def stop_server() -> bool:
 
 
 def ensure_api() -> str:
-    """PREFECT_API_URL if set; else the URL of a local server (reused or started), exported for workers."""
+    """PREFECT_API_URL if set; else the URL of a local server (reused or started), exported with its credentials
+    (PREFECT_API_AUTH_STRING) for this process's Prefect client and for the processes it starts. A URL set to the
+    local server tokenmill started gets its credentials too, unless some are set."""
     if url := os.environ.get("PREFECT_API_URL"):
+        if (state := _recorded()) and state["api_url"] == url and state.get("auth"):
+            os.environ.setdefault("PREFECT_API_AUTH_STRING", server_auth())
         return url
     state = running_server() or start_server()
     os.environ["PREFECT_API_URL"] = state["api_url"]
+    os.environ.setdefault("PREFECT_API_AUTH_STRING", server_auth())
     os.environ["TOKENMILL_LOCAL_SERVER"] = state["api_url"]  # started by tokenmill: `supervised` may restart it
     return state["api_url"]
 

@@ -45,11 +45,12 @@ def prefect_api(tmp_path_factory) -> str:
     from flows import server
 
     home = tmp_path_factory.mktemp("prefect-home")
-    saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_API_URL")}
+    saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
     os.environ["PREFECT_HOME"] = str(home)
     os.environ.pop("PREFECT_API_URL", None)
     os.environ["PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS"] = "2"  # cron runs appear within seconds
     state = server.start_server()
+    os.environ["PREFECT_API_AUTH_STRING"] = server.server_auth()  # what its user's processes send
     yield state["api_url"]
     server.stop_server()
     for key, value in saved.items():
@@ -62,10 +63,27 @@ def prefect_api(tmp_path_factory) -> str:
 @pytest.fixture
 def prefect_client(prefect_api):
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    with temporary_settings({PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+    settings = {PREFECT_API_URL: prefect_api, PREFECT_API_AUTH_STRING: os.environ["PREFECT_API_AUTH_STRING"]}
+    with temporary_settings(settings), get_client(sync_client=True) as client:
         yield client
+
+
+def api_auth() -> tuple[str, str]:
+    """The session server's user and password, for a test's own HTTP calls to its API."""
+    user, password = os.environ["PREFECT_API_AUTH_STRING"].split(":", 1)
+    return user, password
+
+
+def api_post(api: str, path: str, body: dict):
+    """A POST to the session server's API as its user would make it: with the password, and the CSRF token the
+    server hands that user (it refuses a POST without one)."""
+    import httpx
+
+    token = httpx.get(f"{api}/csrf-token", params={"client": "tests"}, auth=api_auth(), timeout=30).json()["token"]
+    headers = {"Prefect-Csrf-Token": token, "Prefect-Csrf-Client": "tests"}
+    return httpx.post(f"{api}/{path}", json=body, auth=api_auth(), headers=headers, timeout=30)
 
 
 @pytest.fixture(scope="session")

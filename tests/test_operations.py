@@ -18,7 +18,7 @@ import pytest
 
 from flows.server import free_port
 
-from .conftest import REPO, TOKENMILL, dataset_files, served_process, stop
+from .conftest import REPO, TOKENMILL, api_post, dataset_files, served_process, stop
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -281,7 +281,6 @@ def test_rerun_shards_redoes_exactly_the_named_shards(run_cli, gpt2_run, tmp_pat
 def test_tokenmill_run_sends_flow_run_heartbeats_only_when_asked(gpt2_run, prefect_api):
     """Prefect waits for its heartbeat thread (1 s steps) as a flow run ends: gpt2_run's `tokenmill run` sent no
     heartbeat (its other events are there), and a setting that asks for heartbeats keeps them."""
-    import httpx
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
 
     from flows.cli import heartbeats_only_if_asked
@@ -290,9 +289,12 @@ def test_tokenmill_run_sends_flow_run_heartbeats_only_when_asked(gpt2_run, prefe
     of_the_run = {"resource": {"id": [f"prefect.flow-run.{run_id}"]}, "event": {"prefix": ["prefect.flow-run."]}}
     query = {"filter": of_the_run, "limit": 50}
     deadline = time.monotonic() + 60  # the server stores events in batches: wait for the run's last one
-    while "prefect.flow-run.Completed" not in (
-        events := {e["event"] for e in httpx.post(f"{prefect_api}/events/filter", json=query).json()["events"]}
-    ):
+
+    def events_now() -> set[str]:
+        found = api_post(prefect_api, "events/filter", query).json()["events"]
+        return {e["event"] for e in found}
+
+    while "prefect.flow-run.Completed" not in (events := events_now()):
         assert time.monotonic() < deadline, events
         time.sleep(1)
     assert "prefect.flow-run.Running" in events and "prefect.flow-run.heartbeat" not in events

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -34,6 +35,14 @@ def test_server_start_serves_a_ui_that_talks_to_its_own_port_and_stop_ends_every
         # the browser's UI asks /ui-settings where the API is: this server's own port, not Prefect's default 4200
         assert httpx.get(f"{ui}/ui-settings", timeout=10).json()["api_url"] == api
         assert "<html" in httpx.get(f"{ui}/runs", timeout=10, headers={"accept": "text/html"}).text.lower()
+        # its API answers its own user only: the password made for it, in a file only that user can read
+        auth = tmp_path / "home" / "tokenmill-server-auth"
+        assert stat.S_IMODE(auth.stat().st_mode) == 0o600 and stat.S_IMODE(auth.parent.stat().st_mode) == 0o700
+        assert started[2].startswith(f'PREFECT_API_AUTH_STRING="$(cat {auth})"'), started
+        csrf = f"{api}/csrf-token?client=tests"  # what a client asks first (a POST without its token is refused)
+        assert httpx.get(csrf, timeout=10).status_code == 401
+        user, password = auth.read_text().strip().split(":", 1)
+        assert httpx.get(csrf, auth=(user, password), timeout=10).status_code == 200
         assert tokenmill_server("status", env)[:2] == started[:2]
         assert tokenmill_server("start", env)[:2] == started[:2]  # found, not started twice
     finally:
@@ -65,7 +74,7 @@ def test_a_prefect_server_behind_basic_auth_takes_runs_that_have_its_password_an
 
     try:
         assert httpx.get(f"{api}/health", timeout=10).status_code == 200
-        assert httpx.post(f"{api}/flows/filter", json={}, timeout=10).status_code == 401
+        assert httpx.get(f"{api}/csrf-token?client=tests", timeout=10).status_code == 401
         refused = run("without")
         said = refused.stdout + refused.stderr
         assert refused.returncode == 1 and "Traceback" not in said, said

@@ -114,9 +114,9 @@ def slurm(tmp_path_factory):
                     pass
 
 
-def slurm_config(tmp_path: Path, name: str, replace_after: str = "10s", **sections) -> Path:
-    """examples/gpt2.yaml (with `sections` merged in) whose workers are two single-core SLURM jobs, their logs in
-    tmp_path/NAME-logs, its output tmp_path/NAME."""
+def slurm_config(tmp_path: Path, name: str, replace_after: str = "10s", slurm_extra: dict | None = None, **sections):
+    """examples/gpt2.yaml (with `sections` merged in) whose workers are two single-core SLURM jobs (`slurm_extra`
+    more of `dask.slurm`), their logs in tmp_path/NAME-logs, its output tmp_path/NAME."""
     config = yaml.safe_load((REPO / "examples" / "gpt2.yaml").read_text())
     for section, values in sections.items():
         config[section] = {**config.get(section, {}), **values}
@@ -124,14 +124,14 @@ def slurm_config(tmp_path: Path, name: str, replace_after: str = "10s", **sectio
     slurm = {"jobs": 2, "cores": 1, "memory": "2GiB", "walltime": "00:10:00", "scheduler_host": "127.0.0.1",
              "replace_after": replace_after}  # fmt: skip
     places = {"log_directory": str(tmp_path / f"{name}-logs"), "shared_directory": str(tmp_path / f"{name}-tls")}
-    config["dask"] = {"slurm": {**slurm, **places}}
+    config["dask"] = {"slurm": {**slurm, **places, **(slurm_extra or {})}}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
-def run_on_slurm(config: Path, slurm, prefect_api: str, logging: str = "WARNING") -> subprocess.Popen:
-    env = {**slurm.env, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": logging}
+def run_on_slurm(config: Path, slurm, prefect_api: str, logging: str = "WARNING", **env: str) -> subprocess.Popen:
+    env = {**slurm.env, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": logging, **env}
     env.pop("TOKENMILL_DASK_ADDRESS", None)
     return subprocess.Popen(
         [*TOKENMILL, "run", str(config)],
@@ -156,7 +156,12 @@ def no_jobs_left(slurm) -> bool:
 def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_does(
     slurm, prefect_api, gpt2_run, tmp_path
 ):
-    run = run_on_slurm(slurm_config(tmp_path, "slurm", partition={"shard_size": "1MB"}), slurm, prefect_api, "INFO")
+    """Its jobs get only the variables `dask.slurm.environment` names, from a file only this user can read: not the
+    flow's credentials (Prefect's password, a planted secret), and nothing of them in the job script."""
+    logs = tmp_path / "slurm-logs"
+    job_env = {"environment": ["PATH", "HOME", "TOKENMILL_NAMED"], "setup": [f"env > {logs}/env-$SLURM_JOB_ID.txt"]}
+    config = slurm_config(tmp_path, "slurm", slurm_extra=job_env, partition={"shard_size": "1MB"})
+    run = run_on_slurm(config, slurm, prefect_api, "INFO", TOKENMILL_NAMED="named", TOKENMILL_SECRET="planted-secret")
     out = run.communicate(timeout=600)[0]
     assert run.returncode == 0, out
     assert "Dask: SLURM jobs" in out
@@ -169,7 +174,14 @@ def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_d
     logs = " ".join(p.read_text() for p in (tmp_path / "slurm-logs").glob("*.err"))
     assert re.search(r"Start worker at: +tls://", logs) and "tcp://" not in logs  # over TLS, the run's certificates
     assert no_jobs_left(slurm)  # cancelled when the run ended
-    assert not any((tmp_path / "slurm-tls").iterdir())  # the run's certificates removed
+    assert not any((tmp_path / "slurm-tls").iterdir())  # the run's certificates removed, and its environment file
+    dumps = [p.read_text() for p in logs.glob("env-*.txt")]
+    assert dumps and all("TOKENMILL_NAMED=named\n" in d for d in dumps), dumps
+    secrets = ("planted-secret", os.environ["PREFECT_API_AUTH_STRING"], "PREFECT_API_URL", "TOKENMILL_SECRET")
+    assert not [s for s in secrets for d in dumps if s in d]
+    # What slurmctld keeps of each job (its script and environment, for its administrators): none of it either
+    kept = [p for p in (slurm.work / "state").rglob("*") if p.name in ("script", "environment")]
+    assert kept and not [p for p in kept for s in secrets if s.encode() in p.read_bytes()], kept
 
 
 def test_worker_jobs_cancelled_mid_run_are_replaced_and_the_output_is_the_same_bytes(

@@ -68,6 +68,9 @@ class Browsing:
 def ui(browser, tmp_path):
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     context.set_default_timeout(UI_TIMEOUT_MS)
+    # Signed in, as the UI keeps it once asked (the sign-in itself: test_the_ui_asks_for_the_servers_password_once)
+    password = json.dumps(os.environ["PREFECT_API_AUTH_STRING"])
+    context.add_init_script(f"window.localStorage.setItem('prefect-password', btoa({password}))")
     yield Browsing(context, tmp_path / "screenshots")
     context.close()
 
@@ -77,6 +80,35 @@ def printed_link(stdout: str) -> str:
     last = stdout.strip().splitlines()[-1]
     assert last.startswith("The run in the Prefect UI: "), stdout[-2000:]
     return last.removeprefix("The run in the Prefect UI: ")
+
+
+def test_the_ui_asks_for_the_servers_password_once(browser, prefect_api, tmp_path):
+    """Anyone on the host can open 127.0.0.1: the local server's UI asks for the line of its auth file (readable by
+    its user only), refuses a wrong one, and once given the right one shows the runs, and keeps it."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(UI_TIMEOUT_MS)
+    ui = Browsing(context, tmp_path / "screenshots")
+    page = ui.page
+    try:
+        page.goto(f"{ui_url(prefect_api)}/runs")
+        password = page.get_by_placeholder("admin:pass")
+        password.wait_for()
+        ui.shot("asked")
+        password.fill("tokenmill:not-the-password")
+        page.get_by_role("button", name="Login").click()
+        page.wait_for_timeout(1000)
+        assert page.evaluate("window.localStorage.getItem('prefect-password')") is None  # refused, not kept
+        assert "/login" in page.url, page.url
+        password.fill(os.environ["PREFECT_API_AUTH_STRING"])
+        page.get_by_role("button", name="Login").click()
+        page.wait_for_url(re.compile(r".*/runs.*"))
+        page.get_by_text("Flow Runs", exact=False).first.wait_for()
+        ui.shot("signed-in")
+        page.reload()
+        page.get_by_text("Flow Runs", exact=False).first.wait_for()
+        assert "/login" not in page.url and password.count() == 0
+    finally:
+        context.close()
 
 
 def test_run_page_that_tokenmill_run_prints_shows_the_state_shard_tasks_and_summary(gpt2_run, prefect_api, ui):
@@ -323,8 +355,10 @@ def test_worker_filter_drops_only_a_heartbeat_the_closing_scheduler_cut_off():
     def worker_filters() -> list[str]:
         return [type(f).__name__ for f in logging.getLogger("distributed.worker").filters]
 
-    with local_cluster_process(DaskConfig(n_workers=1)) as address, Client(address()) as client:
-        assert list(client.run(worker_filters).values()) == [["ClosedScheduler"]]
+    with local_cluster_process(DaskConfig(n_workers=1)) as started:
+        running = started()
+        with Client(running.address, security=running.security) as client:
+            assert list(client.run(worker_filters).values()) == [["ClosedScheduler"]]
 
 
 @pytest.fixture(scope="module")

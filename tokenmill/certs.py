@@ -7,7 +7,7 @@ runs code with them. `tokenmill certs DIR` writes:
 - `ca.pem` (the authority's certificate, for every process) and `ca-key.pem` (its key: keep it off the cluster;
   it signs new certificates);
 - `scheduler.pem`, `worker.pem`, `client.pem` and their `-key.pem` keys, one per role (keys readable by their
-  owner only).
+  owner only): the client's for connecting only, the others' for serving and connecting.
 """
 
 from __future__ import annotations
@@ -49,10 +49,13 @@ def _subject_names(hosts: list[str]) -> list[x509.GeneralName]:
     return names
 
 
-def make_certificates(directory: Path, hosts: list[str], days: int = 365) -> list[Path]:
+def make_certificates(
+    directory: Path, hosts: list[str], days: int = 365, keep_authority_key: bool = True
+) -> list[Path]:
     """A new authority and a certificate per role (ROLES) signed by it, valid `days` days for `hosts` (and
-    localhost), written into `directory`; the files written. Refuses to replace an existing authority: the
-    certificates it signed would stop working."""
+    localhost), written into `directory`; the files written. Without `keep_authority_key` the authority's key is
+    never written (a run's own certificates, on storage the nodes share: none can sign another). Refuses to
+    replace an existing authority: the certificates it signed would stop working."""
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / "ca.pem").exists():
         raise FileExistsError(f"{directory / 'ca.pem'} exists: give another directory, or remove it to start over")
@@ -84,11 +87,14 @@ def make_certificates(directory: Path, hosts: list[str], days: int = 365) -> lis
         )  # fmt: skip
         .sign(ca_key, hashes.SHA256())
     )
-    written = [directory / "ca.pem", directory / "ca-key.pem"]
+    written = [directory / "ca.pem"]
     written[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    _write_key(written[1], ca_key)
-    usages = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
-    for role in ROLES:  # each connects and is connected to: both usages
+    if keep_authority_key:
+        written.append(directory / "ca-key.pem")
+        _write_key(written[1], ca_key)
+    both = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
+    for role in ROLES:  # the scheduler and the workers connect and are connected to; the client only connects
+        usages = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]) if role == "client" else both
         key = ec.generate_private_key(ec.SECP256R1())
         certificate = (
             x509.CertificateBuilder()

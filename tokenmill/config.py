@@ -411,12 +411,29 @@ class SlurmConfig(_Section):
         description="A directory this host and the nodes both see, for the run's own TLS certificates (made for "
         "each run, removed after it); null: ~/.tokenmill/slurm.",
     )
+    environment: list[str] = Field(
+        default_factory=lambda: ["PATH", "HOME", "LANG"],
+        description="The variables of this environment the jobs get, by name (e.g. add AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY and AWS_ENDPOINT_URL where the workers read s3:// and the nodes have no credentials "
+        "of their own). Nothing else of it reaches a job (sbatch --export=NONE); their values go in a file only "
+        "you can read, in the run's directory under shared_directory, never in the job script or SLURM's records.",
+    )
 
 
 class DaskConfig(_Section):
     """Where the shard work runs: a Dask scheduler's address, SLURM jobs, or a LocalCluster started for the run."""
 
-    address: str | None = Field(None, description="Scheduler address; null starts a LocalCluster here.")
+    address: str | None = Field(
+        None,
+        description="Scheduler address; null starts a LocalCluster here. On another host it must be tls:// (see "
+        "allow_plaintext).",
+    )
+    allow_plaintext: bool = Field(
+        False,
+        description="Accept a tcp:// scheduler address on another host: its traffic unencrypted, and anyone on the "
+        "network between able to send the scheduler code to run as you. Only on a network you trust; the run's log "
+        "says so.",
+    )
     n_workers: int | None = Field(None, ge=1, description="LocalCluster worker processes; null: one per core.")
     adaptive: AdaptiveConfig | None = Field(
         None, description="Scale the LocalCluster (or the SLURM jobs' workers) between minimum and maximum workers."

@@ -1,16 +1,19 @@
-"""What a run leaves for the next one: its config (so a rerun needs only the output path) and the
+"""What a run leaves for the next one: its config (so a rerun needs only the output path, and its cluster) and the
 commit markers a targeted rerun removes to redo chosen shards."""
 
 from __future__ import annotations
 
 from tokenmill.commits import marker
-from tokenmill.config import TokenmillConfig
+from tokenmill.config import DaskConfig, TokenmillConfig
 from tokenmill.plan import Plan
 from tokenmill.storage import Store
 
 RUN_CONFIG = "_work/config.json"
 MASKED = "**********"  # how pydantic writes a SecretStr
 SHARD_STAGES = ("tokenize", "pack")  # the per-shard stages a rerun redoes (sample and shuffle feed others)
+# What a rerun never takes from the output location: whoever can write there must not choose where the shards' code
+# runs (`dask`: a scheduler's address, SLURM jobs and the shell lines they run first).
+NOT_STORED = ("dask",)
 
 
 def save_run_config(config: TokenmillConfig) -> None:
@@ -21,13 +24,18 @@ def save_run_config(config: TokenmillConfig) -> None:
         store.write_json(RUN_CONFIG, recorded)
 
 
-def load_run_config(output: str) -> TokenmillConfig:
+def load_run_config(output: str, dask: DaskConfig | None = None) -> tuple[TokenmillConfig, list[str]]:
+    """The earlier run's config, read back from its output, but for the sections a rerun never takes from there
+    (NOT_STORED), which are the caller's: `dask` (None: the defaults, a LocalCluster or $TOKENMILL_DASK_ADDRESS).
+    Also the sections it took from the output."""
     store = Store(output)
     if not store.exists(RUN_CONFIG):
         raise FileNotFoundError(f"{output}: no {RUN_CONFIG}; is this the output of a tokenmill run?")
     data = _without_masked_secrets(store.read_json(RUN_CONFIG))
     data["output"]["path"] = output
-    return TokenmillConfig.model_validate(data)
+    stored = [key for key in data if key not in NOT_STORED and isinstance(data[key], dict | list)]
+    data = {k: v for k, v in data.items() if k not in NOT_STORED} | {"dask": (dask or DaskConfig()).model_dump()}
+    return TokenmillConfig.model_validate(data), stored
 
 
 def _without_masked_secrets(data):

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from flows.clusters import ClusterStartError, Running
+from flows.clusters import STARTED_TLS, ClusterStartError, Running
 from flows.startup import without_collector
 
 if TYPE_CHECKING:
@@ -41,6 +41,13 @@ def local_cluster_kwargs(dask_config: DaskConfig) -> dict:
         # The encoder's own thread pool gets this worker's share of the cores, no more.
         "env": {"RAYON_NUM_THREADS": str(max(1, cores // (adaptive.maximum if adaptive else n_workers)))},
     }
+
+
+def client_tls(ca: str, cert: str, key: str):
+    """A client's TLS to the run's LocalCluster, from the certificate and key it was made with (PEM text)."""
+    from distributed.security import Security
+
+    return Security(require_encryption=True, tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key)
 
 
 def chosen(dask_config: DaskConfig) -> bool:
@@ -91,11 +98,11 @@ def serve_local_cluster(spec: str) -> None:
 @contextlib.contextmanager
 def local_cluster_process(
     dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None
-) -> Iterator[Callable[[], str]]:
-    """Start the run's LocalCluster in a process of its own now and yield `address`, which waits for its
-    scheduler's address; on exit the cluster is closed. Its own interpreter, because the scheduler, the
-    nannies and the dashboard (bokeh) took 0.6 s of CPU to start and more as they run, which in the flow's
-    process delayed its imports and its own work (every process's CPU is measured in bench/megatron.py).
+) -> Iterator[Callable[[], Running]]:
+    """Start the run's LocalCluster in a process of its own now and yield `started`, which waits for its
+    scheduler's address and the TLS to reach it with; on exit the cluster is closed. Its own interpreter, because
+    the scheduler, the nannies and the dashboard (bokeh) took 0.6 s of CPU to start and more as they run, which in
+    the flow's process delayed its imports and its own work (every process's CPU is measured in bench/megatron.py).
     The cluster's process ends with the flow's, killed or not: it closes the cluster when its stdin ends.
     `tokenizer`: the run's, whose encoders every worker then starts with (`preloaded_tokenizer`)."""
     spec = json.dumps(
@@ -110,10 +117,10 @@ def local_cluster_process(
     process = subprocess.Popen([*command, spec], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     @functools.cache
-    def address() -> str:
+    def started() -> Running:
         said = json.loads(process.stdout.readline() or "{}")
         if "address" in said:
-            return said["address"]
+            return Running(said["address"], client_tls(*said["tls"]))
         raise ClusterStartError(
             said.get("error")
             or f"the local Dask cluster's process ended before its cluster started "
@@ -121,7 +128,7 @@ def local_cluster_process(
         )
 
     try:
-        yield address
+        yield started
     finally:
         process.stdin.close()
         try:
@@ -137,15 +144,17 @@ def local_cluster_started_early(
 ) -> Iterator[Callable[[], None]]:
     """With no scheduler configured, start the run's LocalCluster now (`local_cluster_process`), so that it
     boots while the caller imports Prefect (about 2 s of a `tokenmill run`), and yield `connect`, which waits
-    for it and points TOKENMILL_DASK_ADDRESS at it; the cluster is closed on exit. With a scheduler, or SLURM
-    jobs (the flow starts those), `connect` does nothing."""
+    for it and points TOKENMILL_DASK_ADDRESS at it (its TLS in `STARTED_TLS`); the cluster is closed on exit.
+    With a scheduler, or SLURM jobs (the flow starts those), `connect` does nothing."""
     if dask_config.scheduler() or dask_config.slurm is not None:
         yield lambda: None
         return
-    with local_cluster_process(dask_config, tokenizer) as address:
+    with local_cluster_process(dask_config, tokenizer) as started:
 
         def connect() -> None:
-            os.environ["TOKENMILL_DASK_ADDRESS"] = address()
+            running = started()
+            STARTED_TLS[running.address] = running.security
+            os.environ["TOKENMILL_DASK_ADDRESS"] = running.address
 
         try:
             yield connect
@@ -157,5 +166,5 @@ def local_cluster_started_early(
 def start(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> Iterator[Running]:
     """The run's LocalCluster (`local_cluster_process`), for a flow run that `tokenmill run` did not start one
     ahead of (a deployment's)."""
-    with local_cluster_process(dask_config, tokenizer) as address:
-        yield Running(address())
+    with local_cluster_process(dask_config, tokenizer) as started:
+        yield started()

@@ -75,8 +75,18 @@ if "forkserver" in multiprocessing.get_all_start_methods():  # Linux and macOS; 
 
 def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
     """A LocalCluster made with `kwargs` (`local_cluster_kwargs`), adapting between `adapt`'s bounds if given. Its
-    scheduler serves HTTP at the dashboard's address, but the dashboard's pages come later (`attach_dashboard`)."""
-    kwargs = kwargs | {"scheduler_kwargs": {"dashboard": False}, "config": WORKER_LOG_LENGTH}  # the workers' config
+    scheduler serves HTTP at the dashboard's address, but the dashboard's pages come later (`attach_dashboard`).
+
+    It speaks TLS with a key and certificate made for it now, in memory (`Security.temporary`): on a shared host
+    anyone can connect to 127.0.0.1, and a client of the scheduler runs code as the run's user; only the run's own
+    processes hold the key."""
+    from distributed.security import Security
+
+    kwargs = kwargs | {
+        "scheduler_kwargs": {"dashboard": False},
+        "config": WORKER_LOG_LENGTH,  # the workers' config
+        "security": Security.temporary(),
+    }
     try:
         cluster = LocalCluster(**kwargs)
     except RuntimeError:  # a worker process died as it started (killed, out of memory): once more
@@ -166,7 +176,9 @@ def run_local_cluster(spec: str) -> None:
         except ClusterStartError as e:
             print(json.dumps({"error": str(e)}), file=answer, flush=True)
             sys.exit(1)
-        print(json.dumps({"address": cluster.scheduler_address}), file=answer, flush=True)
+        tls = cluster.security  # the client's credentials, for the flow's process only (this pipe is its own)
+        said = {"address": cluster.scheduler_address, "tls": [tls.tls_ca_file, tls.tls_client_cert, tls.tls_client_key]}
+        print(json.dumps(said), file=answer, flush=True)
         answer.close()
         try:
             attach_dashboard(cluster)

@@ -10,6 +10,7 @@ the run ends."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import socket
 import sys
@@ -49,7 +50,7 @@ def run_security(certs: Path, host: str):
 
     from tokenmill.certs import make_certificates
 
-    make_certificates(certs, [host], days=30)
+    make_certificates(certs, [host], days=30, keep_authority_key=False)  # no key on the shared storage can sign
     role = {r: (str(certs / f"{r}.pem"), str(certs / f"{r}-key.pem")) for r in ("scheduler", "worker", "client")}
     return Security(
         tls_ca_file=str(certs / "ca.pem"), require_encryption=True,
@@ -57,6 +58,18 @@ def run_security(certs: Path, host: str):
         tls_worker_cert=role["worker"][0], tls_worker_key=role["worker"][1],
         tls_client_cert=role["client"][0], tls_client_key=role["client"][1],
     )  # fmt: skip
+
+
+def job_environment(directory: Path, names: list[str]) -> Path:
+    """The variables named in `names` (those set here), written for the jobs to source into a file that only this
+    user can read (mode 0600, in the run's 0700 directory, removed with it): sbatch stores the job script and, unless
+    told --export=NONE, this whole environment in SLURM's records, which the cluster's administrators and its
+    accounting read."""
+    path = directory / "environment"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as f:
+        f.writelines(f"{name}={shlex.quote(os.environ[name])}\n" for name in names if name in os.environ)
+    return path
 
 
 def chosen(dask_config: DaskConfig) -> bool:
@@ -102,6 +115,7 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
     shared = Path(slurm.shared_directory or Path.home() / ".tokenmill" / "slurm").expanduser()
     shared.mkdir(mode=0o700, parents=True, exist_ok=True)  # the jobs read their certificate and key there
     with tempfile.TemporaryDirectory(prefix="run-", dir=shared) as certs:
+        environment = job_environment(Path(certs), slurm.environment)
         try:
             cluster = SLURMCluster(
                 queue=slurm.partition,
@@ -112,8 +126,8 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
                 processes=slurm.processes,
                 memory=slurm.memory,
                 python=slurm.python or sys.executable,
-                job_extra_directives=slurm.directives,
-                job_script_prologue=[*exports, *slurm.setup],
+                job_extra_directives=["--export=NONE", *slurm.directives],  # none of this environment: `environment`
+                job_script_prologue=[f"set -a; . {shlex.quote(str(environment))}; set +a", *exports, *slurm.setup],
                 worker_extra_args=["--lifetime", f"{lifetime}s", "--lifetime-stagger", f"{min(60, lifetime // 10)}s"],
                 scheduler_options={"host": host, "dashboard_address": ":0"},
                 log_directory=slurm.log_directory,

@@ -1,0 +1,203 @@
+"""Safe where it runs: on a shared host (a SLURM login node), another user of the host cannot drive a user's
+local Prefect server nor read its credentials. A second Unix user is made here (`useradd`) and acts through
+`runuser`."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from .conftest import REPO, SHARED, TOKENMILL, api_post
+
+OTHER = "tokenmill-other"
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "python3"
+
+
+@pytest.fixture(scope="module")
+def other_user() -> str:
+    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
+        pytest.skip("a second user needs root, useradd and runuser")
+    made = subprocess.run(["id", OTHER], capture_output=True).returncode != 0
+    if made:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER], check=True)
+    yield OTHER
+    if made:
+        subprocess.run(["userdel", OTHER], check=False)
+
+
+def as_other(*command: str) -> subprocess.CompletedProcess:
+    """`command` run as the other user, with an environment of its own (none of this user's settings)."""
+    clean = ["env", "-i", "HOME=/tmp", "PATH=/usr/bin:/bin", "DASK_TEMPORARY_DIRECTORY=/tmp"]
+    return subprocess.run(["runuser", "-u", OTHER, "--", *clean, *command], capture_output=True, text=True, timeout=120)
+
+
+def status_for_other(url: str, body: str | None = "{}") -> str:
+    """The HTTP status another user gets for a POST of `body` to `url` (a GET with no body): curl as that user,
+    without the password."""
+    post = ["-X", "POST", "-H", "content-type: application/json", "-d", body] if body is not None else []
+    asked = as_other("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *post, url)
+    assert asked.returncode == 0, asked.stderr
+    return asked.stdout
+
+
+def test_another_user_can_neither_list_nor_start_runs_on_the_local_server_nor_read_its_password(
+    gpt2_run, prefect_api, other_user
+):
+    """After a run, against the server that stays up: the runs and their configs are listed for its user only;
+    another user's request to list them, to create a flow or to start a run is refused (401), and the password
+    file (0600) in a PREFECT_HOME of 0700 (its database too) cannot be read."""
+    home = Path(os.environ["PREFECT_HOME"])
+    auth = home / "tokenmill-server-auth"
+    assert stat.S_IMODE(auth.stat().st_mode) == 0o600 and stat.S_IMODE(home.stat().st_mode) == 0o700
+    listed = api_post(prefect_api, "flow_runs/filter", {})
+    assert listed.status_code == 200 and listed.json()  # gpt2_run's, among others
+    run = listed.json()[0]
+    # Every call needs the password (a POST also a CSRF token, which only the password gets): refused
+    assert status_for_other(f"{prefect_api}/csrf-token?client=other", body=None) == "401"
+    assert status_for_other(f"{prefect_api}/flow_runs/{run['id']}", body=None) == "401"  # a run and its config
+    refused = ("401", "403")
+    assert status_for_other(f"{prefect_api}/flow_runs/filter") in refused
+    assert status_for_other(f"{prefect_api}/flows/", '{"name": "planted"}') in refused
+    assert status_for_other(f"{prefect_api}/flow_runs/", f'{{"flow_id": "{run["flow_id"]}"}}') in refused
+    assert status_for_other(f"{prefect_api}/deployments/filter") in refused
+    for path in (auth, home / "prefect.db"):
+        read = as_other("cat", str(path))
+        assert read.returncode != 0 and "Permission denied" in read.stderr, read
+
+
+# Run by the other user, with Debian's own Python (the test's interpreter lives where only root can read): every
+# port either refuses a TLS client without the run's certificate, or is the dashboard's HTTP; nothing speaks Dask
+# in the clear.
+KNOCK = """
+import socket, ssl, sys
+
+def knock(port):
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, tls.wrap_socket(raw) as spoken:
+            spoken.sendall(bytes(8))
+            spoken.recv(1)
+            return "tls-answered"
+    except ssl.SSLError as e:
+        if "ALERT" in str(e).upper():  # the server asked for a certificate and was given none
+            return "tls-refused"
+        why = str(e)
+    except OSError as e:
+        why = str(e)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        raw.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+        return "http" if raw.recv(5) == b"HTTP/" else f"other ({why})"
+
+for port in sys.argv[1:]:
+    print(port, knock(int(port)))
+"""
+
+
+def listening_ports(process: psutil.Process) -> list[int]:
+    return sorted({c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN})
+
+
+def test_another_user_cannot_reach_the_runs_local_dask_cluster(prefect_api, other_user, tmp_path):
+    """During a run: its LocalCluster speaks TLS with a key that only the run's processes hold (in memory); another
+    user's client is refused at every port the cluster's process listens on, whether it speaks plain TCP or TLS
+    with a certificate of its own, and the run goes on."""
+    corpus = gzip.decompress((SHARED / "corpora/enwiki_slice/enwiki_slice.jsonl.gz").read_bytes())
+    (tmp_path / "a.jsonl").write_bytes(corpus)
+    (tmp_path / "b.jsonl").write_bytes(corpus)  # a run of some seconds, on this machine
+    config = tmp_path / "long.yaml"
+    config.write_text(json.dumps({
+        "name": "long", "input": {"paths": [str(tmp_path / "*.jsonl")]},
+        "tokenizer": {"path": str(REPO / "examples/tokenizers/gpt2/tokenizer.json"), "eod": "<|endoftext|>"},
+        "partition": {"shard_size": "4MB"}, "output": {"path": str(tmp_path / "out")},
+    }))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"PREFECT_API_URL": prefect_api}
+    run = subprocess.Popen([*TOKENMILL, "run", str(config)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended before its cluster was seen"
+            cluster = [p for p in psutil.Process(run.pid).children(recursive=True)
+                       if "serve_local_cluster" in " ".join(p.cmdline())]  # fmt: skip
+            processes = cluster + cluster[0].children(recursive=True) if cluster else []
+            ports = sorted({port for p in processes for port in listening_ports(p)})
+            if len(ports) >= 4:  # the scheduler, its dashboard, a nanny and a worker at least
+                break
+            time.sleep(0.2)
+        knocked = as_other(SYSTEM_PYTHON, "-c", KNOCK, *map(str, ports))
+        assert knocked.returncode == 0, knocked.stderr[-3000:]
+        said = dict(line.split(" ", 1) for line in knocked.stdout.splitlines())
+        assert sorted(said) == sorted(map(str, ports)), knocked.stdout
+        assert list(said.values()).count("http") == 1 and set(said.values()) == {"tls-refused", "http"}, said
+        assert run.poll() is None  # the run went on meanwhile
+    finally:
+        os.killpg(run.pid, signal.SIGINT)
+        run.communicate(timeout=120)
+
+
+def test_a_plain_tcp_scheduler_on_another_host_is_refused_unless_allowed(run_cli, tmp_path, caplog):
+    """`tcp://` to another host carries the shards' traffic unencrypted and lets anyone on the network between
+    send the scheduler code: the run stops before any work, saying how to get certificates; loopback is taken;
+    `dask.allow_plaintext: true` takes it too, and the log says so."""
+    from flows.clusters import external
+    from tokenmill.config import DaskConfig
+
+    refused = run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
+                      "--set", "dask.address=tcp://192.0.2.1:8786", check=False)  # fmt: skip
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and "Traceback" not in said, said
+    assert "plain TCP on another host (192.0.2.1)" in said and "tokenmill certs" in said, said
+    assert not (tmp_path / "out" / "_commits").exists()
+    with external.start(DaskConfig(address="tcp://127.0.0.1:8786")) as running:
+        assert running.address == "tcp://127.0.0.1:8786"
+    with caplog.at_level("WARNING"), external.start(DaskConfig(address="tcp://192.0.2.1:8786", allow_plaintext=True)):
+        assert "reached over plain TCP, unencrypted and unauthenticated" in caplog.text
+
+
+def test_a_rerun_takes_no_cluster_from_the_output_location(gpt2_run, run_cli, tmp_path):
+    """Whoever can write the output location could plant a cluster in the run config stored there (`dask.address`
+    of their own scheduler, whose results the flow unpickles; `dask.slurm.setup` shell lines): a rerun takes its
+    cluster from its own command, says so, and runs as the stored config says otherwise."""
+    out = tmp_path / "out"
+    shutil.copytree(gpt2_run, out)
+    stored = json.loads((out / "_work/config.json").read_text())
+    stored["dask"]["address"] = "tcp://127.0.0.1:9"  # planted: nothing answers there, a run sent there fails
+    (out / "_work/config.json").write_text(json.dumps(stored))
+    result = run_cli("rerun", str(out), "--shard", "1")
+    assert f"from {out}/_work/config.json: " in result.stdout and "; the cluster: " in result.stdout, result.stdout
+    assert "tcp://127.0.0.1:9" not in result.stdout
+    assert json.loads((out / "_commits/tokenize/shard-00001.json").read_text())["result"]["shard_id"] == 1
+
+
+def test_certificates_carry_only_the_usage_their_role_needs_and_a_runs_own_have_no_authority_key(tmp_path):
+    """The client's certificate cannot serve (client authentication only); the scheduler's and the workers' both
+    serve and connect. A run's own certificates (SLURM: on storage the nodes share) are written without the
+    authority's key, so nothing there can sign another certificate; `tokenmill certs` keeps it for its user."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    from tokenmill.certs import make_certificates
+
+    def usages(path: Path) -> set:
+        certificate = x509.load_pem_x509_certificate(path.read_bytes())
+        return set(certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+
+    written = make_certificates(tmp_path / "run", ["node1"], days=1, keep_authority_key=False)
+    assert not (tmp_path / "run" / "ca-key.pem").exists() and all(p.exists() for p in written)
+    assert usages(tmp_path / "run" / "client.pem") == {ExtendedKeyUsageOID.CLIENT_AUTH}
+    both = {ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH}
+    assert usages(tmp_path / "run" / "scheduler.pem") == usages(tmp_path / "run" / "worker.pem") == both
+    kept = make_certificates(tmp_path / "kept", ["node1"], days=1)
+    key = tmp_path / "kept" / "ca-key.pem"
+    assert key in kept and stat.S_IMODE(key.stat().st_mode) == 0o600
