@@ -122,11 +122,11 @@ def start_server(port: int | None = None) -> dict:
     api_url = f"http://127.0.0.1:{port}/api"
     log_path = home / "tokenmill-server.log"
     prefect = Path(sys.executable).with_name("prefect")
+    given = os.environ.get("PREFECT_SERVER_API_AUTH_STRING")  # credentials the user gave it (infra/ does) are kept
     env = {
         **os.environ,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        # credentials the user gave the server (infra/ does) are kept; else this user's own
-        "PREFECT_SERVER_API_AUTH_STRING": os.environ.get("PREFECT_SERVER_API_AUTH_STRING") or server_auth(),
+        "PREFECT_SERVER_API_AUTH_STRING": given or server_auth(),
         "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "true",
         "PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS": ui_url(api_url),  # its own UI's pages only
     }
@@ -144,7 +144,7 @@ def start_server(port: int | None = None) -> dict:
             process.kill()
             raise RuntimeError(f"prefect server did not start on {api_url}; see {log_path}")
         time.sleep(0.5)
-    state = {"api_url": api_url, "pid": process.pid, "log": str(log_path), "auth": str(auth_file())}
+    state = {"api_url": api_url, "pid": process.pid, "log": str(log_path), "auth": "given" if given else "file"}
     _state_file().write_text(json.dumps(state))
     return state
 
@@ -204,14 +204,17 @@ def stop_server() -> bool:
 def ensure_api() -> str:
     """PREFECT_API_URL if set; else the URL of a local server (reused or started), exported with its credentials
     (PREFECT_API_AUTH_STRING) for this process's Prefect client and for the processes it starts. A URL set to the
-    local server tokenmill started gets its credentials too, unless some are set."""
+    local server tokenmill started (in this PREFECT_HOME) gets its credentials too, whatever else is set: a process
+    started by another's (a test's, a benchmark's) may carry that one's. A server the user gave credentials
+    (PREFECT_SERVER_API_AUTH_STRING) takes the clients' the user gives them."""
     if url := os.environ.get("PREFECT_API_URL"):
-        if (state := _recorded()) and state["api_url"] == url and state.get("auth"):
-            os.environ.setdefault("PREFECT_API_AUTH_STRING", server_auth())
+        if (state := _recorded()) and state["api_url"] == url and state.get("auth") == "file":
+            os.environ["PREFECT_API_AUTH_STRING"] = server_auth()
         return url
     state = running_server() or start_server()
     os.environ["PREFECT_API_URL"] = state["api_url"]
-    os.environ.setdefault("PREFECT_API_AUTH_STRING", server_auth())
+    if state.get("auth") == "file":
+        os.environ["PREFECT_API_AUTH_STRING"] = server_auth()
     os.environ["TOKENMILL_LOCAL_SERVER"] = state["api_url"]  # started by tokenmill: `supervised` may restart it
     return state["api_url"]
 

@@ -277,11 +277,14 @@ def test_prefect_yaml_rerun_shards_deployment_redoes_the_nightly_dataset(prefect
     pointed at the nightly run's output, on demand only."""
     rerun = deployment(prefect_project, RERUN)
     assert rerun["name"] == nightly["name"] and rerun["work_pool"] == nightly["work_pool"]
-    assert rerun["parameters"] == {"output": nightly["parameters"]["config"]["output"]["path"], "shard_ids": None}
+    config = nightly["parameters"]["config"]
+    assert rerun["parameters"] == {"output": config["output"]["path"], "shard_ids": None, "dask": config["dask"]}
     assert not rerun.get("schedules")
     from flows.rerun import rerun_shards
+    from tokenmill.config import DaskConfig
 
-    assert rerun_shards.validate_parameters(rerun["parameters"]) == rerun["parameters"]  # as the server will
+    validated = rerun_shards.validate_parameters(rerun["parameters"])  # as the server will
+    assert validated == rerun["parameters"] | {"dask": DaskConfig.model_validate(config["dask"])}
 
 
 def test_prefect_yaml_cron_schedule_is_valid(nightly):

@@ -303,7 +303,7 @@ def test_the_tokenizer_of_a_mix_is_trained_on_a_sample_in_the_mix_shares(tmp_pat
     samples = [sampling.sample_shard(sampling.Sampling.of(config, f, g), shard) for shard in plan.shards]
     source_of = {}  # each sampled text's source, from the sample files written
     for sample, shard in zip(samples, plan.shards, strict=True):
-        for line in (tmp_path / "build" / sample["path"]).read_text().splitlines():
+        for line in (tmp_path / "build" / sample.path).read_text().splitlines():
             source_of[json.loads(line)["text"]] = shard.mix_source
     trained_on = collections.Counter()
     for text in sample_files.training_texts(config, samples):

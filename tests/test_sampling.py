@@ -64,7 +64,7 @@ def test_sample_is_about_the_configured_size_and_comes_from_every_shard(sampled)
 
 def test_sample_mirrors_the_corpus_by_source(sampled, corpus_bytes_by_source):
     config, samples = sampled
-    records = [orjson.loads(line) for s in samples for line in open(f"{config.output.path}/{s['path']}", "rb")]
+    records = [orjson.loads(line) for s in samples for line in open(f"{config.output.path}/{s.path}", "rb")]
     sampled_bytes = Counter()
     for r in records:
         sampled_bytes[r["source"]] += len(r["text"].encode())

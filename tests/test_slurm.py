@@ -158,8 +158,8 @@ def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_d
 ):
     """Its jobs get only the variables `dask.slurm.environment` names, from a file only this user can read: not the
     flow's credentials (Prefect's password, a planted secret), and nothing of them in the job script."""
-    logs = tmp_path / "slurm-logs"
-    job_env = {"environment": ["PATH", "HOME", "TOKENMILL_NAMED"], "setup": [f"env > {logs}/env-$SLURM_JOB_ID.txt"]}
+    job_logs = tmp_path / "slurm-logs"
+    job_env = {"environment": ["PATH", "HOME", "TOKENMILL_NAMED"], "setup": [f"env > {job_logs}/env-$SLURM_JOB_ID.txt"]}
     config = slurm_config(tmp_path, "slurm", slurm_extra=job_env, partition={"shard_size": "1MB"})
     run = run_on_slurm(config, slurm, prefect_api, "INFO", TOKENMILL_NAMED="named", TOKENMILL_SECRET="planted-secret")
     out = run.communicate(timeout=600)[0]
@@ -175,7 +175,7 @@ def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_d
     assert re.search(r"Start worker at: +tls://", logs) and "tcp://" not in logs  # over TLS, the run's certificates
     assert no_jobs_left(slurm)  # cancelled when the run ended
     assert not any((tmp_path / "slurm-tls").iterdir())  # the run's certificates removed, and its environment file
-    dumps = [p.read_text() for p in logs.glob("env-*.txt")]
+    dumps = [p.read_text() for p in job_logs.glob("env-*.txt")]
     assert dumps and all("TOKENMILL_NAMED=named\n" in d for d in dumps), dumps
     secrets = ("planted-secret", os.environ["PREFECT_API_AUTH_STRING"], "PREFECT_API_URL", "TOKENMILL_SECRET")
     assert not [s for s in secrets for d in dumps if s in d]
