@@ -99,13 +99,15 @@ def test_the_ui_asks_for_the_servers_password_once(browser, prefect_api, tmp_pat
         page.wait_for_timeout(1000)
         assert page.evaluate("window.localStorage.getItem('prefect-password')") is None  # refused, not kept
         assert "/login" in page.url, page.url
+        page.reload()  # a fresh page: the refused attempt's toasts and failed requests gone
         password.fill(os.environ["PREFECT_API_AUTH_STRING"])
         page.get_by_role("button", name="Login").click()
         page.wait_for_url(re.compile(r".*/runs.*"))
-        page.get_by_text("Flow Runs", exact=False).first.wait_for()
+        assert page.evaluate("window.localStorage.getItem('prefect-password')")  # kept
+        page.goto(f"{ui_url(prefect_api)}/runs")  # a visit after signing in is not asked again
+        page.get_by_text("Work Pools", exact=True).first.wait_for()  # the app's own menu, not the sign-in page
+        page.get_by_text("Runs", exact=True).first.wait_for()
         ui.shot("signed-in")
-        page.reload()
-        page.get_by_text("Flow Runs", exact=False).first.wait_for()
         assert "/login" not in page.url and password.count() == 0
     finally:
         context.close()
