@@ -66,7 +66,8 @@ def auth_file() -> Path:
 def server_auth() -> str:
     """The local server's credentials, `tokenmill:<secret>`: read from the auth file, made there on first use
     (written whole, then linked into place, so that two processes starting at once agree on one)."""
-    path = private_home() / AUTH_FILE
+    private_home()
+    path = auth_file()
     if not path.exists():
         made = path.with_name(f".{AUTH_FILE}.{os.getpid()}")
         descriptor = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -96,11 +97,8 @@ def healthy(api_url: str) -> bool:
 def running_server() -> dict | None:
     """The server tokenmill started earlier, if it still answers. One started without credentials (by a tokenmill
     before they were asked for) answers anyone on the host: it is stopped, and a run starts another."""
-    try:
-        state = json.loads(_state_file().read_text())
-    except (OSError, ValueError):
-        return None
-    if not healthy(state["api_url"]):
+    state = _recorded()
+    if state is None or not healthy(state["api_url"]):
         return None
     if not state.get("auth"):
         stop_server()
