@@ -33,6 +33,7 @@ RERUN = "flows.rerun:rerun_shards"
 POOL = "tokenmill-process"
 ENTRYPOINT = "flows.main:corpus_to_tokens"
 CODE_DIR = "/opt/tokenmill"  # WORKDIR of the tokenmill image; TOKENMILL_ROOT everywhere
+TOKENMILL_UID = 10001  # the images' USER, the pods' runAsUser
 
 EXPECTED_SERVICES = {
     "postgres",
@@ -195,14 +196,70 @@ def test_compose_tokenmill_containers_agree_with_deployment(compose):
     assert bucket_cmd == "mb --ignore-existing local/tokenmill"
 
 
+DIGEST = re.compile(r"^[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}$")  # name:tag@sha256:<64 hex>
+
+
 def test_dockerfile_pins_match_the_project():
     text = DOCKERFILE.read_text()
-    assert "ARG PREFECT_IMAGE=prefecthq/prefect:3.8.8-python3.11" in text
+    (base,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
+    assert DIGEST.match(base) and base.startswith("python:3.11."), base
+    assert re.findall(r"^FROM (\S+)", text, re.M) == ["${PYTHON_IMAGE}", "prefect-base"]  # no other base
     assert f"WORKDIR {CODE_DIR}" in text and f"ENV TOKENMILL_ROOT={CODE_DIR}" in text
     pyproject = (REPO / "pyproject.toml").read_text()
     for pin in ('"prefect==3.8.8"', '"fastapi==0.150.0"', '"sqlalchemy[asyncio]==2.0.58"'):
         assert pin in pyproject, f"pyproject.toml no longer pins {pin}: update infra/tokenmill.Dockerfile too"
         assert pin in text, f"infra/tokenmill.Dockerfile does not pin {pin}"
+
+
+def test_the_images_run_as_the_non_root_user_the_manifests_name():
+    """Each stage ends as uid 10001 (numeric, so Kubernetes' runAsNonRoot can check it), the runAsUser of every
+    tokenmill pod."""
+    stages = re.split(r"^FROM ", DOCKERFILE.read_text(), flags=re.M)[1:]
+    assert len(stages) == 2
+    for stage in stages:
+        users = re.findall(r"^USER (\S+)$", stage, re.M)
+        assert users and users[-1] == f"{TOKENMILL_UID}:{TOKENMILL_UID}", stage.splitlines()[0]
+
+
+# --- the image's build context ------------------------------------------------------------------------------------
+
+PLANTED = ["ca-key.pem", "ca.pem", ".env", "infra/.env", "infra/certs/ca-key.pem", "infra/certs/worker-key.pem",
+           "secrets/s3.txt", "server.key", "flows/leaked.key", "examples/.env", "tokenmill/secrets/token",
+           "examples/certs/ca-key.pem"]  # fmt: skip
+
+
+def build_context(root: Path) -> set[str]:
+    """The files `docker build -f infra/tokenmill.Dockerfile <root>` sends, by docker-py's implementation of the
+    .dockerignore rules (BuildKit reads the ignore file named after the Dockerfile)."""
+    from docker.utils.build import exclude_paths
+
+    ignore = (root / "infra" / "tokenmill.Dockerfile.dockerignore").read_text().splitlines()
+    patterns = [line.strip() for line in ignore if line.strip() and not line.strip().startswith("#")]
+    return {p for p in exclude_paths(str(root), patterns, "infra/tokenmill.Dockerfile") if (root / p).is_file()}
+
+
+def test_the_image_build_context_holds_no_key_certificate_or_env_file(tmp_path):
+    """A copy of the repository with keys, certificates, .env files and a secrets/ directory planted where people
+    leave them (`tokenmill certs` at the root, infra/certs, infra/.env): none is in the context, and everything
+    the Dockerfile copies is."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    files = [f for f in tracked.decode().split("\0") if f and (REPO / f).is_file()]
+    for f in [*files, *PLANTED]:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        if f in files:
+            shutil.copyfile(REPO / f, tmp_path / f)
+        else:
+            (tmp_path / f).write_text("secret\n")
+    context = build_context(tmp_path)
+    assert not context & set(PLANTED), sorted(context & set(PLANTED))
+    assert not [f for f in context if re.search(r"(\.pem|\.key|\.env)$", f)]
+    copied = [src for line in re.findall(r"^COPY (?!--from)(.+)$", DOCKERFILE.read_text(), re.M)
+              for src in line.split()[:-1]]  # fmt: skip
+    assert copied and "." not in copied  # named paths, never the whole context
+    for src in copied:
+        wanted = {f for f in files if f == src or f.startswith(f"{src}/")}
+        assert wanted and wanted <= context, f"{src}: {sorted(wanted - context)[:5]} not in the build context"
+    assert {f.split("/")[0] for f in context} <= {*copied, "infra"}  # nothing else, but the Dockerfile itself
 
 
 def _compose_binary() -> list[str] | None:
