@@ -11,6 +11,7 @@ compose-spec schema, kubernetes-validate) are used only when they are installed.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -34,6 +35,8 @@ POOL = "tokenmill-process"
 ENTRYPOINT = "flows.main:corpus_to_tokens"
 CODE_DIR = "/opt/tokenmill"  # WORKDIR of the tokenmill image; TOKENMILL_ROOT everywhere
 TOKENMILL_UID = 10001  # the images' USER, the pods' runAsUser
+MINIO_INIT = INFRA / "minio"  # MinIO's one-shot setup: init.sh and the tokenmill user's policy.json
+MINIO_INIT_DIR = "/etc/tokenmill/minio"  # where compose and Kubernetes mount it
 
 EXPECTED_SERVICES = {
     "postgres",
@@ -61,25 +64,35 @@ def load_one(path: Path) -> dict:
     return docs[0]
 
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?-([^}]*))?\}")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([-?])([^}]*))?\}")
+# The variables compose refuses to start without (`${VAR:?message}`): every password, and where the certificates are.
+REQUIRED = {"POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "TOKENMILL_S3_SECRET_KEY", "TOKENMILL_PREFECT_AUTH",
+            "TOKENMILL_CERTS"}  # fmt: skip
 
 
 def interpolate(value: str) -> str:
-    """Compose interpolation with every variable unset: `${VAR:-default}` -> default, `$$` -> `$`."""
+    """Compose interpolation with every variable unset: `${VAR:-default}` -> default, a required `${VAR:?message}`
+    -> `<VAR>`, `$$` -> `$`."""
 
     def repl(m: re.Match) -> str:
-        if m.group(2) is None:
-            raise AssertionError(f"${{{m.group(1)}}} has no default: the stack must start with no .env")
-        return m.group(3)
+        name, kind, rest = m.groups()
+        assert kind, f"${{{name}}} has neither a default nor a message saying it is required"
+        return rest if kind == "-" else f"<{name}>"
 
     return _VAR.sub(repl, value.replace("$$", "\0")).replace("\0", "$")
 
 
+BUILT = {"tokenmill", "tokenmill-prefect"}  # built by infra/tokenmill.Dockerfile: no digest before the build
+DIGEST = re.compile(r"^[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}$")  # name:tag@sha256:<64 hex>
+
+
 def assert_pinned(image: str, where: str) -> None:
-    name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
-    assert tag, f"{where}: image {image!r} has no tag"
-    assert tag != "latest", f"{where}: image {image!r} uses the latest tag"
-    assert re.search(r"\d", tag), f"{where}: image {image!r} is not pinned to a version"
+    """Pinned by digest (a tag can be re-pushed), or one of the images built here, by its version."""
+    name, _, tag = image.partition("@")[0].rpartition(":")
+    if name in BUILT:
+        assert re.fullmatch(r"\d+(\.\d+)+", tag), f"{where}: built image {image!r} is not pinned to a version"
+    else:
+        assert DIGEST.match(image), f"{where}: image {image!r} is not pinned by digest (name:tag@sha256:...)"
 
 
 # --- every file -----------------------------------------------------------------------------------
@@ -106,8 +119,19 @@ def test_compose_has_the_services(compose):
     assert compose["services"]["dask-worker"]["deploy"]["replicas"] == 2
 
 
-def test_compose_variables_all_have_defaults():
-    interpolate(COMPOSE.read_text())  # raises on a ${VAR} without :-default
+def test_compose_has_no_default_password_it_refuses_to_start_without_one(compose):
+    """Every password is `${VAR:?message}`: compose stops with the message where one is unset, rather than start with
+    a password everyone knows. Everything else has a default; no secret is written in the file."""
+    text = COMPOSE.read_text()
+    interpolate(text)  # raises on a ${VAR} with neither
+    required = {name for name, kind, _ in _VAR.findall(text) if kind == "?"}
+    assert required == REQUIRED
+    assert not [name for name, kind, _ in _VAR.findall(text) if name in REQUIRED and kind != "?"]
+    secret = re.compile(r"PASSWORD|SECRET|AUTH_STRING|MC_HOST|CONNECTION_URL")
+    for name, svc in compose["services"].items():
+        for key, value in svc.get("environment", {}).items():
+            if secret.search(key):
+                assert re.search(r"<(" + "|".join(REQUIRED) + r")>", interpolate(value)), f"{name}: {key} is not required"
 
 
 def test_compose_depends_on_names_services_with_matching_checks(compose):
@@ -192,11 +216,10 @@ def test_compose_tokenmill_containers_agree_with_deployment(compose):
     assert "prefect server start" in " ".join(services["prefect-server"]["command"])
     db_url = interpolate(services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"])
     assert db_url.startswith("postgresql+asyncpg://") and "@postgres:5432/" in db_url
-    bucket_cmd = interpolate(" ".join(services["minio-init"]["command"]))
-    assert bucket_cmd == "mb --ignore-existing local/tokenmill"
-
-
-DIGEST = re.compile(r"^[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}$")  # name:tag@sha256:<64 hex>
+    init = services["minio-init"]
+    assert init["entrypoint"] == ["/bin/sh", f"{MINIO_INIT_DIR}/init.sh"] and init["volumes"] == [
+        f"./minio:{MINIO_INIT_DIR}:ro"
+    ]
 
 
 def test_dockerfile_pins_match_the_project():
@@ -262,6 +285,44 @@ def test_the_image_build_context_holds_no_key_certificate_or_env_file(tmp_path):
     assert {f.split("/")[0] for f in context} <= {*copied, "infra"}  # nothing else, but the Dockerfile itself
 
 
+BUCKET = "tokenmill"
+BUCKET_ACTIONS = {"s3:GetBucketLocation", "s3:ListBucket", "s3:ListBucketMultipartUploads"}
+OBJECT_ACTIONS = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                  "s3:ListMultipartUploadParts"}  # fmt: skip
+
+
+def test_tokenmills_minio_user_is_allowed_its_bucket_only():
+    """policy.json allows listing the bucket and reading, writing and deleting its objects, nothing else: no
+    wildcard action, no other bucket, no admin action; init.sh makes that bucket and attaches the policy to the
+    user whose keys tokenmill's containers get."""
+    policy = json.loads((MINIO_INIT / "policy.json").read_text())
+    granted = {}
+    for statement in policy["Statement"]:
+        assert statement["Effect"] == "Allow" and set(statement) == {"Effect", "Action", "Resource"}
+        for resource in statement["Resource"]:
+            granted.setdefault(resource, set()).update(statement["Action"])
+    assert granted == {f"arn:aws:s3:::{BUCKET}": BUCKET_ACTIONS, f"arn:aws:s3:::{BUCKET}/*": OBJECT_ACTIONS}
+    script = (MINIO_INIT / "init.sh").read_text()
+    assert f"mc mb --ignore-existing local/{BUCKET}\n" in script
+    assert 'mc admin policy create local tokenmill-bucket "$here/policy.json"' in script
+    assert 'mc admin user add local "$TOKENMILL_S3_ACCESS_KEY" "$TOKENMILL_S3_SECRET_KEY"' in script
+    assert 'mc admin policy attach local tokenmill-bucket --user "$TOKENMILL_S3_ACCESS_KEY"' in script
+
+
+def test_compose_gives_minios_root_credentials_to_minio_and_its_setup_only(compose):
+    """tokenmill's containers hold the bucket-only user's keys; MINIO_ROOT_* reach MinIO and minio-init alone."""
+    services = compose["services"]
+    for name, svc in services.items():
+        env = {k: interpolate(str(v)) for k, v in svc.get("environment", {}).items()}
+        root = [k for k in env if "<MINIO_ROOT_PASSWORD>" in env[k]]
+        assert bool(root) == (name in {"minio", "minio-init"}), name
+    for name in ("prefect-worker", "dask-worker"):
+        env = {k: interpolate(str(v)) for k, v in services[name]["environment"].items()}
+        assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("tokenmill", "<TOKENMILL_S3_SECRET_KEY>")
+    init = {k: interpolate(v) for k, v in services["minio-init"]["environment"].items()}
+    assert (init["TOKENMILL_S3_ACCESS_KEY"], init["TOKENMILL_S3_SECRET_KEY"]) == ("tokenmill", "<TOKENMILL_S3_SECRET_KEY>")
+
+
 def _compose_binary() -> list[str] | None:
     for cmd in (["docker", "compose"], ["docker-compose"]):
         if shutil.which(cmd[0]):
@@ -278,7 +339,9 @@ def test_compose_config_with_real_compose_if_installed():
     cmd = _compose_binary()
     if cmd is None:
         pytest.skip("no Compose v2 binary (docker compose / docker-compose) installed")
-    out = subprocess.run([*cmd, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True, timeout=60)
+    env = os.environ | {name: "placeholder" for name in REQUIRED}
+    out = subprocess.run([*cmd, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True, timeout=60,
+                         env=env)  # fmt: skip
     assert out.returncode == 0, out.stderr
 
 
@@ -478,9 +541,10 @@ def test_compose_dask_speaks_only_mutual_tls_each_process_with_its_own_certifica
 
     def mounted(name: str) -> dict[str, str]:
         """Path in the container -> file of infra/certs, for the certificates a service mounts."""
-        volumes = [v.split(":") for v in services[name].get("volumes", []) if v.startswith("./certs/")]
+        volumes = [interpolate(v).split(":") for v in services[name].get("volumes", [])]
+        volumes = [v for v in volumes if v[0].startswith("<TOKENMILL_CERTS>/")]
         assert all(v[2:] == ["ro"] for v in volumes), name
-        return {v[1]: v[0].removeprefix("./certs/") for v in volumes}
+        return {v[1]: v[0].removeprefix("<TOKENMILL_CERTS>/") for v in volumes}
 
     scheduler, worker = services["dask-scheduler"]["command"], services["dask-worker"]["command"]
     assert scheduler[scheduler.index("--protocol") + 1] == "tls" and worker[2] == "tls://dask-scheduler:8786"
@@ -531,7 +595,8 @@ def test_the_prefect_server_asks_for_basic_auth_and_its_worker_has_it(compose, m
     services = compose["services"]
     server, worker = services["prefect-server"]["environment"], services["prefect-worker"]["environment"]
     assert server["PREFECT_SERVER_API_AUTH_STRING"] == worker["PREFECT_API_AUTH_STRING"]
-    assert ":" in interpolate(server["PREFECT_SERVER_API_AUTH_STRING"])
+    assert interpolate(server["PREFECT_SERVER_API_AUTH_STRING"]) == "<TOKENMILL_PREFECT_AUTH>"
+    assert "PREFECT_API_AUTH_STRING" not in services["dask-worker"]["environment"]  # it never calls the server
     assert "/api/health" in " ".join(services["prefect-server"]["healthcheck"]["test"])
     by_name = {doc["metadata"]["name"]: template["spec"] for _, doc, template in _pod_specs(manifests)}
 
