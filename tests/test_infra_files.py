@@ -131,7 +131,9 @@ def test_compose_has_no_default_password_it_refuses_to_start_without_one(compose
     for name, svc in compose["services"].items():
         for key, value in svc.get("environment", {}).items():
             if secret.search(key):
-                assert re.search(r"<(" + "|".join(REQUIRED) + r")>", interpolate(value)), f"{name}: {key} is not required"
+                assert re.search(r"<(" + "|".join(REQUIRED) + r")>", interpolate(value)), (
+                    f"{name}: {key} is not required"
+                )
 
 
 def test_compose_depends_on_names_services_with_matching_checks(compose):
@@ -320,7 +322,10 @@ def test_compose_gives_minios_root_credentials_to_minio_and_its_setup_only(compo
         env = {k: interpolate(str(v)) for k, v in services[name]["environment"].items()}
         assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("tokenmill", "<TOKENMILL_S3_SECRET_KEY>")
     init = {k: interpolate(v) for k, v in services["minio-init"]["environment"].items()}
-    assert (init["TOKENMILL_S3_ACCESS_KEY"], init["TOKENMILL_S3_SECRET_KEY"]) == ("tokenmill", "<TOKENMILL_S3_SECRET_KEY>")
+    assert (init["TOKENMILL_S3_ACCESS_KEY"], init["TOKENMILL_S3_SECRET_KEY"]) == (
+        "tokenmill",
+        "<TOKENMILL_S3_SECRET_KEY>",
+    )
 
 
 def _compose_binary() -> list[str] | None:
@@ -613,29 +618,123 @@ def test_the_prefect_server_asks_for_basic_auth_and_its_worker_has_it(compose, m
     )
 
 
-def test_k8s_network_policies_let_only_the_pods_that_use_a_service_reach_it(manifests):
-    """Ingress is denied to every pod of the namespace, then allowed to each service from the pods that use it
-    only: the scheduler from the flows and the workers, PostgreSQL from the Prefect server, MinIO from the flows,
-    the workers and the bucket job."""
+def test_k8s_network_policies_let_each_pod_reach_and_be_reached_by_only_what_it_uses(manifests):
+    """Ingress and egress are denied to every pod of the namespace; then each service is allowed in from the pods
+    that use it only, and each pod out to the services it uses only (at their port, where it is fixed), and to the
+    cluster's DNS: no pod reaches anything outside tokenmill, so a Dask worker cannot send data anywhere but MinIO."""
     policies = {doc["metadata"]["name"]: doc["spec"] for _, doc in manifests if doc["kind"] == "NetworkPolicy"}
-    deny = policies.pop("default-deny-ingress")
-    assert deny == {"podSelector": {}, "policyTypes": ["Ingress"]}
-    allowed = {}
-    for spec in policies.values():
-        target = spec["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
-        assert spec["policyTypes"] == ["Ingress"]
-        sources = [peer for rule in spec["ingress"] for peer in rule["from"]]
-        assert all(set(peer) == {"podSelector"} for peer in sources), target  # this namespace's pods only
-        allowed[target] = {peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in sources}
-    assert allowed == {
+    assert policies.pop("default-deny") == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    dns = policies.pop("allow-dns")
+    assert dns["podSelector"] == {} and dns["policyTypes"] == ["Egress"]
+    ((peer,),) = [rule["to"] for rule in dns["egress"]]
+    assert peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}  # fmt: skip
+    assert [p["port"] for rule in dns["egress"] for p in rule["ports"]] == [53, 53]
+
+    def pods(peers: list[dict]) -> set[str]:
+        assert all(set(peer) == {"podSelector"} for peer in peers), peers  # this namespace's pods only
+        return {peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in peers}
+
+    allowed_in, allowed_out = {}, {}
+    for name, spec in policies.items():
+        assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": name}
+        assert "Egress" in spec["policyTypes"] and ("Ingress" in spec["policyTypes"]) == ("ingress" in spec)
+        if "ingress" in spec:
+            allowed_in[name] = pods([peer for rule in spec["ingress"] for peer in rule["from"]])
+        allowed_out[name] = {
+            (target, tuple(p["port"] for p in rule.get("ports", [])))
+            for rule in spec["egress"]
+            for target in pods(rule["to"])
+        }
+    assert allowed_in == {
         "dask-scheduler": {"prefect-worker", "dask-worker"},
         "dask-worker": {"dask-scheduler", "dask-worker", "prefect-worker"},
         "prefect-server": {"prefect-worker"},
         "postgres": {"prefect-server"},
         "minio": {"prefect-worker", "dask-worker", "minio-create-bucket"},
     }
+    any_port = ()  # the Dask workers listen on ports of their own choosing
+    assert allowed_out == {
+        "dask-scheduler": {("dask-worker", any_port)},
+        "dask-worker": {("dask-scheduler", (8786,)), ("dask-worker", any_port), ("minio", (9000,))},
+        "prefect-server": {("postgres", (5432,))},
+        "prefect-worker": {
+            ("prefect-server", (4200,)),
+            ("dask-scheduler", (8786,)),
+            ("dask-worker", any_port),
+            ("minio", (9000,)),
+        },
+        "postgres": set(),
+        "minio": set(),
+        "minio-create-bucket": {("minio", (9000,))},
+    }
     workloads = {template["metadata"]["labels"]["app.kubernetes.io/name"] for _, _, template in _pod_specs(manifests)}
-    assert set(allowed) | {name for names in allowed.values() for name in names} <= workloads
+    assert set(allowed_out) == workloads  # every pod has its egress named
+
+
+def _all_pods(manifests, operator_docs):
+    """(where, pod spec) of every pod infra/k8s and infra/k8s-operator make."""
+    for fname, doc, template in _pod_specs(manifests):
+        yield f"{fname}: {doc['metadata']['name']}", template["spec"]
+    cluster = operator_docs["DaskCluster"]["spec"]
+    for part in ("scheduler", "worker"):
+        yield f"k8s-operator: {part}", cluster[part]["spec"]
+
+
+def test_every_pod_runs_unprivileged_on_a_read_only_root(manifests, operator_docs):
+    """Every pod: not root (a numeric uid: 10001 for tokenmill's images and MinIO's, the image's own postgres 999),
+    seccomp RuntimeDefault; every container: a read-only root file system, no privilege escalation, no capability.
+    What must be writable is a volume: /tmp everywhere, HOME for tokenmill's images (PREFECT_HOME), PostgreSQL's
+    socket directory and data, MinIO's data (fsGroup makes the data volumes the pod's group's)."""
+    writable = {
+        "postgres": {"/tmp", "/var/run/postgresql", "/var/lib/postgresql/data"},
+        "minio": {"/tmp", "/data"},
+        "minio-create-bucket": {"/tmp"},
+    }
+    for where, pod in _all_pods(manifests, operator_docs):
+        context = pod["securityContext"]
+        uid = 999 if where.endswith("postgres") else TOKENMILL_UID
+        assert context["runAsNonRoot"] is True and context["runAsUser"] == uid, where
+        assert context["runAsGroup"] == context["fsGroup"] == uid, where
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for c in pod["containers"]:
+            assert c["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            }, where
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            name = where.rsplit(" ", 1)[-1]
+            needed = writable.get(name, {"/tmp", "/home/tokenmill"})
+            assert needed <= set(mounts), f"{where}: {needed - set(mounts)} not writable"
+            for path in needed:  # an emptyDir, or the StatefulSet's claim
+                assert mounts[path] not in volumes or "emptyDir" in volumes[mounts[path]], (where, path)
+
+
+def test_k8s_gives_minios_root_credentials_to_minio_and_its_setup_only(manifests):
+    """Secret tokenmill-minio-root reaches MinIO and the bucket job only; the Prefect worker and the Dask workers get
+    Secret tokenmill-s3, the user the job makes and allows the bucket only (its script and policy from ConfigMap
+    tokenmill-minio-init, made from infra/minio/)."""
+    by_name = {doc["metadata"]["name"]: template["spec"] for _, doc, template in _pod_specs(manifests)}
+
+    def secrets(name: str) -> dict[str, tuple[str, str]]:
+        env = [
+            e for c in by_name[name]["containers"] for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})
+        ]
+        return {e["name"]: tuple(e["valueFrom"]["secretKeyRef"][k] for k in ("name", "key")) for e in env}
+
+    holders = {name for name in by_name if any(s == "tokenmill-minio-root" for s, _ in secrets(name).values())}
+    assert holders == {"minio", "minio-create-bucket"}
+    for name in ("prefect-worker", "dask-worker"):
+        assert secrets(name)["AWS_ACCESS_KEY_ID"] == ("tokenmill-s3", "AWS_ACCESS_KEY_ID")
+        assert secrets(name)["AWS_SECRET_ACCESS_KEY"] == ("tokenmill-s3", "AWS_SECRET_ACCESS_KEY")
+    job = by_name["minio-create-bucket"]
+    assert secrets("minio-create-bucket")["TOKENMILL_S3_SECRET_KEY"] == ("tokenmill-s3", "AWS_SECRET_ACCESS_KEY")
+    (container,) = job["containers"]
+    assert container["command"] == ["/bin/sh", f"{MINIO_INIT_DIR}/init.sh"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == MINIO_INIT_DIR]
+    assert {v["name"]: v for v in job["volumes"]}[mount["name"]]["configMap"] == {"name": "tokenmill-minio-init"}
 
 
 def test_k8s_against_kubernetes_schemas_if_installed(manifests):
@@ -653,11 +752,11 @@ def test_k8s_against_kubernetes_schemas_if_installed(manifests):
 @pytest.fixture(scope="module")
 def operator_docs() -> dict[str, dict]:
     docs = {doc["kind"]: doc for p in sorted(K8S_OPERATOR.glob("*.yaml")) for doc in load_all(p)}
-    assert {"DaskCluster", "DaskAutoscaler", "NetworkPolicy"} <= set(docs)
+    assert set(docs) == {"DaskCluster"}  # no DaskAutoscaler: see test_the_operators_cluster_is_not_autoscaled
     return docs
 
 
-@pytest.mark.parametrize("kind, crd", [("DaskCluster", "daskcluster.yaml"), ("DaskAutoscaler", "daskautoscaler.yaml")])
+@pytest.mark.parametrize("kind, crd", [("DaskCluster", "daskcluster.yaml")])
 def test_operator_resources_match_the_operators_own_schemas(operator_docs, kind, crd):
     """Offline, against the CustomResourceDefinitions dask-kubernetes 2026.3.0 ships (the full PodSpec and
     ServiceSpec included)."""
@@ -674,7 +773,7 @@ def test_operator_resources_match_the_operators_own_schemas(operator_docs, kind,
 def test_the_operators_cluster_is_locked_down_as_the_fixed_one(operator_docs, manifests):
     """Its scheduler and workers speak mutual TLS with their own certificates (as k8s/40-dask.yaml), carry the
     labels k8s/60-network-policies.yaml allows, and the workers reach the Service the operator names after the
-    cluster; only the operator's namespace is let in besides, on the dashboard's port, which its autoscaler asks."""
+    cluster."""
     cluster = operator_docs["DaskCluster"]
     name, spec = cluster["metadata"]["name"], cluster["spec"]
     scheduler, worker = spec["scheduler"]["spec"]["containers"][0], spec["worker"]["spec"]["containers"][0]
@@ -683,16 +782,24 @@ def test_the_operators_cluster_is_locked_down_as_the_fixed_one(operator_docs, ma
     for part, container, role in (("scheduler", scheduler, "scheduler"), ("worker", worker, "worker")):
         pod = spec[part]["spec"]
         (volume,) = [v["secret"] for v in pod["volumes"] if v["name"] == "tls"]
-        (mount,) = container["volumeMounts"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
         files = {f"{mount['mountPath']}/{item['path']}": item["key"] for item in volume["items"]}
         assert volume["secretName"] == "tokenmill-dask-tls" and mount["readOnly"]
         assert [files[p] for p in tls_paths(container["args"])] == role_files(role) and len(files) == 3
         assert spec[part]["metadata"]["labels"]["app.kubernetes.io/name"] == f"dask-{part}"
-    assert operator_docs["DaskAutoscaler"]["spec"]["cluster"] == name
-    policy = operator_docs["NetworkPolicy"]["spec"]
-    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "dask-scheduler"}
-    (rule,) = policy["ingress"]
-    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dask-operator"}}}]
-    assert rule["ports"] == [{"protocol": "TCP", "port": 8787}]
     fixed = {doc["metadata"]["name"] for _, doc in manifests if doc["kind"] == "NetworkPolicy"}
     assert {"dask-scheduler", "dask-worker"} <= fixed  # the labels above are the ones these select
+
+
+def test_the_operators_cluster_is_not_autoscaled():
+    """The operator's autoscaler needs the scheduler's HTTP API, which then also takes an unauthenticated
+    `retire_workers` from whoever reaches the dashboard's port: no DaskAutoscaler, the API's routes not added to
+    the scheduler, no policy letting the operator's namespace in, and a fixed number of workers."""
+    docs = [doc for p in sorted(K8S_OPERATOR.glob("*.yaml")) for doc in load_all(p)]
+    assert [doc["kind"] for doc in docs] == ["DaskCluster"]
+    spec = docs[0]["spec"]
+    assert spec["worker"]["replicas"] >= 1
+    for part in ("scheduler", "worker"):
+        for c in spec[part]["spec"]["containers"]:
+            settings = " ".join([*c["args"], *(e["name"] for e in c.get("env", []))]).lower()
+            assert "routes" not in settings and "api_v1" not in settings and "api.v1" not in settings, part
