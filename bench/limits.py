@@ -37,6 +37,7 @@ to their mean.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -182,17 +183,17 @@ def main() -> None:
     args = parser.parse_args()
     cores = os.cpu_count() or 1
 
-    from flows.server import ensure_api
-
-    os.environ["PREFECT_API_URL"] = ensure_api()  # a user's server is up before the run
     if args.work:
         Path(args.work).mkdir(parents=True, exist_ok=True)
     cpu = platform.processor() or platform.machine()
     cap = int(args.memory_cap * 1e9)
     print(f"{cores} cores {cpu}, {psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="tokenmill-limits-", dir=args.work) as tmp:
-        work = Path(tmp)
+    tmp = tempfile.TemporaryDirectory(prefix="tokenmill-limits-", dir=args.work)
+    with tmp, contextlib.ExitStack() as servers:  # the servers stop before their PREFECT_HOMEs go
+        work = Path(tmp.name)
+        codes = {False: ("tokenmill", REPO)} | ({True: ("baseline", Path(args.baseline))} if args.baseline else {})
+        checkouts = {b: servers.enter_context(megatron.checkout(*c, work / f"prefect-{b}")) for b, c in codes.items()}
         for repeat in [int(r) for r in args.repeats.split(",")]:
             corpus = work / "corpus.jsonl"
             size = throughput.make_corpus(Path(args.source), repeat, corpus)
@@ -200,13 +201,12 @@ def main() -> None:
             runs: dict[bool, list[dict]] = {False: [], True: []}  # baseline? -> its runs
             for round_ in range(args.rounds):
                 for baseline_now in (True, False) if round_ % 2 == 0 else (False, True):  # alternated
-                    if baseline_now and not args.baseline:
+                    if baseline_now not in checkouts:
                         continue
                     if args.cold:
                         out_of_page_cache(corpus)
                     out = work / ("baseline" if baseline_now else "tokenmill")
-                    code = Path(args.baseline) if baseline_now else None
-                    runs[baseline_now].append(megatron.run_tokenmill(args, corpus, out, cap, code))
+                    runs[baseline_now].append(megatron.run_tokenmill(args, checkouts[baseline_now], corpus, out, cap))
                     shutil.rmtree(out, ignore_errors=True)
             run, baseline = median_run(runs[False]), median_run(runs[True])
             after = limits(corpus, args.tokenizer, args.prefix_mb, size // repeat)

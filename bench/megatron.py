@@ -1,12 +1,14 @@
 """tokenmill against Megatron-LM's `tools/preprocess_data_fast.py --use-gigatoken`, side by side on one file.
 
 Both tools turn the same plain JSONL (enwiki_slice written `--repeat` times, unique ids) into GPT-2 ids with
-EOD appended, as Megatron `.bin/.idx`. Rounds alternate the two tools (Megatron first in odd rounds,
-tokenmill first in even ones), each from scratch, and every round records:
+EOD appended, as Megatron `.bin/.idx`. With `--code DIR` (repeatable), tokenmill from that checkout (e.g. the
+commit before a change) is one more tool in the same rounds. Each round runs every tool from scratch, the order
+rotated from round to round (Megatron first in the first, then tokenmill, then the next; with two tools, they
+alternate; rounds a multiple of the tools put each tool in each place equally often), and records:
 
 - wall time from spawn to exit (`tokenmill run`: the CLI with its default config, `pack.mode: none` since
-  Megatron's tool does not pack; the Prefect server it reports to is started once before the rounds, as a
-  user's is);
+  Megatron's tool does not pack; each checkout's runs report to its own Prefect server, in its own PREFECT_HOME,
+  started by that checkout's CLI once before the rounds, as a user's is);
 - the largest process's peak RSS and the peak RSS of the whole process tree, polled every 50 ms with psutil
   (a watchdog kills a tool whose tree passes `--memory-cap`, or when the host has under 1.5 GB left, and
   reports that it ran out);
@@ -18,6 +20,9 @@ tokenmill first in even ones), each from scratch, and every round records:
   with idle cores is bound by one process, one without by the cores (a median table after the rounds);
 - the 1-minute load average when the round started (other work on the host slows both tools).
 
+With `--code`, a table then gives each checkout's medians (wall, CPU s, the server's CPU s, peak RSS) and their
+ratios to this checkout's, and each checkout's phases.
+
 With `--big-repeat N` it then runs once on enwiki_slice x N (x200: 12 GB): tokenmill's throughput against the
 encoder ceiling measured just before (bench/limits.py's: the cores x gigatoken alone on one core, the texts of
 the file's first `--ceiling-mb` in memory), the largest worker's memory, and what Megatron's tool does with it.
@@ -28,7 +33,7 @@ venv that sees this project's packages plus Megatron's imports, and a transforme
 eos is the EOD (the recipe is `../shared/peers/README.md`), then:
 
     MEGATRON_LM_DIR=/tmp/megatron-lm MEGATRON_PYTHON=/tmp/megfast/bin/python MEGATRON_TOKDIR=/tmp/gpt2-hfdir \\
-        .venv/bin/python bench/megatron.py --rounds 5 [--big-repeat 200]
+        .venv/bin/python bench/megatron.py --rounds 5 [--big-repeat 200] [--code ../base]
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -47,6 +53,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -200,8 +208,38 @@ def run_megatron(args, corpus: Path, out: Path, cap: int) -> dict:
     return {"tool": "megatron", **_numbers(run), "documents": counted[0], "tokens": counted[1]}
 
 
-def run_tokenmill(args, corpus: Path, out: Path, cap: int, code: Path | None = None) -> dict:
-    """`tokenmill run` on `corpus` (from the checkout `code`, if given, instead of this one)."""
+@dataclass
+class Checkout:
+    """A checkout of tokenmill in the rounds: its name as a tool, and its runs' environment and Prefect server."""
+
+    tool: str
+    code: Path
+    env: dict
+    server: psutil.Process
+
+
+@contextlib.contextmanager
+def checkout(tool: str, code: Path, home: Path) -> Iterator[Checkout]:
+    """The checkout `code` with its own PREFECT_HOME `home` and server, started before the rounds by that checkout's
+    CLI (as a user's is) and stopped after them. One server for all would not do: a checkout from before issue 46
+    starts one without a password, and a later one stops such a server as unsafe."""
+    code = code.resolve()
+    unset = ("RAYON_NUM_THREADS", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    # Ahead of the venv's editable install; and run from there, since `python -m` and `-c` (the flow, the cluster's
+    # processes) put their working directory ahead of PYTHONPATH.
+    env |= {"PREFECT_HOME": str(home), "PYTHONPATH": str(code)}
+    tokenmill = throughput.tokenmill_command(code=code)
+    subprocess.run([*tokenmill, "server", "start"], env=env, cwd=code, capture_output=True, check=True)
+    try:
+        server = json.loads((home / "tokenmill-server.json").read_text())
+        yield Checkout(tool, code, env | {"PREFECT_API_URL": server["api_url"]}, psutil.Process(server["pid"]))
+    finally:
+        subprocess.run([*tokenmill, "server", "stop"], env=env, cwd=code, capture_output=True)
+
+
+def run_tokenmill(args, mill: Checkout, corpus: Path, out: Path, cap: int) -> dict:
+    """`tokenmill run` on `corpus` from the checkout `mill`, reporting to its server."""
     shutil.rmtree(out, ignore_errors=True)
     config = out.parent / f"{out.name}.yaml"
     config.write_text(
@@ -215,24 +253,16 @@ def run_tokenmill(args, corpus: Path, out: Path, cap: int, code: Path | None = N
             }
         )  # fmt: skip
     )
-    env = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}
-    if code is not None:
-        code = Path(code).resolve()
-        # Ahead of this checkout's editable install; and run from there, since `python -m` and `-c` (the flow, the
-        # cluster's processes) put their working directory ahead of PYTHONPATH: run from this checkout, the
-        # baseline ran this checkout's code.
-        env["PYTHONPATH"] = str(code)
-    command = [*throughput.tokenmill_command(code=code), "run", str(config.resolve())]
-    server = prefect_server()
-    server_cpu = _cpu(server)
-    run = Watched(command, env, cap, out.parent / f"{out.name}.log", beside=server, cwd=code)
-    server_cpu = round(_cpu(server) - server_cpu, 1)
+    command = [*throughput.tokenmill_command(code=mill.code), "run", str(config.resolve())]
+    server_cpu = _cpu(mill.server)
+    run = Watched(command, mill.env, cap, out.parent / f"{out.name}.log", beside=mill.server, cwd=mill.code)
+    server_cpu = round(_cpu(mill.server) - server_cpu, 1)
     counted = (None, None)
     if run.returncode == 0:
         counted = idx_tokens([p.with_suffix("") for p in sorted((out / "megatron").glob("*/shard-*.idx"))])
     else:
         print(run.log[-3000:], file=sys.stderr)
-    row = {"tool": "tokenmill", **_numbers(run), "documents": counted[0], "tokens": counted[1]}
+    row = {"tool": mill.tool, **_numbers(run), "documents": counted[0], "tokens": counted[1]}
     by_role: dict[str, float] = {}
     for what, cpu in run.cpu_by_process.values():
         by_role[what] = round(by_role.get(what, 0) + cpu, 1)
@@ -258,15 +288,6 @@ def phase_cpu(timeline: list[tuple[float, dict[str, float]]], spawned: float, ti
         out[name] = used | {"idle": round(cores * seconds - sum(used.values()), 2)}
         start, before = end, now
     return out
-
-
-def prefect_server() -> psutil.Process | None:
-    """The local Prefect server tokenmill started (it runs apart from the run's process tree)."""
-    from flows.server import running_server
-
-    with contextlib.suppress(psutil.Error, KeyError, TypeError):
-        return psutil.Process((running_server() or {})["pid"])
-    return None
 
 
 def _cpu(process: psutil.Process | None) -> float:
@@ -306,11 +327,26 @@ def print_rounds(rows: list[dict]) -> None:
               f"| {r['peak_tree_gb']:.2f} | {counts} |")  # fmt: skip
 
 
-def print_phase_cpu(rows: list[dict]) -> None:
-    """Median CPU seconds per phase and kind of process, and idle core-seconds, over tokenmill's rounds."""
+def print_checkouts(by_tool: dict[str, list[dict]], tools: list[str]) -> None:
+    """The tokenmill checkouts' medians, each other checkout's also as a ratio to this one's (`--code`)."""
+    columns = {"wall s": "wall_s", "CPU s": "cpu_s", "server CPU s": "server_cpu_s",
+               "largest process GB": "peak_process_gb", "process tree GB": "peak_tree_gb"}  # fmt: skip
+    medians = {t: {k: statistics.median(r[k] for r in by_tool[t]) for k in columns.values()} for t in tools}
+    mine = medians["tokenmill"]
+    print("\ntokenmill checkouts, medians over their rounds (in parentheses: theirs / this checkout's)")
+    print("| tool | rounds | " + " | ".join(columns) + " |")
+    print("|---|--:|" + "--:|" * len(columns))
+    for tool, median in medians.items():
+        ratios = {k: f" ({v / mine[k]:.3f})" if tool != "tokenmill" and mine[k] else "" for k, v in median.items()}
+        cells = [f"{v:.2f}{ratios[k]}" for k, v in median.items()]
+        print(f"| {tool} | {len(by_tool[tool])} | " + " | ".join(cells) + " |")
+
+
+def print_phase_cpu(rows: list[dict], tool: str) -> None:
+    """Median CPU seconds per phase and kind of process, and idle core-seconds, over a tokenmill's rounds."""
     names = list(rows[0]["phase_cpu"])
     kinds = sorted({k for r in rows for by in r["phase_cpu"].values() for k in by} - {"idle"}) + ["idle"]
-    print("\ntokenmill, median CPU seconds per phase (idle: core-seconds none of the run's processes used)")
+    print(f"\n{tool}, median CPU seconds per phase (idle: core-seconds none of the run's processes used)")
     print("| phase | wall s | " + " | ".join(kinds) + " |")
     print("|---|--:|" + "--:|" * len(kinds))
     for n in names:
@@ -334,6 +370,7 @@ def main() -> None:
     parser.add_argument("--ceiling-mb", type=float, default=300)
     parser.add_argument("--pack-mode", default="none", help="tokenmill's pack.mode (Megatron's tool does not pack)")
     parser.add_argument("--work", default=None, help="directory for corpora and outputs (default: a temp dir)")
+    parser.add_argument("--code", type=Path, action="append", default=[], help="another checkout to run too (repeats)")
     args = parser.parse_args()
     missing = [n for n in ("megatron_dir", "megatron_python", "megatron_tokdir") if not getattr(args, n)]
     if missing:
@@ -341,47 +378,55 @@ def main() -> None:
     cap = int(args.memory_cap * 1e9)
     workers = os.cpu_count() or 1
 
-    from flows.server import ensure_api
-
-    os.environ["PREFECT_API_URL"] = ensure_api()  # a user's server is up before the run, as Megatron needs none
     if args.work:
         Path(args.work).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="tokenmill-vs-megatron-", dir=args.work) as tmp:
-        work = Path(tmp)
+    tmp = tempfile.TemporaryDirectory(prefix="tokenmill-vs-megatron-", dir=args.work)
+    with tmp, contextlib.ExitStack() as servers:  # the servers stop before their PREFECT_HOMEs go
+        work = Path(tmp.name)
         corpus = work / "corpus.jsonl"
         size = throughput.make_corpus(Path(args.source), args.repeat if args.rounds else 0, corpus)
         cpu = platform.processor() or platform.machine()
         print(f"corpus: {size / 1e9:.2f} GB of JSONL ({args.repeat} x {Path(args.source).name}); "
               f"{workers} cores {cpu}, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
               f"Python {platform.python_version()}")  # fmt: skip
+        codes = {"tokenmill": REPO} | {f"tokenmill at {code.resolve()}": code for code in args.code}
+        checkouts = [servers.enter_context(checkout(tool, code, work / f"prefect-{i}"))
+                     for i, (tool, code) in enumerate(codes.items())]  # fmt: skip
+        tools = {"megatron": functools.partial(run_megatron, args)}
+        tools |= {c.tool: functools.partial(run_tokenmill, args, c) for c in checkouts}
+        outs = {tool: work / re.sub(r"\W+", "-", tool) for tool in tools}
         rows = []
         for round_ in range(1, args.rounds + 1):
-            order = (run_megatron, run_tokenmill) if round_ % 2 else (run_tokenmill, run_megatron)
-            for run in order:
+            turn = (round_ - 1) % len(tools)  # each tool first in turn (with two: alternated)
+            for tool in [*tools][turn:] + [*tools][:turn]:
                 load = os.getloadavg()[0]
-                row = run(args, corpus, work / run.__name__.removeprefix("run_"), cap)
+                row = tools[tool](corpus, outs[tool], cap)
                 rows.append({"round": round_, "load": load, **row})
                 print(json.dumps(rows[-1]), flush=True)
         print()
         print_rounds(rows)
-        by_tool = {t: [r for r in rows if r["tool"] == t and r["exit"] == 0] for t in ("megatron", "tokenmill")}
+        by_tool = {t: [r for r in rows if r["tool"] == t and r["exit"] == 0] for t in tools}
         medians = {t: statistics.median(r["wall_s"] for r in rs) for t, rs in by_tool.items() if rs}
         largest = {t: max(r["peak_process_gb"] for r in rs) for t, rs in by_tool.items() if rs}
-        if len(medians) == 2:
+        if {"megatron", "tokenmill"} <= medians.keys():
             print(f"\nmedian wall: tokenmill {medians['tokenmill']:.1f} s, Megatron {medians['megatron']:.1f} s: "
                   f"ratio {medians['tokenmill'] / medians['megatron']:.2f}; largest process: tokenmill "
                   f"{largest['tokenmill']:.2f} GB, Megatron {largest['megatron']:.2f} GB: "
                   f"ratio {largest['tokenmill'] / largest['megatron']:.2f}")  # fmt: skip
+        if len(medians) > 1:
             tokens = {r["tokens"] for rs in by_tool.values() for r in rs}
             same = "equal" if len(tokens) == 1 else "DIFFER"
             print(f"tokens written: {', '.join(f'{t:,}' for t in sorted(tokens))} ({same})")
-        if by_tool["tokenmill"]:
-            names = list(by_tool["tokenmill"][0]["phases"])
-            medians = {n: statistics.median(r["phases"].get(n, 0) for r in by_tool["tokenmill"]) for n in names}
-            print("tokenmill, median seconds per phase: " + ", ".join(f"{n} {v:.1f}" for n, v in medians.items()))
-            print_phase_cpu(by_tool["tokenmill"])
-        for tool in ("megatron", "tokenmill"):
-            shutil.rmtree(work / tool, ignore_errors=True)
+        ran = [c.tool for c in checkouts if by_tool[c.tool]]
+        if len(ran) > 1 and ran[0] == "tokenmill":
+            print_checkouts(by_tool, ran)
+        for tool in ran:
+            names = list(by_tool[tool][0]["phases"])
+            medians = {n: statistics.median(r["phases"].get(n, 0) for r in by_tool[tool]) for n in names}
+            print(f"\n{tool}, median seconds per phase: " + ", ".join(f"{n} {v:.1f}" for n, v in medians.items()))
+            print_phase_cpu(by_tool[tool], tool)
+        for out in outs.values():
+            shutil.rmtree(out, ignore_errors=True)
 
         if args.big_repeat:
             corpus.unlink()
@@ -390,15 +435,15 @@ def main() -> None:
             print(f"\nbig corpus: {size / 1e9:.2f} GB ({args.big_repeat} x {Path(args.source).name})")
             ceiling = ceiling_mb_s(big, args.tokenizer, args.ceiling_mb, workers)
             load = os.getloadavg()[0]
-            mill = run_tokenmill(args, big, work / "tokenmill", cap)
+            mill = run_tokenmill(args, checkouts[0], big, outs["tokenmill"], cap)
             rate = size / 1e6 / mill["wall_s"]
             print(json.dumps({"load": load, "ceiling_mb_s": round(ceiling), **mill}))
             print(f"tokenmill: {mill['wall_s']:.1f} s = {rate:.0f} MB/s = {rate / ceiling:.1%} of the "
                   f"{ceiling:.0f} MB/s encoder ceiling measured just before; largest process "
                   f"{mill['peak_process_gb']:.2f} GB, tree {mill['peak_tree_gb']:.2f} GB")  # fmt: skip
-            shutil.rmtree(work / "tokenmill", ignore_errors=True)
+            shutil.rmtree(outs["tokenmill"], ignore_errors=True)
             load = os.getloadavg()[0]
-            meg = run_megatron(args, big, work / "megatron", cap)
+            meg = run_megatron(args, big, outs["megatron"], cap)
             print(json.dumps({"load": load, **meg}))
             outcome = f"killed by the watchdog: {meg['killed']}" if meg["killed"] else f"exit {meg['exit']}"
             print(f"Megatron: {meg['wall_s']:.1f} s, {outcome}; largest process {meg['peak_process_gb']:.2f} GB")
