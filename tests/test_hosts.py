@@ -42,6 +42,7 @@ SCHEDULER_ENV = {name: str(value) for name, value in COMPOSE["services"]["dask-s
 # The files that record where the input and the tokenizer were (s3:// on the hosts, a path in the local run).
 NAMING_PATHS = {"manifest.json", "plan.json", "report/fertility.md", "report/fertility.json"}
 ROLE_FILES = {"scheduler": "scheduler", "worker": "worker", "flow": "client"}
+ROLES = "flows.clusters.roles"  # the preload `tokenmill certs` tells the scheduler and the workers to load
 
 
 def base_env() -> dict[str, str]:
@@ -84,7 +85,7 @@ def hosts(tmp_path_factory):
         address = f"tls://{scheduler.ip}:{SCHEDULER_PORT}"
         scheduler.start(
             [str(BIN / "dask"), "scheduler", "--protocol", "tls", "--host", scheduler.ip, "--port", str(SCHEDULER_PORT),
-             "--dashboard-address", f"{scheduler.ip}:8787", *tls_flags("scheduler")],
+             "--dashboard-address", f"{scheduler.ip}:8787", *tls_flags("scheduler"), "--preload", ROLES],
             base_env() | SCHEDULER_ENV, "scheduler.log",
         )  # fmt: skip
         from flows.dask_settings import WORKER_ENVIRONMENT
@@ -124,20 +125,26 @@ def worker_command(address: str, ip: str, tls: bool) -> list[str]:
     return [
         str(BIN / "dask"), "worker", address, "--host", ip, "--nthreads", "1", "--memory-limit", "4GiB",
         "--dashboard-address", f"{ip}:0", "--local-directory", "/tmp/dask", *(tls_flags("worker") if tls else []),
+        "--preload", ROLES, "--preload-nanny", ROLES,
     ]  # fmt: skip
+
+
+def security_of(certs: Path, role: str = "client"):
+    """Dask's TLS settings for a process showing `role`'s certificate of the authority in `certs`."""
+    from distributed.security import Security
+
+    return Security(
+        tls_ca_file=str(certs / "ca.pem"), tls_client_cert=str(certs / f"{role}.pem"),
+        tls_client_key=str(certs / f"{role}-key.pem"), require_encryption=True,
+    )  # fmt: skip
 
 
 def workers_joined(scheduler, certs: Path) -> int:
     """The workers the scheduler has, asked from the test's process over the bridge with the client's certificate."""
     from distributed import Client
-    from distributed.security import Security
 
-    security = Security(
-        tls_ca_file=str(certs / "ca.pem"), tls_client_cert=str(certs / "client.pem"),
-        tls_client_key=str(certs / "client-key.pem"), require_encryption=True,
-    )  # fmt: skip
     try:
-        with Client(f"tls://{scheduler.ip}:{SCHEDULER_PORT}", security=security, timeout=10) as client:
+        with Client(f"tls://{scheduler.ip}:{SCHEDULER_PORT}", security=security_of(certs), timeout=10) as client:
             return len(client.scheduler_info()["workers"])
     except OSError:
         return 0
@@ -158,9 +165,10 @@ def flow_env(hosts, tls: bool = True) -> dict[str, str]:
     return env
 
 
-def start_on_flow_host(hosts, name: str, tls: bool = True, shard_size: str = "1MB"):
+def start_on_flow_host(hosts, name: str, tls: bool = True, shard_size: str = "1MB", env: dict | None = None):
     """`tokenmill run` started on the flow's host, of examples/gpt2.yaml with its input, tokenizer and output in
-    S3 (`s3://datasets/NAME`); the process, and its log (what the person who ran it saw)."""
+    S3 (`s3://datasets/NAME`), with `env` added to its environment; the process, and its log (what the person who
+    ran it saw)."""
     config = yaml.safe_load((REPO / "examples" / "gpt2.yaml").read_text())
     config["input"]["paths"] = ["s3://corpus/demo/*.jsonl*"]
     config["tokenizer"]["path"] = "s3://corpus/gpt2/tokenizer.json"
@@ -169,7 +177,7 @@ def start_on_flow_host(hosts, name: str, tls: bool = True, shard_size: str = "1M
     (hosts.flow.root / f"{name}.yaml").write_text(yaml.safe_dump(config))
     log = hosts.flow.root / f"{name}.log"
     command = [*TOKENMILL, "run", f"/tmp/{name}.yaml"]
-    return hosts.flow.start(command, flow_env(hosts, tls), log.name), log
+    return hosts.flow.start(command, flow_env(hosts, tls) | (env or {}), log.name), log
 
 
 def finish(process, log: Path, timeout: float = RUN_CEILING_S) -> tuple[int, str]:
@@ -185,8 +193,8 @@ def finish(process, log: Path, timeout: float = RUN_CEILING_S) -> tuple[int, str
     return process.returncode, log.read_text(errors="replace")
 
 
-def run_on_flow_host(hosts, name: str, tls: bool = True, shard_size: str = "1MB") -> tuple[int, str]:
-    return finish(*start_on_flow_host(hosts, name, tls, shard_size))
+def run_on_flow_host(hosts, name: str, tls: bool = True, shard_size: str = "1MB", env: dict | None = None):
+    return finish(*start_on_flow_host(hosts, name, tls, shard_size, env))
 
 
 def s3_dataset_files(hosts, name: str) -> dict[str, bytes]:
@@ -254,6 +262,44 @@ def test_a_flow_or_a_worker_without_the_clusters_certificate_is_refused_across_t
                 connection.sendall(b"hello")
                 if not connection.recv(16):  # TLS 1.3: the refusal comes after the handshake, as the stream's end
                     raise ConnectionError("the scheduler closed the connection")
+
+
+def test_a_workers_certificate_cannot_act_as_a_client(hosts):
+    """A worker's certificate serves and connects, so TLS alone lets it do what a client does. The scheduler and
+    the workers (preload flows.clusters.roles) refuse it what only a client or the scheduler does: registering as
+    a client, running a function on the scheduler or on a worker; the client's certificate does all of it."""
+    import asyncio
+
+    from distributed import Client, rpc
+    from distributed.protocol.pickle import dumps
+
+    with Client(hosts.address, security=security_of(hosts.certs), timeout=30) as client:
+        workers = sorted(client.scheduler_info()["workers"])
+        assert len(workers) == 2 and sorted(client.run(os.getpid)) == workers
+    with pytest.raises(OSError):  # the scheduler ends the connection at once
+        Client(hosts.address, security=security_of(hosts.certs, "worker"), timeout=30)
+    said = (hosts.scheduler.root / "scheduler.log").read_text()
+    assert "refused 'register-client' to tls://" in said and "it shows a worker's certificate" in said
+
+    async def as_worker(address: str, op: str, **arguments):
+        args = security_of(hosts.certs, "worker").get_connection_args("client")
+        async with rpc(address, connection_args=args) as server:
+            return await getattr(server, op)(**arguments)
+
+    for address, op in ((hosts.address, "run_function"), (workers[0], "run")):
+        with pytest.raises(PermissionError, match="refused, this connection shows a worker's certificate"):
+            asyncio.run(as_worker(address, op, function=dumps(os.getpid)))
+    assert asyncio.run(as_worker(hosts.address, "ncores"))  # what a worker may ask, it still gets
+
+
+def test_plain_tcp_to_a_scheduler_on_another_host_is_refused(hosts):
+    """`tcp://` to the scheduler's host (a network namespace of its own): the run stops before it connects and
+    says how to get certificates; nothing is written."""
+    plain = {"TOKENMILL_DASK_ADDRESS": f"tcp://{hosts.scheduler.ip}:{SCHEDULER_PORT}"}
+    rc, said = run_on_flow_host(hosts, "plain-tcp", tls=False, env=plain)
+    assert rc == 1 and "Traceback" not in said, said
+    assert f"plain TCP on another host ({hosts.scheduler.ip})" in said and "tokenmill certs" in said, said
+    assert hosts.s3_client.list_objects_v2(Bucket="datasets", Prefix="plain-tcp/").get("KeyCount", 0) == 0
 
 
 def committed(hosts, name: str, stage: str) -> int:

@@ -11,10 +11,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 import yaml
 
@@ -153,17 +155,59 @@ def no_jobs_left(slurm) -> bool:
     return True
 
 
+def answers_http(ip: str, port: int) -> bool:
+    """Whether the socket listening at ip:port answers a plain HTTP request (a dashboard; Dask's comms speak TLS)."""
+    try:
+        with socket.create_connection(("127.0.0.1" if ip in ("0.0.0.0", "::") else ip, port), timeout=2) as raw:
+            raw.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+            return raw.recv(5) == b"HTTP/"
+    except OSError:
+        return False
+
+
+def watch_listeners(run: subprocess.Popen, marker: str, seen: dict, stop: threading.Event) -> None:
+    """Until `stop`: every socket the run's processes listen on (the flow's, with the scheduler; the worker jobs',
+    found by `marker` in their command line, and their children), in `seen` as (ip, port) -> answers HTTP."""
+    while not stop.is_set():
+        try:
+            flow = psutil.Process(run.pid)
+            jobs = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or ())]
+            processes = [flow, *flow.children(recursive=True)]
+            processes += [q for p in jobs for q in (p, *p.children(recursive=True))]
+        except psutil.Error:  # the run ended
+            processes = []
+        for process in processes:
+            try:
+                listening = [c.laddr for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+            except psutil.Error:
+                continue
+            for ip, port in listening:
+                if (ip, port) not in seen:
+                    seen[ip, port] = answers_http(ip, port)
+        stop.wait(0.3)
+
+
 def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_does(
     slurm, prefect_api, gpt2_run, tmp_path
 ):
     """Its jobs get only the variables `dask.slurm.environment` names, from a file only this user can read: not the
-    flow's credentials (Prefect's password, a planted secret), and nothing of them in the job script."""
+    flow's credentials (Prefect's password, a planted secret), and nothing of them in the job script. The
+    dashboards (the scheduler's in the flow's process, each worker's) listen on loopback only."""
     job_logs = tmp_path / "slurm-logs"
     job_env = {"environment": ["PATH", "HOME", "TOKENMILL_NAMED"], "setup": [f"env > {job_logs}/env-$SLURM_JOB_ID.txt"]}
     config = slurm_config(tmp_path, "slurm", slurm_extra=job_env, partition={"shard_size": "1MB"})
     run = run_on_slurm(config, slurm, prefect_api, "INFO", TOKENMILL_NAMED="named", TOKENMILL_SECRET="planted-secret")
-    out = run.communicate(timeout=600)[0]
+    seen, stop = {}, threading.Event()
+    watcher = threading.Thread(target=watch_listeners, args=(run, str(tmp_path / "slurm-tls"), seen, stop))
+    watcher.start()
+    try:
+        out = run.communicate(timeout=600)[0]
+    finally:
+        stop.set()
+        watcher.join()
     assert run.returncode == 0, out
+    dashboards = sorted(address for address, http in seen.items() if http)
+    assert len(dashboards) >= 2 and all(ip == "127.0.0.1" for ip, _ in dashboards), seen
     assert "Dask: SLURM jobs" in out
     # The jobs went back to the queue once the shard work was done, before publish copied in the flow's process.
     released = re.search(r"released the cluster's workers before publish: 2 SLURM jobs cancelled", out)

@@ -120,11 +120,12 @@ def usage(directory: Path) -> list[str]:
     """How each process uses the certificates in `directory`: the commands and the environment."""
     d = directory.resolve()
     tls = f"--tls-ca-file {d}/ca.pem"
+    roles = "flows.clusters.roles"  # its preload keeps the workers' certificate from acting as a client's
     return [
         f"the scheduler:  dask scheduler --protocol tls {tls} --tls-cert {d}/scheduler.pem "
-        f"--tls-key {d}/scheduler-key.pem",
+        f"--tls-key {d}/scheduler-key.pem --preload {roles}",
         f"each worker:    dask worker tls://SCHEDULER:8786 {tls} --tls-cert {d}/worker.pem "
-        f"--tls-key {d}/worker-key.pem",
+        f"--tls-key {d}/worker-key.pem --preload {roles} --preload-nanny {roles}",
         "the flow (tokenmill run, serve, a Prefect worker), in its environment:",
         "  TOKENMILL_DASK_ADDRESS=tls://SCHEDULER:8786",
         f"  DASK_DISTRIBUTED__COMM__TLS__CA_FILE={d}/ca.pem",

@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 
 RETIRE_BEFORE_S = 300  # a worker retires this long before its job's walltime (a tenth of it for short jobs)
 RELEASE_CEILING_S = 60  # the longest a release waits for scancel (a job not cancelled by then is at the run's end)
+# The dashboards on loopback (the scheduler's on this host, each worker's on its node), unauthenticated as they are:
+# reach the scheduler's through an ssh tunnel (docs/production.md).
+DASHBOARD = "127.0.0.1:0"
+ROLES = "flows.clusters.roles"  # a worker's certificate cannot act as a client (that module says why)
+WORKER_GUARDS = ("--dashboard-address", DASHBOARD, "--preload", ROLES, "--preload-nanny", ROLES)
 
 
 def walltime_seconds(walltime: str) -> int:
@@ -128,8 +133,11 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
                 python=slurm.python or sys.executable,
                 job_extra_directives=["--export=NONE", *slurm.directives],  # none of this environment: `environment`
                 job_script_prologue=[f"set -a; . {shlex.quote(str(environment))}; set +a", *exports, *slurm.setup],
-                worker_extra_args=["--lifetime", f"{lifetime}s", "--lifetime-stagger", f"{min(60, lifetime // 10)}s"],
-                scheduler_options={"host": host, "dashboard_address": ":0"},
+                worker_extra_args=[
+                    *("--lifetime", f"{lifetime}s", "--lifetime-stagger", f"{min(60, lifetime // 10)}s"),
+                    *WORKER_GUARDS,
+                ],
+                scheduler_options={"host": host, "dashboard_address": DASHBOARD, "preload": [ROLES]},
                 log_directory=slurm.log_directory,
                 security=run_security(Path(certs), host),
             )
