@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from tokenmill.config import DaskConfig, TokenmillConfig, load_config
+from tokenmill.config import TokenmillConfig, load_config
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -354,33 +354,37 @@ def rerun(
         list[int], typer.Option("--shard", help="A shard to redo (repeatable); none: the uncommitted.")
     ] = [],  # noqa: B006
     config: Annotated[
-        Path | None, typer.Option(help="A config whose dask section the rerun runs on; none: a LocalCluster.")
+        Path | None,
+        typer.Option(
+            help="The run's config: the rerun runs it, once checked to define the dataset in OUTPUT; none: the one "
+            "stored in OUTPUT, on a LocalCluster, with this environment's S3 endpoint and credentials."
+        ),
     ] = None,
     debug: DebugOption = False,
 ) -> None:
     """Redo shards of an earlier run, then validate and publish again. The run's config is read from OUTPUT, but
-    for its cluster (dask), which is this command's: whoever can write OUTPUT must not choose where code runs."""
+    for its cluster, S3 endpoints and credentials, which are this command's: whoever can write OUTPUT must not
+    choose where code runs or where credentials go. With --config, nothing is taken from OUTPUT."""
     from flows.server import ensure_api
     from flows.startup import without_collector
-    from tokenmill.runs import RUN_CONFIG, load_run_config
+    from tokenmill.runs import load_run_config, taken_from
 
-    dask = _load(config, []).dask if config else None
+    given = _load(config, []) if config else None
     try:
-        stored = load_run_config(output, dask)[1]
+        run_config, stored = load_run_config(output, given)
     except (OSError, ValueError) as e:
         raise _fail(str(e)) from None
     api_url = ensure_api()
     with without_collector():
         from flows.rerun import cluster_of, rerun_shards
 
-    where = cluster_of(dask or DaskConfig())
-    console.print(f"from {output}/{RUN_CONFIG}: {', '.join(stored)}; the cluster: {where}", highlight=False)
+    console.print(f"{taken_from(output, stored)}; the cluster: {cluster_of(run_config.dask)}", highlight=False)
 
     if not debug:
         tracebacks_off_the_terminal()
     with ends_promptly():
         try:
-            state = rerun_shards(output=output, shard_ids=shards or None, dask=dask, return_state=True)
+            state = rerun_shards(output=output, shard_ids=shards or None, config=given, return_state=True)
         except Exception as e:
             raise _fail(f"rerun failed: {failure_message(e, api_url)}") from None
         print_summary(*outcome(state, "rerun", api_url))
@@ -398,6 +402,12 @@ def serve(
     cfg = _load(config, overrides)
     from flows.server import ensure_api, ui_url
 
+    if secrets := cfg.secrets():
+        raise _fail(
+            f"{config}: {', '.join(secrets)}: a deployment's parameters are stored with secrets masked, so its runs "
+            "would not have them. Give them in the environment `tokenmill serve` runs in (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), and leave them out of the config"
+        )
     ui = ui_url(ensure_api())
     console.print(f"Prefect UI: {ui}; the deployments (Run, Custom run, Retry): {ui}/deployments", highlight=False)
     from prefect.deployments.runner import EntrypointType
@@ -411,9 +421,9 @@ def serve(
         corpus_to_tokens.to_deployment(
             name=name, cron=cron, parameters={"config": cfg.model_dump(mode="json")}, entrypoint_type=module
         ),
-        rerun_shards.to_deployment(  # on the cluster this config names, never the one stored in the output
+        rerun_shards.to_deployment(  # this config, never the one stored in the output (docs/security.md)
             name=name,
-            parameters={"output": cfg.output.path, "dask": cfg.dask.model_dump(mode="json")},
+            parameters={"output": cfg.output.path, "config": cfg.model_dump(mode="json")},
             entrypoint_type=module,
         ),
     ]

@@ -399,17 +399,17 @@ def test_prefect_yaml_accepted_by_prefect_deploy_model(prefect_project):
 
 def test_prefect_yaml_rerun_shards_deployment_redoes_the_nightly_dataset(prefect_project, nightly):
     """As `tokenmill serve` does: `rerun-shards/nightly` beside `corpus-to-tokens/nightly`, on the same pool,
-    pointed at the nightly run's output, on demand only."""
+    pointed at the nightly run's output with the nightly config (so nothing is taken from the output), on demand."""
     rerun = deployment(prefect_project, RERUN)
     assert rerun["name"] == nightly["name"] and rerun["work_pool"] == nightly["work_pool"]
     config = nightly["parameters"]["config"]
-    assert rerun["parameters"] == {"output": config["output"]["path"], "shard_ids": None, "dask": config["dask"]}
+    assert rerun["parameters"] == {"output": config["output"]["path"], "shard_ids": None, "config": config}
     assert not rerun.get("schedules")
     from flows.rerun import rerun_shards
-    from tokenmill.config import DaskConfig
+    from tokenmill.config import TokenmillConfig
 
     validated = rerun_shards.validate_parameters(rerun["parameters"])  # as the server will
-    assert validated == rerun["parameters"] | {"dask": DaskConfig.model_validate(config["dask"])}
+    assert validated == rerun["parameters"] | {"config": TokenmillConfig.model_validate(config)}
 
 
 def test_prefect_yaml_cron_schedule_is_valid(nightly):

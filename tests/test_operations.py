@@ -209,7 +209,8 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
 def test_work_pool_deployments_run_on_a_process_worker(prefect_api, prefect_client, dask_cluster, gpt2_run, tmp_path):
     """deployments/prefect.yaml the way deployments/README.md uses it, against a real server: a process work pool,
     `prefect deploy --all`, `prefect worker start`; corpus-to-tokens/nightly runs with another config (as
-    `--param config=...` does) and equals a clean run, then rerun-shards/nightly redoes one shard."""
+    `--param config=...` does) and equals a clean run, then rerun-shards/nightly, given that config, redoes one
+    shard."""
     from tokenmill.config import load_config
 
     bin_dir = Path(sys.executable).parent
@@ -247,8 +248,8 @@ def test_work_pool_deployments_run_on_a_process_worker(prefect_api, prefect_clie
         assert built == fresh
 
         before = markers(out, "tokenize")
-        redo = prefect_client.create_flow_run_from_deployment(
-            rerun.id, parameters={"output": str(out), "shard_ids": [2]}
+        redo = prefect_client.create_flow_run_from_deployment(  # the run's config, as the deployment's default is
+            rerun.id, parameters={"output": str(out), "shard_ids": [2], "config": config.model_dump(mode="json")}
         )
         assert final_state(prefect_client, redo.id, timeout=420).is_completed()
         after = markers(out, "tokenize")

@@ -104,14 +104,20 @@ for port in sys.argv[1:]:
 """
 
 
+RUNNING = {"flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}
+
+
 def listening_ports(process: psutil.Process) -> list[int]:
     return sorted({c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN})
 
 
-def test_another_user_cannot_reach_the_runs_local_dask_cluster(prefect_api, other_user, tmp_path):
+def test_during_a_run_another_user_reaches_neither_its_local_dask_cluster_nor_its_prefect_server(
+    prefect_api, other_user, tmp_path
+):
     """During a run: its LocalCluster speaks TLS with a key that only the run's processes hold (in memory); another
     user's client is refused at every port the cluster's process listens on, whether it speaks plain TCP or TLS
-    with a certificate of its own, and the run goes on."""
+    with a certificate of its own. The Prefect server refuses that user the running flow run, the list of runs
+    and a new one; its password file cannot be read. The run goes on."""
     corpus = gzip.decompress((SHARED / "corpora/enwiki_slice/enwiki_slice.jsonl.gz").read_bytes())
     (tmp_path / "a.jsonl").write_bytes(corpus)
     (tmp_path / "b.jsonl").write_bytes(corpus)  # a run of some seconds, on this machine
@@ -140,6 +146,18 @@ def test_another_user_cannot_reach_the_runs_local_dask_cluster(prefect_api, othe
         said = dict(line.split(" ", 1) for line in knocked.stdout.splitlines())
         assert sorted(said) == sorted(map(str, ports)), knocked.stdout
         assert list(said.values()).count("http") == 1 and set(said.values()) == {"tls-refused", "http"}, said
+
+        while not (running := api_post(prefect_api, "flow_runs/filter", RUNNING).json()):
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended before its flow run was seen"
+            time.sleep(0.2)
+        assert status_for_other(f"{prefect_api}/flow_runs/{running[0]['id']}", body=None) == "401"
+        assert status_for_other(f"{prefect_api}/flow_runs/filter", json.dumps(RUNNING)) in ("401", "403")
+        assert status_for_other(f"{prefect_api}/flow_runs/", f'{{"flow_id": "{running[0]["flow_id"]}"}}') in (
+            "401",
+            "403",
+        )
+        read = as_other("cat", str(Path(os.environ["PREFECT_HOME"]) / "tokenmill-server-auth"))
+        assert read.returncode != 0 and "Permission denied" in read.stderr, read
         assert run.poll() is None  # the run went on meanwhile
     finally:
         os.killpg(run.pid, signal.SIGINT)
@@ -165,19 +183,75 @@ def test_a_plain_tcp_scheduler_on_another_host_is_refused_unless_allowed(run_cli
         assert "reached over plain TCP, unencrypted and unauthenticated" in caplog.text
 
 
-def test_a_rerun_takes_no_cluster_from_the_output_location(gpt2_run, run_cli, tmp_path):
-    """Whoever can write the output location could plant a cluster in the run config stored there (`dask.address`
-    of their own scheduler, whose results the flow unpickles; `dask.slurm.setup` shell lines): a rerun takes its
-    cluster from its own command, says so, and runs as the stored config says otherwise."""
-    out = tmp_path / "out"
+def test_a_rerun_takes_no_cluster_endpoint_or_token_from_the_output_location(gpt2_run, run_cli, tmp_path):
+    """Whoever can write the output location could plant a cluster in the run config stored there (SLURM jobs whose
+    `setup` lines run as you; `dask.address` of their own scheduler, whose results the flow unpickles), endpoints that
+    get your S3 credentials, or a hub token variable: a rerun takes none of them, says what it took from there, and
+    runs as the stored config says otherwise."""
+    from tokenmill.config import DaskConfig, HubConfig, StorageConfig
+    from tokenmill.runs import load_run_config
+
+    out, ran = tmp_path / "out", tmp_path / "planted-setup-ran"
     shutil.copytree(gpt2_run, out)
     stored = json.loads((out / "_work/config.json").read_text())
-    stored["dask"]["address"] = "tcp://127.0.0.1:9"  # planted: nothing answers there, a run sent there fails
+    stored["dask"] = {"slurm": {"setup": [f"touch {ran}"], "jobs": 1}}
+    planted = {"endpoint_url": "http://planted.invalid", "profile": "theirs"}
+    stored["input"]["storage"] = stored["output"]["storage"] = stored["output"]["publish"]["storage"] = planted
+    stored["tokenizer"]["hub"]["token_env"] = "AWS_SECRET_ACCESS_KEY"
     (out / "_work/config.json").write_text(json.dumps(stored))
+
+    config, taken = load_run_config(str(out))
+    assert config.dask == DaskConfig()  # a LocalCluster, or the one $TOKENMILL_DASK_ADDRESS names
+    assert config.input.storage == config.output.storage == config.output.publish.storage == StorageConfig()
+    assert config.tokenizer.hub.token_env == HubConfig().token_env and "dask" not in taken and "input" in taken
     result = run_cli("rerun", str(out), "--shard", "1")
-    assert f"from {out}/_work/config.json: " in result.stdout and "; the cluster: " in result.stdout, result.stdout
-    assert "tcp://127.0.0.1:9" not in result.stdout
+    assert f"from {out}/_work/config.json: " in result.stdout, result.stdout
+    assert "; the cluster: " in result.stdout and "planted" not in result.stdout, result.stdout
+    assert not ran.exists()
     assert json.loads((out / "_commits/tokenize/shard-00001.json").read_text())["result"]["shard_id"] == 1
+
+
+def test_a_rerun_given_its_config_takes_nothing_from_the_output_location_and_refuses_another_dataset(
+    gpt2_run, run_cli, tmp_path
+):
+    """With --config (as the rerun deployments of `tokenmill serve` and prefect.yaml have), the stored config only
+    checks that the config given defines the dataset in the output: one planted with other inputs is refused."""
+    out, secret = tmp_path / "out", tmp_path / "secret.jsonl"
+    shutil.copytree(gpt2_run, out)
+    secret.write_text(json.dumps({"text": "a secret of whoever reruns"}) + "\n")
+    given = tmp_path / "given.yaml"  # examples/gpt2.yaml as gpt2_run ran it
+    given.write_text((REPO / "examples/gpt2.yaml").read_text().replace("shard_size: 64MB", "shard_size: 1MB"))
+    stored = json.loads((out / "_work/config.json").read_text())
+    stored["input"]["paths"] = [str(secret)]  # planted
+    (out / "_work/config.json").write_text(json.dumps(stored))
+
+    refused = run_cli("rerun", str(out), "--config", str(given), "--shard", "1", check=False)
+    assert refused.returncode == 1 and "defines another dataset than the run there: input" in refused.stdout
+
+    shutil.copy(gpt2_run / "_work/config.json", out / "_work/config.json")
+    result = run_cli("rerun", str(out), "--config", str(given), "--shard", "1")
+    assert "from the config given (it defines the dataset in" in result.stdout, result.stdout
+    assert "4 shards (3 reused)" in result.stdout
+
+
+def test_a_plan_planted_with_the_right_key_and_other_files_is_not_read(gpt2_run, run_cli, tmp_path):
+    """plan.json names the files each shard reads. One rewritten by a writer of the output location, keeping the
+    key the rerun computes (the input config's hash and the input files' fingerprints, all readable there) but a
+    shard's piece pointing at a file of whoever reruns, is replaced by the plan the rerun makes: the shard's output
+    is the one the real input makes."""
+    out, secret = tmp_path / "out", tmp_path / "secret.jsonl"
+    shutil.copytree(gpt2_run, out)
+    secret.write_text(json.dumps({"text": "a secret of whoever reruns"}) + "\n")
+    honest = json.loads((out / "plan.json").read_text())
+    planted = json.loads(json.dumps(honest))
+    shard = planted["shards"][1]
+    shard["pieces"] = [{**shard["pieces"][0], "path": str(secret), "start": 0, "end": None, "first_line": 1}]
+    (out / "plan.json").write_text(json.dumps(planted))
+    before = {p: p.read_bytes() for p in (out / "megatron").rglob("shard-00001.*")}
+
+    run_cli("rerun", str(out), "--shard", "1")
+    assert json.loads((out / "plan.json").read_text()) == honest
+    assert {p: p.read_bytes() for p in (out / "megatron").rglob("shard-00001.*")} == before != {}
 
 
 def test_certificates_carry_only_the_usage_their_role_needs_and_a_runs_own_have_no_authority_key(tmp_path):
@@ -201,3 +275,17 @@ def test_certificates_carry_only_the_usage_their_role_needs_and_a_runs_own_have_
     kept = make_certificates(tmp_path / "kept", ["node1"], days=1)
     key = tmp_path / "kept" / "ca-key.pem"
     assert key in kept and stat.S_IMODE(key.stat().st_mode) == 0o600
+
+
+def test_serve_refuses_a_config_holding_secrets_which_its_deployments_would_hold_masked(run_cli):
+    """A deployment's parameters are recorded as tokenmill records a config: secrets masked. Served with one, its
+    runs would send the mask as a key; `tokenmill serve` says where the secret is and where to give it instead."""
+    result = run_cli(
+        "serve", "examples/gpt2.yaml", "--set", "output.storage.secret=planted", "--set", "input.storage.key=k",
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout
+    assert "input.storage.key, output.storage.secret: a deployment's parameters are stored with secrets masked" in (
+        result.stdout
+    )
+    assert "planted" not in result.stdout and "AWS_SECRET_ACCESS_KEY" in result.stdout

@@ -511,6 +511,21 @@ class TokenmillConfig(_Section):
     def mixture(self) -> bool:
         return self.sources is not None
 
+    def secrets(self) -> list[str]:
+        """Where this config holds a secret (`output.storage.key`, ...): recorded masked wherever tokenmill writes
+        it, so a deployment's parameters cannot carry one."""
+        storages = {
+            f"{'input' if not name else f'sources.{name}.input'}.storage": i.storage
+            for name, i in self.inputs().items()
+        }
+        storages |= {"output.storage": self.output.storage, "output.publish.storage": self.output.publish.storage}
+        return [
+            f"{where}.{key}"
+            for where, storage in storages.items()
+            for key in ("key", "secret")
+            if getattr(storage, key)
+        ]
+
     def inputs(self) -> dict[str, InputConfig]:
         """Each source's input by name; a dataset of one `input` is the source named ""."""
         return {"": self.input} if self.sources is None else {s.name: s.input for s in self.sources}

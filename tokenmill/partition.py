@@ -355,7 +355,9 @@ def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[Plan, 
     sticky = earlier.shard_size if earlier and config.partition.shard_size == "auto" else None
     same_config = earlier is not None and _made_alike(earlier, config)
     plan = plan_shards(config, cluster_threads, sticky, earlier if same_config else None)
-    if same_config and plan.key == earlier.key:  # the input as the earlier plan saw it: every shard kept
+    # The input as the earlier plan saw it: every shard kept. Its shards as this plan cuts them too: a plan.json
+    # planted with the right key and pieces of other files (secrets of whoever reruns) is not read.
+    if same_config and plan.key == earlier.key and plan.shards == earlier.shards:
         return earlier, None
     moved = []
     if earlier is not None:

@@ -1,48 +1,76 @@
-"""What a run leaves for the next one: its config (so a rerun needs only the output path, and its cluster) and the
-commit markers a targeted rerun removes to redo chosen shards."""
+"""What a run leaves for the next one: its config (so a rerun needs only the output path) and the commit markers a
+targeted rerun removes to redo chosen shards."""
 
 from __future__ import annotations
 
 from tokenmill.commits import marker
-from tokenmill.config import DaskConfig, TokenmillConfig
+from tokenmill.config import TokenmillConfig
 from tokenmill.plan import Plan
 from tokenmill.storage import Store
 
 RUN_CONFIG = "_work/config.json"
-MASKED = "**********"  # how pydantic writes a SecretStr
 SHARD_STAGES = ("tokenize", "pack")  # the per-shard stages a rerun redoes (sample and shuffle feed others)
-# What a rerun never takes from the output location: whoever can write there must not choose where the shards' code
-# runs (`dask`: a scheduler's address, SLURM jobs and the shell lines they run first).
-NOT_STORED = ("dask",)
+# What a rerun never takes from the output location, whose writers must not choose where the shards' code runs
+# (`dask`: a scheduler's address, SLURM jobs and the shell lines they run first), which endpoints get the
+# credentials of the rerun's environment, or which of its variables is sent to the hub as a token.
+NOT_STORED = (
+    "dask",
+    "input.storage",
+    "sources.*.input.storage",
+    "output.storage",
+    "output.publish.storage",
+    "tokenizer.hub.token_env",
+)
 
 
 def save_run_config(config: TokenmillConfig) -> None:
-    """Record the run's full config in its output (secrets masked: reruns take them from the environment), if it
-    is not recorded already: a run that finds nothing to do writes nothing."""
+    """Record the run's full config in its output (secrets masked), if it is not recorded already: a run that finds
+    nothing to do writes nothing."""
     store, recorded = config.output.store(), config.model_dump(mode="json")
     if not store.exists(RUN_CONFIG) or store.read_json(RUN_CONFIG) != recorded:
         store.write_json(RUN_CONFIG, recorded)
 
 
-def load_run_config(output: str, dask: DaskConfig | None = None) -> tuple[TokenmillConfig, list[str]]:
-    """The earlier run's config, read back from its output, but for the sections a rerun never takes from there
-    (NOT_STORED), which are the caller's: `dask` (None: the defaults, a LocalCluster or $TOKENMILL_DASK_ADDRESS).
-    Also the sections it took from the output."""
-    store = Store(output)
+def load_run_config(output: str, given: TokenmillConfig | None = None) -> tuple[TokenmillConfig, list[str]]:
+    """The config a rerun of the run at `output` runs with, and the sections it took from what that run stored
+    there (RUN_CONFIG).
+
+    Given a config, that one (its output.path `output`), once checked to define the dataset stored there (else a
+    ValueError naming the sections that differ): nothing is taken from the output location. Else the stored
+    config, but for what a rerun never takes from there (NOT_STORED), left at its defaults: a LocalCluster (or
+    $TOKENMILL_DASK_ADDRESS), the environment's S3 endpoint and credentials, the hub token in HF_TOKEN."""
+    store = Store(output, given.output.storage.fsspec_options() if given else {})
     if not store.exists(RUN_CONFIG):
         raise FileNotFoundError(f"{output}: no {RUN_CONFIG}; is this the output of a tokenmill run?")
-    data = _without_masked_secrets(store.read_json(RUN_CONFIG))
+    data = store.read_json(RUN_CONFIG)
+    for path in NOT_STORED:
+        _remove(data, path.split("."))
     data["output"]["path"] = output
-    stored = [key for key in data if key not in NOT_STORED and isinstance(data[key], dict | list)]
-    data = {k: v for k, v in data.items() if k not in NOT_STORED} | {"dask": (dask or DaskConfig()).model_dump()}
-    return TokenmillConfig.model_validate(data), stored
+    stored = TokenmillConfig.model_validate(data)
+    if given is None:
+        return stored, [key for key, value in data.items() if isinstance(value, dict | list)]
+    mine = TokenmillConfig.model_validate(given.model_dump() | {"output": given.output.model_dump() | {"path": output}})
+    theirs, ours = stored.dataset_config(), mine.dataset_config()
+    if differ := [key for key in dict.fromkeys([*theirs, *ours]) if theirs.get(key) != ours.get(key)]:
+        raise ValueError(
+            f"{output}: the config given defines another dataset than the run there: {', '.join(differ)} "
+            f"differ from {RUN_CONFIG}. A rerun redoes that run's shards; to build the new one, run the config."
+        )
+    return mine, []
 
 
-def _without_masked_secrets(data):
-    """The recorded config with its masked secrets removed: a rerun takes them from the environment."""
-    if isinstance(data, dict):
-        return {k: _without_masked_secrets(v) for k, v in data.items() if v != MASKED}
-    return data
+def _remove(data: dict | list | None, path: list[str]) -> None:
+    """Remove the key at `path` (`*`: in every item of a list) from the recorded config, in place."""
+    head, *rest = path
+    if data is None:
+        return
+    if head == "*":
+        for item in data:
+            _remove(item, rest)
+    elif not rest:
+        data.pop(head, None)
+    else:
+        _remove(data.get(head), rest)
 
 
 def forget_shards(config: TokenmillConfig, shard_ids: list[int]) -> int:
@@ -62,3 +90,10 @@ def forget_shards(config: TokenmillConfig, shard_ids: list[int]) -> int:
                 store.remove(marker(stage, shard_id))
                 removed += 1
     return removed
+
+
+def taken_from(output: str, stored: list[str]) -> str:
+    """Where a rerun's config came from, for its log (`stored`: load_run_config's sections)."""
+    if not stored:
+        return f"from the config given (it defines the dataset in {output}/{RUN_CONFIG})"
+    return f"from {output}/{RUN_CONFIG}: {', '.join(stored)}; not from there: the cluster, S3 endpoints and credentials"
