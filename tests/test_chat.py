@@ -1,0 +1,181 @@
+"""tokenmill.chat against transformers itself: real conversations (../shared/corpora/chat) rendered with real chat
+templates (../shared/tokenizers: phi3-mini, whose template has no `{% generation %}` tags, its tagged twin from TRL,
+and Granite 3.1's) give apply_chat_template's text and ids; the assistant's spans, found without tags, give the mask
+transformers computes from the tags; validate's check passes that mask and fails an all-ones or a shifted one; a
+template whose spans cannot be told is refused by name."""
+
+from __future__ import annotations
+
+import datetime
+import gzip
+import itertools
+import json
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from tokenmill import chat
+
+from .conftest import SHARED, TOKENIZERS
+
+CHAT = SHARED / "corpora/chat"
+TODAY = datetime.date(2026, 1, 15)  # Granite's template writes the date: pinned on both sides
+PER_CORPUS = 300  # the first conversations of each corpus; every one of them: `make slow`
+PHI3, GRANITE = TOKENIZERS / "phi3-mini", TOKENIZERS / "granite-3.1"
+TEMPLATES = {  # name: (tokenizer directory, template source)
+    "phi3": (PHI3, json.loads((PHI3 / "tokenizer_config.json").read_text())["chat_template"]),
+    "phi3_training": (PHI3, (PHI3 / "phi3_training.jinja").read_text()),
+    "granite": (GRANITE, (GRANITE / "granite_3_1_chat_template.jinja").read_text()),
+}
+
+
+def conversations(limit: int | None = PER_CORPUS) -> list[list[dict]]:
+    """The first `limit` conversations (None: all) of the multi-turn dialogues, and of two instruction corpora as a
+    user's prompt and the assistant's completion."""
+    with gzip.open(CHAT / "sgd-dialogues/sgd_train_messages.jsonl.gz", "rt") as f:
+        dialogues = [json.loads(line)["messages"] for line in itertools.islice(f, limit)]
+    with gzip.open(CHAT / "gsm8k/train.jsonl.gz", "rt") as f:
+        math = [json.loads(line) for line in itertools.islice(f, limit)]
+    with gzip.open(CHAT / "gpteacher-alpaca/codegen-instruct.json.gz", "rt") as f:
+        code = json.load(f)[:limit]
+    pairs = [(r["question"], r["answer"]) for r in math]
+    pairs += [("\n\n".join(p for p in (r["instruction"], r["input"]) if p), r["response"]) for r in code]
+    return dialogues + [[{"role": "user", "content": q}, {"role": "assistant", "content": a}] for q, a in pairs]
+
+
+class _Today(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return cls(TODAY.year, TODAY.month, TODAY.day)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """transformers' tokenizers (AutoTokenizer, as a trainer loads them), its clock pinned to TODAY."""
+    import transformers.utils.chat_template_utils as rendering
+    from transformers import AutoTokenizer
+
+    clock, rendering.datetime = rendering.datetime, _Today  # strftime_now reads `datetime` when it runs
+    yield {directory: AutoTokenizer.from_pretrained(str(directory)) for directory in (PHI3, GRANITE)}
+    rendering.datetime = clock
+
+
+def ours(name: str, reference) -> tuple[chat.ChatTemplate, Tokenizer]:
+    """The template as tokenmill takes it, and the tokenizer as transformers builds it (for phi3 not the
+    tokenizer.json as written: transformers 5 rebuilds Llama's pre-tokenizer, and every conversation's ids differ)."""
+    directory, source = TEMPLATES[name]
+    tokenizer = Tokenizer.from_str(reference[directory].backend_tokenizer.to_str())
+    variables = chat.special_tokens(json.loads((directory / "tokenizer_config.json").read_text()))
+    return chat.ChatTemplate.probe(name, source, variables, tokenizer, TODAY), tokenizer
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_the_text_and_ids_are_apply_chat_templates(name, reference):
+    same_as_transformers(name, reference, conversations())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_every_conversation_of_the_corpora_renders_and_encodes_as_in_transformers(name, reference):
+    same_as_transformers(name, reference, conversations(None))
+
+
+def same_as_transformers(name: str, reference, sample: list[list[dict]]) -> None:
+    template, tokenizer = ours(name, reference)
+    theirs = reference[TEMPLATES[name][0]]
+    for messages in sample:
+        text = chat.render(template.template, messages, template.variables)
+        assert text == theirs.apply_chat_template(messages, chat_template=TEMPLATES[name][1], tokenize=False)
+        ids = theirs.apply_chat_template(messages, chat_template=TEMPLATES[name][1], tokenize=True)["input_ids"]
+        assert tokenizer.encode(text, add_special_tokens=False).ids == ids
+
+
+def test_the_assistant_spans_found_without_tags_give_the_mask_transformers_gets_from_them(reference):
+    """phi3's template has no tags, its TRL twin wraps each assistant content and end-of-turn (and the final EOS) in
+    them: the mask found in the first is the mask transformers computes from the second, on every conversation."""
+    template, tokenizer = ours("phi3", reference)
+    assert template.end_of_turn == "<|end|>\n"
+    for messages in conversations():
+        ids, mask, _ = chat.encode(tokenizer, chat.render_with_spans(template, messages))
+        tagged = reference[PHI3].apply_chat_template(
+            messages, chat_template=TEMPLATES["phi3_training"][1], tokenize=True, return_assistant_tokens_mask=True
+        )
+        assert ids.tolist() == tagged["input_ids"]
+        assert mask.tolist() == tagged["assistant_masks"]
+        assert 0 < mask.sum() < len(mask)
+
+
+@pytest.mark.parametrize("name", ["phi3", "granite"])
+def test_the_mask_check_passes_the_right_mask_and_fails_all_ones_and_shifted_ones(name, reference):
+    template, tokenizer = ours(name, reference)
+    for messages in conversations():
+        rendered = chat.render_with_spans(template, messages)
+        ids, mask, offsets = chat.encode(tokenizer, rendered)
+        assert chat.mask_problems(tokenizer, rendered, ids, offsets, mask) == []
+        for planted in (np.ones_like(mask), np.roll(mask, 1), np.roll(mask, -1)):
+            assert chat.mask_problems(tokenizer, rendered, ids, offsets, planted), messages[:2]
+        turns = [m["content"] for m in messages if m["role"] == "assistant"]
+        masked = [rendered.text[start:end] for start, end in rendered.contents]
+        assert masked == turns  # each assistant content, as it is
+
+
+PHI3_LIKE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ BODY }}<|end|>\n{% endfor %}{{ eos_token }}"
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ("{{ m['content'] if m['role'] != 'assistant' else 'OK' }}", "an assistant content appears 0 times"),
+        ("{{ m['content'] }}{{ m['content'] }}", "an assistant content appears 2 times"),
+        ("{{ m['content'] | upper }}", "changes assistant message 1"),
+    ],
+)
+def test_a_template_whose_assistant_spans_cannot_be_told_is_refused_by_name(body, why, reference):
+    _, tokenizer = ours("phi3", reference)
+    source = PHI3_LIKE.replace("{{ BODY }}", body)
+    conversation = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    with pytest.raises(chat.SpanError, match=f"chat template broken.*{why}"):
+        template = chat.ChatTemplate.probe("broken", source, {"eos_token": "<|endoftext|>"}, tokenizer, TODAY)
+        chat.render_with_spans(template, conversation)
+
+
+def test_a_message_the_template_drops_is_refused_not_left_out(reference):
+    """phi3's template renders no `tool` message: the function's result would be silently missing."""
+    template, _ = ours("phi3", reference)
+    call = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "get_weather()"}]
+    conversation = [*call, {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "Sunny."}]
+    with pytest.raises(chat.SpanError, match=r"chat template phi3 renders message 2 \(tool\) 0 times, not once"):
+        chat.render_with_spans(template, conversation)
+
+
+def test_a_template_that_ends_no_turn_is_refused(reference):
+    _, tokenizer = ours("phi3", reference)
+    source = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{% endfor %}"
+    with pytest.raises(chat.SpanError, match="chat template endless writes nothing that ends an assistant turn"):
+        chat.ChatTemplate.probe("endless", source, {}, tokenizer, TODAY)
+
+
+@pytest.mark.parametrize(
+    ("messages", "said"),
+    [
+        ({"role": "user"}, r"messages: not a list of messages \(dict\)"),
+        ([{"content": "hi"}], r"messages\[0\]: not a message with a role"),
+        ([{"role": "robot", "content": "hi"}], r"messages\[0\]: unknown role 'robot'"),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": 3}], r"\[1\]: content is int"),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}], r"\[1\]: an empty assistant"),
+        ([{"role": "user", "content": "hi"}], "no assistant turn"),
+    ],
+)
+def test_messages_that_make_no_conversation_are_refused_naming_the_message(messages, said):
+    with pytest.raises(chat.ChatError, match=said):
+        chat.checked(messages)
+
+
+def test_a_template_that_raises_on_a_record_names_itself_and_the_error(reference):
+    template, _ = ours("phi3", reference)
+    refusing = chat.ChatTemplate(
+        "strict", chat.compile_template("{{ raise_exception('no system role here') }}"), {}, template.end_of_turn
+    )
+    with pytest.raises(chat.ChatError, match="chat template strict refused the record: .*no system role here"):
+        chat.render_with_spans(refusing, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}])

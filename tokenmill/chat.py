@@ -1,0 +1,333 @@
+"""Conversations as the model's chat template renders them, and the loss mask on the assistant's turns.
+
+Rendering is transformers' `apply_chat_template`'s: the same Jinja sandbox, globals and message normalization, so
+the text (and, encoded with `add_special_tokens=False`, the ids) are the ones transformers gives. The assistant's
+spans are found without `{% generation %}` tags, by rendering each conversation twice: as it is, and with every
+message's content replaced by a sentinel. The template's own text lies between the sentinels; the real rendering is
+that text with each content in its place, which tells where each content is. What the template writes after an
+assistant content whatever follows it (its end-of-turn, e.g. phi3's `<|end|>\\n`) is found once per template. A
+template whose spans cannot be told raises `SpanError` naming it: nothing ever falls back to a mask of all ones.
+
+`mask_problems` is validate's check: the masked-in tokens decode to exactly the assistant contents and their
+end-of-turn, computed from the spans and offsets, never from the mask (an all-ones or a shifted mask fails it)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any, Literal
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import numpy as np
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+ROLES = ("system", "user", "assistant", "tool")
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' _REASONING_FIELDS, in its order
+# The special tokens apply_chat_template passes to the template, by name (its special_tokens_map).
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+SENTINEL = "\U0010fff0{}\U0010fff1"  # private-use code points: no tokenizer or text uses them
+SENTINELS = re.compile("\U0010fff0(\\d+)\U0010fff1")
+Mask = Literal["assistant", "last_assistant", "all"]
+
+
+class ChatError(ValueError):
+    """A record that cannot become a conversation, or that its template refuses: the message says which field."""
+
+
+class SpanError(ValueError):
+    """The template makes the assistant's spans impossible to locate (in every record, or in this one)."""
+
+
+class _Generation(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` renders its body unchanged, as in transformers."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.CallBlock:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Callable[[], str]) -> str:
+        return caller()
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """transformers' TemplateNamespace: no attribute whose name starts with an underscore."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:
+        self, args = args[0], args[1:]
+        attributes = dict(*args, **kwargs)
+        for name in attributes:
+            _Namespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attributes)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"a namespace attribute may not start with '_' ({name!r})")
+
+
+class _Dict:
+    """transformers' TemplateDict: dict() and dict.fromkeys, nothing else of the type."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+        return dict.fromkeys(*args, **kwargs)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys=False):
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def compile_template(source: str, today: date | None = None) -> jinja2.Template:
+    """`source` compiled as transformers compiles a chat template. `today` is what `strftime_now` formats (a
+    template may write today's date, as Granite's does): a dataset pins it, so that a rerun renders the same
+    tokens; None is the clock, as in transformers."""
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
+    )
+    now = datetime.now if today is None else (lambda: datetime.combine(today, datetime.min.time()))
+    environment.filters["tojson"] = _tojson
+    environment.globals |= {
+        "raise_exception": _raise_exception,
+        "strftime_now": lambda format: now().strftime(format),
+        "dict": _Dict(),
+        "namespace": _Namespace,
+    }
+    return environment.from_string(source)
+
+
+def special_tokens(tokenizer_config: dict) -> dict[str, str]:
+    """The template variables apply_chat_template adds: the named special tokens of `tokenizer_config.json`."""
+    tokens = {}
+    for name in SPECIAL_TOKENS:
+        value = tokenizer_config.get(name)
+        value = value.get("content") if isinstance(value, dict) else value  # an AddedToken as transformers saves it
+        if isinstance(value, str):
+            tokens[name] = value
+    return tokens
+
+
+def normalized(messages: list[dict]) -> list[dict]:
+    """Messages as transformers hands them to the template: keys whose value is None dropped, and a reasoning
+    field under each of the names templates read it by."""
+    out = []
+    for message in messages:
+        message = {key: value for key, value in message.items() if value is not None}
+        reasoning = next((message[key] for key in REASONING_FIELDS if key in message), None)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        out.append(message)
+    return out
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A model's chat template, compiled, with its special tokens and the end-of-turn it writes after an
+    assistant turn (found once, by `probe`)."""
+
+    name: str  # where it came from, for messages
+    template: jinja2.Template
+    variables: dict[str, str]
+    end_of_turn: str
+
+    @classmethod
+    def probe(
+        cls, name: str, source: str, variables: dict[str, str], tokenizer: Tokenizer, today: date | None = None
+    ) -> ChatTemplate:
+        """The template `source`, and its end-of-turn: what follows an assistant content in each of three small
+        conversations (the turn last, followed by a user turn, followed by a user and an assistant turn), their
+        common start cut back to a token boundary (phi3's `<|end|>\\n<|` is `<|end|>\\n`). SpanError, naming the
+        template, where the content does not appear once or nothing ends the turn."""
+        template = compile_template(source, today)
+        content = SENTINEL.format(0)
+        turn = [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": content}]
+        probes = [turn, [*turn, {"role": "user", "content": "Thanks."}]]
+        probes.append([*probes[1], {"role": "assistant", "content": "Bye."}])
+        after, boundaries = [], []
+        for messages in probes:
+            try:
+                text = render(template, messages, variables)
+            except Exception:  # a template may refuse a shape (raise_exception, or its own error): the others decide
+                continue
+            if text.count(content) != 1:
+                raise SpanError(
+                    f"chat template {name}: an assistant content appears {text.count(content)} times in its "
+                    "rendering, not once, so the assistant's tokens cannot be told from the rest"
+                )
+            end = text.index(content) + len(content)
+            after.append(text[end:])
+            real = text.replace(content, "Sure.")  # token boundaries as a real content makes them
+            shift = end + len("Sure.") - len(content)
+            boundaries.append({stop - shift for _, stop in tokenizer.encode(real, add_special_tokens=False).offsets})
+        if not after:
+            raise SpanError(f"chat template {name} raises on every conversation of a user and an assistant turn")
+        common = _common_start(after)
+        length = max((n for n in range(len(common) + 1) if all(n in b for b in boundaries)), default=0)
+        if length == 0:
+            raise SpanError(
+                f"chat template {name} writes nothing that ends an assistant turn (after the content: "
+                f"{[text[:40] for text in after]!r}): a model trained on it would not learn to stop"
+            )
+        return cls(name, template, variables, common[:length])
+
+
+def checked(messages: Any, field: str = "messages") -> list[dict]:
+    """`messages` if they make a conversation to train on, else ChatError naming the message and what is wrong:
+    not a list of {role, content}, an unknown role, a content that is not a string, an empty assistant turn, no
+    assistant turn."""
+    if not isinstance(messages, list) or not messages:
+        raise ChatError(f"{field}: not a list of messages ({type(messages).__name__})")
+    for i, message in enumerate(messages):
+        where = f"{field}[{i}]"
+        if not isinstance(message, dict) or "role" not in message:
+            raise ChatError(f"{where}: not a message with a role")
+        if message["role"] not in ROLES:
+            raise ChatError(f"{where}: unknown role {message['role']!r} (known: {', '.join(ROLES)})")
+        if not isinstance(message.get("content"), str):
+            raise ChatError(f"{where}: content is {type(message.get('content')).__name__}, not a string")
+        if message["role"] == "assistant" and not message["content"].strip():
+            raise ChatError(f"{where}: an empty assistant turn")
+    if not any(message["role"] == "assistant" for message in messages):
+        raise ChatError(f"{field}: no assistant turn, so nothing would carry loss")
+    return messages
+
+
+def render(template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools=None) -> str:
+    """apply_chat_template(messages, tools=tools, tokenize=False) with no generation prompt."""
+    return template.render(
+        messages=normalized(messages), tools=tools, documents=None, add_generation_prompt=False, **variables
+    )
+
+
+def _common_start(texts: list[str]) -> str:
+    shortest = min(texts, key=len)
+    for i, character in enumerate(shortest):
+        if any(text[i] != character for text in texts):
+            return shortest[:i]
+    return shortest
+
+
+@dataclass(frozen=True)
+class RenderedChat:
+    """A conversation's text and its character spans that carry loss (sorted, disjoint), each with where the
+    assistant content itself lies in it (the rest of a span is the template's end-of-turn)."""
+
+    text: str
+    spans: list[tuple[int, int]]
+    contents: list[tuple[int, int]]
+
+
+def render_with_spans(
+    chat: ChatTemplate, messages: list[dict], tools=None, mask: Mask = "assistant", trailer: bool = True
+) -> RenderedChat:
+    """The conversation rendered, and the spans that carry loss: each assistant content as the template placed it
+    and the end-of-turn after it (`last_assistant`: the last one only; `all`: the whole text). With `trailer`, a
+    conversation that ends with the assistant's turn also has what the template writes after it (phi3's final
+    `<|endoftext|>`) in its last span, as TRL's generation-tagged templates do."""
+    try:
+        text = render(chat.template, messages, chat.variables, tools)
+    except Exception as e:  # the template's raise_exception, or an error in its own code on this record
+        raise ChatError(f"chat template {chat.name} refused the record: {type(e).__name__}: {e}") from None
+    if mask == "all":
+        return RenderedChat(text, [(0, len(text))], [(0, len(text))])
+    marked = [{**message, "content": SENTINEL.format(i)} for i, message in enumerate(messages)]
+    placed = _placed(chat.name, render(chat.template, marked, chat.variables, tools), text, messages)
+    turns = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
+    spans, contents = [], []
+    for i in turns[-1:] if mask == "last_assistant" else turns:
+        start, end = placed[i]
+        if not text.startswith(chat.end_of_turn, end):
+            raise SpanError(
+                f"chat template {chat.name}: assistant message {i} is not followed by the end-of-turn "
+                f"{chat.end_of_turn!r} (but {text[end : end + 40]!r})"
+            )
+        stop = len(text) if trailer and i == len(messages) - 1 else end + len(chat.end_of_turn)
+        spans.append((start, stop))
+        contents.append((start, end))
+    return RenderedChat(text, spans, contents)
+
+
+def _placed(name: str, marked: str, text: str, messages: list[dict]) -> dict[int, tuple[int, int]]:
+    """Where each message's content lies in `text`, given the rendering `marked` of the same conversation with
+    sentinels for contents. Each sentinel must appear once: a template that drops a message (phi3 drops `tool`
+    turns) is an error, not a conversation with a hole. Where the contents put in place of the sentinels are not
+    `text` (a template that trims them), the template's text between them is matched in `text`, and an assistant
+    content must be there as it is or stripped."""
+    order = [int(i) for i in SENTINELS.findall(marked)]
+    for i, message in enumerate(messages):
+        if order.count(i) != 1:
+            raise SpanError(
+                f"chat template {name} renders message {i} ({message['role']}) {order.count(i)} times, not once"
+            )
+    between = SENTINELS.split(marked)[::2]
+    contents = [messages[i]["content"] for i in order]
+    if "".join(part for pair in zip(between, [*contents, ""], strict=True) for part in pair) != text:
+        found = re.fullmatch("(.*?)".join(map(re.escape, between)), text, flags=re.DOTALL)
+        if found is None:
+            raise SpanError(f"chat template {name}: its text around the messages depends on their contents")
+        for i, got in zip(order, found.groups(), strict=True):
+            wanted = messages[i]["content"]
+            if messages[i]["role"] == "assistant" and got not in (wanted, wanted.strip()):
+                raise SpanError(f"chat template {name} changes assistant message {i} ({wanted[:40]!r}: {got[:40]!r})")
+        contents = list(found.groups())
+    placed, position = {}, len(between[0])
+    for i, content, following in zip(order, contents, between[1:], strict=True):
+        placed[i] = (position, position + len(content))
+        position += len(content) + len(following)
+    return placed
+
+
+def token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for each token whose characters overlap a span (transformers' rule for its assistant mask), else 0."""
+    if not spans or not len(offsets):
+        return np.zeros(len(offsets), dtype=np.uint8)
+    starts, ends = np.array(spans).T
+    nearest = np.searchsorted(ends, offsets[:, 0], side="right")  # the first span that ends after the token starts
+    hit = nearest < len(spans)
+    hit[hit] = starts[nearest[hit]] < offsets[hit, 1]
+    return hit.astype(np.uint8)
+
+
+def encode(tokenizer: Tokenizer, chat: RenderedChat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The token ids (as apply_chat_template's: add_special_tokens=False), the loss mask and the tokens' offsets."""
+    encoding = tokenizer.encode(chat.text, add_special_tokens=False)
+    offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+    return np.asarray(encoding.ids, dtype=np.int64), token_mask(offsets, chat.spans), offsets
+
+
+def mask_problems(
+    tokenizer: Tokenizer, chat: RenderedChat, ids: np.ndarray, offsets: np.ndarray, mask: np.ndarray
+) -> list[str]:
+    """What is wrong with `mask` (empty: nothing): its runs of masked-in tokens, one per span, must each decode to
+    the assistant content and then the end-of-turn tokens the template placed in the span. The end-of-turn is
+    compared decoded, since a special token that strips what follows it (phi3's `<|end|>`) decodes without it."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    runs = list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
+    if len(runs) != len(chat.spans):
+        return [f"{len(runs)} runs of masked-in tokens, not {len(chat.spans)} (one per assistant turn)"]
+    problems = []
+    for (first, stop), (_, end), (start, content_end) in zip(runs, chat.spans, chat.contents, strict=True):
+        tail = (offsets[:, 0] >= content_end) & (offsets[:, 1] <= end) & (offsets[:, 1] > offsets[:, 0])
+        wanted = chat.text[start:content_end] + tokenizer.decode(ids[tail].tolist(), skip_special_tokens=False)
+        got = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
+        if got != wanted:
+            problems.append(f"tokens {first}:{stop} decode to {got[:40]!r}...{got[-20:]!r}, not {wanted[:40]!r}...")
+    return problems
