@@ -6,6 +6,7 @@ template whose spans cannot be told is refused by name."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gzip
 import itertools
@@ -30,18 +31,31 @@ TEMPLATES = {  # name: (tokenizer directory, template source)
 }
 
 
+ALPACA = chat.RecordFormat(
+    kind="prompt_completion", prompt_fields=("instruction", "input"), completion_field="response"
+)
+GSM8K = chat.RecordFormat("prompt_completion", prompt_fields=("question",), completion_field="answer")
+GLAIVE = dataclasses.replace(chat.SHAREGPT, tools_field="tools")
+
+
+def records(path: str, limit: int | None = None) -> list[dict]:
+    """A corpus file's first `limit` records (None: all): JSON lines, or one JSON array; gzipped or not."""
+    file = CHAT / path
+    with gzip.open(file, "rt") if file.suffix == ".gz" else file.open() as f:
+        if ".jsonl" in file.name:
+            return [json.loads(line) for line in itertools.islice(f, limit)]
+        return json.load(f)[:limit]
+
+
 def conversations(limit: int | None = PER_CORPUS) -> list[list[dict]]:
     """The first `limit` conversations (None: all) of the multi-turn dialogues, and of two instruction corpora as a
     user's prompt and the assistant's completion."""
-    with gzip.open(CHAT / "sgd-dialogues/sgd_train_messages.jsonl.gz", "rt") as f:
-        dialogues = [json.loads(line)["messages"] for line in itertools.islice(f, limit)]
-    with gzip.open(CHAT / "gsm8k/train.jsonl.gz", "rt") as f:
-        math = [json.loads(line) for line in itertools.islice(f, limit)]
-    with gzip.open(CHAT / "gpteacher-alpaca/codegen-instruct.json.gz", "rt") as f:
-        code = json.load(f)[:limit]
-    pairs = [(r["question"], r["answer"]) for r in math]
-    pairs += [("\n\n".join(p for p in (r["instruction"], r["input"]) if p), r["response"]) for r in code]
-    return dialogues + [[{"role": "user", "content": q}, {"role": "assistant", "content": a}] for q, a in pairs]
+    corpora = [
+        ("sgd-dialogues/sgd_train_messages.jsonl.gz", chat.RecordFormat()),
+        ("gsm8k/train.jsonl.gz", GSM8K),
+        ("gpteacher-alpaca/codegen-instruct.json.gz", ALPACA),
+    ]
+    return [chat.to_messages(r, format)[0] for path, format in corpora for r in records(path, limit)]
 
 
 class _Today(datetime.datetime):
@@ -179,3 +193,60 @@ def test_a_template_that_raises_on_a_record_names_itself_and_the_error(reference
     )
     with pytest.raises(chat.ChatError, match="chat template strict refused the record: .*no system role here"):
         chat.render_with_spans(refusing, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}])
+
+
+def test_records_of_every_layout_become_conversations_by_their_field_names():
+    """Alpaca's instruction/input/response and gsm8k's question/answer as a user's prompt and the assistant's
+    completion, ShareGPT's from/value turns with their roles renamed, and glaive's tools, for every record."""
+    code = records("gpteacher-alpaca/codegen-instruct.json.gz")
+    for record in code:
+        messages, tools = chat.to_messages(record, ALPACA)
+        prompt = record["instruction"] + (f"\n\n{record['input']}" if record["input"] else "")
+        assert messages == [{"role": "user", "content": prompt}, {"role": "assistant", "content": record["response"]}]
+        assert tools is None
+    for record in records("gsm8k/test.jsonl.gz"):
+        assert [m["content"] for m in chat.to_messages(record, GSM8K)[0]] == [record["question"], record["answer"]]
+    sharegpt = records("fastchat-sharegpt/dummy_conversation.json")
+    for record in sharegpt:
+        messages, _ = chat.to_messages(record, chat.SHAREGPT)
+        assert [m["content"] for m in messages] == [turn["value"] for turn in record["conversations"]]
+        assert {m["role"] for m in messages} == {"user", "assistant"}
+    for record in records("llamafactory-glaive-toolcall/glaive_toolcall_en_demo.json"):
+        messages, tools = chat.to_messages(record, GLAIVE)
+        assert tools == json.loads(record["tools"]) and {m["role"] for m in messages} <= {"user", "assistant", "tool"}
+
+
+def test_tool_calls_render_with_a_template_that_takes_them(reference):
+    """Granite's template renders the tools and every tool turn: its spans and mask check hold on glaive's calls."""
+    template, tokenizer = ours("granite", reference)
+    for record in records("llamafactory-glaive-toolcall/glaive_toolcall_en_demo.json", 100):
+        messages, tools = chat.to_messages(record, GLAIVE)
+        rendered = chat.render_with_spans(template, messages, tools)
+        ids, mask, offsets = chat.encode(tokenizer, rendered)
+        assert (
+            ids.tolist()
+            == reference[GRANITE].apply_chat_template(
+                messages, tools=tools, chat_template=TEMPLATES["granite"][1], tokenize=True
+            )["input_ids"]
+        )
+        assert chat.mask_problems(tokenizer, rendered, ids, offsets, mask) == []
+
+
+@pytest.mark.parametrize(
+    ("record", "format", "said"),
+    [
+        ({"instruction": "Add.", "response": 3}, ALPACA, "no 'response' \\(a string, not empty\\): the assistant's"),
+        ({"instruction": "Add.", "input": ["1", "2"], "response": "3"}, ALPACA, "'input' is list, not a string"),
+        ({"answer": "3"}, GSM8K, "no 'question'"),
+        ({"messages": "hi"}, chat.RecordFormat(), "no 'messages': a list of turns"),
+        (
+            {"conversations": [{"from": "bot", "value": "hi"}]},
+            chat.SHAREGPT,
+            "conversations\\[0\\]: unknown role 'bot'",
+        ),
+        ({"conversations": [{"from": "gpt", "value": "hi"}], "tools": "[{"}, GLAIVE, "'tools' is not JSON"),
+    ],
+)
+def test_a_record_that_makes_no_conversation_is_refused_naming_its_field(record, format, said):
+    with pytest.raises(chat.ChatError, match=said):
+        chat.to_messages(record, format)

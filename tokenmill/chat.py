@@ -189,6 +189,84 @@ class ChatTemplate:
         return cls(name, template, variables, common[:length])
 
 
+@dataclass(frozen=True)
+class RecordFormat:
+    """Where a record keeps its conversation. `messages`: a list of turns (HF's and OpenAI's {role, content};
+    ShareGPT's {from, value} with `SHAREGPT`), its roles renamed by `roles`. `prompt_completion`: the user's turn
+    made of `prompt_fields` (those present, joined by a blank line) and the assistant's of `completion_field`:
+    Alpaca's instruction/input/output, dolly's instruction/context/response, gsm8k's question/answer."""
+
+    kind: Literal["messages", "prompt_completion"] = "messages"
+    messages_field: str = "messages"
+    role_field: str = "role"
+    content_field: str = "content"
+    roles: tuple[tuple[str, str], ...] = ()  # (a record's role, the chat role), e.g. ("human", "user")
+    prompt_fields: tuple[str, ...] = ("instruction", "input")
+    completion_field: str = "output"
+    system_field: str | None = None  # prompt_completion: a field holding a system turn, if any
+    tools_field: str | None = None  # the tools the template is given: a list of JSON schemas, or its JSON text
+
+
+SHAREGPT = RecordFormat(
+    messages_field="conversations",
+    role_field="from",
+    content_field="value",
+    roles=(
+        ("human", "user"),
+        ("gpt", "assistant"),
+        ("system", "system"),
+        ("function_call", "assistant"),
+        ("observation", "tool"),
+    ),
+)
+
+
+def to_messages(record: dict, format: RecordFormat) -> tuple[list[dict], list[dict] | None]:
+    """The record's conversation (`checked`) and the tools its template is given; ChatError names the field."""
+    if format.kind == "prompt_completion":
+        return checked(_prompt_and_completion(record, format)), _tools(record, format.tools_field)
+    turns, roles = record.get(format.messages_field), dict(format.roles)
+    if not isinstance(turns, list):
+        raise ChatError(f"no {format.messages_field!r}: a list of turns")
+    messages = []
+    for turn in turns:
+        if isinstance(turn, dict) and format.role_field in turn:
+            role = turn[format.role_field]
+            turn = {"role": roles.get(role, role), "content": turn.get(format.content_field)}
+        messages.append(turn)
+    return checked(messages, format.messages_field), _tools(record, format.tools_field)
+
+
+def _prompt_and_completion(record: dict, format: RecordFormat) -> list[dict]:
+    """The user's turn of the prompt fields, the assistant's of the completion field."""
+    first, completion = format.prompt_fields[0], format.completion_field
+    for field, turn in ((first, "the user's turn"), (completion, "the assistant's turn")):
+        if not isinstance(record.get(field), str) or not record[field].strip():
+            raise ChatError(f"no {field!r} (a string, not empty): {turn}")
+    for field in format.prompt_fields:
+        if record.get(field) is not None and not isinstance(record[field], str):
+            raise ChatError(f"{field!r} is {type(record[field]).__name__}, not a string")
+    prompt = "\n\n".join(record[field] for field in format.prompt_fields if record.get(field))
+    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": record[completion]}]
+    if format.system_field and record.get(format.system_field):
+        messages.insert(0, {"role": "system", "content": record[format.system_field]})
+    return messages
+
+
+def _tools(record: dict, field: str | None) -> list[dict] | None:
+    if field is None or not record.get(field):
+        return None
+    tools = record[field]
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError as e:
+            raise ChatError(f"{field!r} is not JSON ({e})") from None
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise ChatError(f"{field!r} is not a list of tool schemas")
+    return tools
+
+
 def checked(messages: Any, field: str = "messages") -> list[dict]:
     """`messages` if they make a conversation to train on, else ChatError naming the message and what is wrong:
     not a list of {role, content}, an unknown role, a content that is not a string, an empty assistant turn, no
