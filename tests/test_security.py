@@ -216,6 +216,9 @@ def test_a_rerun_given_its_config_takes_nothing_from_the_output_location_and_ref
 ):
     """With --config (as the rerun deployments of `tokenmill serve` and prefect.yaml have), the stored config only
     checks that the config given defines the dataset in the output: one planted with other inputs is refused."""
+    from tokenmill.config import load_config
+    from tokenmill.runs import load_run_config
+
     out, secret = tmp_path / "out", tmp_path / "secret.jsonl"
     shutil.copytree(gpt2_run, out)
     secret.write_text(json.dumps({"text": "a secret of whoever reruns"}) + "\n")
@@ -229,6 +232,10 @@ def test_a_rerun_given_its_config_takes_nothing_from_the_output_location_and_ref
     assert refused.returncode == 1 and "defines another dataset than the run there: input" in refused.stdout
 
     shutil.copy(gpt2_run / "_work/config.json", out / "_work/config.json")
+    # What a rerun never takes from there is not the dataset: the given config's own values are no difference
+    own = load_config(given, ["tokenizer.hub.token_env=MY_HF_TOKEN", "output.storage.endpoint_url=http://mine"])
+    config = load_run_config(str(out), own)[0]
+    assert (config.tokenizer.hub.token_env, config.output.storage.endpoint_url) == ("MY_HF_TOKEN", "http://mine")
     result = run_cli("rerun", str(out), "--config", str(given), "--shard", "1")
     assert "from the config given (it defines the dataset in" in result.stdout, result.stdout
     assert "4 shards (3 reused)" in result.stdout

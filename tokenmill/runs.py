@@ -43,20 +43,26 @@ def load_run_config(output: str, given: TokenmillConfig | None = None) -> tuple[
     if not store.exists(RUN_CONFIG):
         raise FileNotFoundError(f"{output}: no {RUN_CONFIG}; is this the output of a tokenmill run?")
     data = store.read_json(RUN_CONFIG)
-    for path in NOT_STORED:
-        _remove(data, path.split("."))
-    data["output"]["path"] = output
-    stored = TokenmillConfig.model_validate(data)
+    stored = _as_rerun(data, output)
     if given is None:
         return stored, [key for key, value in data.items() if isinstance(value, dict | list)]
-    mine = TokenmillConfig.model_validate(given.model_dump() | {"output": given.output.model_dump() | {"path": output}})
-    theirs, ours = stored.dataset_config(), mine.dataset_config()
+    theirs, ours = stored.dataset_config(), _as_rerun(given.model_dump(mode="json"), output).dataset_config()
     if differ := [key for key in dict.fromkeys([*theirs, *ours]) if theirs.get(key) != ours.get(key)]:
         raise ValueError(
             f"{output}: the config given defines another dataset than the run there: {', '.join(differ)} "
             f"differ from {RUN_CONFIG}. A rerun redoes that run's shards; to build the new one, run the config."
         )
-    return mine, []
+    return TokenmillConfig.model_validate(
+        given.model_dump() | {"output": given.output.model_dump() | {"path": output}}
+    ), []
+
+
+def _as_rerun(data: dict, output: str) -> TokenmillConfig:
+    """A recorded config (JSON, changed in place) as a rerun of `output` takes it: NOT_STORED left at defaults."""
+    for path in NOT_STORED:
+        _remove(data, path.split("."))
+    data["output"]["path"] = output
+    return TokenmillConfig.model_validate(data)
 
 
 def _remove(data: dict | list | None, path: list[str]) -> None:
