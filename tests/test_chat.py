@@ -11,14 +11,17 @@ import datetime
 import gzip
 import itertools
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
 from tokenmill import chat
+from tokenmill.packers import pack_conversations
 
 from .conftest import SHARED, TOKENIZERS
+from .test_packing import targets, unpacked_targets
 
 CHAT = SHARED / "corpora/chat"
 TODAY = datetime.date(2026, 1, 15)  # Granite's template writes the date: pinned on both sides
@@ -250,3 +253,17 @@ def test_tool_calls_render_with_a_template_that_takes_them(reference):
 def test_a_record_that_makes_no_conversation_is_refused_naming_its_field(record, format, said):
     with pytest.raises(chat.ChatError, match=said):
         chat.to_messages(record, format)
+
+
+def test_real_conversations_packed_carry_the_objective_they_carry_unpacked(reference):
+    """phi3's conversations with their assistant masks, packed best-fit into 2,048-token rows: the same targets,
+    each with the token before it and its place in its conversation, as unpacked."""
+    template, tokenizer = ours("phi3", reference)
+    encoded = [chat.encode(tokenizer, chat.render_with_spans(template, m))[:2] for m in conversations()]
+    encoded = [(ids, mask) for ids, mask in encoded if len(ids) <= 2048]
+    tokens, masks = np.concatenate([ids for ids, _ in encoded]), np.concatenate([mask for _, mask in encoded])
+    lengths = np.array([len(ids) for ids, _ in encoded])
+    rows = pack_conversations(tokens, masks, lengths, 2048, pad_id=tokenizer.token_to_id("<|endoftext|>"))
+    packed = sum(map(targets, np.asarray(rows.packed.rows), rows.loss, rows.positions), Counter())
+    assert len(encoded) > 800 and packed == unpacked_targets(tokens, masks, lengths)
+    assert rows.packed.real_tokens / rows.packed.rows.size > 0.95

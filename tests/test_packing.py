@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from tokenmill.packers import (
     global_shuffle_index,
     pack_bfd,
     pack_concat,
+    pack_conversations,
     pack_window,
     padded_layout_rows,
 )
@@ -225,3 +227,43 @@ def test_bfd_on_enwiki_reaches_99_percent_utilization_at_2048(enwiki_gpt2_docume
     print(f"bfd {utilization:.4%} in {len(packed.rows)} rows; padded layout {padded_utilization:.2%} in {padded_rows}")
     assert packed.real_tokens == len(tokens) and utilization >= 0.99
     assert padded_utilization < 0.5  # what packing buys back: most short articles would be padding
+
+
+def targets(tokens: np.ndarray, masks: np.ndarray, positions: np.ndarray) -> Counter:
+    """Each token that carries loss with the token before it and its place in its conversation."""
+    where = np.flatnonzero(masks[1:]) + 1
+    return Counter(zip(tokens[where - 1].tolist(), tokens[where].tolist(), positions[where].tolist(), strict=True))
+
+
+def unpacked_targets(tokens: np.ndarray, masks: np.ndarray, lengths: np.ndarray) -> Counter:
+    found, start = Counter(), 0
+    for length in lengths.tolist():
+        span = slice(start, start + length)
+        found += targets(tokens[span], masks[span], np.arange(length))
+        start += length
+    return found
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 2**31)), min_size=1, max_size=40), st.integers(40, 64))
+def test_conversations_packed_carry_the_objective_they_carry_unpacked(conversations, seq_len):
+    """Whatever the masks (the first token's too), packed rows have exactly the unpacked (previous token, target,
+    position) triples that carry loss: none across a boundary, positions restarting with each conversation."""
+    lengths = np.array([length for length, _ in conversations])
+    rng = np.random.default_rng(sum(seed for _, seed in conversations))
+    tokens = rng.integers(0, 50, lengths.sum())
+    masks = rng.integers(0, 2, lengths.sum()).astype(np.uint8)
+    rows = pack_conversations(tokens, masks, lengths, seq_len, pad_id=-1)
+    packed = Counter()
+    for row, loss, positions in zip(np.asarray(rows.packed.rows), rows.loss, rows.positions, strict=True):
+        packed += targets(row, loss, positions)
+        assert loss[row == -1].sum() == 0 and positions[row == -1].sum() == 0
+    assert packed == unpacked_targets(tokens, masks, lengths)
+    starts = [cu[:-1] for cu in row_cuts(rows.packed)]
+    for loss, positions, cut in zip(rows.loss, rows.positions, starts, strict=True):
+        assert loss[cut].sum() == 0 and positions[cut].tolist() == [0] * len(cut)
+
+
+def test_a_conversation_longer_than_a_row_is_refused():
+    with pytest.raises(ValueError, match="a conversation of 9 tokens does not fit a row of 8"):
+        pack_conversations(np.arange(12), np.ones(12), np.array([3, 9]), seq_len=8, pad_id=-1)

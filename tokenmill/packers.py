@@ -14,6 +14,10 @@ boundaries (`cu_seqlens`: 0, the end of each piece, the real length).
 - `window`: each document cut into windows of `seq_len` (less BOS/EOS) tokens whose neighbours share
   `stride` tokens; one window per row, BOS and EOS around each window when configured.
 
+Conversations (chat data, with loss masks) are packed whole by `pack_conversations`: best-fit decreasing, with
+positions restarting per conversation and no loss on a conversation's first token, so that packed and unpacked
+rows train the same objective.
+
 Plus the global shuffle index over a split's rows across shards, and what the config asks the pack stage to write
 (`writes_packed`, `writes_files`) with which pad id.
 """
@@ -139,6 +143,44 @@ def pack_bfd(tokens: np.ndarray, lengths: np.ndarray, seq_len: int, pad_id: int)
     del destination
     order = np.lexsort((piece_offset, piece_row))
     return Packed(rows, *_boundaries(piece_row[order], (piece_offset + piece_len)[order], n_rows))
+
+
+@dataclass
+class PackedConversations:
+    """Conversations packed whole into rows, as `pack_conversations` makes them."""
+
+    packed: Packed  # the tokens' rows and each row's conversation boundaries
+    loss: np.ndarray  # uint8 [n_rows, seq_len]: 1 where the token is a target that carries loss
+    positions: np.ndarray  # int32 [n_rows, seq_len]: each token's place in its conversation (pad: 0)
+
+
+def pack_conversations(
+    tokens: np.ndarray, masks: np.ndarray, lengths: np.ndarray, seq_len: int, pad_id: int
+) -> PackedConversations:
+    """Conversations (their tokens back to back, each at most `seq_len`) packed best-fit decreasing, whole, as
+    `pack_bfd` places them, with their loss masks (a 1 on a token the loss is computed on) placed alike.
+
+    Training on a row, a model predicts each token from the ones before it in the row: a conversation's first
+    token follows another conversation's last, so it never carries loss there (unpacked, it has nothing before it
+    and carries none either). Every packed row so has the targets, each with the tokens before it, of the same
+    conversations unpacked: the same objective. Positions restart at 0 with each conversation (with `cu_seqlens`,
+    what varlen attention needs so that no token attends across a boundary)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) and lengths.max() > seq_len:
+        raise ValueError(f"a conversation of {lengths.max()} tokens does not fit a row of {seq_len}")
+    packed = pack_bfd(np.asarray(tokens), lengths, seq_len, pad_id)
+    loss = pack_bfd(np.asarray(masks, dtype=np.uint8), lengths, seq_len, 0).rows
+    n_rows = len(packed.row_offsets) - 1
+    ends = np.zeros(len(packed.cu_seqlens), dtype=bool)
+    ends[packed.row_offsets[1:] - 1] = True  # each row's last boundary is its real length, not a start
+    row = np.repeat(np.arange(n_rows), np.diff(packed.row_offsets))
+    starts = (row * seq_len + packed.cu_seqlens)[~ends]
+    loss.reshape(-1)[starts] = 0
+    first = np.zeros(n_rows * seq_len, dtype=np.int64)
+    first[starts] = starts
+    positions = (np.arange(n_rows * seq_len) - np.maximum.accumulate(first)).reshape(n_rows, seq_len)
+    positions[np.arange(seq_len) >= packed.real_lengths[:, None]] = 0  # pad
+    return PackedConversations(packed, loss, positions.astype(np.int32))
 
 
 def pack_window(
