@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tokenmill.packers import (
     Packed,
     best_fit_decreasing,
+    fit_conversations,
     global_shuffle_index,
     pack_bfd,
     pack_concat,
@@ -267,3 +268,21 @@ def test_conversations_packed_carry_the_objective_they_carry_unpacked(conversati
 def test_a_conversation_longer_than_a_row_is_refused():
     with pytest.raises(ValueError, match="a conversation of 9 tokens does not fit a row of 8"):
         pack_conversations(np.arange(12), np.ones(12), np.array([3, 9]), seq_len=8, pad_id=-1)
+
+
+@pytest.mark.parametrize(
+    ("policy", "lengths", "kept", "lost"),
+    [
+        ("drop", [3], [0, 1, 2], 15),
+        ("truncate", [3, 4, 4], [0, 1, 2, 3, 4, 5, 6, 13, 14, 15, 16], 7),
+        ("split", [3, 4, 4, 2, 4, 1], list(range(18)), 0),
+    ],
+)
+def test_conversations_longer_than_a_row_are_dropped_truncated_or_split_and_counted(policy, lengths, kept, lost):
+    tokens = np.arange(18)
+    fitted = fit_conversations(tokens, tokens % 2, np.array([3, 10, 5]), seq_len=4, policy=policy)
+    assert fitted.lengths.tolist() == lengths and fitted.tokens.tolist() == kept
+    assert fitted.masks.tolist() == [t % 2 for t in kept]  # each token keeps its mask
+    assert (fitted.longer, fitted.tokens_lost) == (2, lost)
+    packed = pack_conversations(fitted.tokens, fitted.masks, fitted.lengths, 4, pad_id=-1)
+    assert packed.packed.real_tokens == len(kept)

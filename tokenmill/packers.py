@@ -14,9 +14,10 @@ boundaries (`cu_seqlens`: 0, the end of each piece, the real length).
 - `window`: each document cut into windows of `seq_len` (less BOS/EOS) tokens whose neighbours share
   `stride` tokens; one window per row, BOS and EOS around each window when configured.
 
-Conversations (chat data, with loss masks) are packed whole by `pack_conversations`: best-fit decreasing, with
-positions restarting per conversation and no loss on a conversation's first token, so that packed and unpacked
-rows train the same objective.
+Conversations (chat data, with loss masks) longer than a row are dropped, truncated or split by
+`fit_conversations`, then packed whole by `pack_conversations`: best-fit decreasing, with positions restarting per
+conversation and no loss on a conversation's first token, so that packed and unpacked rows train the same
+objective.
 
 Plus the global shuffle index over a split's rows across shards, and what the config asks the pack stage to write
 (`writes_packed`, `writes_files`) with which pad id.
@@ -143,6 +144,36 @@ def pack_bfd(tokens: np.ndarray, lengths: np.ndarray, seq_len: int, pad_id: int)
     del destination
     order = np.lexsort((piece_offset, piece_row))
     return Packed(rows, *_boundaries(piece_row[order], (piece_offset + piece_len)[order], n_rows))
+
+
+@dataclass
+class Fitted:
+    """Conversations made to fit rows of `seq_len` (`fit_conversations`), and what that did to them."""
+
+    tokens: np.ndarray
+    masks: np.ndarray
+    lengths: np.ndarray
+    longer: int  # conversations longer than a row: dropped, truncated or split, as the policy said
+    tokens_lost: int  # their tokens not kept (dropped, or cut off)
+
+
+def fit_conversations(tokens: np.ndarray, masks: np.ndarray, lengths: np.ndarray, seq_len: int, policy: str) -> Fitted:
+    """Each conversation longer than `seq_len` dropped, truncated to its first `seq_len` tokens, or split into
+    `seq_len` pieces and a remainder (each piece then a sequence of its own, whose first token carries no loss
+    once packed), as `policy` ("drop", "truncate", "split") says; counted, never cut silently."""
+    if policy not in ("drop", "truncate", "split"):
+        raise ValueError(f"policy {policy!r}: drop, truncate or split")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    over = lengths > seq_len
+    if policy == "split":
+        start, length = document_pieces(lengths, seq_len)
+        keep = np.repeat(True, len(start))
+    else:
+        start, length = np.cumsum(lengths) - lengths, np.minimum(lengths, seq_len)
+        keep = ~over if policy == "drop" else np.ones(len(lengths), dtype=bool)
+    start, length = start[keep], length[keep]
+    taken = np.repeat(start - (np.cumsum(length) - length), length) + np.arange(length.sum())
+    return Fitted(tokens[taken], masks[taken], length, int(over.sum()), int(lengths.sum() - length.sum()))
 
 
 @dataclass
