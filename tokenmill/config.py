@@ -515,8 +515,8 @@ class TokenmillConfig(_Section):
         """Where this config holds a secret (`output.storage.key`, ...): recorded masked wherever tokenmill writes
         it, so a deployment's parameters cannot carry one."""
         storages = {
-            f"{'input' if not name else f'sources.{name}.input'}.storage": i.storage
-            for name, i in self.inputs().items()
+            f"{f'sources.{name}.' if name else ''}input.storage": source_input.storage
+            for name, source_input in self.inputs().items()
         }
         storages |= {"output.storage": self.output.storage, "output.publish.storage": self.output.publish.storage}
         return [
