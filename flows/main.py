@@ -94,7 +94,7 @@ def tokenize_stage(
     started = time.perf_counter()
     tokenizing = StageRun(tokenize_shards, config, shards, tokenizer, encoder, groups=groups)
     report = None
-    if config.fertility.enabled:  # the held-out files, which the shard ids name, written first
+    if config.writes_fertility_report():  # the held-out files, which the shard ids name, written first
         if holdout is not None:
             holdout.wait()
         report = tokenizer_report.submit(config, tokenizer, quote(shard_ids(shards)), encoder)
@@ -181,7 +181,7 @@ def build_dataset(
     if not rebuild and (done := already_published(config, quoted_plan, tokenizer)) is not None:
         return unchanged_summary(config, done, time.perf_counter() - started)
     # Without a tokenizer to train, the report's held-out sample is drawn on the cluster while the encoder is chosen.
-    holdout = start_sample(config, plan, holdout_shards) if config.fertility.enabled and not training else None
+    holdout = start_sample(config, plan, holdout_shards) if config.writes_fertility_report() and not training else None
     table, totals, report = tokenize_stage(config, shards, tokenizer, groups, holdout)
     if totals.reused:
         logger.info("reused %d of %d committed tokenize shards", totals.reused, len(shards))

@@ -191,9 +191,7 @@ def test_messages_that_make_no_conversation_are_refused_naming_the_message(messa
 
 def test_a_template_that_raises_on_a_record_names_itself_and_the_error(reference):
     template, _ = ours("phi3", reference)
-    refusing = chat.ChatTemplate(
-        "strict", chat.compile_template("{{ raise_exception('no system role here') }}"), {}, template.end_of_turn
-    )
+    refusing = chat.ChatTemplate("strict", "{{ raise_exception('no system role here') }}", {}, template.end_of_turn)
     with pytest.raises(chat.ChatError, match="chat template strict refused the record: .*no system role here"):
         chat.render_with_spans(refusing, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}])
 

@@ -43,7 +43,7 @@ def test_retuning_a_check_keeps_the_works_keys_and_makes_a_new_version():
 
     from tokenmill.commits import tokenize_key
 
-    tokenizer = SimpleNamespace(sha256="0" * 64)
+    tokenizer = SimpleNamespace(sha256="0" * 64, chat=())
     base = load_config(EXAMPLES / "demo.yaml")
     checked = ["tokenizer.check_fraction=0.5", "tokenizer.check_min_documents=7", "tokenizer.verify_documents=3"]
     retuned = load_config(EXAMPLES / "demo.yaml", [*checked, "tokenizer.allowed_mismatch_rate=0.1"])

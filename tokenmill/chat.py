@@ -13,6 +13,8 @@ end-of-turn, computed from the spans and offsets, never from the mask (an all-on
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -140,13 +142,29 @@ def normalized(messages: list[dict]) -> list[dict]:
 
 @dataclass(frozen=True)
 class ChatTemplate:
-    """A model's chat template, compiled, with its special tokens and the end-of-turn it writes after an
-    assistant turn (found once, by `probe`)."""
+    """A model's chat template, with its special tokens, the date it writes as today's, and the end-of-turn it
+    writes after an assistant turn (found once, by `probe`). Sent to workers as its source: each compiles it once."""
 
     name: str  # where it came from, for messages
-    template: jinja2.Template
+    source: str
     variables: dict[str, str]
     end_of_turn: str
+    today: date | None = None
+
+    @functools.cached_property
+    def template(self) -> jinja2.Template:
+        return compile_template(self.source, self.today)
+
+    def __getstate__(self) -> dict:
+        return {key: value for key, value in self.__dict__.items() if key != "template"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def digest(self) -> str:
+        """What the tokens depend on: the template as read, its variables, its date and end-of-turn."""
+        parts = [self.source, sorted(self.variables.items()), str(self.today), self.end_of_turn]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
     @classmethod
     def probe(
@@ -186,7 +204,7 @@ class ChatTemplate:
                 f"chat template {name} writes nothing that ends an assistant turn (after the content: "
                 f"{[text[:40] for text in after]!r}): a model trained on it would not learn to stop"
             )
-        return cls(name, template, variables, common[:length])
+        return cls(name, source, variables, common[:length], today)
 
 
 @dataclass(frozen=True)
@@ -219,6 +237,21 @@ SHAREGPT = RecordFormat(
         ("observation", "tool"),
     ),
 )
+
+
+@dataclass(frozen=True)
+class ChatReading:
+    """How a chat input's records become conversations with spans that carry loss: the reader's part of its
+    `input.chat` config, with the template the tokenizer's install probed."""
+
+    format: RecordFormat
+    template: ChatTemplate
+    mask: Mask = "assistant"
+    trailer: bool = True
+
+    def rendered(self, record: dict) -> RenderedChat:
+        messages, tools = to_messages(record, self.format)
+        return render_with_spans(self.template, messages, tools, self.mask, self.trailer)
 
 
 def to_messages(record: dict, format: RecordFormat) -> tuple[list[dict], list[dict] | None]:
@@ -389,6 +422,21 @@ def encode(tokenizer: Tokenizer, chat: RenderedChat) -> tuple[np.ndarray, np.nda
     encoding = tokenizer.encode(chat.text, add_special_tokens=False)
     offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
     return np.asarray(encoding.ids, dtype=np.int64), token_mask(offsets, chat.spans), offsets
+
+
+def encode_batch(tokenizer: Tokenizer, chats: list[RenderedChat]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`encode` for a batch, in the tokenizer's threads: (every conversation's ids back to back, their lengths,
+    their loss masks back to back)."""
+    encodings = tokenizer.encode_batch([rendered.text for rendered in chats], add_special_tokens=False)
+    ids = [np.asarray(encoding.ids, dtype=np.int64) for encoding in encodings]
+    masks = [
+        token_mask(np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2), rendered.spans)
+        for encoding, rendered in zip(encodings, chats, strict=True)
+    ]
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    if not ids:
+        return np.empty(0, np.int64), lengths, np.empty(0, np.uint8)
+    return np.concatenate(ids), lengths, np.concatenate(masks)
 
 
 def mask_problems(

@@ -115,7 +115,8 @@ def tokenize_key(config: TokenmillConfig, tokenizer: TokenizerInfo) -> str:
     """The run's part of each shard's tokenize key (`shard_key`): what a shard's tokens depend on besides what it
     is made from: the config, the tokenizer, tokenmill; not its id or the run that made it."""
     config_part = config.section_hash("input", "partition", "split", "tokenizer", checks=False)
-    return f"{config_part}-{tokenizer.sha256[:16]}-{__version__}"
+    templates = "".join(f"-{template.digest()}" for _, template in tokenizer.chat)  # a changed template: new tokens
+    return f"{config_part}-{tokenizer.sha256[:16]}{templates}-{__version__}"
 
 
 def pack_key(config: TokenmillConfig) -> str:

@@ -7,6 +7,7 @@ the same data written to another place or with more workers is the same dataset.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, field_va
 # Imported where used: with pyarrow and fsspec, importing the config was half the time `tokenmill run` took to
 # start its cluster's process.
 if TYPE_CHECKING:
+    from tokenmill.chat import ChatTemplate
     from tokenmill.plan import Shard
     from tokenmill.readers import ReadOptions
     from tokenmill.storage import Store
@@ -48,6 +50,79 @@ class StorageConfig(_Section):
         return {k: v for k, v in options.items() if v is not None}
 
 
+class ChatConfig(_Section):
+    """Records that are conversations: how to find their turns, which template renders them and which tokens carry
+    loss (docs/chat.md). The template is the model's own, rendered as transformers' apply_chat_template renders it."""
+
+    format: Literal["messages", "sharegpt", "prompt_completion"] = Field(
+        "messages",
+        description="messages: a list of {role, content} turns (HF, OpenAI); sharegpt: a list of {from, value} turns "
+        "(human, gpt, system, function_call, observation); prompt_completion: a user turn of prompt_fields and an "
+        "assistant turn of completion_field (Alpaca, dolly, gsm8k).",
+    )
+    messages_field: str | None = Field(
+        None, description="The list of turns; null: messages (conversations for sharegpt)."
+    )
+    role_field: str | None = Field(None, description="A turn's role; null: role (from for sharegpt).")
+    content_field: str | None = Field(None, description="A turn's text; null: content (value for sharegpt).")
+    roles: dict[str, str] = Field(
+        default_factory=dict,
+        description="A record's role -> system, user, assistant or tool (sharegpt's are mapped already), e.g. "
+        "{human: user, bot: assistant}.",
+    )
+    prompt_fields: list[str] = Field(
+        ["instruction", "input"],
+        min_length=1,
+        description="prompt_completion: the fields of the user's turn, those present joined by a blank line (the "
+        "first is required).",
+    )
+    completion_field: str = Field("output", description="prompt_completion: the field of the assistant's turn.")
+    system_field: str | None = Field(None, description="prompt_completion: a field holding a system turn, if any.")
+    tools_field: str | None = Field(
+        None, description="The tools the template is given: a list of JSON schemas, or its JSON text (glaive)."
+    )
+    template: str | None = Field(
+        None,
+        description="A .jinja file holding the chat template; null: the chat_template of the tokenizer's "
+        "tokenizer_config.json (tokenizer.path a directory or hf:org/name).",
+    )
+    mask: Literal["assistant", "last_assistant", "all"] = Field(
+        "assistant",
+        description="Which tokens carry loss: assistant: every assistant turn with its end-of-turn; last_assistant: "
+        "the last one only; all: every token.",
+    )
+    trailer: bool = Field(
+        True,
+        description="A conversation that ends with the assistant's turn: what the template writes after it (phi3's "
+        "<|endoftext|>) carries loss too, as in TRL's {% generation %} templates.",
+    )
+    date: datetime.date | None = Field(
+        None,
+        description="The date a template that writes today's date (strftime_now, as Granite's does) writes, so that "
+        "a rerun renders the same tokens; such a template without it is refused.",
+    )
+
+    def record_format(self):
+        """The reader's view: `tokenmill.chat.RecordFormat`."""
+        from tokenmill.chat import SHAREGPT, RecordFormat
+
+        base = SHAREGPT if self.format == "sharegpt" else RecordFormat()
+        given = {
+            "messages_field": self.messages_field,
+            "role_field": self.role_field,
+            "content_field": self.content_field,
+        }
+        return RecordFormat(
+            kind="prompt_completion" if self.format == "prompt_completion" else "messages",
+            **{key: value or getattr(base, key) for key, value in given.items()},
+            roles=tuple({**dict(base.roles), **self.roles}.items()),
+            prompt_fields=tuple(self.prompt_fields),
+            completion_field=self.completion_field,
+            system_field=self.system_field,
+            tools_field=self.tools_field,
+        )
+
+
 class InputConfig(_Section):
     """The corpus: which files, their format, where each record keeps its text and id, and what makes a record
     invalid (docs/inputs.md)."""
@@ -71,10 +146,20 @@ class InputConfig(_Section):
     min_chars: int = Field(1, ge=0, description="Shorter texts are invalid records (empty ones by default).")
     max_chars: int | None = Field(None, ge=1, description="Longer texts are invalid records; null: no limit.")
     storage: StorageConfig = Field(StorageConfig(), description="Credentials and endpoint for s3:// input paths.")
+    chat: ChatConfig | None = Field(
+        None,
+        description="The records are conversations, rendered with the model's chat template, their loss mask on "
+        "the assistant's turns (docs/chat.md); text_field is then not read.",
+    )
 
-    def read_options(self, fields: tuple[str, ...] = ()) -> ReadOptions:
+    def read_options(self, fields: tuple[str, ...] = (), template: ChatTemplate | None = None) -> ReadOptions:
+        """How its files are read; a chat input's records are rendered with `template` (`TokenizerInfo.chat`)."""
+        from tokenmill.chat import ChatReading
         from tokenmill.readers import ReadOptions
 
+        chat = None
+        if self.chat is not None and template is not None:
+            chat = ChatReading(self.chat.record_format(), template, self.chat.mask, self.chat.trailer)
         return ReadOptions(
             text_field=self.text_field,
             id_field=self.id_field,
@@ -85,6 +170,8 @@ class InputConfig(_Section):
             separator=self.separator,
             fields=fields,
             storage_options=self.storage.fsspec_options(),
+            conversations=self.chat is not None,
+            chat=chat,
         )
 
 
@@ -284,6 +371,11 @@ class PackConfig(_Section):
     bos_id: int | None = Field(None, ge=0, description="window only: id put at the start of every window.")
     eos_id: int | None = Field(None, ge=0, description="window only: id put at the end of every window.")
     shuffle_seed: int = Field(0, description="Seed of the global shuffle index over each split's packed rows.")
+    too_long: Literal["drop", "truncate", "split"] = Field(
+        "drop",
+        description="A conversation (input.chat) longer than seq_len: dropped, truncated to its first seq_len "
+        "tokens, or split into seq_len pieces, each then a sequence of its own; counted in the report either way.",
+    )
 
     @property
     def row_len(self) -> int:
@@ -505,7 +597,22 @@ class TokenmillConfig(_Section):
             raise ValueError(f"sources: each name once (repeated: {', '.join(duplicates)})")
         if self.sources and self.partition.shuffle:
             raise ValueError("partition.shuffle shuffles one corpus; a mixture is shuffled by its mix (mix.seed)")
+        if self.has_chat() and self.tokenizer.train is not None:
+            raise ValueError("a chat input is rendered with the model's own chat template: give tokenizer.path")
+        if self.has_chat() and self.partition.shuffle:
+            raise ValueError(
+                "partition.shuffle: not for a chat input (the packed rows' shuffle index shuffles its conversations)"
+            )
         return self
+
+    def has_chat(self) -> bool:
+        """Some input's records are conversations (`input.chat`)."""
+        return any(source.chat is not None for source in self.inputs().values())
+
+    def writes_fertility_report(self) -> bool:
+        """The tokenizer report is written (`fertility.enabled`), of text: not where an input is conversations,
+        whose tokens the model's own template decides."""
+        return self.fertility.enabled and not self.has_chat()
 
     @property
     def mixture(self) -> bool:

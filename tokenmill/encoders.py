@@ -108,7 +108,10 @@ class GigatokenEncoder:
     def __init__(self, tokenizer_json: bytes):
         import gigatoken
 
-        self.tokenizer = gigatoken.Tokenizer.from_json(tokenizer_json)
+        try:
+            self.tokenizer = gigatoken.Tokenizer.from_json(tokenizer_json)
+        except RuntimeError as e:  # its Rust loader's refusal (a byte without a vocabulary entry, say)
+            raise NotRepresentable(f"gigatoken cannot load it ({str(e).splitlines()[0]})") from None
         self.version = package_version("gigatoken")
 
     @property

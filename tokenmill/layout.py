@@ -30,6 +30,12 @@ def megatron_prefix(split: str, shard_id: int) -> str:
     return f"megatron/{split}/{shard_name(shard_id)}"
 
 
+def loss_mask_file(split: str, shard_id: int) -> str:
+    """A conversations' split (input.chat): a byte per token of its `.bin`, 1 where the token carries loss (OLMo-core
+    reads it as a label mask)."""
+    return megatron_prefix(split, shard_id) + ".loss_mask.bin"
+
+
 def packed_prefix(split: str, shard_id: int) -> str:
     return f"packed/{split}/{shard_name(shard_id)}"
 
@@ -81,7 +87,7 @@ def reserve_file(shard_id: int) -> str:
 
 
 _SHARD_FILE = re.compile(
-    r"^(?P<family>megatron|packed)/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>bin|idx|tokens\.npy|cu_seqlens\.npy|row_offsets\.npy)$"
+    r"^(?P<family>megatron|packed)/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>bin|idx|loss_mask\.bin|tokens\.npy|cu_seqlens\.npy|row_offsets\.npy|loss\.npy)$"
 )
 _KINDS = {
     "bin": "megatron-bin",
@@ -89,6 +95,8 @@ _KINDS = {
     "tokens.npy": "packed-tokens",
     "cu_seqlens.npy": "packed-cu-seqlens",
     "row_offsets.npy": "packed-row-offsets",
+    "loss_mask.bin": "megatron-loss-mask",
+    "loss.npy": "packed-loss",
 }
 
 

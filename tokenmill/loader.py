@@ -11,7 +11,8 @@
 Every sample covers exactly `seq_len` input positions. Its `cu_seqlens` runs from 0 to `seq_len`: the
 pieces of documents in the row, then the padding as one last segment when the row is padded.
 `position_ids` restart at 0 at each segment. Label t is token t + 1 of the row, or -100 where that
-token is padding, beyond the row, or (with `mask_cross_document_labels`) the start of another piece.
+token is padding, beyond the row, or (with `mask_cross_document_labels`) the start of another piece, or, in
+a split of conversations, a token that carries no loss (its packed loss mask, docs/chat.md).
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ IGNORE_INDEX = -100  # the label PyTorch's cross-entropy skips
 
 
 def training_sample(
-    row: np.ndarray, cu_seqlens: np.ndarray, *, extra_token: bool = False, mask_cross_document_labels: bool = True
+    row: np.ndarray,
+    cu_seqlens: np.ndarray,
+    *,
+    extra_token: bool = False,
+    mask_cross_document_labels: bool = True,
+    loss: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """One packed row (its tokens and stored boundaries) as a training sample.
 
@@ -40,6 +46,8 @@ def training_sample(
             only a label).
         mask_cross_document_labels: label -100 where the next token starts another piece, so that no position
             learns to predict across a document boundary.
+        loss: a row of conversations' loss mask (`packed/<split>/shard-NNNNN.loss.npy`, see docs/chat.md): label
+            -100 also where the next token carries no loss (a prompt's, a conversation's first).
 
     Returns:
         `input_ids`, `labels` (-100 where masked), `position_ids` (restarting at 0 at each segment) and
@@ -55,6 +63,8 @@ def training_sample(
     valid = targets < real
     if mask_cross_document_labels:
         valid &= ~np.isin(targets, cu[1:-1])
+    if loss is not None:
+        valid[valid] = np.asarray(loss)[targets[valid]] == 1
     labels = np.full(seq_len, IGNORE_INDEX, dtype=np.int64)
     labels[valid] = row[targets[valid]]
     return {
@@ -107,12 +117,21 @@ class PackedSplit:
         return len(self._order_or_open()) if self.mixed else int(self._first_row[-1])
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        reader, row = self._place(i)
         return training_sample(
-            *self.row(i), extra_token=self.extra_token, mask_cross_document_labels=self.mask_cross_document_labels
+            *reader[row],
+            extra_token=self.extra_token,
+            mask_cross_document_labels=self.mask_cross_document_labels,
+            loss=None if reader.loss is None else reader.loss[row],
         )
 
     def row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Sample i's stored row and boundaries."""
+        reader, row = self._place(i)
+        return reader[row]
+
+    def _place(self, i: int) -> tuple[PackedReader, int]:
+        """Sample i's shard (its reader) and row there."""
         if not 0 <= i < len(self):
             raise IndexError(f"sample {i} of a split of {len(self)}")
         if self.shuffle:
@@ -121,7 +140,7 @@ class PackedSplit:
         else:
             position = int(np.searchsorted(self._first_row, i, side="right")) - 1
             row = i - int(self._first_row[position])
-        return self._readers_or_open()[position][row]
+        return self._readers_or_open()[position], row
 
     def _readers_or_open(self) -> list[PackedReader]:
         if getattr(self, "_readers", None) is None:

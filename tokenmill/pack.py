@@ -15,6 +15,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from tokenmill import layout
@@ -22,8 +23,16 @@ from tokenmill.commits import PACK, check, commit, pack_key, shard_key, tokenize
 from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.formats.llmc import llmc_dtype, shard_bounds, write_llmc
 from tokenmill.formats.megatron import MegatronReader
-from tokenmill.formats.packed import SUFFIXES, write_packed, write_shuffle_index
-from tokenmill.packers import global_shuffle_index, pack, pad_id, padded_layout_rows, writes_packed
+from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, write_packed, write_shuffle_index
+from tokenmill.packers import (
+    fit_conversations,
+    global_shuffle_index,
+    pack,
+    pack_conversations,
+    pad_id,
+    padded_layout_rows,
+    writes_packed,
+)
 from tokenmill.stats import NOTHING_PACKED, Packed, Tokenized
 from tokenmill.storage import Store
 from tokenmill.tokenizer_info import TokenizerInfo
@@ -73,12 +82,11 @@ def pack_shard(run: Packing, tokenized: Tokenized) -> Packed:
         with store.local_copies(source + ".bin", source + ".idx") as (bin_path, idx_path):
             reader = MegatronReader(source, bin_path=bin_path, idx_path=idx_path)
             tokens, lengths = reader.tokens, reader.index.lengths
-            if run.pack is not None:
+            if run.pack is not None and "supervised" in counts:
+                stats |= pack_conversations_of(store, split, shard_id, tokens, lengths, run, files)
+            elif run.pack is not None:
                 packed = pack(tokens, lengths, run.pack, run.pad_id)
-                target = layout.packed_prefix(split, shard_id)
-                with ExitStack() as stack:
-                    writing = {key: store.writing_file(target + suffix, files) for key, suffix in SUFFIXES.items()}
-                    write_packed({key: stack.enter_context(w) for key, w in writing.items()}, packed)
+                write_packed_files(store, split, shard_id, packed, files)
                 stats |= {"rows": len(packed.rows), "real_tokens": packed.real_tokens, "pad_tokens": packed.pad_tokens}
                 stats["padded_layout_rows"] = padded_layout_rows(lengths, run.pack.seq_len)
                 del packed
@@ -92,6 +100,39 @@ def pack_shard(run: Packing, tokenized: Tokenized) -> Packed:
     result = Packed(shard_id, splits, round(time.perf_counter() - started, 3), redone=earlier.redone)
     commit(store, PACK, shard_id, key, result.to_json(), files)
     return result
+
+
+def write_packed_files(store: Store, split: str, shard_id: int, packed, files: dict, loss=None) -> None:
+    """A split's packed rows as `formats/packed.py` lays them out, and their loss mask where they are conversations."""
+    target = layout.packed_prefix(split, shard_id)
+    with ExitStack() as stack:
+        writing = {key: store.writing_file(target + suffix, files) for key, suffix in SUFFIXES.items()}
+        write_packed({key: stack.enter_context(w) for key, w in writing.items()}, packed)
+    if loss is not None:
+        with store.writing(target + LOSS_SUFFIX, files) as tmp, open(tmp, "wb") as f:
+            np.save(f, loss, allow_pickle=False)
+
+
+def pack_conversations_of(
+    store: Store, split: str, shard_id: int, tokens: np.ndarray, lengths: np.ndarray, run: Packing, files: dict
+) -> dict:
+    """A conversations' split packed whole, with its loss mask (`packers.pack_conversations`), after the ones longer
+    than a row are dropped, truncated or split as `pack.too_long` says; its stats, with those counted."""
+    with store.local_copies(layout.loss_mask_file(split, shard_id)) as (mask_path,):
+        masks = np.fromfile(mask_path, dtype=np.uint8)
+    seq_len = run.pack.seq_len
+    fitted = fit_conversations(np.asarray(tokens), masks, lengths, seq_len, run.pack.too_long)
+    packed = pack_conversations(fitted.tokens, fitted.masks, fitted.lengths, seq_len, run.pad_id)
+    write_packed_files(store, split, shard_id, packed.packed, files, packed.loss)
+    rows = packed.packed
+    return {
+        "rows": len(rows.rows),
+        "real_tokens": rows.real_tokens,
+        "pad_tokens": rows.pad_tokens,
+        "padded_layout_rows": padded_layout_rows(fitted.lengths, seq_len),
+        "too_long": fitted.longer,
+        "tokens_cut": fitted.tokens_lost,
+    }
 
 
 def write_shuffle_indexes(config: TokenmillConfig, table: pd.DataFrame) -> dict[str, int]:

@@ -33,6 +33,7 @@ class Pretrained:
     bos: str | None
     origin: str  # the source as configured, for messages
     parsed: Tokenizer | None = field(default=None, compare=False, repr=False)  # `data`, as HF tokenizers read it
+    directory: str | None = None  # where it came from, when a HF tokenizer directory (its chat template is there)
 
 
 class TokenizerSourceError(ValueError):
@@ -90,7 +91,53 @@ def _from_directory(directory: str, source: str) -> Pretrained:
             eos = eos or _token_content(config.get("eos_token"))
             bos = bos or _token_content(config.get("bos_token"))
     own_eos, own_bos = own_special_tokens(tokenizer, orjson.loads(data))
-    return Pretrained(data, eos or own_eos, bos or own_bos, source, tokenizer)
+    return Pretrained(data, eos or own_eos, bos or own_bos, source, tokenizer, directory)
+
+
+def as_transformers_builds_it(pretrained: Pretrained) -> Pretrained:
+    """The tokenizer as transformers' AutoTokenizer builds it from the directory, which is what a chat template's
+    ids are compared with: transformers 5 rebuilds some pipelines rather than read tokenizer.json as written (for
+    Llama-style tokenizers such as phi3's, every conversation's ids differ). Needs transformers (the chat extra)."""
+    if pretrained.directory is None:
+        raise TokenizerSourceError(
+            f"tokenizer {pretrained.origin!r}: a chat input needs the model's tokenizer directory (tokenizer.json with "
+            "its tokenizer_config.json) or hf:org/name, not a single file"
+        )
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise TokenizerSourceError(
+            "a chat input needs transformers, to build the tokenizer as the model's trainers do: "
+            "pip install -e '.[chat]'"
+        ) from None
+    exported = AutoTokenizer.from_pretrained(pretrained.directory).backend_tokenizer.to_str().encode()
+    return Pretrained(exported, pretrained.eos, pretrained.bos, pretrained.origin, None, pretrained.directory)
+
+
+def chat_template_source(pretrained: Pretrained, template_file: str | None) -> tuple[str, str, dict]:
+    """(its name for messages, the template's text, the tokenizer_config.json it is rendered with): `template_file`,
+    or the chat_template of the directory's tokenizer_config.json (its "default" where it holds several)."""
+    config = {}
+    if pretrained.directory is not None:
+        fs, path = fsspec.core.url_to_fs(pretrained.directory)
+        if fs.exists(f"{path.rstrip('/')}/tokenizer_config.json"):
+            with fs.open(f"{path.rstrip('/')}/tokenizer_config.json", "rb") as f:
+                config = json.load(f)
+    if template_file is not None:
+        try:
+            with fsspec.open(template_file, "r", encoding="utf-8") as f:
+                return template_file, f.read(), config
+        except FileNotFoundError:
+            raise TokenizerSourceError(f"input.chat.template {template_file!r}: no such file") from None
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{name, template}, ...] as transformers saves several
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}.get("default")
+    if not isinstance(template, str):
+        raise TokenizerSourceError(
+            f"tokenizer {pretrained.origin!r}: its tokenizer_config.json has no chat_template; name a .jinja file "
+            "in input.chat.template"
+        )
+    return f"{pretrained.origin} (tokenizer_config.json)", template, config
 
 
 def _token_content(value) -> str | None:

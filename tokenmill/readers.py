@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 
     import pandas as pd
     import pandera.pandas as pa
 
+    from tokenmill.chat import ChatReading, RenderedChat
+
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 # What reading a truncated or corrupt compressed file raises: gzip's stream ended early or its data is not gzip's
 # (EOFError, gzip.BadGzipFile, zlib.error), a zstd frame that does not decode.
@@ -119,6 +121,8 @@ class ReadOptions:
     separator: str | None = None  # plain text: a line that separates documents; None: one document per file
     fields: tuple[str, ...] = ()  # extra fields to carry along (e.g. for stratified sampling)
     storage_options: dict = field(default_factory=dict)
+    conversations: bool = False  # records are conversations (input.chat): read whole, rendered with `chat`
+    chat: ChatReading | None = None  # their template; needed to read them
 
 
 class LineIds(Sequence[str]):
@@ -148,6 +152,7 @@ class Batch:
     extra: dict[str, list] = field(default_factory=dict)
     nbytes: int = 0
     text_array: pyarrow.Array | None = None  # the columnar fast path's texts (then `texts` stays empty)
+    chats: list[RenderedChat] | None = None  # conversations: each rendered, with its spans that carry loss (`texts`)
     lines: int = 0  # the fast path's: the lines of the file its block spans, blank and rejected ones included
     # the fast path's: its block, as a piece of its file (read alone, it gives this batch's records again)
     block: Piece | None = None
@@ -258,7 +263,8 @@ def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) 
         return Record(number, None, None, {}, line, f"not a JSON object ({type(record).__name__})")
     doc_id = f"{name}:{number}" if options.id_field is None else field_value(record, options.id_field)
     extra = {f: field_value(record, f) for f in options.fields}
-    return Record(number, doc_id, field_value(record, options.text_field), extra, line)
+    text = record if options.conversations else field_value(record, options.text_field)
+    return Record(number, doc_id, text, extra, line)
 
 
 def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
@@ -266,6 +272,8 @@ def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[
         parquet = pq.ParquetFile(f)
         groups = piece.row_groups if piece.row_groups is not None else list(range(parquet.num_row_groups))
         top = {name.split(".")[0] for name in (options.text_field, options.id_field, *options.fields) if name}
+        if options.conversations:  # a conversation's fields are the record's (input.chat names them)
+            top = set(parquet.schema_arrow.names)
         if missing := top - set(parquet.schema_arrow.names):
             raise InputError(f"{name}: no column {sorted(missing)[0]!r} in the Parquet schema")
         starts = [0]
@@ -277,9 +285,8 @@ def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[
                 number = starts[g] + offset + 1
                 doc_id = f"{name}:{number}" if options.id_field is None else field_value(record, options.id_field)
                 extra = {f: field_value(record, f) for f in options.fields}
-                yield Record(
-                    number, doc_id, field_value(record, options.text_field), extra, orjson.dumps(record, default=str)
-                )
+                text = record if options.conversations else field_value(record, options.text_field)
+                yield Record(number, doc_id, text, extra, orjson.dumps(record, default=str))
 
 
 def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
@@ -456,6 +463,8 @@ def read_documents(
 
 
 def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tuple[Batch, list[Reject]]:
+    if options.conversations:
+        return _checked_conversations(raws, options, seen_ids)
     problems = _validate(raws, options, seen_ids)
     if problems and options.on_invalid == "fail":
         first = raws[min(problems)]
@@ -477,6 +486,42 @@ def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tu
     return batch, rejects
 
 
+def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tuple[Batch, list[Reject]]:
+    """`_checked` for conversations: each record rendered with its template (`ChatReading.rendered`); a record
+    that makes no conversation, or that the template refuses or renders so that its assistant turns cannot be
+    found, is a reject naming the field and what is wrong."""
+    from tokenmill.chat import ChatError, SpanError
+
+    if options.chat is None:
+        raise InputError("conversations are read with their chat template (the tokenizer's install probes it)")
+    batch, rejects = Batch(extra={f: [] for f in options.fields}, chats=[]), []
+    for raw in raws:
+        problem, doc_id = raw.problem, None if raw.doc_id is None else str(raw.doc_id)
+        if problem is None and doc_id is None:
+            problem = f"id field {options.id_field!r} missing"
+        elif problem is None and doc_id in seen_ids:
+            problem = "duplicate id in this shard"
+        elif problem is None:
+            try:
+                rendered = options.chat.rendered(raw.text)
+            except (ChatError, SpanError) as e:
+                problem = str(e)
+        if problem is not None and options.on_invalid == "fail":
+            where = "the file" if raw.line == 0 else f"line {raw.line}"
+            raise InputError(f"{raw.file}, {where}: {problem}")
+        if problem is not None:
+            rejects.append(Reject(raw.file, raw.line, problem, _shorten(raw.raw)))
+            continue
+        seen_ids.add(doc_id)
+        batch.ids.append(doc_id)
+        batch.texts.append(rendered.text)
+        batch.chats.append(rendered)
+        for f in options.fields:
+            batch.extra[f].append(raw.extra.get(f))
+        batch.nbytes += raw.size
+    return batch, rejects
+
+
 # --- the columnar fast path -------------------------------------------------------------------------------
 # Plain (uncompressed) JSONL with top-level text, id and extra fields is parsed by pyarrow a block of whole lines
 # at a time, and the batch schema's checks run vectorised on the columns. A block with any problem at all
@@ -489,7 +534,8 @@ def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tu
 
 def fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
     dotted = any("." in n for n in (options.text_field, options.id_field or "", *options.fields))
-    return kind_of(piece, options) == "jsonl" and compression_of(piece.path) is None and not dotted
+    plain = kind_of(piece, options) == "jsonl" and compression_of(piece.path) is None
+    return plain and not dotted and not options.conversations
 
 
 def _fast_jsonl(

@@ -76,6 +76,20 @@ def summary_markdown(manifest: dict, run: dict | None = None, images: Iterable[s
             f"{percent(p.get('utilization'))} | {percent(padded.get('utilization'))} "
             f"({padded.get('sequences', 0):,} rows) |"
         )
+    if chats := {split: s for split, s in manifest["splits"].items() if "supervised_tokens" in s}:
+        lines += [
+            "",
+            "Conversations (input.chat): the tokens that carry loss, and those longer than a packed row "
+            f"({manifest['config']['pack']['too_long']}: pack.too_long).",
+            "",
+            "| split | conversations | tokens | supervised tokens | supervised share | too long | tokens cut |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {split} | {s['documents']:,} | {s['tokens']:,} | {s['supervised_tokens']:,} | "
+            f"{percent(s['supervised_share'])} | {s['too_long']:,} | {s['tokens_cut']:,} |"
+            for split, s in chats.items()
+        ]
     if mix := manifest.get("mix"):
         rows = summary_rows(mix)
         lines += ["", f"The mix: {mix['total_tokens']:,} {mix['split']} tokens drawn.", ""]

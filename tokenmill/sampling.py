@@ -82,7 +82,7 @@ def fractions(config: TokenmillConfig, plan: Plan) -> tuple[float | dict[str, fl
         shares = sample_shares(config, source_bytes)
         f = {n: min(1.0, MIX_MARGIN * int(train.sample_size) * shares[n] / max(b, 1)) for n, b in source_bytes.items()}
     highest = max(f.values()) if isinstance(f, dict) else f
-    g = min(1.0 - highest, int(config.fertility.holdout_size) / total) if config.fertility.enabled else 0.0
+    g = min(1.0 - highest, int(config.fertility.holdout_size) / total) if config.writes_fertility_report() else 0.0
     return f, g
 
 

@@ -15,8 +15,12 @@ import pandas as pd
 from tokenmill import layout
 from tokenmill.storage import Store
 
+# supervised_tokens: of a conversations' split (input.chat), the tokens that carry loss, else -1; too_long and
+# tokens_cut: its conversations longer than a packed row (dropped, truncated or split: pack.too_long), and the
+# tokens left out of the packed rows
 COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens", "max_token_id",
-           "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files"]  # fmt: skip
+           "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files",
+           "supervised_tokens", "too_long", "tokens_cut"]  # fmt: skip
 
 
 _NOT_PACKED = {"rows": -1, "real_tokens": -1, "pad_tokens": -1, "padded_layout_rows": -1, "llmc_files": -1}
@@ -110,6 +114,9 @@ def stats_rows(tokenized: Tokenized, packed: Packed) -> list[tuple]:
                 p["pad_tokens"],
                 p["padded_layout_rows"],
                 p["llmc_files"],
+                c.get("supervised", -1),
+                p.get("too_long", 0),
+                p.get("tokens_cut", 0),
             )
         )
     return rows
@@ -178,7 +185,22 @@ def packing_summary(r: pd.Series, seq_len: int) -> dict:
 
 def split_summary(table: pd.DataFrame, seq_len: int) -> dict:
     by_split = table.groupby("split").sum(numeric_only=True)
-    return {
+    summary = {
         split: {"documents": int(r.documents), "tokens": int(r.tokens), "packing": packing_summary(r, seq_len)}
         for split, r in by_split.iterrows()
+    }
+    for split, r in table[table.supervised_tokens >= 0].groupby("split").sum(numeric_only=True).iterrows():
+        summary[split] |= conversations_summary(r)
+    return summary
+
+
+def conversations_summary(r: pd.Series) -> dict:
+    """Of summed stats rows of conversations: the tokens that carry loss and their share, and the conversations
+    longer than a packed row (dropped, truncated or split: pack.too_long) and the tokens that left the rows."""
+    share = round(float(r.supervised_tokens / r.tokens), 6) if r.tokens else None
+    return {
+        "supervised_tokens": int(r.supervised_tokens),
+        "supervised_share": share,
+        "too_long": int(r.too_long),
+        "tokens_cut": int(r.tokens_cut),
     }

@@ -15,21 +15,29 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
+from typing import BinaryIO
 
 import numpy as np
 import orjson
 
-from tokenmill import layout
+from tokenmill import chat, layout
 from tokenmill.commits import TOKENIZE, check, commit, marker, shard_key, tokenize_key
 from tokenmill.config import TokenmillConfig
-from tokenmill.encoders import EncoderChoice, choose_encoder, load_encoder, loaded_backend, preload_backends
+from tokenmill.encoders import (
+    EncoderChoice,
+    choose_encoder,
+    load_encoder,
+    loaded_backend,
+    package_version,
+    preload_backends,
+)
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
 from tokenmill.hashing import assign_splits
 from tokenmill.plan import Shard
 from tokenmill.readers import Piece, ReadOptions, fast_path_applies, read_documents
 from tokenmill.stats import Tokenized
 from tokenmill.storage import Store
-from tokenmill.tokenizer_info import TokenizerInfo
+from tokenmill.tokenizer_info import TokenizerInfo, reading
 
 SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of each shard, not 8 MB of each
 VERIFY_SHARDS = 256  # shards the verification sample is drawn from, evenly spaced across the run
@@ -69,7 +77,7 @@ class Tokenizing:
         return cls(
             config.output.store(),
             tokenize_key(config, tokenizer),
-            {name: source.read_options() for name, source in config.inputs().items()},
+            reading(config, tokenizer),
             {name: config.streams(name) for name in config.inputs()},
             dict(config.split),
             tokenizer,
@@ -88,12 +96,20 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
         return Tokenized.from_json(earlier.result, reused=True)
 
     started = time.perf_counter()
-    encode = load_encoder(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, run.encoder)
+    options, pieces = run.reading[shard.mix_source], shard.pieces
+    if options.conversations:  # the template placed every special token; the masks need the tokens' offsets
+        encode = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
+        eod_id = bos_id = None
+    else:
+        encode = load_encoder(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, run.encoder)
+        eod_id, bos_id = run.eod_id, run.bos_id
     rerouted_before = getattr(encode, "rerouted", 0)
-    eod_id, bos_id = run.eod_id, run.bos_id
     dtype = token_dtype(run.tokenizer.vocab_size)
     splits = run.streams[shard.mix_source]  # the split names, `<source>/<split>` in a mixture
     counts = {s: {"documents": 0, "tokens": 0, "max_token_id": -1} for s in splits}
+    if options.conversations:
+        for c in counts.values():
+            c["supervised"] = 0
     documents_in = bytes_in = 0
     rejects: list[bytes] = []
     unnumbered = lines = 0  # rejects whose lines count from their piece's start; the lines read
@@ -105,7 +121,7 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     blocks: list[list[int]] | None = []
     with ExitStack() as stack:
         writers: dict[str, BinWriter] = {}
-        options, pieces = run.reading[shard.mix_source], shard.pieces
+        mask_files: dict[str, BinaryIO] = {}  # conversations: each split's loss mask, a byte per token
         piece_of = {piece.path: index for index, piece in enumerate(pieces)}  # a block is read back by its path
         for batch, batch_rejects in read_documents(pieces, options, columnar=True):
             if batch.block is None:
@@ -123,9 +139,13 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
             whole_files += [f"{r.file}: {r.reason}" for r in batch_rejects if r.line == 0]
             if not len(batch):
                 continue
-            ids, lengths = encode.encode_batch(batch.text_values())
-            # Narrowed to the files' dtype before the specials go in: half the bytes to move for uint16.
-            flat, lengths = with_specials(narrowed(ids, dtype), lengths, bos_id, eod_id)
+            if batch.chats is not None:
+                ids, lengths, masks = chat.encode_batch(encode.tokenizer, batch.chats)
+                flat = narrowed(ids, dtype)
+            else:
+                ids, lengths = encode.encode_batch(batch.text_values())
+                # Narrowed to the files' dtype before the specials go in: half the bytes to move for uint16.
+                flat, lengths = with_specials(narrowed(ids, dtype), lengths, bos_id, eod_id)
             # One split needs no hashing; otherwise each document's split by the stable hash of its id.
             doc_split = assign_splits(batch.ids, run.split) if len(splits) > 1 else None
             for index, split in enumerate(splits):
@@ -136,9 +156,17 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
                 if split not in writers:
                     bin_file = store.writing_file(layout.megatron_prefix(split, shard_id) + ".bin", files)
                     writers[split] = BinWriter(stack.enter_context(bin_file), dtype)
-                split_tokens = flat if doc_split is None else flat[np.repeat(chosen, lengths)]
+                taken = slice(None) if doc_split is None else np.repeat(chosen, lengths)
+                split_tokens = flat[taken]
                 writers[split].add(split_tokens, split_lengths)
                 c = counts[split]
+                if batch.chats is not None:
+                    if split not in mask_files:
+                        mask_file = store.writing_file(layout.loss_mask_file(split, shard_id), files)
+                        mask_files[split] = stack.enter_context(mask_file)
+                    split_masks = masks[taken]
+                    mask_files[split].write(split_masks.tobytes())
+                    c["supervised"] += int(split_masks.sum())
                 c["documents"] += len(split_lengths)
                 c["tokens"] += len(split_tokens)
                 c["max_token_id"] = max(c["max_token_id"], int(split_tokens.max()) if len(split_tokens) else -1)
@@ -213,6 +241,7 @@ def verification_sample(config: TokenmillConfig, shards: Sequence[Shard], docume
     """About `documents` texts drawn across the shards: an equal share from the start of each of
     `verification_shards`, read in small batches (so this costs little however large the shards, and however
     many)."""
+    shards = [shard for shard in shards if config.input_of(shard).chat is None]  # conversations use the reference
     if not len(shards) or not documents:
         return []
     shards = verification_shards(shards)
@@ -236,6 +265,10 @@ def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokeniz
     is said to `log`, if given (its reason says why)."""
     store = config.output.store()
     data = store.read_bytes(layout.TOKENIZER)
+    if all(source.chat is not None for source in config.inputs().values()):  # their masks need the tokens' offsets
+        choice = EncoderChoice("hf", package_version("tokenizers"), "conversations: the reference, which gives offsets")
+        store.write_json(layout.ENCODER_CHOICE, {**asdict(choice), "unsafe": 0, "report": {}})
+        return choice
     sample = verification_sample(config, shards, config.tokenizer.verify_documents)
     url = store.url_of(layout.TOKENIZER)  # the backends this process loaded, for the shards and the report
 

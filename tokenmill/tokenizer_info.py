@@ -10,7 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-from tokenmill.config import TokenizerConfig
+from tokenmill.chat import ChatTemplate
+from tokenmill.config import TokenizerConfig, TokenmillConfig
+from tokenmill.readers import ReadOptions
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,18 @@ class TokenizerInfo:
     trained: bool
     bos_id: int | None = None
     pad_id: int | None = None
+    # Each chat input's template (by source name, "" for a single input), probed when the tokenizer is installed
+    chat: tuple[tuple[str, ChatTemplate], ...] = ()
+
+    def chat_template(self, source: str) -> ChatTemplate | None:
+        return dict(self.chat).get(source)
+
+
+def reading(config: TokenmillConfig, tokenizer: TokenizerInfo) -> dict[str, ReadOptions]:
+    """How each source's files are read ("" for a single input), a chat input's with its probed template."""
+    return {
+        name: source.read_options(template=tokenizer.chat_template(name)) for name, source in config.inputs().items()
+    }
 
 
 def special_token_id(

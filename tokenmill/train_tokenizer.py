@@ -10,18 +10,20 @@ never receiving the tokenizer object itself.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from tokenmill import chat as chats
 from tokenmill import layout
 from tokenmill.commits import commit, committed
-from tokenmill.config import TokenizerConfig, TokenmillConfig, TrainConfig
+from tokenmill.config import ChatConfig, TokenizerConfig, TokenmillConfig, TrainConfig
 from tokenmill.formats.sample import Sampled, training_files, training_texts
-from tokenmill.pretrained import load_pretrained
+from tokenmill.pretrained import Pretrained, as_transformers_builds_it, chat_template_source, load_pretrained
 from tokenmill.storage import Store
 from tokenmill.tokenizer_info import TokenizerInfo, describe_tokenizer
 
@@ -38,11 +40,30 @@ def install_pretrained(config: TokenmillConfig) -> TokenizerInfo:
     resolve its special tokens; any problem is raised here, before a shard runs."""
     cfg = config.tokenizer
     pretrained = load_pretrained(cfg.path, cfg.hub, cfg.tiktoken)
+    chat_inputs = {name: source.chat for name, source in config.inputs().items() if source.chat is not None}
+    if chat_inputs:
+        pretrained = as_transformers_builds_it(pretrained)
     info = describe_tokenizer(
         pretrained.data, cfg, False, pretrained.eos, pretrained.bos, repr(cfg.path), pretrained.parsed
     )
     install(config.output.store(), pretrained.data)
-    return info
+    if not chat_inputs:
+        return info
+    tokenizer = pretrained.parsed or Tokenizer.from_str(pretrained.data.decode())
+    templates = tuple((name, chat_template(pretrained, name, chat, tokenizer)) for name, chat in chat_inputs.items())
+    return replace(info, chat=templates)
+
+
+def chat_template(pretrained: Pretrained, source: str, chat: ChatConfig, tokenizer: Tokenizer) -> chats.ChatTemplate:
+    """A chat input's template, probed for its end-of-turn (`ChatTemplate.probe`), before any shard runs."""
+    name, text, tokenizer_config = chat_template_source(pretrained, chat.template)
+    where = f"sources.{source}.input.chat" if source else "input.chat"
+    if chat.date is None and "strftime_now" in text:
+        raise ValueError(
+            f"chat template {name} writes today's date (strftime_now), so its tokens would change every day: set "
+            f"{where}.date to the date it should write (e.g. {datetime.date.today().isoformat()})"
+        )
+    return chats.ChatTemplate.probe(name, text, chats.special_tokens(tokenizer_config), tokenizer, chat.date)
 
 
 def train_on_sample(config: TokenmillConfig, samples: list[Sampled]) -> TokenizerInfo:

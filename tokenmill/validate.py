@@ -23,12 +23,13 @@ import pandas as pd
 import pyarrow as pa
 
 from tokenmill import layout
+from tokenmill.chat import RenderedChat, mask_problems
 from tokenmill.commits import TOKENIZE, marker
 from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.encoders import loaded_backend
 from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
 from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
-from tokenmill.formats.packed import SUFFIXES, PackedReader, read_shuffle_index
+from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, PackedReader, read_shuffle_index
 from tokenmill.hashing import assign_splits
 from tokenmill.packers import pad_id as pack_pad_id
 from tokenmill.packers import writes_packed
@@ -36,7 +37,7 @@ from tokenmill.plan import Columns, Plan, Shard, shard_ids
 from tokenmill.readers import Piece, ReadOptions, read_documents, schema_library
 from tokenmill.stats import COLUMNS, Tokenized, ValidationFailed, all_rejected, skipped, stats_rows
 from tokenmill.storage import STREAMED, Store
-from tokenmill.tokenizer_info import TokenizerInfo
+from tokenmill.tokenizer_info import TokenizerInfo, reading
 
 if TYPE_CHECKING:
     import pandera.pandas as pa
@@ -76,9 +77,12 @@ def stats_schema(
         if pack is None:
             return df.packed_real_tokens == 0
         if pack.mode == "window":  # real tokens repeat where windows overlap: checked per row against the files
-            return df.packed_real_tokens >= df.tokens
-        shared = (df.packed_rows - 1).clip(lower=0) if pack.extra_token else 0  # concat + extra_token rows share one
-        return df.packed_real_tokens == df.tokens + shared
+            text = df.packed_real_tokens >= df.tokens
+        else:
+            shared = (df.packed_rows - 1).clip(lower=0) if pack.extra_token else 0  # concat + extra_token share one
+            text = df.packed_real_tokens == df.tokens + shared
+        # conversations are packed whole, less what pack.too_long cut
+        return text.where(df.supervised_tokens < 0, df.packed_real_tokens == df.tokens - df.tokens_cut)
 
     nonneg = pa.Check.ge(0)
     return pa.DataFrameSchema(
@@ -95,10 +99,14 @@ def stats_schema(
             "packed_pad_tokens": pa.Column(int, nonneg),
             "padded_layout_rows": pa.Column(int, nonneg),
             "llmc_files": pa.Column(int, nonneg),
+            "supervised_tokens": pa.Column(int, pa.Check.ge(-1)),  # -1: not conversations
+            "too_long": pa.Column(int, nonneg),
+            "tokens_cut": pa.Column(int, nonneg),
         },
         checks=[
             pa.Check(per_shard_reconciles, error="documents_in != documents out + rejected"),
             pa.Check(packed_tokens_match, error="packed real tokens != tokenized tokens"),
+            pa.Check(lambda df: df.supervised_tokens <= df.tokens, error="more supervised tokens than tokens"),
         ],
         strict=True,
         ordered=True,
@@ -170,10 +178,26 @@ def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None, bos_
         if not np.array_equal(index.pointers[1:], np.cumsum(index.lengths[:-1], dtype=np.int64) * dtype.itemsize):
             return [f"{prefix}.idx: pointers disagree with lengths"]
         starts = index.pointers // dtype.itemsize
+        if row.supervised_tokens >= 0:  # conversations: the template placed their specials; each has its loss mask
+            return _check_loss_mask(store, row)
         if eod_id is not None and (bad := int((reader.tokens[starts + index.lengths - 1] != eod_id).sum())):
             return [f"{prefix}.bin: {bad} documents do not end with EOD id {eod_id}"]
         if bos_id is not None and (bad := int((reader.tokens[starts] != bos_id).sum())):
             return [f"{prefix}.bin: {bad} documents do not start with BOS id {bos_id}"]
+    return []
+
+
+def _check_loss_mask(store: Store, row) -> list[str]:
+    """A conversations' split's loss mask: a byte, 0 or 1, per token of its `.bin`, as many 1s as stats say."""
+    rel = layout.loss_mask_file(row.split, row.shard_id)
+    if not store.exists(rel):
+        return [f"{rel}: missing"]
+    with store.local_copies(rel) as (path,):
+        mask = np.fromfile(path, dtype=np.uint8)
+    if len(mask) != row.tokens:
+        return [f"{rel}: {len(mask)} bytes, not one per token ({row.tokens})"]
+    if mask.max(initial=0) > 1 or int(mask.sum()) != row.supervised_tokens:
+        return [f"{rel}: not 0 or 1 per token with {row.supervised_tokens} ones, as stats say"]
     return []
 
 
@@ -184,7 +208,8 @@ def _check_packed(store: Store, row, pack: PackConfig, pad_id: int) -> list[str]
         return []
     if missing := [f for f in files if not store.exists(f)]:
         return [f"{m}: missing" for m in missing]
-    width = pack.row_len
+    conversations = row.supervised_tokens >= 0  # packed whole, best-fit, seq_len wide, with their loss mask
+    width = pack.seq_len if conversations else pack.row_len
     with store.local_copies(*files) as paths:
         packed = PackedReader(prefix, paths=paths)
         rows, offsets = packed.rows, np.asarray(packed.row_offsets)
@@ -203,12 +228,27 @@ def _check_packed(store: Store, row, pack: PackConfig, pad_id: int) -> list[str]
             return [f"{prefix}.cu_seqlens.npy: {real.sum()} real tokens, stats say {row.packed_real_tokens}"]
         if not _only_pad_after(rows, real, pad_id):
             return [f"{prefix}.tokens.npy: tokens other than pad id {pad_id} after the real tokens"]
+        if conversations:
+            return _check_packed_loss(store, prefix, rows.shape, row)
         if pack.mode == "concat" and np.any(real[:-1] != width):
             return [f"{prefix}.cu_seqlens.npy: a concat row other than the last is not full"]
         if pack.mode == "bfd" and row.packed_rows > row.padded_layout_rows:
             return [f"{prefix}.tokens.npy: {row.packed_rows} rows, more than one document per row would take"]
         if pack.mode == "window":
             return _check_windows(store, row, pack, np.asarray(rows), offsets, real)
+    return []
+
+
+def _check_packed_loss(store: Store, prefix: str, shape: tuple, row) -> list[str]:
+    rel = prefix + LOSS_SUFFIX
+    if not store.exists(rel):
+        return [f"{rel}: missing"]
+    with store.local_copies(rel) as (path,):
+        loss = np.load(path, mmap_mode="r")
+        if loss.shape != shape or loss.max(initial=0) > 1 or int(loss.sum()) > row.supervised_tokens:
+            return [f"{rel}: not a 0 or 1 per packed token, at most the {row.supervised_tokens} supervised tokens"]
+    if row.packed_rows > row.padded_layout_rows:
+        return [f"{prefix}.tokens.npy: {row.packed_rows} rows, more than one conversation per row would take"]
     return []
 
 
@@ -359,7 +399,7 @@ class Referencing:
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Referencing:
         return cls(
             config.output.store(),
-            {name: source.read_options() for name, source in config.inputs().items()},
+            reading(config, tokenizer),
             {name: config.streams(name) for name in config.inputs()},
             dict(config.split),
             tokenizer,
@@ -425,11 +465,11 @@ def _from_shard(run: Referencing, item: ReferenceItem, rng: np.random.Generator)
     found, position, counters = [], 0, np.zeros(len(names), np.int64)
     for batch, _ in read_documents(item.shard.pieces, run.reading[item.shard.mix_source], columnar=True):
         splits = assign_splits(batch.ids, run.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
-        texts = batch.text_values()
+        texts = batch.text_values() if batch.chats is None else batch.chats  # a conversation with its spans
         for i in positions[(positions >= position) & (positions < position + len(batch))] - position:
             split = splits[i]
             index = counters[split] + np.count_nonzero(splits[:i] == split)
-            found.append((names[split], shard_id, int(index), str(texts[i])))
+            found.append((names[split], shard_id, int(index), texts[i] if batch.chats is not None else str(texts[i])))
         counters += np.bincount(splits, minlength=len(names))
         position += len(batch)
     return found
@@ -439,29 +479,45 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
     """One shard's sampled documents (an item of `reference_items`) re-read from the input, their stored ids
     checked (on a worker, whose reference is loaded): they equal the reference's (HF tokenizers) encoding, and
     they decode to the source text (after the tokenizer's own normalization; documents that the tokenizer
-    itself cannot round-trip are skipped). `{"documents", "wrong", "undecodable"}`, the last two naming files."""
+    itself cannot round-trip are skipped). A conversation's stored loss mask is checked too: its masked-in
+    tokens decode to exactly the assistant's contents and end-of-turns (`chat.mask_problems`).
+    `{"documents", "wrong", "undecodable", "masks"}`, the last three naming files."""
     store, sample = run.store, sampled_documents(run, item)
     tok = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf").tokenizer
     normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
-    expected = tok.encode_batch_fast([text for *_, text in sample], add_special_tokens=False)
-    head, tail = int(run.bos), int(run.eod)
-    wrong, undecodable = [], []
+    conversations = [isinstance(text, RenderedChat) for *_, text in sample]
+    texts = [text.text if chat else text for (*_, text), chat in zip(sample, conversations, strict=True)]
+    expected = tok.encode_batch(texts, add_special_tokens=False) if any(conversations) else (
+        tok.encode_batch_fast(texts, add_special_tokens=False)
+    )  # fmt: skip
+    wrong, undecodable, masks = [], [], []
     with ExitStack() as files:
-        readers: dict[str, MegatronReader] = {}
-        for (split, shard_id, index, text), reference in zip(sample, expected, strict=True):
+        readers: dict[str, tuple[MegatronReader, np.ndarray | None]] = {}
+        for (split, shard_id, index, text), reference, chat in zip(sample, expected, conversations, strict=True):
             prefix = layout.megatron_prefix(split, shard_id)
             if prefix not in readers:
                 bin_path, idx_path = files.enter_context(store.local_copies(prefix + ".bin", prefix + ".idx"))
-                readers[prefix] = MegatronReader(prefix, bin_path=bin_path, idx_path=idx_path)
-            stored = readers[prefix][index]
+                mask = None
+                if chat:
+                    (mask_path,) = files.enter_context(store.local_copies(layout.loss_mask_file(split, shard_id)))
+                    mask = np.memmap(mask_path, dtype=np.uint8, mode="r")
+                readers[prefix] = MegatronReader(prefix, bin_path=bin_path, idx_path=idx_path), mask
+            reader, mask = readers[prefix]
+            stored = reader[index]
+            head, tail = (0, 0) if chat else (int(run.bos), int(run.eod))  # a template places its own specials
             ids = stored[head : len(stored) - tail].tolist()
             if ids != reference.ids:
                 wrong.append(f"{prefix}.bin: document {index} differs from the reference (hf) encoding")
-            source = normalize(text)
+            elif chat:
+                start = int(reader.index.pointers[index]) // reader.tokens.dtype.itemsize
+                offsets = np.asarray(reference.offsets, dtype=np.int64).reshape(-1, 2)
+                found = mask_problems(tok, text, np.asarray(ids), offsets, mask[start : start + len(ids)])
+                masks += [f"{layout.loss_mask_file(split, shard_id)}: conversation {index}: {p}" for p in found]
+            source = normalize(text.text if chat else text)
             if tok.decode(ids, skip_special_tokens=False) != source:
                 if tok.decode(reference.ids, skip_special_tokens=False) == source:  # lossless, yet it differs
                     undecodable.append(f"{prefix}.bin: document {index} does not decode to its source text")
-    return {"documents": len(sample), "wrong": wrong, "undecodable": undecodable}
+    return {"documents": len(sample), "wrong": wrong, "undecodable": undecodable, "masks": masks}
 
 
 def reference_verdict(config: TokenmillConfig, checked: list[dict]) -> list[str]:
@@ -478,6 +534,8 @@ def reference_verdict(config: TokenmillConfig, checked: list[dict]) -> list[str]
         layout.REFERENCE_CHECK, {"documents": documents, "mismatches": len(wrong), "allowed_rate": allowed}
     )
     problems = undecodable[:10]
+    if masks := [m for c in checked for m in c.get("masks", ())]:  # a wrong loss mask is never allowed
+        problems += [f"{len(masks)} sampled conversations' loss masks are not their assistant turns", *masks[:10]]
     if rate > allowed:
         summary = f"{len(wrong)} of {documents} documents re-encoded with hf differ (allowed rate {allowed})"
         problems += [summary, *wrong[:10]]

@@ -13,6 +13,7 @@ import numpy as np
 from tokenmill.packers import Packed
 
 SUFFIXES = {"rows": ".tokens.npy", "cu_seqlens": ".cu_seqlens.npy", "row_offsets": ".row_offsets.npy"}
+LOSS_SUFFIX = ".loss.npy"  # conversations (input.chat): uint8 [n_rows, seq_len], 1 where the token carries loss
 
 
 def write_packed(files: dict[str, BinaryIO], packed: Packed) -> None:
@@ -35,6 +36,8 @@ class PackedReader:
         self.rows = np.load(rows, mmap_mode="r")
         self.cu_seqlens = np.load(cu_seqlens, mmap_mode="r")
         self.row_offsets = np.load(row_offsets, mmap_mode="r")
+        loss = Path(f"{prefix}{LOSS_SUFFIX}")  # conversations' rows only
+        self.loss = np.load(loss, mmap_mode="r") if paths is None and loss.exists() else None
 
     def __len__(self) -> int:
         return len(self.rows)

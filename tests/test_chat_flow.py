@@ -1,0 +1,198 @@
+"""Conversations through the real CLI, Prefect and Dask (docs/chat.md): the ids transformers' apply_chat_template
+gives, the loss mask its own `{% generation %}` template gives, validate's mask check on every conversation (and
+stopping on a planted wrong mask), bad records quarantined by file and line, conversations longer than a row
+dropped, truncated or split and counted, and the packed rows' objective the unpacked one."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import hashlib
+import json
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokenmill.formats.megatron import MegatronReader
+from tokenmill.formats.packed import PackedReader
+from tokenmill.loader import PackedSplit
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+PHI3, GRANITE = SHARED / "tokenizers" / "phi3-mini", SHARED / "tokenizers" / "granite-3.1"
+SGD = SHARED / "corpora" / "chat" / "sgd-dialogues" / "sgd_train_messages.jsonl.gz"
+CONVERSATIONS = 150
+TODAY = date(2026, 1, 15)
+
+
+@pytest.fixture(scope="module")
+def sgd(tmp_path_factory) -> Path:
+    """The first CONVERSATIONS dialogues of sgd-dialogues (see its SOURCE.md), as JSONL."""
+    path = tmp_path_factory.mktemp("sgd") / "sgd.jsonl"
+    with gzip.open(SGD, "rt") as f:
+        path.write_text("".join(next(f) for _ in range(CONVERSATIONS)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def transformers_tokenizers():
+    """transformers' own tokenizers, with the date its templates write pinned to TODAY."""
+    from transformers import AutoTokenizer
+    from transformers.utils import chat_template_utils as rendering
+
+    class _Today(rendering.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(TODAY.year, TODAY.month, TODAY.day)
+
+    clock, rendering.datetime = rendering.datetime, _Today  # strftime_now reads `datetime` when it runs
+    yield {directory: AutoTokenizer.from_pretrained(str(directory)) for directory in (PHI3, GRANITE)}
+    rendering.datetime = clock
+
+
+def chat_config(tmp_path: Path, paths: list[Path], tokenizer: Path, **chat) -> Path:
+    config = {
+        "name": "chat",
+        "input": {"paths": [str(p) for p in paths], "chat": chat},
+        "tokenizer": {"path": str(tokenizer), "eod": "auto", "check_fraction": 1.0},  # validate checks each one
+        "pack": {"seq_len": 1024},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    path = tmp_path / "chat.yaml"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def documents(out: Path, split: str = "train") -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each conversation's stored ids and loss mask, in order."""
+    prefix = out / "megatron" / split / "shard-00000"
+    reader = MegatronReader(prefix)
+    mask = np.fromfile(f"{prefix}.loss_mask.bin", dtype=np.uint8)
+    starts = np.concatenate(([0], np.cumsum(reader.index.lengths)))
+    return [reader[i] for i in range(len(reader))], [mask[a:b] for a, b in zip(starts[:-1], starts[1:], strict=True)]
+
+
+def test_ids_are_apply_chat_templates_and_the_mask_its_generation_tagged_templates(
+    run_cli, sgd, tmp_path, transformers_tokenizers
+):
+    """phi3's template has no {% generation %} tags; TRL's phi3_training.jinja is the same template with them, and
+    its assistant mask is what transformers trains on: tokenmill's mask, found without tags, is that one."""
+    run_cli("run", str(chat_config(tmp_path, [sgd], PHI3)))
+    out = tmp_path / "out"
+    ids, masks = documents(out)
+    theirs, tagged = transformers_tokenizers[PHI3], (PHI3 / "phi3_training.jinja").read_text()
+    records = [json.loads(line) for line in sgd.read_text().splitlines()]
+    assert len(ids) == len(records) == CONVERSATIONS
+    for record, stored, mask in zip(records, ids, masks, strict=True):
+        encoded = theirs.apply_chat_template(
+            record["messages"], chat_template=tagged, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        assert stored.tolist() == theirs.apply_chat_template(record["messages"], tokenize=True)["input_ids"]
+        assert stored.tolist() == encoded["input_ids"]
+        assert mask.tolist() == encoded["assistant_masks"]
+    split, loss = PackedSplit(out, "train"), np.load(out / "packed" / "train" / "shard-00000.loss.npy")
+    samples = [split[i] for i in range(len(split))]
+    assert sum(int((s["labels"] != -100).sum()) for s in samples) == int(loss.sum())  # the loader's labels: the mask's
+    check = json.loads((out / "_work" / "reference_check.json").read_text())
+    assert check["documents"] == CONVERSATIONS and check["mismatches"] == 0  # each mask decoded and checked
+    manifest = json.loads((out / "manifest.json").read_text())
+    train = manifest["splits"]["train"]
+    assert train["supervised_tokens"] == sum(int(m.sum()) for m in masks)
+    assert 0.3 < train["supervised_share"] < 0.7
+
+
+def test_a_template_that_writes_the_date_renders_the_pinned_one(run_cli, sgd, tmp_path, transformers_tokenizers):
+    """Granite's template writes today's date into its default system prompt: without `chat.date` the run is
+    refused (its tokens would change every day); with it, the ids are transformers' on that date."""
+    template = GRANITE / "granite_3_1_chat_template.jinja"
+    refused = run_cli("run", str(chat_config(tmp_path, [sgd], GRANITE, template=str(template))), check=False)
+    assert refused.returncode != 0 and "strftime_now" in refused.stderr and "input.chat.date" in refused.stderr
+    run_cli("run", str(chat_config(tmp_path, [sgd], GRANITE, template=str(template), date=TODAY.isoformat())))
+    ids, masks = documents(tmp_path / "out")
+    theirs = transformers_tokenizers[GRANITE]
+    for line, stored in zip(sgd.read_text().splitlines(), ids, strict=True):
+        messages = json.loads(line)["messages"]
+        assert stored.tolist() == theirs.apply_chat_template(messages, chat_template=template.read_text())["input_ids"]
+    assert all(0 < m.sum() < len(m) for m in masks)
+
+
+def objective(tokens: list[np.ndarray], masks: list[np.ndarray]) -> collections.Counter:
+    """The multiset of what the loss is computed on: (the conversation, the position, the target token) for each
+    target that carries loss, its context being the conversation's tokens before it."""
+    pairs = collections.Counter()
+    for ids, mask in zip(tokens, masks, strict=True):
+        conversation = hashlib.sha256(ids.astype(np.int64).tobytes()).hexdigest()
+        pairs.update((conversation, int(t), int(ids[t])) for t in np.flatnonzero(mask) if t > 0)
+    return pairs
+
+
+def packed_conversations(out: Path, split: str = "train") -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The conversations of the packed rows (cut at their cu_seqlens), with the packed loss mask alike."""
+    prefix = out / "packed" / split / "shard-00000"
+    packed, loss = PackedReader(prefix), np.load(f"{prefix}.loss.npy")
+    tokens, masks = [], []
+    for i in range(len(packed)):
+        row, cu = packed[i]
+        for a, b in zip(cu[:-1], cu[1:], strict=True):
+            tokens.append(row[a:b])
+            masks.append(loss[i, a:b])
+    return tokens, masks
+
+
+@pytest.mark.parametrize("policy", ["drop", "truncate", "split"])
+def test_conversations_longer_than_a_row_are_counted_and_packing_keeps_the_objective(run_cli, sgd, tmp_path, policy):
+    """With rows shorter than many conversations: each policy counts them, the stats reconcile (validate), and
+    the packed rows' loss is the unpacked conversations' (as the policy made them), no token's loss across a
+    boundary; a changed seq_len or policy reuses the tokenized shard."""
+    config = chat_config(tmp_path, [sgd], PHI3)
+    run_cli("run", str(config))
+    result = run_cli("run", str(config), "--set", "pack.seq_len=256", "--set", f"pack.too_long={policy}")
+    assert "(1 reused)" in result.stdout  # only the packing was redone
+    out = tmp_path / "out"
+    ids, masks = documents(out)
+    longer = [(i, m) for i, m in zip(ids, masks, strict=True) if len(i) > 256]
+    train = json.loads((out / "manifest.json").read_text())["splits"]["train"]
+    assert train["too_long"] == len(longer) > 0
+    if policy == "drop":
+        kept = [(i, m) for i, m in zip(ids, masks, strict=True) if len(i) <= 256]
+    elif policy == "truncate":
+        kept = [(i[:256], m[:256]) for i, m in zip(ids, masks, strict=True)]
+    else:
+        kept = [
+            (i[a : a + 256], m[a : a + 256]) for i, m in zip(ids, masks, strict=True) for a in range(0, len(i), 256)
+        ]
+    assert train["tokens_cut"] == sum(map(len, ids)) - sum(len(i) for i, _ in kept)
+    packed_ids, packed_masks = packed_conversations(out)
+    assert sorted(map(bytes, packed_ids)) == sorted(bytes(i) for i, _ in kept)
+    assert objective(packed_ids, packed_masks) == objective(*zip(*kept, strict=True))
+    assert all(m[0] == 0 for m in packed_masks)  # a conversation's first token is nobody's target
+
+
+def test_bad_records_are_quarantined_by_file_line_and_field(run_cli, sgd, tmp_path):
+    good = json.loads(sgd.read_text().splitlines()[0])
+    records = [
+        good,
+        {"id": "no-messages", "text": "hello"},
+        {"messages": [{"role": "human", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 7}]},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}, good["messages"][1]]},
+    ]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    run_cli("run", str(chat_config(tmp_path, [path], PHI3)))
+    rejects = [
+        json.loads(line) for line in (tmp_path / "out" / "rejects" / "shard-00000.jsonl").read_text().splitlines()
+    ]
+    reasons = {r["line"]: r["reason"] for r in rejects}
+    assert {r["file"] for r in rejects} == {"bad.jsonl"}
+    assert reasons[2] == "no 'messages': a list of turns"
+    assert "messages[0]: unknown role 'human'" in reasons[3]
+    assert "messages[1]: an empty assistant turn" in reasons[4]
+    assert "messages[1]: content is int, not a string" in reasons[5]
+    assert "renders message 1 (tool) 0 times" in reasons[6]  # phi3's template drops tool turns: not a hole
+    assert len(documents(tmp_path / "out")[0]) == 1
+    failed = run_cli("run", str(chat_config(tmp_path, [path], PHI3)), "--set", "input.on_invalid=fail",
+                     "--set", f"output.path={tmp_path / 'fail'}", check=False)  # fmt: skip
+    assert failed.returncode != 0 and "bad.jsonl, line 2: no 'messages'" in failed.stderr
