@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup postgres chromium slurm demo test docs lint format bench faults slow clean
+.PHONY: setup postgres chromium slurm demo test docs lint format bench faults slow trainers clean
 
 $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,17 @@ faults: setup
 # worker jobs reaching their walltime (tests/test_slurm.py). Root; about 8 minutes, one test at a time.
 slow: setup slurm
 	$(BIN)/python -m pytest -m slow -n 0
+
+# The trainers that cannot share the test venv (marked trainers): OLMo-core (ai2-olmo-core) wants a
+# huggingface-hub older than transformers 5's. Its venv sees the test venv's packages (torch among them) through
+# a .pth, behind its own.
+TRAINERS := .venv-trainers
+trainers: setup
+	test -x $(TRAINERS)/bin/python || $(PYTHON) -m venv $(TRAINERS)
+	echo "$(abspath $(VENV))/lib/python3.11/site-packages" > $(TRAINERS)/lib/python3.11/site-packages/zz_tokenmill.pth
+	echo "torch==2.13.0" > $(TRAINERS)/constraints.txt
+	$(TRAINERS)/bin/python -m pip install -q -c $(TRAINERS)/constraints.txt "ai2-olmo-core>=3.0"
+	$(TRAINERS)/bin/python -m pytest -m trainers -n 0 tests/test_chat_trainers.py
 
 clean:
 	rm -rf out site .pytest_cache .ruff_cache

@@ -13,6 +13,7 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from tokenmill.formats.megatron import MegatronReader
@@ -196,3 +197,67 @@ def test_bad_records_are_quarantined_by_file_line_and_field(run_cli, sgd, tmp_pa
     failed = run_cli("run", str(chat_config(tmp_path, [path], PHI3)), "--set", "input.on_invalid=fail",
                      "--set", f"output.path={tmp_path / 'fail'}", check=False)  # fmt: skip
     assert failed.returncode != 0 and "bad.jsonl, line 2: no 'messages'" in failed.stderr
+
+
+@pytest.mark.parametrize("planted", ["all ones", "one token later"])
+def test_validate_stops_on_a_planted_wrong_mask(run_cli, sgd, tmp_path, planted):
+    """A mask of all ones (what Megatron-Bridge falls back to) or shifted by one token, with stats made to agree
+    with it: only decoding the masked-in tokens can tell, and validate does, naming the file, so nothing is
+    published."""
+    from tokenmill.config import load_config
+    from tokenmill.plan import Plan
+    from tokenmill.stats import COLUMNS, ValidationFailed
+    from tokenmill.train_tokenizer import install_pretrained
+    from tokenmill.validate import validate
+
+    path = chat_config(tmp_path, [sgd], PHI3)
+    run_cli("run", str(path))
+    config = load_config(path)
+    store, mask_file = config.output.store(), tmp_path / "out" / "megatron" / "train" / "shard-00000.loss_mask.bin"
+    table = pd.DataFrame(json.loads((tmp_path / "out" / "stats.json").read_text()))[COLUMNS]
+    tokenizer, plan = install_pretrained(config), Plan.read(store)
+    validate(config, plan, tokenizer, table)  # as the run left it: sound
+    mask = np.fromfile(mask_file, dtype=np.uint8)
+    wrong = np.ones_like(mask) if planted == "all ones" else np.roll(mask, 1)
+    mask_file.write_bytes(wrong.tobytes())
+    table.loc[table.split == "train", "supervised_tokens"] = int(wrong.sum())
+    with pytest.raises(ValidationFailed, match="loss masks are not their assistant turns") as failed:
+        validate(config, plan, tokenizer, table)
+    assert "megatron/train/shard-00000.loss_mask.bin: conversation" in str(failed.value)
+
+
+def test_a_chat_source_mixed_with_text_is_drawn_in_its_share(run_cli, sgd, tmp_path):
+    """Conversations beside pretraining text in one mixture, one tokenizer: the packed loader's mix draws each
+    source's real tokens within 1% of its resolved share, the conversations with their loss masks."""
+    from tokenmill.loader import PackedSplit
+
+    config = {
+        "name": "sft-mix",
+        "sources": [
+            {"name": "chat", "input": {"paths": [str(sgd)], "chat": {}}, "weight": 0.3},
+            {"name": "wiki", "input": {"paths": [str(Path("examples/data/wikitext2_raw_test.jsonl").absolute())]},
+             "weight": 0.7},
+        ],
+        "tokenizer": {"path": str(PHI3), "eod": "auto"},
+        "pack": {"mode": "concat", "seq_len": 1024},
+        "output": {"path": str(tmp_path / "out")},
+    }  # fmt: skip
+    path = tmp_path / "mix.yaml"
+    path.write_text(json.dumps(config))
+    run_cli("run", str(path))
+    out = tmp_path / "out"
+    manifest = json.loads((out / "manifest.json").read_text())
+    shares = {name: s["share"] for name, s in manifest["mix"]["sources"].items()}
+    assert shares == pytest.approx({"chat": 0.3, "wiki": 0.7})
+    plan = json.loads((out / "plan.json").read_text())
+    source_of = {s["shard_id"]: s["mix_source"] for s in plan["shards"]}
+    mixed, index = PackedSplit(out, "train"), np.load(out / "mix" / "packed" / "train.npy")
+    drawn = collections.Counter()
+    for i, (shard, _) in enumerate(index):
+        _, boundaries = mixed.row(i)
+        drawn[source_of[int(shard)]] += int(boundaries[-1])  # the row's real tokens
+        if source_of[int(shard)] == "chat":  # its labels follow its loss mask: fewer than its tokens
+            assert (mixed[i]["labels"] != -100).sum() < boundaries[-1]
+    total = sum(drawn.values())
+    for name, share in shares.items():
+        assert drawn[name] / total == pytest.approx(share, rel=0.01), drawn

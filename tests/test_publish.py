@@ -212,7 +212,8 @@ def test_files_past_shard_99999_are_listed_in_path_order(tmp_path):
         prefix = layout.megatron_prefix("train", shard_id)
         recorded = {f"{prefix}.{ext}": {"bytes": shard_id, "sha256": ext * 8} for ext in ("bin", "idx")}
         commit(store, "tokenize", shard_id, "key", {}, recorded)
-    row = {"documents": 1, "packed_rows": 0, "llmc_files": 0, "rejected": 0, "split": "train"}
+    row = {"documents": 1, "packed_rows": 0, "llmc_files": 0, "rejected": 0, "split": "train",
+           "supervised_tokens": -1, "trainer_files": 0}  # fmt: skip
     table = pd.DataFrame([{"shard_id": shard_id, **row} for shard_id in ids])
     with Files() as files:
         spool_files(store, table, files)

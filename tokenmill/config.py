@@ -435,11 +435,12 @@ class OutputConfig(_Section):
     path: str = Field(description="Local directory or s3://bucket/prefix where the run builds the dataset.")
     storage: StorageConfig = Field(StorageConfig(), description="Credentials and endpoint for an s3:// output path.")
     publish: PublishConfig = Field(PublishConfig(), description="Where the finished dataset is published, versioned.")
-    formats: list[Literal["megatron", "packed", "llmc"]] = Field(
+    formats: list[Literal["megatron", "packed", "llmc", "trl", "megatron_bridge", "olmo"]] = Field(
         default_factory=lambda: ["megatron", "packed"],
         description="megatron: .bin/.idx per shard and split (always written: every other format is made "
         "from it); packed: packed rows as .npy (unless pack.mode is none); llmc: flat token shards as "
-        "nanoGPT/llm.c read them.",
+        "nanoGPT/llm.c read them; olmo: OLMo-core's numpy token files with their documents' .csv.gz; trl, "
+        "megatron_bridge: conversations (input.chat) as TRL's and Megatron-Bridge's Parquet (docs/chat.md).",
     )
     llmc_shard_tokens: int = Field(
         100_000_000, ge=1, lt=2**31, description="Most tokens per llm.c file (its header counts them in an int32)."
@@ -462,7 +463,14 @@ class OutputConfig(_Section):
     def _megatron_always(cls, formats: list[str]) -> list[str]:
         if "megatron" not in formats:
             raise ValueError("output.formats must include megatron: the pack stage makes every other format from it")
+        if {"trl", "megatron_bridge"} & set(formats) and "packed" not in formats:
+            raise ValueError(
+                "output.formats trl and megatron_bridge are made while conversations are packed: add packed"
+            )
         return sorted(set(formats), key=formats.index)
+
+
+TRAINER_FORMATS = ("trl", "megatron_bridge", "olmo")  # output.formats written in a trainer's own layout
 
 
 class AdaptiveConfig(_Section):
@@ -599,6 +607,10 @@ class TokenmillConfig(_Section):
             raise ValueError("partition.shuffle shuffles one corpus; a mixture is shuffled by its mix (mix.seed)")
         if self.has_chat() and self.tokenizer.train is not None:
             raise ValueError("a chat input is rendered with the model's own chat template: give tokenizer.path")
+        if {"trl", "megatron_bridge"} & set(self.output.formats) and not self.has_chat():
+            raise ValueError("output.formats trl and megatron_bridge hold conversations: they need an input.chat")
+        if self.has_chat() and self.pack.mode == "none" and "packed" in self.output.formats:
+            raise ValueError("a chat input's conversations are packed whole: set pack.mode (any but none) for seq_len")
         if self.has_chat() and self.partition.shuffle:
             raise ValueError(
                 "partition.shuffle: not for a chat input (the packed rows' shuffle index shuffles its conversations)"

@@ -40,6 +40,12 @@ def packed_prefix(split: str, shard_id: int) -> str:
     return f"packed/{split}/{shard_name(shard_id)}"
 
 
+def trainer_file(format: str, split: str, shard_id: int) -> str:
+    """A shard's split in a trainer's own layout (`formats.sft`): `trl/`, `megatron_bridge/` Parquet, `olmo/` tokens."""
+    suffix = ".npy" if format == "olmo" else ".parquet"
+    return f"{format}/{split}/{shard_name(shard_id)}{suffix}"
+
+
 def mix_merged_prefix(split: str, source: str) -> str:
     """A mixture source's documents of a (validation or test) split as one Megatron dataset."""
     return f"mix/megatron/{split}/{source}"
@@ -89,6 +95,9 @@ def reserve_file(shard_id: int) -> str:
 _SHARD_FILE = re.compile(
     r"^(?P<family>megatron|packed)/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>bin|idx|loss_mask\.bin|tokens\.npy|cu_seqlens\.npy|row_offsets\.npy|loss\.npy)$"
 )
+_TRAINER_FILE = re.compile(
+    r"^(?P<format>trl|megatron_bridge|olmo)/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>parquet|npy|csv\.gz)$"
+)
 _KINDS = {
     "bin": "megatron-bin",
     "idx": "megatron-idx",
@@ -106,6 +115,9 @@ def describe(rel: str) -> dict:
         return {"kind": _KINDS[m["ext"]], "split": m["split"], "shard": int(m["shard"])}
     if m := re.match(r"^llmc/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)-\d+\.bin$", rel):
         return {"kind": "llmc", "split": m["split"], "shard": int(m["shard"])}
+    if m := _TRAINER_FILE.match(rel):
+        kind = {"parquet": m["format"].replace("_", "-"), "npy": "olmo-tokens", "csv.gz": "olmo-documents"}[m["ext"]]
+        return {"kind": kind, "split": m["split"], "shard": int(m["shard"])}
     if m := re.match(r"^packed/(?P<split>(?:[^/]+/)?[^/]+)/shuffle\.npy$", rel):
         return {"kind": "packed-shuffle", "split": m["split"], "shard": None}
     if m := re.match(r"^rejects/shard-(\d+)\.jsonl$", rel):

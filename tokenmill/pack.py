@@ -20,10 +20,11 @@ import pandas as pd
 
 from tokenmill import layout
 from tokenmill.commits import PACK, check, commit, pack_key, shard_key, tokenize_key
-from tokenmill.config import PackConfig, TokenmillConfig
+from tokenmill.config import TRAINER_FORMATS, PackConfig, TokenmillConfig
 from tokenmill.formats.llmc import llmc_dtype, shard_bounds, write_llmc
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, write_packed, write_shuffle_index
+from tokenmill.formats.sft import olmo_documents, write_megatron_bridge, write_trl
 from tokenmill.packers import (
     fit_conversations,
     global_shuffle_index,
@@ -49,6 +50,7 @@ class Packing:
     pad_id: int
     llmc_shard_tokens: int | None  # the tokens of an llm.c file; None: no llm.c files are written
     vocab_size: int
+    trainers: tuple[str, ...] = ()  # the trainers' layouts asked for (`TRAINER_FORMATS` in output.formats)
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Packing:
@@ -60,6 +62,7 @@ class Packing:
             pad_id(config, tokenizer),
             config.output.llmc_shard_tokens if "llmc" in config.output.formats else None,
             tokenizer.vocab_size,
+            tuple(f for f in config.output.formats if f in TRAINER_FORMATS),
         )
 
 
@@ -76,7 +79,7 @@ def pack_shard(run: Packing, tokenized: Tokenized) -> Packed:
     for split, counts in tokenized.splits.items():
         stats = dict(NOTHING_PACKED)
         splits[split] = stats
-        if counts["documents"] == 0 or (run.pack is None and run.llmc_shard_tokens is None):
+        if counts["documents"] == 0 or (run.pack is None and run.llmc_shard_tokens is None and not run.trainers):
             continue
         source = layout.megatron_prefix(split, shard_id)
         with store.local_copies(source + ".bin", source + ".idx") as (bin_path, idx_path):
@@ -90,6 +93,8 @@ def pack_shard(run: Packing, tokenized: Tokenized) -> Packed:
                 stats |= {"rows": len(packed.rows), "real_tokens": packed.real_tokens, "pad_tokens": packed.pad_tokens}
                 stats["padded_layout_rows"] = padded_layout_rows(lengths, run.pack.seq_len)
                 del packed
+            if "olmo" in run.trainers:
+                stats["trainer_files"] += write_olmo(store, split, shard_id, tokens, lengths, files)
             if run.llmc_shard_tokens is not None:
                 parts = shard_bounds(len(tokens), run.llmc_shard_tokens)
                 for part, (start, end) in enumerate(parts):
@@ -125,7 +130,14 @@ def pack_conversations_of(
     packed = pack_conversations(fitted.tokens, fitted.masks, fitted.lengths, seq_len, run.pad_id)
     write_packed_files(store, split, shard_id, packed.packed, files, packed.loss)
     rows = packed.packed
+    if "trl" in run.trainers:
+        with store.writing(layout.trainer_file("trl", split, shard_id), files) as tmp:
+            write_trl(tmp, fitted.tokens, fitted.masks, fitted.lengths)
+    if "megatron_bridge" in run.trainers:
+        with store.writing(layout.trainer_file("megatron_bridge", split, shard_id), files) as tmp:
+            write_megatron_bridge(tmp, rows.rows, rows.cu_seqlens, rows.row_offsets, packed.loss)
     return {
+        "trainer_files": sum(f in run.trainers for f in ("trl", "megatron_bridge")),
         "rows": len(rows.rows),
         "real_tokens": rows.real_tokens,
         "pad_tokens": rows.pad_tokens,
@@ -133,6 +145,15 @@ def pack_conversations_of(
         "too_long": fitted.longer,
         "tokens_cut": fitted.tokens_lost,
     }
+
+
+def write_olmo(store: Store, split: str, shard_id: int, tokens: np.ndarray, lengths: np.ndarray, files: dict) -> int:
+    """A split's tokens as OLMo-core's numpy token file, and its documents' `.csv.gz` (`formats.sft`): 2 files."""
+    rel = layout.trainer_file("olmo", split, shard_id)
+    with store.writing(rel, files) as tmp:
+        np.asarray(tokens).tofile(tmp)
+    store.write_bytes(rel.removesuffix(".npy") + ".csv.gz", olmo_documents(lengths, layout.shard_name(shard_id)), files)
+    return 2
 
 
 def write_shuffle_indexes(config: TokenmillConfig, table: pd.DataFrame) -> dict[str, int]:

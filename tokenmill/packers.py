@@ -383,7 +383,7 @@ def writes_packed(config: TokenmillConfig) -> bool:
 
 def writes_files(config: TokenmillConfig) -> bool:
     """The pack stage has something to write (packed rows or llm.c files); without it the stage is skipped."""
-    return writes_packed(config) or "llmc" in config.output.formats
+    return writes_packed(config) or "llmc" in config.output.formats or "olmo" in config.output.formats
 
 
 def pad_id(config: TokenmillConfig, tokenizer: TokenizerInfo) -> int:

@@ -38,6 +38,7 @@ def shard_file_counts(table: pd.DataFrame) -> pd.Series:
     conversations = table.supervised_tokens >= 0
     megatron = (2 + conversations) * (table.documents > 0)
     per_row = megatron + (len(SUFFIXES) + conversations) * (table.packed_rows > 0) + table.llmc_files
+    per_row += table.trainer_files
     return per_row.groupby(table.shard_id).sum() + (table.rejected.groupby(table.shard_id).first() > 0)
 
 

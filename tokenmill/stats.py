@@ -17,10 +17,11 @@ from tokenmill.storage import Store
 
 # supervised_tokens: of a conversations' split (input.chat), the tokens that carry loss, else -1; too_long and
 # tokens_cut: its conversations longer than a packed row (dropped, truncated or split: pack.too_long), and the
-# tokens left out of the packed rows
+# tokens left out of the packed rows; trainer_files: the files of the trainers' layouts (output.formats: trl,
+# megatron_bridge, olmo)
 COLUMNS = ["shard_id", "split", "documents_in", "rejected", "documents", "tokens", "max_token_id",
            "packed_rows", "packed_real_tokens", "packed_pad_tokens", "padded_layout_rows", "llmc_files",
-           "supervised_tokens", "too_long", "tokens_cut"]  # fmt: skip
+           "supervised_tokens", "too_long", "tokens_cut", "trainer_files"]  # fmt: skip
 
 
 _NOT_PACKED = {"rows": -1, "real_tokens": -1, "pad_tokens": -1, "padded_layout_rows": -1, "llmc_files": -1}
@@ -117,6 +118,7 @@ def stats_rows(tokenized: Tokenized, packed: Packed) -> list[tuple]:
                 c.get("supervised", -1),
                 p.get("too_long", 0),
                 p.get("tokens_cut", 0),
+                p.get("trainer_files", 0),
             )
         )
     return rows
@@ -159,7 +161,9 @@ class StatsColumns:
         return pd.DataFrame(columns, columns=COLUMNS).sort_values(["shard_id", "split"], ignore_index=True)
 
 
-NOTHING_PACKED = {"rows": 0, "real_tokens": 0, "pad_tokens": 0, "padded_layout_rows": 0, "llmc_files": 0}
+NOTHING_PACKED = {
+    "rows": 0, "real_tokens": 0, "pad_tokens": 0, "padded_layout_rows": 0, "llmc_files": 0, "trainer_files": 0
+}  # fmt: skip
 
 
 def skipped(tokenized: Tokenized) -> Packed:

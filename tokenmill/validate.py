@@ -10,6 +10,7 @@ decode back to their text.
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -25,7 +26,7 @@ import pyarrow as pa
 from tokenmill import layout
 from tokenmill.chat import RenderedChat, mask_problems
 from tokenmill.commits import TOKENIZE, marker
-from tokenmill.config import PackConfig, TokenmillConfig
+from tokenmill.config import TRAINER_FORMATS, PackConfig, TokenmillConfig
 from tokenmill.encoders import loaded_backend
 from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
 from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
@@ -102,6 +103,7 @@ def stats_schema(
             "supervised_tokens": pa.Column(int, pa.Check.ge(-1)),  # -1: not conversations
             "too_long": pa.Column(int, nonneg),
             "tokens_cut": pa.Column(int, nonneg),
+            "trainer_files": pa.Column(int, nonneg),
         },
         checks=[
             pa.Check(per_shard_reconciles, error="documents_in != documents out + rejected"),
@@ -590,6 +592,7 @@ class Checking:
     pack: PackConfig | None  # how rows were packed; None: no packed rows
     pad_id: int
     llmc_shard_tokens: int | None  # the tokens of an llm.c file; None: no llm.c files
+    trainers: tuple[str, ...] = ()  # the trainers' layouts written (TRAINER_FORMATS in output.formats)
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Checking:
@@ -601,6 +604,7 @@ class Checking:
             config.pack if writes_packed(config) else None,
             pack_pad_id(config, tokenizer),
             config.output.llmc_shard_tokens if "llmc" in config.output.formats else None,
+            tuple(f for f in config.output.formats if f in TRAINER_FORMATS),
         )
 
 
@@ -614,6 +618,40 @@ def check_shard(run: Checking, shard: ShardFiles) -> list[str]:
             problems += _check_packed(run.store, row, run.pack, run.pad_id)
         if run.llmc_shard_tokens is not None:
             problems += _check_llmc(run.store, row, run.llmc_shard_tokens, llmc_dtype(run.vocab_size))
+        if run.trainers and row.documents:
+            problems += _check_trainer_files(run.store, row, run.trainers, dtype)
+    return problems
+
+
+def _check_trainer_files(store: Store, row, trainers: tuple[str, ...], dtype: np.dtype) -> list[str]:
+    """The trainers' layouts of a shard's split (`formats.sft`) against its stats: OLMo's tokens are the Megatron
+    file's, one line per document; TRL's rows are the conversations the packed rows hold, Megatron-Bridge's the
+    packed rows, each with the packed tokens and their loss."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    problems, conversations = [], row.supervised_tokens >= 0
+    wanted = [f for f in trainers if f == "olmo" or (conversations and row.packed_rows > 0)]
+    if sum(2 if f == "olmo" else 1 for f in wanted) != row.trainer_files:  # olmo: tokens and documents
+        return [f"{layout.shard_name(row.shard_id)} {row.split}: {row.trainer_files} trainer files, not {wanted}"]
+    for format in wanted:
+        rel = layout.trainer_file(format, row.split, row.shard_id)
+        if not store.exists(rel):
+            problems.append(f"{rel}: missing")
+        elif format == "olmo":
+            documents = rel.removesuffix(".npy") + ".csv.gz"
+            with store.local_copies(rel, documents) as (path, csv):
+                lines = gzip.decompress(csv.read_bytes()).count(b"\n")
+                if path.stat().st_size != row.tokens * dtype.itemsize or lines != row.documents:
+                    problems.append(f"{rel}: not the split's {row.tokens} tokens and {row.documents} documents")
+        else:
+            with store.local_copies(rel) as (path,):
+                table = pq.read_table(path)
+            column = "labels" if format == "trl" else "input_ids"
+            tokens = int(pc.sum(pc.list_value_length(table[column])).as_py() or 0)
+            rows = len(table) if format == "megatron_bridge" else None
+            if tokens != row.packed_real_tokens or rows not in (None, row.packed_rows):
+                problems.append(f"{rel}: {tokens} tokens in {len(table)} rows, stats say {row.packed_real_tokens}")
     return problems
 
 

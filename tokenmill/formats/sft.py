@@ -1,0 +1,74 @@
+"""Conversations and their loss masks in the layouts SFT trainers load as they are (docs/chat.md), and OLMo-core's
+token files. The mask is tokenmill's throughout: `mask[t]` is 1 where token t is a target that carries loss (the
+model predicts it from the tokens before it); each layout says it the way its trainer reads it.
+
+- TRL (`trl`): Parquet, a row per conversation: `input_ids`, `attention_mask`, and `labels`, the ids where they
+  carry loss and -100 elsewhere, aligned with `input_ids` (the model shifts them), as TRL's SFTTrainer and its
+  collator take them (`trl/trainer/sft_trainer.py`: a `labels` column is kept as it is).
+- Megatron-Bridge (`megatron_bridge`): Parquet, a row per packed row, as its `GPTSFTPackedParquetDataset` reads
+  them (`src/megatron/bridge/data/packing/parquet.py`): the row's conversations back to back, unpadded
+  (`input_ids`); `seq_start_id`, where each begins; `loss_mask` already shifted to the labels (position t says
+  whether the prediction of token t + 1 counts), as Bridge's own packer writes it.
+- OLMo-core (`olmo`): the tokens as a raw array named `.npy` (no header: what `np.memmap` maps, the `.bin`'s bytes),
+  and beside it a `.csv.gz` of each document's `start,end,id`, from which OLMo's numpy datasets take the
+  documents; a conversations' label mask is the Megatron `.loss_mask.bin` (`label_mask_paths`).
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+IGNORE_INDEX = -100
+
+
+def _lists(values: np.ndarray, lengths: np.ndarray, type: pa.DataType) -> pa.ListArray:
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=type))
+
+
+def write_trl(path: str | Path, tokens: np.ndarray, masks: np.ndarray, lengths: np.ndarray) -> None:
+    """Conversations (their tokens and masks back to back, and their lengths) as TRL's Parquet rows."""
+    tokens = np.asarray(tokens, dtype=np.int32)
+    labels = np.where(np.asarray(masks) == 1, tokens, IGNORE_INDEX).astype(np.int32)
+    table = pa.table(
+        {
+            "input_ids": _lists(tokens, lengths, pa.int32()),
+            "attention_mask": _lists(np.ones(len(tokens), np.int8), lengths, pa.int8()),
+            "labels": _lists(labels, lengths, pa.int32()),
+        }
+    )
+    pq.write_table(table, path, compression="zstd")
+
+
+def write_megatron_bridge(path: str | Path, rows: np.ndarray, cu_seqlens, row_offsets, loss: np.ndarray) -> None:
+    """Packed rows of conversations (`formats.packed`'s arrays and the packed loss mask) as Megatron-Bridge's packed
+    Parquet rows. A conversation's first token never carries loss once packed, so shifting the whole row's mask
+    left by one never carries a mask across a boundary."""
+    cu_seqlens, row_offsets = np.asarray(cu_seqlens, np.int64), np.asarray(row_offsets, np.int64)
+    real = cu_seqlens[row_offsets[1:] - 1]
+    kept = np.arange(rows.shape[1]) < real[:, None]
+    shifted = np.zeros_like(loss, dtype=np.int8)
+    shifted[:, :-1] = loss[:, 1:]
+    starts = np.ones(len(cu_seqlens), dtype=bool)
+    starts[row_offsets[1:] - 1] = False  # each row's last boundary is its length, not a start
+    table = pa.table(
+        {
+            "input_ids": _lists(np.asarray(rows)[kept].astype(np.int32), real, pa.int32()),
+            "loss_mask": _lists(shifted[kept], real, pa.int8()),
+            "seq_start_id": _lists(cu_seqlens[starts].astype(np.int32), np.diff(row_offsets) - 1, pa.int32()),
+        }
+    )
+    pq.write_table(table, path, compression="zstd")
+
+
+def olmo_documents(lengths: np.ndarray, name: str) -> bytes:
+    """OLMo-core's `.csv.gz` beside a token file: `start,end,id` per document (end exclusive; OLMo reads the first
+    two), the id `<shard>:<index>`."""
+    ends = np.cumsum(lengths)
+    lines = (f"{end - length},{end},{name}:{i}\n" for i, (end, length) in enumerate(zip(ends, lengths, strict=True)))
+    return gzip.compress("".join(lines).encode(), mtime=0)
