@@ -82,13 +82,15 @@ slow: setup slurm
 
 # The trainers that cannot share the test venv (marked trainers): OLMo-core (ai2-olmo-core) wants a
 # huggingface-hub older than transformers 5's. Its venv sees the test venv's packages (torch among them) through
-# a .pth, behind its own.
+# a .pth, behind its own; the tokenmill runs it tests are the test venv's.
 TRAINERS := .venv-trainers
 trainers: setup
 	test -x $(TRAINERS)/bin/python || $(PYTHON) -m venv $(TRAINERS)
 	echo "$(abspath $(VENV))/lib/python3.11/site-packages" > $(TRAINERS)/lib/python3.11/site-packages/zz_tokenmill.pth
 	echo "torch==2.13.0" > $(TRAINERS)/constraints.txt
 	$(TRAINERS)/bin/python -m pip install -q -c $(TRAINERS)/constraints.txt "ai2-olmo-core>=3.0"
+	# the commands the tests run (tokenmill, its Prefect server, its Dask cluster) are the test venv's own
+	for command in tokenmill prefect dask; do ln -sf $(abspath $(BIN))/$$command $(TRAINERS)/bin/$$command; done
 	$(TRAINERS)/bin/python -m pytest -m trainers -n 0 tests/test_chat_trainers.py
 
 clean:

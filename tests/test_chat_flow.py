@@ -98,6 +98,10 @@ def test_ids_are_apply_chat_templates_and_the_mask_its_generation_tagged_templat
     check = json.loads((out / "_work" / "reference_check.json").read_text())
     assert check["documents"] == CONVERSATIONS and check["mismatches"] == 0  # each mask decoded and checked
     manifest = json.loads((out / "manifest.json").read_text())
+    template = manifest["tokenizer"]["chat_templates"][""]  # the dataset carries the template it was rendered with
+    assert template["end_of_turn"] == "<|end|>\n" and template["date"] is None
+    config_template = json.loads((PHI3 / "tokenizer_config.json").read_text())["chat_template"]
+    assert (out / "chat" / "LATEST").exists() and (out / template["path"]).read_text() == config_template
     train = manifest["splits"]["train"]
     assert train["supervised_tokens"] == sum(int(m.sum()) for m in masks)
     assert 0.3 < train["supervised_share"] < 0.7
@@ -261,3 +265,27 @@ def test_a_chat_source_mixed_with_text_is_drawn_in_its_share(run_cli, sgd, tmp_p
     total = sum(drawn.values())
     for name, share in shares.items():
         assert drawn[name] / total == pytest.approx(share, rel=0.01), drawn
+
+
+def test_a_template_whose_assistant_turns_cannot_be_found_stops_the_run_before_any_shard(run_cli, sgd, tmp_path):
+    """A template that does not write the assistant's content as it is: no mask can be right, so none is made (not
+    all ones, not all zeros); the run stops naming the template and why."""
+    template = tmp_path / "hides.jinja"
+    template.write_text("{% for m in messages %}<|{{ m.role }}|>{{ 'OK' if m.role == 'assistant' else m.content }}"
+                        "<|end|>{% endfor %}")  # fmt: skip
+    result = run_cli("run", str(chat_config(tmp_path, [sgd], PHI3, template=str(template))), check=False)
+    assert result.returncode != 0
+    assert f"chat template {template}: an assistant content appears 0 times" in result.stderr
+    assert not (tmp_path / "out" / "megatron").exists()
+
+
+def test_the_bundled_chat_example_runs_as_a_newcomer_runs_it(run_cli, tmp_path):
+    """examples/chat.yaml, as the README says to run it: its report gives the supervised share of each split."""
+    result = run_cli("run", "examples/chat.yaml", "--set", f"output.path={tmp_path / 'out'}")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["counts"]["documents_out"] == 500 and manifest["counts"]["documents_rejected"] == 0
+    assert {f["kind"] for f in manifest["files"]} >= {"megatron-loss-mask", "packed-loss", "trl", "olmo-tokens"}
+    summary = (tmp_path / "out" / "report" / "summary.md").read_text()
+    share = manifest["splits"]["train"]["supervised_share"]
+    assert f"| train | {manifest['splits']['train']['documents']:,} |" in summary and f"{share:.2%}" in summary
+    assert "supervised share" in summary and result.returncode == 0

@@ -26,6 +26,11 @@ def renumbered(rel: str, shard_id: int, new_id: int) -> str:
     return rel.replace(shard_name(shard_id), shard_name(new_id), 1)
 
 
+def chat_template_file(source: str) -> str:
+    """The chat template a chat input's conversations were rendered with, as read (its source's name in a mixture)."""
+    return f"tokenizer/chat_template{f'.{source}' if source else ''}.jinja"
+
+
 def megatron_prefix(split: str, shard_id: int) -> str:
     return f"megatron/{split}/{shard_name(shard_id)}"
 

@@ -43,11 +43,28 @@ def shard_file_counts(table: pd.DataFrame) -> pd.Series:
 
 
 def other_files(store: Store, table: pd.DataFrame) -> list[str]:
-    """The dataset's files that are no shard's: the plan, the tokenizer, the stats, each split's shuffle index
-    where it has packed rows, the fertility report where there is one, and a mixture's files for the trainers."""
+    """The dataset's files that are no shard's: the plan, the tokenizer (and the chat templates its conversations
+    were rendered with), the stats, each split's shuffle index where it has packed rows, the fertility report
+    where there is one, and a mixture's files for the trainers."""
     shuffles = [layout.shuffle_file(split) for split, rows in table.groupby("split").packed_rows.sum().items() if rows]
     fertility = filter(store.exists, layout.FERTILITY_REPORT)
-    return [layout.PLAN, layout.TOKENIZER, layout.STATS, *shuffles, *fertility, *store.list(layout.MIX)]
+    templates = [rel for rel in store.list("tokenizer") if rel.endswith(".jinja")]
+    return [layout.PLAN, layout.TOKENIZER, *templates, layout.STATS, *shuffles, *fertility, *store.list(layout.MIX)]
+
+
+def chat_templates(tokenizer: TokenizerInfo) -> dict:
+    """The manifest's record of each chat input's template (by source; "" for a single input): its file in the
+    dataset, where it came from, its digest, the end-of-turn found in it and the date it writes."""
+    return {
+        source: {
+            "path": layout.chat_template_file(source),
+            "from": template.name,
+            "digest": template.digest(),
+            "end_of_turn": template.end_of_turn,
+            "date": None if template.today is None else template.today.isoformat(),
+        }
+        for source, template in tokenizer.chat
+    }
 
 
 def encoder_entry(store: Store) -> dict:
@@ -69,7 +86,8 @@ def dataset_version(config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInf
     if config.output.publish.version:
         return config.output.publish.version
     layout = [[s.shard_id, s.source] for s in plan.shards]
-    made_from = json.dumps([config.dataset_hash(), plan.inputs, tokenizer.sha256, layout])
+    templates = [template.digest() for _, template in tokenizer.chat]  # a changed chat template: a new version
+    made_from = json.dumps([config.dataset_hash(), plan.inputs, tokenizer.sha256, layout, *templates])
     return hashlib.sha256(made_from.encode()).hexdigest()[:16]
 
 
@@ -302,6 +320,7 @@ def publish(
             "bos_id": tokenizer.bos_id,
             "pad_id": tokenizer.pad_id,
             "trained": tokenizer.trained,
+            **({"chat_templates": chat_templates(tokenizer)} if tokenizer.chat else {}),
         },
         **encoder_entry(store),
         "dtype": token_dtype(tokenizer.vocab_size).name,

@@ -51,6 +51,8 @@ def install_pretrained(config: TokenmillConfig) -> TokenizerInfo:
         return info
     tokenizer = pretrained.parsed or Tokenizer.from_str(pretrained.data.decode())
     templates = tuple((name, chat_template(pretrained, name, chat, tokenizer)) for name, chat in chat_inputs.items())
+    for name, template in templates:  # the dataset carries what its conversations were rendered with
+        config.output.store().write_bytes(layout.chat_template_file(name), template.source.encode())
     return replace(info, chat=templates)
 
 
