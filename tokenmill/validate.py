@@ -35,7 +35,7 @@ from tokenmill.hashing import assign_splits
 from tokenmill.packers import pad_id as pack_pad_id
 from tokenmill.packers import writes_packed
 from tokenmill.plan import Columns, Plan, Shard, shard_ids
-from tokenmill.readers import Piece, ReadOptions, read_documents, schema_library
+from tokenmill.readers import BATCH_BYTES, Piece, ReadOptions, read_documents, schema_library
 from tokenmill.stats import COLUMNS, Tokenized, ValidationFailed, all_rejected, skipped, stats_rows
 from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer_info import TokenizerInfo, reading
@@ -340,6 +340,10 @@ def _check_shuffle(store: Store, split: str, split_rows: pd.DataFrame) -> list[s
 REFERENCE_SHARDS = 8  # the reference's sample spans at least this many shards (where there are): a block or so of each
 
 
+CONVERSATIONS_READ = 4  # see `_from_shard`
+SAMPLE_BATCH_BYTES = 1 << 20  # conversations read so: a shard's first ones are read (and rendered), not the rest
+
+
 @dataclass(frozen=True)
 class ReferenceItem:
     """A shard's part of the reference check's sample (`reference_items`)."""
@@ -461,11 +465,18 @@ def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator
 
 
 def _from_shard(run: Referencing, item: ReferenceItem, rng: np.random.Generator) -> list[tuple]:
-    """`sampled_documents` drawn uniformly from the whole shard, read as tokenize read it."""
+    """`sampled_documents` drawn uniformly from the whole shard, read as tokenize read it. Conversations are drawn
+    from the shard's first CONVERSATIONS_READ times the sample: reading one means rendering it again, and the whole
+    shard's would cost validate what the tokenize stage cost (a wrong mask is wrong in every conversation alike)."""
     shard_id, names = item.shard_id, run.streams[item.shard.mix_source]
-    positions = np.sort(rng.choice(item.documents, size=item.sample, replace=False))
+    options = run.reading[item.shard.mix_source]
+    drawn_from = min(item.documents, CONVERSATIONS_READ * item.sample) if options.conversations else item.documents
+    positions = np.sort(rng.choice(drawn_from, size=item.sample, replace=False))
     found, position, counters = [], 0, np.zeros(len(names), np.int64)
-    for batch, _ in read_documents(item.shard.pieces, run.reading[item.shard.mix_source], columnar=True):
+    batch_bytes = SAMPLE_BATCH_BYTES if options.conversations else BATCH_BYTES
+    for batch, _ in read_documents(item.shard.pieces, options, columnar=True, batch_bytes=batch_bytes):
+        if position >= drawn_from:
+            break
         splits = assign_splits(batch.ids, run.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
         texts = batch.text_values() if batch.chats is None else batch.chats  # a conversation with its spans
         for i in positions[(positions >= position) & (positions < position + len(batch))] - position:
