@@ -157,6 +157,33 @@ def test_a_template_whose_assistant_spans_cannot_be_told_is_refused_by_name(body
         chat.render_with_spans(template, conversation)
 
 
+def test_a_conversation_renders_once_where_its_shape_is_known_and_is_placed_as_if_it_were_not(reference):
+    """The layout of a shape of conversation is kept, so that the next one of that shape renders once. Its contents
+    are placed by it only where its text is exactly that layout with them in place: a template whose text depends
+    on the contents (a note after a user's question, which the sentinel, no question, does not get) is placed as
+    by a template that has seen nothing."""
+    _, tokenizer = ours("phi3", reference)
+    body = "{{ m['content'] }}{% if m['role'] == 'user' and '?' in m['content'] %} (a question){% endif %}"
+    source = PHI3_LIKE.replace("{{ BODY }}", body)
+
+    def template() -> chat.ChatTemplate:
+        return chat.ChatTemplate.probe("noting", source, {"eos_token": "<|endoftext|>"}, tokenizer, TODAY)
+
+    seen = template()
+    conversations = [
+        [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        for user, answer in (("Good morning", "Hello."), ("Good evening", "Hi."), ("Hi?", "Hello."))
+    ]
+    first, second = (chat.render_with_spans(seen, c) for c in conversations[:2])
+    assert len(seen.layouts) == 1 and [second.text[a:b] for a, b in second.contents] == ["Hi."]
+    assert first == chat.render_with_spans(template(), conversations[0])
+    assert second == chat.render_with_spans(template(), conversations[1])
+    third = chat.render_with_spans(seen, conversations[2])  # not the layout's text: placed by its own rendering
+    assert third == chat.render_with_spans(template(), conversations[2])
+    assert third.text.startswith("<|user|>\nHi? (a question)<|end|>")
+    assert third.text[slice(*third.contents[0])] == "Hello."
+
+
 def test_a_message_the_template_drops_is_refused_not_left_out(reference):
     """phi3's template renders no `tool` message: the function's result would be silently missing."""
     template, _ = ours("phi3", reference)

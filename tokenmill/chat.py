@@ -155,8 +155,14 @@ class ChatTemplate:
     def template(self) -> jinja2.Template:
         return compile_template(self.source, self.today)
 
+    @functools.cached_property
+    def layouts(self) -> dict[str, tuple[list[int], list[str]]]:
+        """The template's text around the contents of conversations of each shape seen (`_shape`), as `_layout`
+        found it: a conversation of a known shape is rendered once, not twice, where that text is its own."""
+        return {}
+
     def __getstate__(self) -> dict:
-        return {key: value for key, value in self.__dict__.items() if key != "template"}
+        return {key: value for key, value in self.__dict__.items() if key not in ("template", "layouts")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -363,8 +369,16 @@ def render_with_spans(
         raise ChatError(f"chat template {chat.name} refused the record: {type(e).__name__}: {e}") from None
     if mask == "all":
         return RenderedChat(text, [(0, len(text))], [(0, len(text))])
-    marked = [{**message, "content": SENTINEL.format(i)} for i, message in enumerate(given)]
-    placed = _placed(chat.name, _rendered(chat.template, marked, chat.variables, tools), text, messages)
+    shape = _shape(given, tools)
+    placed = _placed_as(chat.layouts.get(shape), text, messages)
+    if placed is None:
+        marked = [{**message, "content": SENTINEL.format(i)} for i, message in enumerate(given)]
+        layout = _layout(chat.name, _rendered(chat.template, marked, chat.variables, tools), messages)
+        placed = _placed_as(layout, text, messages)
+        if placed is None:
+            placed = _matched(chat.name, layout, text, messages)
+        elif len(chat.layouts) < MAX_LAYOUTS:
+            chat.layouts[shape] = layout
     turns = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
     spans, contents = [], []
     for i in turns[-1:] if mask == "last_assistant" else turns:
@@ -380,29 +394,55 @@ def render_with_spans(
     return RenderedChat(text, spans, contents)
 
 
-def _placed(name: str, marked: str, text: str, messages: list[dict]) -> dict[int, tuple[int, int]]:
-    """Where each message's content lies in `text`, given the rendering `marked` of the same conversation with
-    sentinels for contents. Each sentinel must appear once: a template that drops a message (phi3 drops `tool`
-    turns) is an error, not a conversation with a hole. Where the contents put in place of the sentinels are not
-    `text` (a template that trims them), the template's text between them is matched in `text`, and an assistant
-    content must be there as it is or stripped."""
+MAX_LAYOUTS = 10_000  # shapes of conversation whose layout a template keeps (a few hundred bytes each)
+
+
+def _shape(messages: list[dict], tools) -> str:
+    """What the template's text around the contents may depend on besides them: the messages' other fields (the
+    roles, in order), and the tools."""
+    return json.dumps([[(k, v) for k, v in m.items() if k != "content"] for m in messages] + [tools], default=str)
+
+
+def _layout(name: str, marked: str, messages: list[dict]) -> tuple[list[int], list[str]]:
+    """The order in which the template writes the messages, and its text between them, from the rendering `marked`
+    of the conversation with sentinels for contents. Each sentinel must appear once: a template that drops a
+    message (phi3 drops `tool` turns) is an error, not a conversation with a hole."""
     order = [int(i) for i in SENTINELS.findall(marked)]
     for i, message in enumerate(messages):
         if order.count(i) != 1:
             raise SpanError(
                 f"chat template {name} renders message {i} ({message['role']}) {order.count(i)} times, not once"
             )
-    between = SENTINELS.split(marked)[::2]
+    return order, SENTINELS.split(marked)[::2]
+
+
+def _placed_as(layout, text: str, messages: list[dict]) -> dict[int, tuple[int, int]] | None:
+    """Where each message's content lies in `text`, if `text` is the layout's text with the contents in place
+    (a template that writes them as they are), else None."""
+    if layout is None or len(layout[0]) != len(messages):
+        return None
+    order, between = layout
     contents = [messages[i]["content"] for i in order]
     if "".join(part for pair in zip(between, [*contents, ""], strict=True) for part in pair) != text:
-        found = re.fullmatch("(.*?)".join(map(re.escape, between)), text, flags=re.DOTALL)
-        if found is None:
-            raise SpanError(f"chat template {name}: its text around the messages depends on their contents")
-        for i, got in zip(order, found.groups(), strict=True):
-            wanted = messages[i]["content"]
-            if messages[i]["role"] == "assistant" and got not in (wanted, wanted.strip()):
-                raise SpanError(f"chat template {name} changes assistant message {i} ({wanted[:40]!r}: {got[:40]!r})")
-        contents = list(found.groups())
+        return None
+    return _positions(order, between, contents)
+
+
+def _matched(name: str, layout, text: str, messages: list[dict]) -> dict[int, tuple[int, int]]:
+    """`_placed_as` for a template that changes the contents it writes (one that trims them): the template's text
+    between them matched in `text`, and an assistant content there as it is or stripped."""
+    order, between = layout
+    found = re.fullmatch("(.*?)".join(map(re.escape, between)), text, flags=re.DOTALL)
+    if found is None:
+        raise SpanError(f"chat template {name}: its text around the messages depends on their contents")
+    for i, got in zip(order, found.groups(), strict=True):
+        wanted = messages[i]["content"]
+        if messages[i]["role"] == "assistant" and got not in (wanted, wanted.strip()):
+            raise SpanError(f"chat template {name} changes assistant message {i} ({wanted[:40]!r}: {got[:40]!r})")
+    return _positions(order, between, list(found.groups()))
+
+
+def _positions(order: list[int], between: list[str], contents: list[str]) -> dict[int, tuple[int, int]]:
     placed, position = {}, len(between[0])
     for i, content, following in zip(order, contents, between[1:], strict=True):
         placed[i] = (position, position + len(content))
