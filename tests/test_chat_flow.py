@@ -289,3 +289,18 @@ def test_the_bundled_chat_example_runs_as_a_newcomer_runs_it(run_cli, tmp_path):
     share = manifest["splits"]["train"]["supervised_share"]
     assert f"| train | {manifest['splits']['train']['documents']:,} |" in summary and f"{share:.2%}" in summary
     assert "supervised share" in summary and result.returncode == 0
+
+
+def test_conversations_in_parquet_are_read_as_in_jsonl(run_cli, sgd, tmp_path, transformers_tokenizers):
+    """A Parquet file of the same records (its messages a list of structs): the ids are apply_chat_template's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [json.loads(line) for line in sgd.read_text().splitlines()[:40]]
+    path = tmp_path / "sgd.parquet"
+    pq.write_table(pa.Table.from_pylist(records), path, row_group_size=16)
+    run_cli("run", str(chat_config(tmp_path, [path], PHI3)))
+    ids, masks = documents(tmp_path / "out")
+    theirs = transformers_tokenizers[PHI3]
+    assert [i.tolist() for i in ids] == [theirs.apply_chat_template(r["messages"])["input_ids"] for r in records]
+    assert all(0 < m.sum() < len(m) for m in masks)
