@@ -292,3 +292,25 @@ def test_real_conversations_packed_carry_the_objective_they_carry_unpacked(refer
     packed = sum(map(targets, np.asarray(rows.packed.rows), rows.loss, rows.positions), Counter())
     assert len(encoded) > 800 and packed == unpacked_targets(tokens, masks, lengths)
     assert rows.packed.real_tokens / rows.packed.rows.size > 0.95
+
+
+def test_a_changed_template_makes_another_version_and_other_shards(reference):
+    """Another template text (TRL's phi3_training.jinja: phi3's with {% generation %} tags): the tokenized shards'
+    key and the published version both change with it, whatever the tokens turn out to be."""
+    from types import SimpleNamespace
+
+    from tokenmill.commits import tokenize_key
+    from tokenmill.config import TokenmillConfig
+    from tokenmill.publish import dataset_version
+    from tokenmill.tokenizer_info import TokenizerInfo
+
+    template, _ = ours("phi3", reference)
+    jinja = dataclasses.replace(template, source=(PHI3 / "phi3_training.jinja").read_text())
+    config = TokenmillConfig.model_validate(
+        {"name": "c", "input": {"paths": ["c.jsonl"], "chat": {}}, "tokenizer": {"path": str(PHI3)},
+         "output": {"path": "/tmp/c"}}
+    )  # fmt: skip
+    plan = SimpleNamespace(shards=[], inputs="the same input")
+    infos = [TokenizerInfo("0" * 64, 32011, 32000, False, chat=(("", t),)) for t in (template, jinja)]
+    assert len({dataset_version(config, plan, info) for info in infos}) == 2
+    assert len({tokenize_key(config, info) for info in infos}) == 2
