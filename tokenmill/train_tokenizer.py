@@ -79,7 +79,8 @@ def train_on_sample(config: TokenmillConfig, samples: list[Sampled]) -> Tokenize
     data = tokenizer.to_str().encode()
     info = describe_tokenizer(data, cfg, trained=True, source="the trained tokenizer")
     install(store, data)
-    return TokenizerInfo(**commit(store, "train_tokenizer", 0, key, asdict(info)))
+    trained = {name: value for name, value in asdict(info).items() if name != "chat"}  # chat inputs: pretrained only
+    return TokenizerInfo(**commit(store, "train_tokenizer", 0, key, trained))
 
 
 def special_tokens(config: TokenizerConfig) -> list[str]:
