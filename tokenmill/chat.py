@@ -475,10 +475,11 @@ def _mask_of(encoding, spans: list[tuple[int, int]]) -> np.ndarray:
 
 
 def encode(tokenizer: Tokenizer, chat: RenderedChat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The token ids (as apply_chat_template's: add_special_tokens=False), the loss mask and the tokens' offsets."""
+    """The token ids (as apply_chat_template's: add_special_tokens=False), the loss mask (as `encode_batch` makes
+    it) and the tokens' offsets."""
     encoding = tokenizer.encode(chat.text, add_special_tokens=False)
     offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
-    return np.asarray(encoding.ids, dtype=np.int64), token_mask(offsets, chat.spans), offsets
+    return np.asarray(encoding.ids, dtype=np.int64), _mask_of(encoding, chat.spans), offsets
 
 
 def encode_batch(tokenizer: Tokenizer, chats: list[RenderedChat]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
