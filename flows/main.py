@@ -5,7 +5,7 @@ partition ─► [scatter[shards] ─► gather[shards]]        (partition.shuff
           ─► (sample[shards] ─► train_tokenizer | the pretrained tokenizer) ─► already_published ─► (done)
           ─► [sample[shards]] ─► tokenizer_report (beside tokenize)
           ─► tokenize[shards] (each shard's pack and check chained to it) ─► (number_rejects)
-          ─► shuffle_index ─► validate ─► publish
+          ─► split_indexes ─► validate ─► publish
                   (mix, beside validate) ─┘
 
 A run over the input and config that an already published version was made from stops at already_published.
@@ -45,13 +45,12 @@ from tasks.publish import already_published, publish
 from tasks.sample import holdout_shards, sample_shards
 from tasks.shards import StageRun, map_shards, stage_groups
 from tasks.shuffle_documents import gather_shards, scatter_shards
-from tasks.shuffle_index import shuffle_index
+from tasks.split_indexes import split_indexes
 from tasks.tokenize import TokenizeTotals, choose_run_encoder, number_rejects, tokenize_shards
 from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
-from tokenmill.packers import writes_packed
 from tokenmill.partition import PlanAhead
 from tokenmill.plan import Plan, Shards, shard_ids
 from tokenmill.report import load_matplotlib
@@ -192,8 +191,7 @@ def build_dataset(
     if totals.unnumbered:  # rejects in pieces whose first line the partition did not count
         number_rejects(config, quote(shards), list(totals.unnumbered))
 
-    if writes_packed(config):
-        shuffle_index(config, table)
+    split_indexes(config, tokenizer, table)  # the packed rows' shuffle index, litdata's and MDS's index.json
     drawing = draw_plots_meanwhile(config, table)
     # A mixture's mix, from the stats the shards committed, while validate checks them (on the cluster): a run
     # that fails validation publishes nothing, whatever the mix wrote into the build.

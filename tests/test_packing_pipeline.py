@@ -15,7 +15,7 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.formats.llmc import LlmcReader
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import PackedReader
-from tokenmill.pack import Packing, pack_shard, write_shuffle_indexes
+from tokenmill.pack import Packing, pack_shard, write_split_indexes
 from tokenmill.partition import load_or_plan
 from tokenmill.publish import Files, publish
 from tokenmill.stats import ValidationFailed, stats_table
@@ -49,13 +49,13 @@ def dataset_config(out: Path, pack: dict, **output) -> TokenmillConfig:
 
 
 def build_dataset(config: TokenmillConfig) -> tuple:
-    """partition, tokenize[shard], pack[shard], shuffle_index, validate, publish, as the flow runs them."""
+    """partition, tokenize[shard], pack[shard], split_indexes, validate, publish, as the flow runs them."""
     plan, _ = load_or_plan(config)
     tokenizer = install_pretrained(config)
     tokenized = [tokenize_shard(Tokenizing.of(config, tokenizer), shard) for shard in plan.shards]
     packed = [pack_shard(Packing.of(config, tokenizer), t) for t in tokenized]
     table = stats_table(tokenized, packed)
-    write_shuffle_indexes(config, table)
+    write_split_indexes(config, tokenizer, table)
     with Files() as files:
         publish(config, plan, tokenizer, validate(config, plan, tokenizer, table), files)
     manifest = config.output.store().read_json("manifest.json")  # as users read it

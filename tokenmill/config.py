@@ -435,12 +435,19 @@ class OutputConfig(_Section):
     path: str = Field(description="Local directory or s3://bucket/prefix where the run builds the dataset.")
     storage: StorageConfig = Field(StorageConfig(), description="Credentials and endpoint for an s3:// output path.")
     publish: PublishConfig = Field(PublishConfig(), description="Where the finished dataset is published, versioned.")
-    formats: list[Literal["megatron", "packed", "llmc", "trl", "megatron_bridge", "olmo"]] = Field(
+    formats: list[
+        Literal[
+            "megatron", "packed", "llmc", "trl", "megatron_bridge", "olmo", "datatrove", "litdata", "hf_parquet", "mds"
+        ]
+    ] = Field(
         default_factory=lambda: ["megatron", "packed"],
         description="megatron: .bin/.idx per shard and split (always written: every other format is made "
         "from it); packed: packed rows as .npy (unless pack.mode is none); llmc: flat token shards as "
         "nanoGPT/llm.c read them; olmo: OLMo-core's numpy token files with their documents' .csv.gz; trl, "
-        "megatron_bridge: conversations (input.chat) as TRL's and Megatron-Bridge's Parquet (docs/chat.md).",
+        "megatron_bridge: conversations (input.chat) as TRL's and Megatron-Bridge's Parquet (docs/chat.md); "
+        "text only: datatrove: nanotron's tokenized files (.ds, .ds.index, .ds.metadata); litdata: LitGPT's "
+        "litdata chunks, a document per item; hf_parquet: Parquet of input_ids, a row per document (HF datasets); "
+        "mds: MosaicML streaming shards of pack.seq_len-token rows (llm-foundry). One folder per split each.",
     )
     llmc_shard_tokens: int = Field(
         100_000_000, ge=1, lt=2**31, description="Most tokens per llm.c file (its header counts them in an int32)."
@@ -470,7 +477,11 @@ class OutputConfig(_Section):
         return sorted(set(formats), key=formats.index)
 
 
-TRAINER_FORMATS = ("trl", "megatron_bridge", "olmo")  # output.formats written in a trainer's own layout
+# output.formats written in a trainer's own layout (tokenmill.layout.TRAINER_SUFFIXES); those of text only; those
+# made of a split's documents as they are (the others, of conversations, are made as they are packed)
+TRAINER_FORMATS = ("trl", "megatron_bridge", "olmo", "datatrove", "litdata", "hf_parquet", "mds")
+TEXT_TRAINER_FORMATS = ("datatrove", "litdata", "hf_parquet", "mds")
+DOCUMENT_TRAINER_FORMATS = ("olmo", *TEXT_TRAINER_FORMATS)
 
 
 class AdaptiveConfig(_Section):
@@ -609,6 +620,11 @@ class TokenmillConfig(_Section):
             raise ValueError("a chat input is rendered with the model's own chat template: give tokenizer.path")
         if {"trl", "megatron_bridge"} & set(self.output.formats) and not self.has_chat():
             raise ValueError("output.formats trl and megatron_bridge hold conversations: they need an input.chat")
+        if (text_only := [f for f in self.output.formats if f in TEXT_TRAINER_FORMATS]) and self.has_chat():
+            raise ValueError(
+                f"output.formats {', '.join(text_only)} hold text without a loss mask: not for an input.chat "
+                "(its conversations go to trl, megatron_bridge or olmo)"
+            )
         if self.has_chat() and self.pack.mode == "none" and "packed" in self.output.formats:
             raise ValueError("a chat input's conversations are packed whole: set pack.mode (any but none) for seq_len")
         if self.has_chat() and self.partition.shuffle:

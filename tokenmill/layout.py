@@ -45,10 +45,35 @@ def packed_prefix(split: str, shard_id: int) -> str:
     return f"packed/{split}/{shard_name(shard_id)}"
 
 
+# Each trainer's layout (output.formats, TRAINER_FORMATS): the files of a shard's split, by their suffixes, the
+# first its token file. Conversations (`formats.sft`): `trl/`, `megatron_bridge/` Parquet. Text or conversations:
+# `olmo/` tokens and documents. Text: `datatrove/` (nanotron), `litdata/` (LitGPT), `hf_parquet/` (HF datasets),
+# `mds/` (llm-foundry) files, the last two read through each split's `index.json` (`trainer_index`).
+TRAINER_SUFFIXES = {
+    "trl": (".parquet",),
+    "megatron_bridge": (".parquet",),
+    "olmo": (".npy", ".csv.gz"),
+    "datatrove": (".ds", ".ds.index", ".ds.metadata"),
+    "litdata": (".bin",),
+    "hf_parquet": (".parquet",),
+    "mds": (".mds",),
+}
+INDEXED_TRAINERS = ("litdata", "mds")  # read through an index.json per split that lists every shard's file
+
+
+def trainer_files(format: str, split: str, shard_id: int) -> list[str]:
+    """A shard's split in a trainer's own layout: its files, the token file first."""
+    return [f"{format}/{split}/{shard_name(shard_id)}{suffix}" for suffix in TRAINER_SUFFIXES[format]]
+
+
 def trainer_file(format: str, split: str, shard_id: int) -> str:
-    """A shard's split in a trainer's own layout (`formats.sft`): `trl/`, `megatron_bridge/` Parquet, `olmo/` tokens."""
-    suffix = ".npy" if format == "olmo" else ".parquet"
-    return f"{format}/{split}/{shard_name(shard_id)}{suffix}"
+    """A shard's split's token file in a trainer's own layout (`trainer_files`)."""
+    return trainer_files(format, split, shard_id)[0]
+
+
+def trainer_index(format: str, split: str) -> str:
+    """A split's `index.json` for litdata's or streaming's reader (INDEXED_TRAINERS): every shard's file in it."""
+    return f"{format}/{split}/index.json"
 
 
 def mix_merged_prefix(split: str, source: str) -> str:
@@ -101,8 +126,16 @@ _SHARD_FILE = re.compile(
     r"^(?P<family>megatron|packed)/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>bin|idx|loss_mask\.bin|tokens\.npy|cu_seqlens\.npy|row_offsets\.npy|loss\.npy)$"
 )
 _TRAINER_FILE = re.compile(
-    r"^(?P<format>trl|megatron_bridge|olmo)/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>parquet|npy|csv\.gz)$"
+    r"^(?P<format>trl|megatron_bridge|olmo|datatrove|litdata|hf_parquet|mds)/(?P<split>(?:[^/]+/)?[^/]+)/"
+    r"shard-(?P<shard>\d+)\.(?P<ext>parquet|npy|csv\.gz|ds|ds\.index|ds\.metadata|bin|mds)$"
 )
+_TRAINER_KINDS = {  # (format, suffix) -> kind where it is not the format's name
+    ("olmo", "npy"): "olmo-tokens",
+    ("olmo", "csv.gz"): "olmo-documents",
+    ("datatrove", "ds"): "datatrove-tokens",
+    ("datatrove", "ds.index"): "datatrove-index",
+    ("datatrove", "ds.metadata"): "datatrove-metadata",
+}
 _KINDS = {
     "bin": "megatron-bin",
     "idx": "megatron-idx",
@@ -121,8 +154,10 @@ def describe(rel: str) -> dict:
     if m := re.match(r"^llmc/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)-\d+\.bin$", rel):
         return {"kind": "llmc", "split": m["split"], "shard": int(m["shard"])}
     if m := _TRAINER_FILE.match(rel):
-        kind = {"parquet": m["format"].replace("_", "-"), "npy": "olmo-tokens", "csv.gz": "olmo-documents"}[m["ext"]]
+        kind = _TRAINER_KINDS.get((m["format"], m["ext"]), m["format"].replace("_", "-"))
         return {"kind": kind, "split": m["split"], "shard": int(m["shard"])}
+    if m := re.match(r"^(?P<format>litdata|mds)/(?P<split>(?:[^/]+/)?[^/]+)/index\.json$", rel):
+        return {"kind": f"{m['format']}-index", "split": m["split"], "shard": None}
     if m := re.match(r"^packed/(?P<split>(?:[^/]+/)?[^/]+)/shuffle\.npy$", rel):
         return {"kind": "packed-shuffle", "split": m["split"], "shard": None}
     if m := re.match(r"^rejects/shard-(\d+)\.jsonl$", rel):

@@ -1,12 +1,13 @@
-"""The pack stage for one shard, and the shuffle stage after all of them.
+"""The pack stage for one shard, and the split indexes after all of them.
 
 pack[shard]: each split's Megatron documents packed as `pack.mode` says into
 `packed/<split>/shard-NNNNN.{tokens,cu_seqlens,row_offsets}.npy` (see `formats/packed.py`), and, when
 `output.formats` has `llmc`, the same token stream as llm.c files `llmc/<split>/shard-NNNNN-PPPP.bin`
-(see `formats/llmc.py`). Stats per split: rows, real and pad tokens, the rows a padded one-document-
-per-row layout would take, llm.c files.
+(see `formats/llmc.py`), and the trainers' layouts it asks for (`layout.trainer_files`). Stats per split: rows,
+real and pad tokens, the rows a padded one-document-per-row layout would take, llm.c files, trainers' files.
 
-shuffle: once every shard is packed, each split's global shuffle index `packed/<split>/shuffle.npy`.
+split indexes: once every shard is packed, each split's global shuffle index `packed/<split>/shuffle.npy`, and
+the `index.json` of litdata's and MDS's layouts.
 """
 
 from __future__ import annotations
@@ -14,15 +15,23 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from tokenmill import layout
 from tokenmill.commits import PACK, check, commit, pack_key, shard_key, tokenize_key
-from tokenmill.config import TRAINER_FORMATS, PackConfig, TokenmillConfig
+from tokenmill.config import DOCUMENT_TRAINER_FORMATS, TRAINER_FORMATS, PackConfig, TokenmillConfig
+from tokenmill.formats.datatrove import tokenizer_name, write_datatrove
+from tokenmill.formats.hf_parquet import write_parquet
+from tokenmill.formats.litdata import index as litdata_index
+from tokenmill.formats.litdata import write_chunk
 from tokenmill.formats.llmc import llmc_dtype, shard_bounds, write_llmc
-from tokenmill.formats.megatron import MegatronReader
+from tokenmill.formats.mds import index as mds_index
+from tokenmill.formats.mds import rows_of as mds_rows_of
+from tokenmill.formats.mds import write_shard as write_mds_shard
+from tokenmill.formats.megatron import MegatronReader, token_dtype
 from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, write_packed, write_shuffle_index
 from tokenmill.formats.sft import olmo_documents, write_megatron_bridge, write_trl
 from tokenmill.packers import (
@@ -51,6 +60,8 @@ class Packing:
     llmc_shard_tokens: int | None  # the tokens of an llm.c file; None: no llm.c files are written
     vocab_size: int
     trainers: tuple[str, ...] = ()  # the trainers' layouts asked for (`TRAINER_FORMATS` in output.formats)
+    seq_len: int = 0  # the tokens of an MDS row (pack.seq_len)
+    tokenizer_name: str = ""  # the tokenizer as nanotron loads it (`.ds.metadata`)
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Packing:
@@ -63,6 +74,8 @@ class Packing:
             config.output.llmc_shard_tokens if "llmc" in config.output.formats else None,
             tokenizer.vocab_size,
             tuple(f for f in config.output.formats if f in TRAINER_FORMATS),
+            config.pack.seq_len,
+            tokenizer_name(config.tokenizer.path),
         )
 
 
@@ -93,8 +106,7 @@ def pack_shard(run: Packing, tokenized: Tokenized) -> Packed:
                 stats |= {"rows": len(packed.rows), "real_tokens": packed.real_tokens, "pad_tokens": packed.pad_tokens}
                 stats["padded_layout_rows"] = padded_layout_rows(lengths, run.pack.seq_len)
                 del packed
-            if "olmo" in run.trainers:
-                stats["trainer_files"] += write_olmo(store, split, shard_id, tokens, lengths, files)
+            stats["trainer_files"] += write_trainer_files(store, split, shard_id, tokens, lengths, run, files)
             if run.llmc_shard_tokens is not None:
                 parts = shard_bounds(len(tokens), run.llmc_shard_tokens)
                 for part, (start, end) in enumerate(parts):
@@ -147,19 +159,63 @@ def pack_conversations_of(
     }
 
 
-def write_olmo(store: Store, split: str, shard_id: int, tokens: np.ndarray, lengths: np.ndarray, files: dict) -> int:
-    """A split's tokens as OLMo-core's numpy token file, and its documents' `.csv.gz` (`formats.sft`): 2 files."""
-    rel = layout.trainer_file("olmo", split, shard_id)
-    with store.writing(rel, files) as tmp:
-        np.asarray(tokens).tofile(tmp)
-    store.write_bytes(rel.removesuffix(".npy") + ".csv.gz", olmo_documents(lengths, layout.shard_name(shard_id)), files)
-    return 2
+def write_trainer_files(
+    store: Store, split: str, shard_id: int, tokens: np.ndarray, lengths: np.ndarray, run: Packing, files: dict
+) -> int:
+    """A split's documents in each trainer's layout asked for that takes them as they are (`layout.trainer_files`;
+    trl and megatron_bridge are made as conversations are packed): the `.bin`'s ids (`tokens`) written again, whole
+    (an S3 store has no links), with each layout's header or index made from the documents' `lengths`. How many
+    files it wrote."""
+    written = 0
+    for format in (f for f in run.trainers if f in DOCUMENT_TRAINER_FORMATS):
+        rels = layout.trainer_files(format, split, shard_id)
+        if format == "hf_parquet":  # pyarrow writes a path; the others are hashed as they are written
+            with store.writing(rels[0], files) as path:
+                write_parquet(path, tokens, lengths)
+        else:
+            with ExitStack() as stack:
+                opened = [stack.enter_context(store.writing_file(rel, files)) for rel in rels]
+                if format == "olmo":
+                    opened[0].write(np.ascontiguousarray(tokens))
+                    opened[1].write(olmo_documents(lengths, layout.shard_name(shard_id)))
+                elif format == "datatrove":
+                    write_datatrove(opened, tokens, lengths, run.tokenizer_name)
+                elif format == "litdata":
+                    write_chunk(opened[0], tokens, lengths, name=rels[0])
+                elif format == "mds":
+                    write_mds_shard(opened[0], tokens, run.seq_len, name=rels[0])
+        written += len(rels)
+    return written
+
+
+def write_split_indexes(config: TokenmillConfig, tokenizer: TokenizerInfo, table: pd.DataFrame) -> dict[str, int]:
+    """Once every shard is packed, each split's indexes over all its shards (`table`: the stats table, a row per
+    shard and split): the shuffle index of its packed rows, and the `index.json` of each trainer's layout that
+    reads through one (litdata, MDS), made from the stats. Return the packed rows per split. Cheap and
+    deterministic, so they are simply rewritten on every run."""
+    rows = write_shuffle_indexes(config, table) if writes_packed(config) else {}
+    dtype, seq_len = token_dtype(tokenizer.vocab_size), config.pack.seq_len
+    store = config.output.store()
+    for format in layout.INDEXED_TRAINERS:
+        for split in config.streams():
+            shards = table[(table.split == split) & (table.documents > 0)].sort_values("shard_id")
+            if shards.empty or format not in config.output.formats:  # none, or one an earlier run wrote
+                store.remove(layout.trainer_index(format, split))
+                continue
+            files = [Path(layout.trainer_file(format, split, i)).name for i in shards.shard_id.tolist()]
+            if format == "litdata":
+                chunks = zip(files, shards.documents.tolist(), shards.tokens.tolist(), strict=True)
+                index = litdata_index([{"filename": f, "documents": d, "tokens": t} for f, d, t in chunks], dtype)
+            else:  # a shard of fewer tokens than a row has no sample, which streaming's index cannot list
+                counts = [mds_rows_of(t, seq_len) for t in shards.tokens.tolist()]
+                listed = [{"filename": f, "rows": n} for f, n in zip(files, counts, strict=True) if n]
+                index = mds_index(listed, dtype, seq_len)
+            store.write_json(layout.trainer_index(format, split), index)
+    return rows
 
 
 def write_shuffle_indexes(config: TokenmillConfig, table: pd.DataFrame) -> dict[str, int]:
-    """Write each split's shuffle index over all its packed rows (`table`: the stats table, a row per shard and
-    split with its `packed_rows`); return the rows per split. Cheap and deterministic, so it is simply
-    rewritten on every run."""
+    """Write each split's shuffle index over all its packed rows (`write_split_indexes`); return the rows per split."""
     store = config.output.store()
     rows = {}
     for split in config.streams():

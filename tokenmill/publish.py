@@ -44,12 +44,17 @@ def shard_file_counts(table: pd.DataFrame) -> pd.Series:
 
 def other_files(store: Store, table: pd.DataFrame) -> list[str]:
     """The dataset's files that are no shard's: the plan, the tokenizer (and the chat templates its conversations
-    were rendered with), the stats, each split's shuffle index where it has packed rows, the fertility report
-    where there is one, and a mixture's files for the trainers."""
+    were rendered with), the stats, each split's shuffle index where it has packed rows, the `index.json` of
+    litdata's and MDS's layouts where they were written, the fertility report where there is one, and a mixture's
+    files for the trainers."""
     shuffles = [layout.shuffle_file(split) for split, rows in table.groupby("split").packed_rows.sum().items() if rows]
+    splits = table.split.unique().tolist()
+    indexes = [layout.trainer_index(format, split) for format in layout.INDEXED_TRAINERS for split in splits]
+    indexes = filter(store.exists, indexes)
     fertility = filter(store.exists, layout.FERTILITY_REPORT)
     templates = [rel for rel in store.list("tokenizer") if rel.endswith(".jinja")]
-    return [layout.PLAN, layout.TOKENIZER, *templates, layout.STATS, *shuffles, *fertility, *store.list(layout.MIX)]
+    others = [layout.PLAN, layout.TOKENIZER, *templates, layout.STATS, *shuffles, *indexes, *fertility]
+    return [*others, *store.list(layout.MIX)]
 
 
 def chat_templates(tokenizer: TokenizerInfo) -> dict:

@@ -26,9 +26,15 @@ import pyarrow as pa
 from tokenmill import layout
 from tokenmill.chat import RenderedChat, mask_problems
 from tokenmill.commits import TOKENIZE, marker
-from tokenmill.config import TRAINER_FORMATS, PackConfig, TokenmillConfig
+from tokenmill.config import DOCUMENT_TRAINER_FORMATS, TRAINER_FORMATS, PackConfig, TokenmillConfig
 from tokenmill.encoders import loaded_backend
+from tokenmill.formats.datatrove import read_index as read_datatrove_index
+from tokenmill.formats.datatrove import token_size as datatrove_token_size
+from tokenmill.formats.litdata import CorruptChunk, read_chunk
 from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
+from tokenmill.formats.mds import CorruptShard
+from tokenmill.formats.mds import read_rows as read_mds_rows
+from tokenmill.formats.mds import rows_of as mds_rows_of
 from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
 from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, PackedReader, read_shuffle_index
 from tokenmill.hashing import assign_splits
@@ -604,6 +610,7 @@ class Checking:
     pad_id: int
     llmc_shard_tokens: int | None  # the tokens of an llm.c file; None: no llm.c files
     trainers: tuple[str, ...] = ()  # the trainers' layouts written (TRAINER_FORMATS in output.formats)
+    seq_len: int = 0  # the tokens of an MDS row (pack.seq_len)
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Checking:
@@ -616,6 +623,7 @@ class Checking:
             pack_pad_id(config, tokenizer),
             config.output.llmc_shard_tokens if "llmc" in config.output.formats else None,
             tuple(f for f in config.output.formats if f in TRAINER_FORMATS),
+            config.pack.seq_len,
         )
 
 
@@ -630,40 +638,69 @@ def check_shard(run: Checking, shard: ShardFiles) -> list[str]:
         if run.llmc_shard_tokens is not None:
             problems += _check_llmc(run.store, row, run.llmc_shard_tokens, llmc_dtype(run.vocab_size))
         if run.trainers and row.documents:
-            problems += _check_trainer_files(run.store, row, run.trainers, dtype)
+            problems += _check_trainer_files(run.store, row, run.trainers, dtype, run.seq_len)
     return problems
 
 
-def _check_trainer_files(store: Store, row, trainers: tuple[str, ...], dtype: np.dtype) -> list[str]:
-    """The trainers' layouts of a shard's split (`formats.sft`) against its stats: OLMo's tokens are the Megatron
-    file's, one line per document; TRL's rows are the conversations the packed rows hold, Megatron-Bridge's the
-    packed rows, each with the packed tokens and their loss."""
+def _check_trainer_files(store: Store, row, trainers: tuple[str, ...], dtype: np.dtype, seq_len: int) -> list[str]:
+    """The trainers' layouts of a shard's split against its stats: those of its documents (`formats/`: OLMo's,
+    datatrove's, litdata's, the Parquet of documents, MDS rows of `seq_len`) hold its tokens and documents, TRL's
+    rows the conversations the packed rows hold, Megatron-Bridge's the packed rows, each with the packed tokens and
+    their loss."""
+    conversations = row.supervised_tokens >= 0
+    wanted = [f for f in trainers if f in DOCUMENT_TRAINER_FORMATS or (conversations and row.packed_rows > 0)]
+    if sum(len(layout.TRAINER_SUFFIXES[f]) for f in wanted) != row.trainer_files:
+        return [f"{layout.shard_name(row.shard_id)} {row.split}: {row.trainer_files} trainer files, not {wanted}"]
+    problems = []
+    for format in wanted:
+        rels = layout.trainer_files(format, row.split, row.shard_id)
+        if missing := [rel for rel in rels if not store.exists(rel)]:
+            problems += [f"{rel}: missing" for rel in missing]
+            continue
+        with store.local_copies(*rels) as paths:
+            try:
+                problems += _check_trainer_file(format, rels, paths, row, dtype, seq_len)
+            except (CorruptChunk, CorruptShard) as e:
+                problems.append(str(e))
+    return problems
+
+
+def _check_trainer_file(format: str, rels: list[str], paths: list, row, dtype: np.dtype, seq_len: int) -> list[str]:
+    """One layout's files (`rels`, read from their local `paths`) of a shard's split against its stats."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    problems, conversations = [], row.supervised_tokens >= 0
-    wanted = [f for f in trainers if f == "olmo" or (conversations and row.packed_rows > 0)]
-    if sum(2 if f == "olmo" else 1 for f in wanted) != row.trainer_files:  # olmo: tokens and documents
-        return [f"{layout.shard_name(row.shard_id)} {row.split}: {row.trainer_files} trainer files, not {wanted}"]
-    for format in wanted:
-        rel = layout.trainer_file(format, row.split, row.shard_id)
-        if not store.exists(rel):
-            problems.append(f"{rel}: missing")
-        elif format == "olmo":
-            documents = rel.removesuffix(".npy") + ".csv.gz"
-            with store.local_copies(rel, documents) as (path, csv):
-                lines = gzip.decompress(csv.read_bytes()).count(b"\n")
-                if path.stat().st_size != row.tokens * dtype.itemsize or lines != row.documents:
-                    problems.append(f"{rel}: not the split's {row.tokens} tokens and {row.documents} documents")
-        else:
-            with store.local_copies(rel) as (path,):
-                table = pq.read_table(path)
-            column = "labels" if format == "trl" else "input_ids"
-            tokens = int(pc.sum(pc.list_value_length(table[column])).as_py() or 0)
-            rows = len(table) if format == "megatron_bridge" else None
-            if tokens != row.packed_real_tokens or rows not in (None, row.packed_rows):
-                problems.append(f"{rel}: {tokens} tokens in {len(table)} rows, stats say {row.packed_real_tokens}")
-    return problems
+    rel, path = rels[0], paths[0]
+    wrong = f"{rel}: not the split's {row.tokens} {dtype} tokens and {row.documents} documents"
+    if format == "olmo":
+        lines = gzip.decompress(paths[1].read_bytes()).count(b"\n")
+        return [wrong] if path.stat().st_size != row.tokens * dtype.itemsize or lines != row.documents else []
+    if format == "datatrove":
+        ends, meta = read_datatrove_index(paths[1]), paths[2].read_bytes().decode().split("\n")
+        ends = ends.astype(np.int64)
+        sound = len(ends) == row.documents and ends[-1] == row.tokens and bool(np.all(np.diff(ends) > 0))
+        sound &= meta[0].endswith(f"|{datatrove_token_size(dtype)}") and meta[1:2] == [str(row.tokens)]
+        return [wrong] if path.stat().st_size != row.tokens * dtype.itemsize or not sound else []
+    if format == "litdata":
+        tokens, lengths = read_chunk(path, dtype, name=rel)
+        return [wrong] if len(tokens) != row.tokens or len(lengths) != row.documents else []
+    if format == "hf_parquet":
+        meta = pq.ParquetFile(path).metadata
+        tokens = sum(meta.row_group(i).column(0).num_values for i in range(meta.num_row_groups))
+        type_ok = pq.read_schema(path).field("input_ids").type.value_type == pa.from_numpy_dtype(dtype)
+        return [wrong] if meta.num_rows != row.documents or tokens != row.tokens or not type_ok else []
+    if format == "mds":
+        rows, expected = len(read_mds_rows(path, dtype, seq_len, name=rel)), mds_rows_of(row.tokens, seq_len)
+        return (
+            [] if rows == expected else [f"{rel}: {rows} rows of {seq_len} tokens, {row.tokens} tokens make {expected}"]
+        )
+    table = pq.read_table(path)  # conversations: TRL's rows, Megatron-Bridge's packed rows
+    column = "labels" if format == "trl" else "input_ids"
+    tokens = int(pc.sum(pc.list_value_length(table[column])).as_py() or 0)
+    rows = len(table) if format == "megatron_bridge" else None
+    if tokens != row.packed_real_tokens or rows not in (None, row.packed_rows):
+        return [f"{rel}: {tokens} tokens in {len(table)} rows, stats say {row.packed_real_tokens}"]
+    return []
 
 
 def check_written(run: Checking, results: tuple) -> list[str]:

@@ -26,7 +26,10 @@ import pyarrow.parquet as pq
 IGNORE_INDEX = -100
 
 
-def _lists(values: np.ndarray, lengths: np.ndarray, type: pa.DataType) -> pa.ListArray:
+def list_array(values: np.ndarray, lengths: np.ndarray, type: pa.DataType) -> pa.ListArray:
+    """`values` cut into lists of `lengths` as one Arrow column, from the flat array (no Python object per list)."""
+    if len(values) >= 2**31:
+        raise ValueError(f"{len(values)} values do not fit one Arrow list column (int32 offsets): smaller shards")
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=type))
 
@@ -37,9 +40,9 @@ def write_trl(path: str | Path, tokens: np.ndarray, masks: np.ndarray, lengths: 
     labels = np.where(np.asarray(masks) == 1, tokens, IGNORE_INDEX).astype(np.int32)
     table = pa.table(
         {
-            "input_ids": _lists(tokens, lengths, pa.int32()),
-            "attention_mask": _lists(np.ones(len(tokens), np.int8), lengths, pa.int8()),
-            "labels": _lists(labels, lengths, pa.int32()),
+            "input_ids": list_array(tokens, lengths, pa.int32()),
+            "attention_mask": list_array(np.ones(len(tokens), np.int8), lengths, pa.int8()),
+            "labels": list_array(labels, lengths, pa.int32()),
         }
     )
     pq.write_table(table, path, compression="zstd")
@@ -58,9 +61,9 @@ def write_megatron_bridge(path: str | Path, rows: np.ndarray, cu_seqlens, row_of
     starts[row_offsets[1:] - 1] = False  # each row's last boundary is its length, not a start
     table = pa.table(
         {
-            "input_ids": _lists(np.asarray(rows)[kept].astype(np.int32), real, pa.int32()),
-            "loss_mask": _lists(shifted[kept], real, pa.int8()),
-            "seq_start_id": _lists(cu_seqlens[starts].astype(np.int32), np.diff(row_offsets) - 1, pa.int32()),
+            "input_ids": list_array(np.asarray(rows)[kept].astype(np.int32), real, pa.int32()),
+            "loss_mask": list_array(shifted[kept], real, pa.int8()),
+            "seq_start_id": list_array(cu_seqlens[starts].astype(np.int32), np.diff(row_offsets) - 1, pa.int32()),
         }
     )
     pq.write_table(table, path, compression="zstd")
