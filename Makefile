@@ -81,17 +81,25 @@ slow: setup slurm
 	$(BIN)/python -m pytest -m slow -n 0
 
 # The trainers that cannot share the test venv (marked trainers): OLMo-core (ai2-olmo-core) wants a
-# huggingface-hub older than transformers 5's. Its venv sees the test venv's packages (torch among them) through
-# a .pth, behind its own; the tokenmill runs it tests are the test venv's.
+# huggingface-hub older than transformers 5's; litdata wants torchvision, for which pip would fetch a CUDA torch
+# 2.14 unless torch and torchvision are pinned (PyPI's torchvision 0.28.0 is a CUDA build that litdata never imports).
+# Their venv sees the test venv's packages (torch among them) through a .pth, behind its own; the tokenmill runs its
+# tests make are the test venv's. MosaicML streaming (marked streaming) pins numpy<2.2 and transformers<5, which
+# break datasets 5: a venv of its own, without torchvision (the tests stand in for the two names it imports).
 TRAINERS := .venv-trainers
+STREAMING := .venv-streaming
 trainers: setup
-	test -x $(TRAINERS)/bin/python || $(PYTHON) -m venv $(TRAINERS)
-	echo "$(abspath $(VENV))/lib/python3.11/site-packages" > $(TRAINERS)/lib/python3.11/site-packages/zz_tokenmill.pth
-	echo "torch==2.13.0" > $(TRAINERS)/constraints.txt
-	$(TRAINERS)/bin/python -m pip install -q -c $(TRAINERS)/constraints.txt "ai2-olmo-core>=3.0"
-	# the commands the tests run (tokenmill, its Prefect server, its Dask cluster) are the test venv's own
-	for command in tokenmill prefect dask; do ln -sf $(abspath $(BIN))/$$command $(TRAINERS)/bin/$$command; done
-	$(TRAINERS)/bin/python -m pytest -m trainers -n 0 tests/test_chat_trainers.py
+	for venv in $(TRAINERS) $(STREAMING); do \
+	  test -x $$venv/bin/python || $(PYTHON) -m venv $$venv; \
+	  echo "$(abspath $(VENV))/lib/python3.11/site-packages" > $$venv/lib/python3.11/site-packages/zz_tokenmill.pth; \
+	  printf 'torch==2.13.0\ntorchvision==0.28.0\n' > $$venv/constraints.txt; \
+	  for command in tokenmill prefect dask; do ln -sf $(abspath $(BIN))/$$command $$venv/bin/$$command; done; \
+	done
+	$(TRAINERS)/bin/python -m pip install -q -c $(TRAINERS)/constraints.txt "ai2-olmo-core>=3.0" "litdata>=0.2.50"
+	$(STREAMING)/bin/python -m pip install -q -c $(STREAMING)/constraints.txt "mosaicml-streaming>=0.13"
+	$(STREAMING)/bin/python -m pip uninstall -q -y torchvision
+	$(TRAINERS)/bin/python -m pytest -m trainers -n 0 tests/test_chat_trainers.py tests/test_formats_trainers.py
+	$(STREAMING)/bin/python -m pytest -m streaming -n 0 tests/test_formats_trainers.py
 
 clean:
 	rm -rf out site .pytest_cache .ruff_cache
