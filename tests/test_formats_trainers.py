@@ -76,7 +76,7 @@ def test_the_run_has_several_shards_and_documents_end_with_eod(dataset):
     assert all(doc[-1] == EOD for split in SPLITS for doc in documents(dataset, split))
 
 
-def test_every_layout_is_in_the_manifest_and_inspect_verifies_it(dataset, run_cli):
+def test_every_layout_is_in_the_manifest_and_inspect_verifies_it(dataset, run_cli, tmp_path):
     """Each shard's split has every layout's files, listed with their kind, size and sha256; litdata's and MDS's
     index.json beside them; `tokenmill inspect --verify` checks them all."""
     manifest = json.loads((dataset / "manifest.json").read_text())
@@ -93,8 +93,10 @@ def test_every_layout_is_in_the_manifest_and_inspect_verifies_it(dataset, run_cl
         for format in layout.INDEXED_TRAINERS:
             assert listed[layout.trainer_index(format, split)]["kind"] == f"{format}-index"
     assert "verified" in run_cli("inspect", str(dataset), "--verify").stdout
-    (dataset / layout.trainer_file("litdata", "train", 0)).write_bytes(b"")
-    failed = run_cli("inspect", str(dataset), "--verify", check=False)
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    (copy / layout.trainer_file("litdata", "train", 0)).write_bytes(b"")
+    failed = run_cli("inspect", str(copy), "--verify", check=False)
     assert failed.returncode != 0 and "litdata/train/shard-00000.bin: 0 bytes" in failed.stdout + failed.stderr
 
 

@@ -56,9 +56,9 @@ def write_chunk(file: BinaryIO, tokens: np.ndarray, lengths: np.ndarray, *, name
 
 def read_chunk(path: str | Path, dtype: np.dtype, *, name: str) -> tuple[np.ndarray, np.ndarray]:
     """A chunk's ids and its documents' lengths, after checking its offsets against its size."""
+    if (size := Path(path).stat().st_size) < 8:
+        raise CorruptChunk(f"{name}: {size} bytes, shorter than a chunk's header")
     raw = np.memmap(path, dtype=np.uint8, mode="r")
-    if len(raw) < 8:
-        raise CorruptChunk(f"{name}: {len(raw)} bytes, shorter than a chunk's header")
     documents = int(raw[:4].view("<u4")[0])
     offsets = np.asarray(raw[4 : header_bytes(documents)].view("<u4"), dtype=np.int64)
     if len(offsets) != documents + 1 or offsets[0] != header_bytes(documents) or offsets[-1] != len(raw):

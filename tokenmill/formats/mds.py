@@ -69,10 +69,11 @@ def write_shard(file: BinaryIO, tokens: np.ndarray, seq_len: int, *, name: str) 
 
 def read_rows(path: str | Path, dtype: np.dtype, seq_len: int, *, name: str) -> np.ndarray:
     """A shard's rows (rows x seq_len), after checking its header and size against the config it must have."""
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
-    rows = int(raw[:4].view("<u4")[0]) if len(raw) >= 4 else -1
-    if rows < 0 or len(raw) != shard_bytes(rows, dtype, seq_len):
-        raise CorruptShard(f"{name}: {len(raw)} bytes, not an MDS shard of {seq_len}-token {np.dtype(dtype)} rows")
+    size = Path(path).stat().st_size
+    raw = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+    rows = int(raw[:4].view("<u4")[0]) if size >= 4 else -1
+    if rows < 0 or size != shard_bytes(rows, dtype, seq_len):
+        raise CorruptShard(f"{name}: {size} bytes, not an MDS shard of {seq_len}-token {np.dtype(dtype)} rows")
     start = 4 * (rows + 2)
     if bytes(raw[start : start + len(cfg := _config_bytes(dtype, seq_len))]) != cfg:
         raise CorruptShard(f"{name}: its config is not {cfg.decode()}")
