@@ -1,0 +1,97 @@
+"""The pretraining trainers' layouts byte for byte, both ways (`tokenmill/formats/`: datatrove, litdata, mds,
+hf_parquet): each holds the Megatron `.bin`'s ids as they are, for uint16 and for int32 ids (vocabularies of 65,500
+and more), where datatrove's own width rule and tokenmill's differ; damaged files are named. Their trainers load
+them in test_formats_trainers."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from tokenmill.formats import datatrove, hf_parquet, litdata, mds
+from tokenmill.formats.megatron import token_dtype
+
+LENGTHS = np.array([3, 1, 5, 2])
+SMALL = np.array([7, 8, 50256, 50256, 1, 2, 3, 4, 50256, 9, 50256], dtype=np.uint16)  # GPT-2 ids
+LARGE = (SMALL.astype(np.int64) * 2 + 70_000).astype(np.int32)  # ids over 65,535
+
+
+@pytest.mark.parametrize("tokens", [SMALL, LARGE], ids=["uint16", "int32"])
+def test_datatrove_files_are_the_bin_bytes_with_each_documents_end(tokens):
+    files = (io.BytesIO(), io.BytesIO(), io.BytesIO())
+    datatrove.write_datatrove(files, tokens, LENGTHS, "openai-community/gpt2")
+    assert files[0].getvalue() == tokens.tobytes()
+    assert np.frombuffer(files[1].getvalue(), "<u8").tolist() == [3, 4, 9, 11]
+    size = tokens.dtype.itemsize  # 4 for int32, where datatrove's rule says 2 up to 65,536 ids
+    assert files[2].getvalue().decode() == f"openai-community/gpt2|{size}\n11\n11.0T"
+
+
+def test_datatrove_reads_int32_ids_with_the_token_size_written(tmp_path):
+    """A vocabulary between 65,500 and 65,536 ids: tokenmill writes int32, datatrove reads 4 bytes when told so."""
+    from datatrove.utils.dataset import DatatroveFolderDataset
+
+    assert token_dtype(65_520) == np.int32 and datatrove.token_size(token_dtype(65_520)) == 4
+    with open(tmp_path / "a.ds", "wb") as t, open(tmp_path / "a.ds.index", "wb") as i, open(tmp_path / "m", "wb") as m:
+        datatrove.write_datatrove((t, i, m), LARGE, LENGTHS, "tok")
+    samples = DatatroveFolderDataset(str(tmp_path), seq_len=4, filename_pattern="*.ds", recursive=False, token_size=4)
+    assert [s["input_ids"].tolist() for s in samples] == [LARGE[:5].tolist(), LARGE[5:10].tolist()]
+
+
+@pytest.mark.parametrize("tokens", [SMALL, LARGE], ids=["uint16", "int32"])
+def test_litdata_chunk_is_a_header_of_document_offsets_then_the_bin_bytes(tmp_path, tokens):
+    path = tmp_path / "shard-00000.bin"
+    with open(path, "wb") as f:
+        litdata.write_chunk(f, tokens, LENGTHS, name="litdata/train/shard-00000.bin")
+    data = path.read_bytes()
+    header = 4 * (len(LENGTHS) + 2)
+    offsets = header + np.r_[0, np.cumsum(LENGTHS)] * tokens.dtype.itemsize
+    assert data == np.r_[len(LENGTHS), offsets].astype("<u4").tobytes() + tokens.tobytes()
+    ids, lengths = litdata.read_chunk(path, tokens.dtype, name="x")
+    assert ids.tolist() == tokens.tolist() and lengths.tolist() == LENGTHS.tolist()
+    index = litdata.index([{"filename": path.name, "documents": 4, "tokens": 11}], tokens.dtype)
+    assert index["chunks"] == [{"chunk_bytes": len(data), "chunk_size": 4, "dim": 11, "filename": path.name}]
+    code = {np.dtype(np.uint16): 5, np.dtype(np.int32): 2}[tokens.dtype]  # litdata's numpy dtype table
+    assert index["config"]["data_format"] == [f"no_header_numpy:{code}"]
+
+
+def test_a_damaged_chunk_is_named(tmp_path):
+    path = tmp_path / "c.bin"
+    with open(path, "wb") as f:
+        litdata.write_chunk(f, SMALL, LENGTHS, name="c")
+    path.write_bytes(path.read_bytes()[:-2])
+    with pytest.raises(litdata.CorruptChunk, match="litdata/train/shard-00003.bin: its offsets"):
+        litdata.read_chunk(path, np.uint16, name="litdata/train/shard-00003.bin")
+
+
+@pytest.mark.parametrize("tokens", [SMALL, LARGE], ids=["uint16", "int32"])
+def test_mds_shard_is_rows_of_seq_len_after_its_config(tmp_path, tokens):
+    path = tmp_path / "shard-00000.mds"
+    with open(path, "wb") as f:
+        assert mds.write_shard(f, tokens, 4, name="x") == 2  # 11 tokens: two rows of 4, the last 3 in none
+    data = path.read_bytes()
+    config = json.dumps(mds.config(tokens.dtype, 4), sort_keys=True).encode()
+    start = 4 * 4 + len(config)
+    assert np.frombuffer(data[:16], "<u4").tolist() == [2, start, start + 4 * tokens.dtype.itemsize, len(data)]
+    assert data[16:start] == config and data[start:] == tokens[:8].tobytes()
+    assert mds.config(tokens.dtype, 4)["column_encodings"] == [f"ndarray:{tokens.dtype.name}:4"]
+    assert mds.read_rows(path, tokens.dtype, 4, name="x").tolist() == tokens[:8].reshape(2, 4).tolist()
+    entry = mds.index([{"filename": path.name, "rows": 2}], tokens.dtype, 4)["shards"][0]
+    assert entry["raw_data"] == {"basename": path.name, "bytes": len(data), "hashes": {}} and entry["samples"] == 2
+    with pytest.raises(mds.CorruptShard, match="mds/val/shard-00001.mds: .* not an MDS shard of 8-token"):
+        mds.read_rows(path, tokens.dtype, 8, name="mds/val/shard-00001.mds")
+
+
+@pytest.mark.parametrize("tokens", [SMALL, LARGE], ids=["uint16", "int32"])
+def test_parquet_has_a_row_of_ids_per_document_in_the_bin_dtype(tmp_path, tokens):
+    import pyarrow.parquet as pq
+
+    hf_parquet.write_parquet(tmp_path / "s.parquet", tokens, LENGTHS)
+    table = pq.read_table(tmp_path / "s.parquet")
+    assert str(table.schema.field("input_ids").type) == f"list<element: {tokens.dtype.name}>"
+    starts = np.r_[0, np.cumsum(LENGTHS)[:-1]]
+    assert table["input_ids"].to_pylist() == [tokens[s : s + n].tolist() for s, n in zip(starts, LENGTHS, strict=True)]
+    ids, lengths = hf_parquet.read_documents(tmp_path / "s.parquet")
+    assert ids.tolist() == tokens.tolist() and lengths.tolist() == LENGTHS.tolist()
