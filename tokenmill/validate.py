@@ -672,15 +672,19 @@ def _check_trainer_file(format: str, rels: list[str], paths: list, row, dtype: n
 
     rel, path = rels[0], paths[0]
     wrong = f"{rel}: not the split's {row.tokens} {dtype} tokens and {row.documents} documents"
+    if format in ("olmo", "datatrove") and path.stat().st_size != row.tokens * dtype.itemsize:
+        return [f"{rel}: {path.stat().st_size} bytes, not the split's {row.tokens} {dtype} tokens"]
     if format == "olmo":
         lines = gzip.decompress(paths[1].read_bytes()).count(b"\n")
-        return [wrong] if path.stat().st_size != row.tokens * dtype.itemsize or lines != row.documents else []
+        return [] if lines == row.documents else [f"{rels[1]}: {lines} lines, stats say {row.documents} documents"]
     if format == "datatrove":
-        ends, meta = read_datatrove_index(paths[1]), paths[2].read_bytes().decode().split("\n")
-        ends = ends.astype(np.int64)
-        sound = len(ends) == row.documents and ends[-1] == row.tokens and bool(np.all(np.diff(ends) > 0))
-        sound &= meta[0].endswith(f"|{datatrove_token_size(dtype)}") and meta[1:2] == [str(row.tokens)]
-        return [wrong] if path.stat().st_size != row.tokens * dtype.itemsize or not sound else []
+        ends = read_datatrove_index(paths[1]).astype(np.int64)
+        if len(ends) != row.documents or ends[-1] != row.tokens or not np.all(np.diff(ends) > 0):
+            return [f"{rels[1]}: not the ends of {row.documents} documents of {row.tokens} tokens in all"]
+        meta = paths[2].read_bytes().decode(errors="replace").split("\n")
+        if not meta[0].endswith(f"|{datatrove_token_size(dtype)}") or meta[1:2] != [str(row.tokens)]:
+            return [f"{rels[2]}: not a token size of {datatrove_token_size(dtype)} and {row.tokens} tokens"]
+        return []
     if format == "litdata":
         tokens, lengths = read_chunk(path, dtype, name=rel)
         return [wrong] if len(tokens) != row.tokens or len(lengths) != row.documents else []
