@@ -95,3 +95,20 @@ def test_parquet_has_a_row_of_ids_per_document_in_the_bin_dtype(tmp_path, tokens
     assert table["input_ids"].to_pylist() == [tokens[s : s + n].tolist() for s, n in zip(starts, LENGTHS, strict=True)]
     ids, lengths = hf_parquet.read_documents(tmp_path / "s.parquet")
     assert ids.tolist() == tokens.tolist() and lengths.tolist() == LENGTHS.tolist()
+
+
+def test_the_text_layouts_refuse_an_input_of_conversations(tmp_path):
+    """datatrove, litdata, mds and hf_parquet carry no loss mask: a chat input's conversations go to trl,
+    megatron_bridge or olmo."""
+    from pydantic import ValidationError
+
+    from tokenmill.config import TokenmillConfig
+
+    config = {
+        "name": "chat",
+        "input": {"paths": [str(tmp_path / "c.jsonl")], "chat": {"format": "messages"}},
+        "tokenizer": {"path": str(tmp_path / "tokenizer.json")},
+        "output": {"path": str(tmp_path / "out"), "formats": ["megatron", "packed", "olmo", "litdata", "mds"]},
+    }
+    with pytest.raises(ValidationError, match="output.formats litdata, mds hold text without a loss mask"):
+        TokenmillConfig.model_validate(config)
