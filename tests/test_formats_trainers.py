@@ -1,13 +1,16 @@
-"""Pretraining text in each trainer's own layout (docs/train-*.md), loaded by the trainer's own package: one run over
-the bundled corpus (GPT-2, several shards, train and val) with every layout on, and what each trainer's class yields
-compared with the Megatron `.bin`/`.idx` read by hand (`MegatronReader`), for every document, in order, with its EOD
-where that trainer expects it. datatrove (nanotron) and HF datasets run in the suite; OLMo-core and litdata (LitGPT)
-cannot share the test venv and run in `make trainers` (marked trainers), MosaicML streaming (llm-foundry) in a venv of
-its own there (marked streaming)."""
+"""Pretraining text in each trainer's own layout (docs/train-*.md), loaded by the trainer's own package: one run of a
+mixture of the three bundled sources (GPT-2, several shards, train and val) with every layout on. What each trainer's
+class yields is compared with the Megatron `.bin`/`.idx` read by hand (`MegatronReader`), for every document of every
+source and split, in order, with its EOD where that trainer expects it; and each trainer, given the run's
+`mix/<format>/train.json`, draws each source within 1% of its resolved share. datatrove (nanotron) and HF datasets run
+in the suite; OLMo-core and litdata (LitGPT) cannot share the test venv and run in `make trainers` (marked trainers),
+MosaicML streaming (llm-foundry) in a venv of its own there (marked streaming)."""
 
 from __future__ import annotations
 
+import collections
 import gzip
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -27,18 +30,28 @@ EOD = 50256  # GPT-2's <|endoftext|>, after every document
 VOCAB = 50257
 SEQ_LEN = 256  # pack.seq_len: the tokens of an MDS row
 LAYOUTS = ["olmo", "datatrove", "litdata", "hf_parquet", "mds"]
+SOURCES = {  # examples/mix.yaml's sources, their weights
+    "wiki": ("wikitext2_raw_test.jsonl", 0.5),
+    "web": ("web_dclm_annotated.jsonl.gz", 0.3),
+    "news": ("web_scrapinghub_aeb.jsonl.gz", 0.2),
+}
 SPLITS = ("train", "val")
+STREAMS = [f"{source}/{split}" for source in SOURCES for split in SPLITS]  # a folder of each layout each
 
 
 @pytest.fixture(scope="module")
 def dataset(run_cli, tmp_path_factory) -> Path:
-    """The bundled corpus in 1 MB shards, in every trainer's layout: the published version's directory."""
+    """The bundled sources mixed, in 1 MB shards, in every trainer's layout: the published version's directory."""
     root = tmp_path_factory.mktemp("text-trainers")
+    sources = [
+        {"name": name, "input": {"paths": [str(EXAMPLES / "data" / file)]}, "weight": weight}
+        for name, (file, weight) in SOURCES.items()
+    ]
     config = {
         "name": "trainers",
-        "input": {"paths": [str(EXAMPLES / "data" / "*.jsonl*")], "id_field": "id"},
+        "sources": sources,
         "partition": {"shard_size": "1MB"},
-        "split": {"train": 0.9, "val": 0.1},
+        "split": {"train": 0.8, "val": 0.2},
         "tokenizer": {"path": str(EXAMPLES / "tokenizers" / "gpt2" / "tokenizer.json")},
         "pack": {"mode": "concat", "seq_len": SEQ_LEN},
         "output": {"path": str(root / "build"), "formats": ["megatron", "packed", *LAYOUTS]},
@@ -49,20 +62,20 @@ def dataset(run_cli, tmp_path_factory) -> Path:
     return published / (published / "LATEST").read_text().strip()
 
 
-def shards(root: Path, split: str) -> list[MegatronReader]:
-    """The split's Megatron files, shard by shard in name order (the order of every layout's files)."""
-    return [MegatronReader(idx.with_suffix("")) for idx in sorted((root / "megatron" / split).glob("*.idx"))]
+def shards(root: Path, stream: str) -> list[MegatronReader]:
+    """The stream's Megatron files, shard by shard in name order (the order of every layout's files)."""
+    return [MegatronReader(idx.with_suffix("")) for idx in sorted((root / "megatron" / stream).glob("*.idx"))]
 
 
-def documents(root: Path, split: str) -> list[np.ndarray]:
-    """Every document of the split, in order, EOD last, as the `.bin` holds it."""
-    return [reader[i] for reader in shards(root, split) for i in range(len(reader))]
+def documents(root: Path, stream: str) -> list[np.ndarray]:
+    """Every document of the stream, in order, EOD last, as the `.bin` holds it."""
+    return [reader[i] for reader in shards(root, stream) for i in range(len(reader))]
 
 
-def windows(root: Path, split: str, size: int) -> list[np.ndarray]:
-    """The split's tokens cut into `size`-token windows, shard by shard, each shard's tail dropped: what a reader
+def windows(root: Path, stream: str, size: int) -> list[np.ndarray]:
+    """The stream's tokens cut into `size`-token windows, shard by shard, each shard's tail dropped: what a reader
     whose samples never cross a file yields."""
-    return cut([np.asarray(reader.tokens) for reader in shards(root, split)], size)
+    return cut([np.asarray(reader.tokens) for reader in shards(root, stream)], size)
 
 
 def cut(arrays: list[np.ndarray], size: int) -> list[np.ndarray]:
@@ -70,34 +83,61 @@ def cut(arrays: list[np.ndarray], size: int) -> list[np.ndarray]:
     return [array[i * size : (i + 1) * size] for array in arrays for i in range(len(array) // size)]
 
 
-def test_the_run_has_several_shards_and_documents_end_with_eod(dataset):
-    readers = shards(dataset, "train")
-    assert len(readers) >= 3 and len(shards(dataset, "val")) >= 3
-    assert all(doc[-1] == EOD for split in SPLITS for doc in documents(dataset, split))
+def trainer_mix(root: Path, format: str) -> dict:
+    return json.loads((root / layout.mix_trainer_file(format, "train")).read_text())
+
+
+def shares(root: Path) -> dict[str, float]:
+    """Each source's resolved share of the training tokens, as the manifest says it."""
+    mix = json.loads((root / "manifest.json").read_text())["mix"]
+    return {name: source["share"] for name, source in mix["sources"].items()}
+
+
+def owners(root: Path, size: int) -> dict[bytes, str]:
+    """The source of every `size`-token window of the training streams (as int64 bytes), to tell a drawn sample's."""
+    return {
+        window.astype(np.int64).tobytes(): source
+        for source in SOURCES
+        for window in windows(root, f"{source}/train", size)
+    }
+
+
+def assert_drawn_in_shares(drawn: collections.Counter, root: Path) -> None:
+    total = sum(drawn.values())
+    assert total > 1000 and set(drawn) == set(SOURCES)
+    for source, share in shares(root).items():
+        assert abs(drawn[source] / total - share) < 0.01, (source, drawn[source] / total, share)
+
+
+def test_every_source_has_several_shards_and_documents_end_with_eod(dataset):
+    assert sum(len(shards(dataset, f"{source}/train")) for source in SOURCES) >= 4
+    assert all(doc[-1] == EOD for stream in STREAMS for doc in documents(dataset, stream))
 
 
 def test_every_layout_is_in_the_manifest_and_inspect_verifies_it(dataset, run_cli, tmp_path):
-    """Each shard's split has every layout's files, listed with their kind, size and sha256; litdata's and MDS's
-    index.json beside them; `tokenmill inspect --verify` checks them all."""
+    """Each shard's stream has every layout's files, listed with their kind, size and sha256; litdata's and MDS's
+    index.json beside them, and the trainers' mixes; `tokenmill inspect --verify` checks them all."""
     manifest = json.loads((dataset / "manifest.json").read_text())
     listed = {f["path"]: f for f in manifest["files"]}
-    for split in SPLITS:
-        for reader in shards(dataset, split):
+    for stream in STREAMS:
+        for reader in shards(dataset, stream):
             shard = int(Path(reader.index.path).name[len("shard-") : -len(".idx")])
             for format in LAYOUTS:
-                for rel in layout.trainer_files(format, split, shard):
+                for rel in layout.trainer_files(format, stream, shard):
                     entry = listed[rel]
                     assert entry["bytes"] == (dataset / rel).stat().st_size and len(entry["sha256"]) == 64
-                    assert entry["split"] == split and entry["shard"] == shard
+                    assert entry["split"] == stream and entry["shard"] == shard
                     assert entry["kind"].split("-")[0] == format.split("_")[0]
         for format in layout.INDEXED_TRAINERS:
-            assert listed[layout.trainer_index(format, split)]["kind"] == f"{format}-index"
+            assert listed[layout.trainer_index(format, stream)]["kind"] == f"{format}-index"
+    assert all(listed[layout.mix_trainer_file(format, "train")]["kind"] == "mix" for format in LAYOUTS)
     assert "verified" in run_cli("inspect", str(dataset), "--verify").stdout
     copy = tmp_path / "copy"
     shutil.copytree(dataset, copy)
-    (copy / layout.trainer_file("litdata", "train", 0)).write_bytes(b"")
+    chunk = min(rel for rel in listed if rel.startswith("litdata/") and rel.endswith(".bin"))
+    (copy / chunk).write_bytes(b"")
     failed = run_cli("inspect", str(copy), "--verify", check=False)
-    assert failed.returncode != 0 and "litdata/train/shard-00000.bin: 0 bytes" in failed.stdout + failed.stderr
+    assert failed.returncode != 0 and f"{chunk}: 0 bytes" in failed.stdout + failed.stderr
 
 
 def test_validate_names_each_damaged_layout_file(dataset, tmp_path):
@@ -112,35 +152,36 @@ def test_validate_names_each_damaged_layout_file(dataset, tmp_path):
         return check_shard(check, ShardFiles(0, [{k: r[k] for k in COLUMNS} for r in rows]))
 
     assert problems() == []
+    stream = next(r["split"] for r in rows if r["split"].endswith("/train"))
+    files = {format: layout.trainer_files(format, stream, 0) for format in LAYOUTS}
     damaged = {
-        "olmo": ("olmo/train/shard-00000.csv.gz", gzip.compress(b"0,1,x\n")),
-        "datatrove": ("datatrove/train/shard-00000.ds.index", np.arange(1, 4, dtype="<u8").tobytes()),
-        "litdata": ("litdata/train/shard-00000.bin", b"\x01\x00\x00\x00" + bytes(8)),
-        "mds": ("mds/train/shard-00000.mds", b"\x00" * 40),
+        files["olmo"][1]: gzip.compress(b"0,1,x\n"),  # the .csv.gz
+        files["datatrove"][1]: np.arange(1, 4, dtype="<u8").tobytes(),  # the .ds.index
+        files["litdata"][0]: b"\x01\x00\x00\x00" + bytes(8),
+        files["mds"][0]: b"\x00" * 40,
     }
-    for rel, data in damaged.values():
+    for rel, data in damaged.items():
         (copy / rel).write_bytes(data)
-    (copy / "hf_parquet/train/shard-00000.parquet").unlink()
+    (copy / files["hf_parquet"][0]).unlink()
     found = "\n".join(problems())
-    for rel, _ in damaged.values():
-        assert f"{rel}: " in found
-    assert "hf_parquet/train/shard-00000.parquet: missing" in found
+    assert all(f"{rel}: " in found for rel in damaged)
+    assert f"{files['hf_parquet'][0]}: missing" in found
 
 
 def test_nanotron_reads_datatrove_files_in_windows_with_each_document_s_positions(dataset):
-    """datatrove's `DatatroveFolderDataset` over a split's folder, as nanotron's nanosets open it (`*.ds`, not
+    """datatrove's `DatatroveFolderDataset` over a stream's folder, as nanotron's nanosets open it (`*.ds`, not
     recursive): samples of seq_len + 1 tokens that never cross a file, and positions that restart at every document
     (from `.ds.index`); `.ds.metadata` names the tokenizer and the token size."""
     from datatrove.utils.dataset import DatatroveFolderDataset
 
     seq_len = 127
-    for split in SPLITS:
-        folder = dataset / "datatrove" / split
+    for stream in STREAMS:
+        folder = dataset / "datatrove" / stream
         samples = DatatroveFolderDataset(
             str(folder), seq_len=seq_len, filename_pattern="*.ds", recursive=False, token_size=2, return_positions=True
         )
-        expected = windows(dataset, split, seq_len + 1)
-        within = [np.concatenate([np.arange(n) for n in reader.index.lengths]) for reader in shards(dataset, split)]
+        expected = windows(dataset, stream, seq_len + 1)
+        within = [np.concatenate([np.arange(n) for n in reader.index.lengths]) for reader in shards(dataset, stream)]
         positions = cut(within, seq_len + 1)  # each token's position in its document
         assert len(samples) == len(expected) > 0
         for i, (tokens, where) in enumerate(zip(expected, positions, strict=True)):
@@ -149,28 +190,63 @@ def test_nanotron_reads_datatrove_files_in_windows_with_each_document_s_position
             first = np.argmax(where == 0) if (where == 0).any() else len(where)
             where = np.r_[where[:first] - where[0], where[first:]]  # the window's start is a position 0 too
             assert np.array_equal(sample["positions"].numpy(), where)
-        metadata = (folder / "shard-00000.ds.metadata").read_text().split("\n")
+        first = sorted(folder.glob("*.ds.metadata"))[0]
+        metadata = first.read_text().split("\n")
         assert metadata[0] == f"{EXAMPLES / 'tokenizers' / 'gpt2'}|2"
-        assert metadata[1] == str(len(shards(dataset, split)[0].tokens))
+        assert metadata[1] == str(len(shards(dataset, stream)[0].tokens))
+
+
+def test_nanotrons_mix_is_each_source_folder_with_its_share(dataset):
+    """nanotron's `dataset_folder` and `dataset_weights`: each source's training folder, its share. nanotron itself
+    draws them (`build_nanoset_index_helper`, its exact deterministic blend) but is not installable here."""
+    from datatrove.utils.dataset import DatatroveFolderDataset
+
+    mix = trainer_mix(dataset, "datatrove")
+    assert mix["dataset_folder"] == [str(dataset / "datatrove" / source / "train") for source in SOURCES]
+    assert mix["dataset_weights"] == list(shares(dataset).values())
+    for folder, source in zip(mix["dataset_folder"], SOURCES, strict=True):
+        samples = DatatroveFolderDataset(folder, seq_len=63, filename_pattern="*.ds", recursive=False, token_size=2)
+        assert len(samples) == len(windows(dataset, f"{source}/train", 64))
 
 
 def test_hf_datasets_loads_a_row_per_document(dataset, tmp_path, monkeypatch):
-    """`load_dataset("parquet", data_dir=...)`, map-style and streaming: its splits from the folders, a row per
-    document in order, `input_ids` uint16 with EOD last."""
+    """`load_dataset("parquet", data_dir=...)` of a source's folder, map-style and streaming: its splits from the
+    folders, a row per document in order, `input_ids` uint16 with EOD last."""
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     from datasets import load_dataset
 
-    loaded = load_dataset("parquet", data_dir=str(dataset / "hf_parquet"))
-    assert set(loaded) == {"train", "validation"}  # datasets' name for a val folder
-    assert loaded["train"].features["input_ids"].feature.dtype == "uint16"
-    for split, name in (("train", "train"), ("val", "validation")):
-        docs = documents(dataset, split)
-        rows = loaded[name].with_format("numpy")
-        assert len(rows) == len(docs)
-        assert all(np.array_equal(row["input_ids"], doc) for row, doc in zip(rows, docs, strict=True))
-    streamed = load_dataset("parquet", data_dir=str(dataset / "hf_parquet"), split="train", streaming=True)
-    docs = documents(dataset, "train")
-    assert [row["input_ids"] for row in streamed] == [doc.tolist() for doc in docs]
+    for source in SOURCES:
+        loaded = load_dataset("parquet", data_dir=str(dataset / "hf_parquet" / source))
+        assert set(loaded) == {"train", "validation"}  # datasets' name for a val folder
+        assert loaded["train"].features["input_ids"].feature.dtype == "uint16"
+        for split, name in (("train", "train"), ("val", "validation")):
+            docs = documents(dataset, f"{source}/{split}")
+            rows = loaded[name].with_format("numpy")
+            assert len(rows) == len(docs)
+            assert all(np.array_equal(row["input_ids"], doc) for row, doc in zip(rows, docs, strict=True))
+    streamed = load_dataset(
+        "parquet", data_dir=str(dataset / "hf_parquet" / "wiki" / "train"), split="train", streaming=True
+    )
+    assert [row["input_ids"] for row in streamed] == [doc.tolist() for doc in documents(dataset, "wiki/train")]
+
+
+def test_hf_datasets_interleaves_each_sources_tokens_in_its_share(dataset):
+    """`interleave_datasets` of the sources' training folders with the mix's probabilities, which draw documents:
+    the documents drawn hold each source's tokens within 1% of its share."""
+    from datasets import interleave_datasets, load_dataset
+
+    mix = trainer_mix(dataset, "hf_parquet")
+    parts = [
+        load_dataset("parquet", data_dir=folder, split="train", streaming=True)
+        .map(lambda row, source=source: {"source": source})
+        .repeat(None)
+        for folder, source in zip(mix["data_dirs"], SOURCES, strict=True)
+    ]
+    drawn = interleave_datasets(parts, probabilities=mix["probabilities"], seed=0)
+    tokens = collections.Counter()
+    for row in itertools.islice(drawn, 40_000):
+        tokens[row["source"]] += len(row["input_ids"])
+    assert_drawn_in_shares(tokens, dataset)
 
 
 @pytest.mark.trainers
@@ -181,40 +257,85 @@ def test_litgpt_streams_litdata_chunks_in_blocks(dataset, tmp_path, monkeypatch)
     from litdata import StreamingDataset, TokensLoader
 
     block = SEQ_LEN + 1  # LitGPT's max_seq_length + 1
-    for split in SPLITS:
-        blocks = StreamingDataset(str(dataset / "litdata" / split), item_loader=TokensLoader(block_size=block))
-        expected = windows(dataset, split, block)
+    for stream in STREAMS:
+        blocks = StreamingDataset(str(dataset / "litdata" / stream), item_loader=TokensLoader(block_size=block))
+        expected = windows(dataset, stream, block)
         got = [np.asarray(b) for b in blocks]
         assert len(blocks) == len(got) == len(expected) > 0
         assert all(np.array_equal(g, e) for g, e in zip(got, expected, strict=True))
 
 
 @pytest.mark.trainers
+def test_litdata_combines_the_sources_in_their_shares(dataset, tmp_path, monkeypatch):
+    """`CombinedStreamingDataset` of the mix's folders with its weights: 20,000 blocks, each source's within 1%."""
+    monkeypatch.setenv("DATA_OPTIMIZER_CACHE_FOLDER", str(tmp_path / "cache"))
+    from litdata import CombinedStreamingDataset, StreamingDataset, TokensLoader
+
+    mix, block = trainer_mix(dataset, "litdata"), 16
+    parts = [StreamingDataset(d, item_loader=TokensLoader(block_size=block), shuffle=True) for d in mix["input_dirs"]]
+    combined = CombinedStreamingDataset(parts, weights=mix["weights"], seed=3, iterate_over_all=False)
+    owner = owners(dataset, block)
+    drawn = itertools.islice(combined, 20_000)
+    assert_drawn_in_shares(collections.Counter(owner[np.asarray(b).astype(np.int64).tobytes()] for b in drawn), dataset)
+
+
+@pytest.mark.trainers
 def test_olmo_core_reads_fixed_length_windows_and_each_document(dataset, tmp_path, monkeypatch):
-    """OLMo-core's `NumpyFSLDataset` over a split's `.npy` files: windows of sequence_length that never cross a file;
-    its `NumpyPaddedFSLDataset`, its documents from the `.csv.gz`: one instance per document, EOD last, padded."""
+    """OLMo-core's `NumpyFSLDataset` over a stream's `.npy` files: windows of sequence_length that never cross a
+    file; its `NumpyPaddedFSLDataset`, its documents from the `.csv.gz`: one instance per document, EOD last, padded."""
     from olmo_core.data import NumpyFSLDataset, NumpyPaddedFSLDataset
 
     monkeypatch.setenv("OLMO_DATA_PREP_WORKERS", "1")
     monkeypatch.setenv("OLMO_DATA_PREP_USE_ARRAY_IF_LOCAL", "false")  # the .csv.gz, not EOD in the array
     options = {"pad_token_id": EOD, "eos_token_id": EOD, "vocab_size": VOCAB, "dtype": np.uint16}
-    for split in SPLITS:
-        paths = sorted(str(p) for p in (dataset / "olmo" / split).glob("*.npy"))
+    for k, stream in enumerate(STREAMS):
+        paths = sorted(str(p) for p in (dataset / "olmo" / stream).glob("*.npy"))
         fixed = NumpyFSLDataset(*paths, sequence_length=SEQ_LEN, **options)
-        fixed.work_dir = tmp_path / f"fsl-{split}"
+        fixed.work_dir = tmp_path / f"fsl-{k}"
         fixed.prepare()
-        expected = windows(dataset, split, SEQ_LEN)
+        expected = windows(dataset, stream, SEQ_LEN)
         assert len(fixed) == len(expected) > 0
         assert all(np.array_equal(fixed[i]["input_ids"].numpy(), e) for i, e in enumerate(expected))
-        docs = documents(dataset, split)
+        docs = documents(dataset, stream)
         longest = -(-max(map(len, docs)) // 64) * 64
         padded = NumpyPaddedFSLDataset(*paths, sequence_length=longest, **options)
-        padded.work_dir = tmp_path / f"padded-{split}"
+        padded.work_dir = tmp_path / f"padded-{k}"
         padded.prepare()
         assert len(padded) == len(docs)
         for i, doc in enumerate(docs):
             ids = padded[i]["input_ids"].numpy()
             assert np.array_equal(ids[: len(doc)], doc) and (ids[len(doc) :] == EOD).all()
+
+
+@pytest.mark.trainers
+def test_olmo_core_source_mixture_draws_each_source_in_its_share(dataset, tmp_path, monkeypatch):
+    """OLMo-core's source mixture from the mix's sources (`SourceMixtureList`): each source's instances within 1% of
+    its share of the instances the mixture draws."""
+    from olmo_core.data import NumpyFSLDatasetConfig, TokenizerConfig
+    from olmo_core.data.source_mixture import SourceMixtureConfig, SourceMixtureDatasetConfig, SourceMixtureList
+
+    monkeypatch.setenv("OLMO_DATA_PREP_WORKERS", "1")
+    length = 64
+    sources = SourceMixtureList(sources=[SourceMixtureConfig(**s) for s in trainer_mix(dataset, "olmo")["sources"]])
+    mixture = SourceMixtureDatasetConfig(
+        source_list=sources,
+        requested_tokens=400_000,
+        global_batch_size=4 * length,
+        seed=7,
+        render_tables=False,
+        quiet=True,
+    )
+    config = NumpyFSLDatasetConfig.from_src_mix(
+        mixture,
+        tokenizer=TokenizerConfig(vocab_size=VOCAB, eos_token_id=EOD, pad_token_id=EOD),
+        sequence_length=length,
+        work_dir=str(tmp_path / "work"),
+    )
+    instances = config.build()
+    instances.prepare()
+    owner = owners(dataset, length)
+    drawn = (instances[i]["input_ids"].numpy().astype(np.int64).tobytes() for i in range(len(instances)))
+    assert_drawn_in_shares(collections.Counter(owner[window] for window in drawn), dataset)
 
 
 def import_streaming():
@@ -242,16 +363,29 @@ def import_streaming():
 
 @pytest.mark.streaming
 def test_llm_foundry_reads_mds_rows_of_seq_len(dataset):
-    """streaming's `StreamingDataset` over a split's MDS shards, each sample decoded as llm-foundry's
+    """streaming's `StreamingDataset` over a stream's MDS shards, each sample decoded as llm-foundry's
     `StreamingTextDataset._read_binary_tokenized_sample` does (its `tokens` column, cut to max_seq_len, as int64):
     rows of pack.seq_len tokens of the documents joined by their EOD, that never cross a shard."""
     import torch
 
     streaming = import_streaming()
-    for split in SPLITS:
-        rows = streaming.StreamingDataset(local=str(dataset / "mds" / split), shuffle=False, batch_size=1)
-        expected = windows(dataset, split, SEQ_LEN)
+    for stream in STREAMS:
+        rows = streaming.StreamingDataset(local=str(dataset / "mds" / stream), shuffle=False, batch_size=1)
+        expected = windows(dataset, stream, SEQ_LEN)
         assert len(rows) == len(expected) > 0
         for i, row in enumerate(expected):
             sample = torch.from_numpy(rows[i]["tokens"][:SEQ_LEN].copy()).to(torch.int64)  # llm-foundry's decoding
             assert np.array_equal(sample.numpy(), row)
+
+
+@pytest.mark.streaming
+def test_streaming_draws_each_stream_in_its_proportion(dataset):
+    """llm-foundry's `streams` from the mix, each with its `proportion`: an epoch of 5,000 rows holds each source's
+    within 1% of its share."""
+    streaming = import_streaming()
+    streams = [streaming.Stream(**spec) for spec in trainer_mix(dataset, "mds")["streams"].values()]
+    rows = streaming.StreamingDataset(streams=streams, epoch_size=5000, shuffle=True, shuffle_seed=3, batch_size=1)
+    owner = owners(dataset, SEQ_LEN)
+    assert_drawn_in_shares(
+        collections.Counter(owner[row["tokens"].astype(np.int64).tobytes()] for row in rows), dataset
+    )

@@ -81,6 +81,12 @@ def mix_merged_prefix(split: str, source: str) -> str:
     return f"mix/megatron/{split}/{source}"
 
 
+def mix_trainer_file(format: str, split: str) -> str:
+    """A mixture's split in a trainer's own terms (`tokenmill.mix`): its sources' folders of `format` and the weight
+    each is drawn with."""
+    return f"mix/{format}/{split}.json"
+
+
 def mix_packed_file(split: str) -> str:
     """A mixture's packed rows of a split as the mix draws them: (shard id, row) pairs, shuffled (tokenmill.mix)."""
     return f"mix/packed/{split}.npy"

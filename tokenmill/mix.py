@@ -13,6 +13,14 @@ each shard's weight its source's share times its part of the source's tokens, so
 shards merged into one `mix/megatron/<split>/<source>.bin/.idx`, so that `--multiple-validation-sets` reports a loss
 per source. Prefixes name the published version's files.
 
+Each trainer's layout in `output.formats`: `mix/<format>/<split>.json`, its sources' folders of the training split
+in the version and what that trainer takes to draw them in their shares (`TRAINER_MIXES`): OLMo-core's source
+mixture (`target_ratio` and the source's files), nanotron's `dataset_folder` and `dataset_weights`, litdata's
+`CombinedStreamingDataset` weights, streaming's per-stream `proportion`, and `datasets.interleave_datasets`'
+`probabilities`. Those trainers draw samples of one length (all but HF datasets), so a source's share of samples is
+its share of tokens; `interleave_datasets` draws rows, documents, so each source's probability is its share over
+its mean document length (normalized): a draw of documents in those probabilities holds tokens in the shares.
+
 Packed (THD): `mix/packed/<split>.npy`, the (shard, row) pairs of every source's training rows as the mix draws
 them (`write_packed_mix`), which `tokenmill.loader.PackedSplit(root, "train")` reads in order.
 """
@@ -98,6 +106,8 @@ def write_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict, publ
     loader's where packed rows are written."""
     config.output.store().remove_tree(layout.MIX)
     write_megatron_mix(config, table, resolved, published)
+    for format in (f for f in TRAINER_MIXES if f in config.output.formats):
+        write_trainer_mix(config, table, resolved, published, format)
     if writes_packed(config):
         write_packed_mix(config, table, resolved)
 
@@ -126,6 +136,42 @@ def write_megatron_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: d
     pairs = zip(blends["train"][::2], blends["train"][1::2], strict=True)
     store.write_bytes(layout.MIX_TRAIN_ARGS, "".join(f"{weight} {prefix}\n" for weight, prefix in pairs).encode())
     store.write_bytes(layout.MIX_PER_SPLIT_ARGS, (json.dumps(blends, indent=2) + "\n").encode())
+
+
+TRAINER_MIXES = ("olmo", "datatrove", "litdata", "mds", "hf_parquet")  # the layouts a mix is written for
+
+
+def write_trainer_mix(
+    config: TokenmillConfig, table: pd.DataFrame, resolved: dict, published: str, format: str
+) -> None:
+    """`mix/<format>/<train split>.json`: the training split's mix in the terms of the trainer of `format` (module
+    docstring), its folders and files under `published` (the version's URL)."""
+    train, sources = resolved["split"], resolved["sources"]
+    folders = {name: f"{published}/{format}/{name}/{train}" for name in sources}
+    shares = {name: source["share"] for name, source in sources.items()}
+    if format == "olmo":  # OLMo-core's SourceMixtureList
+        shard_ids = {name: stream_shards(table, f"{name}/{train}").shard_id.tolist() for name in sources}
+        files = {name: [f"{published}/{layout.trainer_file(format, f'{name}/{train}', i)}" for i in ids]
+                 for name, ids in shard_ids.items()}  # fmt: skip
+        mixture = [
+            {"source_name": name, "target_ratio": shares[name], "paths": files[name],
+             "max_repetition_ratio": max(1.0, source["epochs"])}
+            for name, source in sources.items()
+        ]  # fmt: skip
+        mix = {"sources": mixture}  # SourceMixtureList's; the run chooses requested_tokens
+    elif format == "datatrove":  # nanotron's data stage
+        mix = {"dataset_folder": list(folders.values()), "dataset_weights": list(shares.values())}
+    elif format == "litdata":  # CombinedStreamingDataset over a StreamingDataset per folder
+        mix = {"input_dirs": list(folders.values()), "weights": list(shares.values())}
+    elif format == "mds":  # llm-foundry's streams
+        where = "remote" if "://" in published else "local"
+        mix = {"streams": {name: {where: folders[name], "proportion": shares[name]} for name in sources}}
+    else:  # hf_parquet: interleave_datasets draws rows, documents
+        made = {name: source["splits"][train] for name, source in sources.items()}
+        per_document = {name: shares[name] * made[name]["documents"] / made[name]["tokens"] for name in sources}
+        total = sum(per_document.values())
+        mix = {"data_dirs": list(folders.values()), "probabilities": [p / total for p in per_document.values()]}
+    config.output.store().write_json(layout.mix_trainer_file(format, train), mix)
 
 
 def write_packed_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict) -> None:
