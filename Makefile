@@ -95,7 +95,7 @@ trainers: setup
 	  printf 'torch==2.13.0\ntorchvision==0.28.0\n' > $$venv/constraints.txt; \
 	  for command in tokenmill prefect dask; do ln -sf $(abspath $(BIN))/$$command $$venv/bin/$$command; done; \
 	done
-	$(TRAINERS)/bin/python -m pip install -q -c $(TRAINERS)/constraints.txt "ai2-olmo-core>=3.0" "litdata>=0.2.50"
+	$(TRAINERS)/bin/python -m pip install -q -c $(TRAINERS)/constraints.txt "ai2-olmo-core>=3.0" "litdata>=0.2.76"
 	$(STREAMING)/bin/python -m pip install -q -c $(STREAMING)/constraints.txt "mosaicml-streaming>=0.13"
 	$(STREAMING)/bin/python -m pip uninstall -q -y torchvision
 	$(TRAINERS)/bin/python -m pytest -m trainers -n 0 tests/test_chat_trainers.py tests/test_formats_trainers.py
