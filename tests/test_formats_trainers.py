@@ -131,7 +131,8 @@ def test_every_layout_is_in_the_manifest_and_inspect_verifies_it(dataset, run_cl
         for format in layout.INDEXED_TRAINERS:
             assert listed[layout.trainer_index(format, stream)]["kind"] == f"{format}-index"
     assert all(listed[layout.mix_trainer_file(format, "train")]["kind"] == "mix" for format in LAYOUTS)
-    assert "verified" in run_cli("inspect", str(dataset), "--verify").stdout
+    shown = run_cli("inspect", str(dataset), "--verify").stdout
+    assert "verified" in shown and f"  litdata: {dataset}/mix/litdata/train.json" in shown
     copy = tmp_path / "copy"
     shutil.copytree(dataset, copy)
     chunk = min(rel for rel in listed if rel.startswith("litdata/") and rel.endswith(".bin"))

@@ -81,6 +81,9 @@ def mix_merged_prefix(split: str, source: str) -> str:
     return f"mix/megatron/{split}/{source}"
 
 
+MIX_TRAINERS = ("olmo", "datatrove", "litdata", "mds", "hf_parquet")  # the layouts a mixture's mix is written for
+
+
 def mix_trainer_file(format: str, split: str) -> str:
     """A mixture's split in a trainer's own terms (`tokenmill.mix`): its sources' folders of `format` and the weight
     each is drawn with."""

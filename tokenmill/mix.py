@@ -14,7 +14,7 @@ shards merged into one `mix/megatron/<split>/<source>.bin/.idx`, so that `--mult
 per source. Prefixes name the published version's files.
 
 Each trainer's layout in `output.formats`: `mix/<format>/<split>.json`, its sources' folders of the training split
-in the version and what that trainer takes to draw them in their shares (`TRAINER_MIXES`): OLMo-core's source
+in the version and what that trainer takes to draw them in their shares (`layout.MIX_TRAINERS`): OLMo-core's source
 mixture (`target_ratio` and the source's files), nanotron's `dataset_folder` and `dataset_weights`, litdata's
 `CombinedStreamingDataset` weights, streaming's per-stream `proportion`, and `datasets.interleave_datasets`'
 `probabilities`. Those trainers draw samples of one length (all but HF datasets), so a source's share of samples is
@@ -106,7 +106,7 @@ def write_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict, publ
     loader's where packed rows are written."""
     config.output.store().remove_tree(layout.MIX)
     write_megatron_mix(config, table, resolved, published)
-    for format in (f for f in TRAINER_MIXES if f in config.output.formats):
+    for format in (f for f in layout.MIX_TRAINERS if f in config.output.formats):
         write_trainer_mix(config, table, resolved, published, format)
     if writes_packed(config):
         write_packed_mix(config, table, resolved)
@@ -136,9 +136,6 @@ def write_megatron_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: d
     pairs = zip(blends["train"][::2], blends["train"][1::2], strict=True)
     store.write_bytes(layout.MIX_TRAIN_ARGS, "".join(f"{weight} {prefix}\n" for weight, prefix in pairs).encode())
     store.write_bytes(layout.MIX_PER_SPLIT_ARGS, (json.dumps(blends, indent=2) + "\n").encode())
-
-
-TRAINER_MIXES = ("olmo", "datatrove", "litdata", "mds", "hf_parquet")  # the layouts a mix is written for
 
 
 def write_trainer_mix(

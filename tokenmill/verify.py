@@ -43,6 +43,7 @@ def summary_lines(dataset: Dataset) -> list[str]:
     ]
     for split, s in m["splits"].items():
         lines.append(f"  {split}: {s['documents']:,} documents, {s['tokens']:,} tokens")
+    listed = {entry["path"] for entry in m["files"] if entry["path"].startswith(f"{layout.MIX}/")}
     if mix := m.get("mix"):
         lines.append(
             f"  the mix: {mix['total_tokens']:,} {mix['split']} tokens drawn from {len(mix['sources'])} sources"
@@ -55,6 +56,9 @@ def summary_lines(dataset: Dataset) -> list[str]:
             )
         lines.append(f"  Megatron: --data-args-path {dataset.store.url}/{layout.MIX_TRAIN_ARGS}")
         lines.append(f"            --per-split-data-args-path {dataset.store.url}/{layout.MIX_PER_SPLIT_ARGS}")
+        for format in layout.MIX_TRAINERS:  # the mix in each trainer's own terms (tokenmill.mix)
+            if layout.mix_trainer_file(format, mix["split"]) in listed:
+                lines.append(f"  {format}: {dataset.store.url}/{layout.mix_trainer_file(format, mix['split'])}")
     files = m["files"]
     lines.append(f"  {len(files)} files, {sum(f['bytes'] for f in files) / 1e6:,.1f} MB")
     if inputs := m.get("inputs"):
