@@ -112,3 +112,48 @@ def test_the_text_layouts_refuse_an_input_of_conversations(tmp_path):
     }
     with pytest.raises(ValidationError, match="output.formats litdata, mds hold text without a loss mask"):
         TokenmillConfig.model_validate(config)
+
+
+def test_nanotron_finds_the_tokenizer_as_the_config_names_it():
+    assert datatrove.tokenizer_name("hf:openai-community/gpt2") == "openai-community/gpt2"
+    assert datatrove.tokenizer_name("/models/gpt2/tokenizer.json") == "/models/gpt2"
+    assert datatrove.tokenizer_name("/models/gpt2") == "/models/gpt2"
+    assert datatrove.tokenizer_name(None) == "tokenizer"  # a trained one: the dataset's own tokenizer/
+
+
+def test_split_indexes_list_each_shard_with_documents_and_forget_a_dropped_layout(tmp_path):
+    """litdata's index lists every shard of a split with documents; MDS's those with a row (a shard of fewer tokens
+    than a row has no sample); a layout no longer asked for loses its index."""
+    import pandas as pd
+
+    from tokenmill.config import TokenmillConfig
+    from tokenmill.pack import write_split_indexes
+    from tokenmill.tokenizer_info import TokenizerInfo
+
+    def config(formats: list[str]) -> TokenmillConfig:
+        return TokenmillConfig.model_validate(
+            {
+                "name": "indexes",
+                "input": {"paths": [str(tmp_path / "in.jsonl")]},
+                "split": {"train": 1.0},
+                "tokenizer": {"path": str(tmp_path / "tokenizer.json")},
+                "pack": {"seq_len": 100},
+                "output": {"path": str(tmp_path / "out"), "formats": formats},
+            }
+        )
+
+    table = pd.DataFrame(
+        {"shard_id": [2, 0, 1], "split": "train", "documents": [5, 3, 0], "tokens": [250, 60, 0], "packed_rows": 0}
+    )
+    tokenizer = TokenizerInfo(sha256="", vocab_size=50257, eod_id=50256, trained=False)
+    write_split_indexes(config(["megatron", "litdata", "mds"]), tokenizer, table)
+    out = tmp_path / "out"
+    chunks = json.loads((out / "litdata/train/index.json").read_text())["chunks"]
+    assert [(c["filename"], c["chunk_size"], c["dim"]) for c in chunks] == [
+        ("shard-00000.bin", 3, 60),
+        ("shard-00002.bin", 5, 250),
+    ]
+    shards = json.loads((out / "mds/train/index.json").read_text())["shards"]
+    assert [(s["raw_data"]["basename"], s["samples"]) for s in shards] == [("shard-00002.mds", 2)]
+    write_split_indexes(config(["megatron", "litdata"]), tokenizer, table)
+    assert (out / "litdata/train/index.json").exists() and not (out / "mds/train/index.json").exists()
