@@ -11,13 +11,14 @@ import datetime
 import gzip
 import itertools
 import json
+import shutil
 from collections import Counter
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tokenmill import chat
+from tokenmill import chat, encoders, pretrained
 from tokenmill.packers import pack_conversations
 
 from .conftest import SHARED, TOKENIZERS
@@ -135,6 +136,55 @@ def test_the_mask_check_passes_the_right_mask_and_fails_all_ones_and_shifted_one
         turns = [m["content"] for m in messages if m["role"] == "assistant"]
         masked = [rendered.text[start:end] for start, end in rendered.contents]
         assert masked == turns  # each assistant content, as it is
+
+
+@pytest.mark.parametrize(("name", "backend"), [("phi3", "gigatoken"), ("granite", "hf")])
+def test_a_fast_backends_ids_with_their_offsets_give_the_references_ids_and_masks(name, backend, reference):
+    """The fast path: a backend's ids (gigatoken's for phi3; Granite's byte-level tokenizer, which no fast backend
+    represents, with HF's ids alone), and where each token lies found from the ids alone (`TokenOffsets`), give
+    the ids and masks HF tokenizers' offsets give, on every conversation and on texts made to be hard; texts whose
+    tokens cannot be placed (whitespace that phi3's `<|end|>` strips, which only Unicode calls whitespace) go to
+    the reference."""
+    template, tokenizer = ours(name, reference)
+    exact = encoders.HFEncoder(tokenizer)
+    fast = encoders.new_backend(backend, tokenizer.to_str().encode())
+    assert exact.token_offsets is not None
+    rendered = [chat.render_with_spans(template, messages) for messages in conversations()]
+    hard = [
+        "Hello <|end|>  x",
+        "  lead",
+        "日本<|end|>\n\t <|user|> ok",
+        "ꙮ 🙂 x<|end|>",
+        "<|end|>",
+        "a\u00a0<|end|>\u3000b",
+    ]
+    rendered += [chat.RenderedChat(text, [(0, len(text))], []) for text in hard]  # the whole text
+    rendered += [chat.RenderedChat(text, [(1, len(text) - 1)], []) for text in hard]  # from its second character
+    got = chat.encode_batch(tokenizer, rendered, fast, exact.token_offsets)
+    wanted = chat.encode_batch(tokenizer, rendered)
+    assert [x.tolist() for x in got] == [x.tolist() for x in wanted]
+    _, tiles = exact.token_offsets.of_batch(got[0], got[1], [r.text.encode() for r in rendered])
+    assert tiles[: -2 * len(hard)].all()  # no real conversation needed the reference
+    untiled = [text for text, placed in zip(hard, tiles[-len(hard) :], strict=True) if not placed]
+    assert untiled == (["a\u00a0<|end|>\u3000b"] if name == "phi3" else [])
+
+
+def test_the_tokenizer_transformers_builds_is_kept_per_directory_and_rebuilt_when_a_file_changes(
+    reference, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "cache"))
+    directory = tmp_path / "phi3"
+    shutil.copytree(PHI3, directory)
+    built = pretrained.as_transformers_builds_it(pretrained.load_pretrained(str(directory)))
+    assert built.data == reference[PHI3].backend_tokenizer.to_str().encode()
+    kept = list((tmp_path / "cache" / "transformers-tokenizers").iterdir())
+    assert len(kept) == 1 and kept[0].read_bytes() == built.data
+    kept[0].write_bytes(b"{}")  # what is kept is what a run takes
+    assert pretrained.as_transformers_builds_it(pretrained.load_pretrained(str(directory))).data == b"{}"
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 1}))
+    again = pretrained.as_transformers_builds_it(pretrained.load_pretrained(str(directory)))
+    assert again.data == built.data and len(list(kept[0].parent.iterdir())) == 2
 
 
 PHI3_LIKE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ BODY }}<|end|>\n{% endfor %}{{ eos_token }}"

@@ -98,6 +98,7 @@ def test_ids_are_apply_chat_templates_and_the_mask_its_generation_tagged_templat
     check = json.loads((out / "_work" / "reference_check.json").read_text())
     assert check["documents"] == CONVERSATIONS and check["mismatches"] == 0  # each mask decoded and checked
     manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["encoder"]["name"] == "gigatoken"  # the fast path: its ids, and masks from where they lie
     template = manifest["tokenizer"]["chat_templates"][""]  # the dataset carries the template it was rendered with
     assert template["end_of_turn"] == "<|end|>\n" and template["date"] is None
     config_template = json.loads((PHI3 / "tokenizer_config.json").read_text())["chat_template"]

@@ -29,6 +29,8 @@ import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from tokenmill.encoders import TokenOffsets, splice
+
 ROLES = ("system", "user", "assistant", "tool")
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' _REASONING_FIELDS, in its order
 # The special tokens apply_chat_template passes to the template, by name (its special_tokens_map).
@@ -482,9 +484,48 @@ def encode(tokenizer: Tokenizer, chat: RenderedChat) -> tuple[np.ndarray, np.nda
     return np.asarray(encoding.ids, dtype=np.int64), _mask_of(encoding, chat.spans), offsets
 
 
-def encode_batch(tokenizer: Tokenizer, chats: list[RenderedChat]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`encode` for a batch, in the tokenizer's threads: (every conversation's ids back to back, their lengths,
-    their loss masks back to back)."""
+def encode_batch(
+    tokenizer: Tokenizer, chats: list[RenderedChat], fast: Any = None, offsets: TokenOffsets | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`encode` for a batch: (every conversation's ids back to back, their lengths, their loss masks back to
+    back). With a fast backend (`fast`, the run's choice, which gives ids only) and `offsets` (where its tokens
+    lie), the masks come from the ids; a conversation whose tokens do not tile its text is encoded by `tokenizer`
+    (the reference, in its threads), as every conversation is without them."""
+    texts = [rendered.text for rendered in chats]
+    if fast is None or offsets is None or not chats:
+        return _encoded_by(tokenizer, chats)
+    ids, lengths = fast.encode_batch(texts)
+    ids = ids.astype(np.int64)
+    encoded = [text.encode() for text in texts]
+    where, tiles = offsets.of_batch(ids, lengths, encoded)
+    text_starts = np.cumsum([len(text) for text in encoded]) - np.array([len(text) for text in encoded])
+    spans = np.array(
+        [
+            (c, *span)
+            for c, (rendered, text) in enumerate(zip(chats, encoded, strict=True))
+            for span in _in_bytes(rendered, text)
+        ],
+        np.int64,
+    ).reshape(-1, 3)
+    conversation = np.repeat(np.arange(len(chats)), lengths)
+    token_starts = np.clip(where[:, 0] + text_starts[conversation], text_starts[conversation], None)
+    token_ends = where[:, 1] + text_starts[conversation]
+    # each span's tokens: from the first that ends after it starts to the first that starts at or after its end
+    first = np.searchsorted(token_ends, spans[:, 1] + text_starts[spans[:, 0]], side="right")
+    stop = np.searchsorted(token_starts, spans[:, 2] + text_starts[spans[:, 0]], side="left")
+    edges = np.zeros(len(ids) + 1, np.int64)
+    np.add.at(edges, first, 1)
+    np.add.at(edges, stop, -1)
+    masks = (np.cumsum(edges[:-1]) > 0).astype(np.uint8)
+    redo = np.flatnonzero(~tiles)
+    if len(redo):
+        exact_ids, exact_lengths, exact_masks = _encoded_by(tokenizer, [chats[i] for i in redo])
+        masks, _ = splice(masks, lengths, redo, exact_masks, exact_lengths)
+        ids, lengths = splice(ids, lengths, redo, exact_ids, exact_lengths)
+    return ids, lengths, masks
+
+
+def _encoded_by(tokenizer: Tokenizer, chats: list[RenderedChat]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     encodings = tokenizer.encode_batch([rendered.text for rendered in chats], add_special_tokens=False)
     ids = [np.asarray(encoding.ids, dtype=np.int64) for encoding in encodings]
     masks = [_mask_of(encoding, rendered.spans) for encoding, rendered in zip(encodings, chats, strict=True)]
@@ -492,6 +533,14 @@ def encode_batch(tokenizer: Tokenizer, chats: list[RenderedChat]) -> tuple[np.nd
     if not ids:
         return np.empty(0, np.int64), lengths, np.empty(0, np.uint8)
     return np.concatenate(ids), lengths, np.concatenate(masks)
+
+
+def _in_bytes(rendered: RenderedChat, text: bytes) -> list[tuple[int, int]]:
+    """The spans that carry loss, in the UTF-8 bytes `text` of the conversation."""
+    if len(text) == len(rendered.text):  # ASCII: the same positions
+        return rendered.spans
+    at = functools.cache(lambda i: len(rendered.text[:i].encode()))
+    return [(at(start), at(end)) for start, end in rendered.spans]
 
 
 def mask_problems(

@@ -24,6 +24,7 @@ import importlib.metadata
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ import orjson
 import pyarrow as pa
 from tokenizers import Tokenizer
 
-from tokenmill.readers import scan_parts
+from tokenmill.buffers import scan_parts
 
 BACKENDS = ("gigatoken", "tiktoken", "hf")  # fastest first: `auto` takes the first one that is exact
 Texts = pa.Array | Sequence[str]
@@ -98,6 +99,124 @@ class HFEncoder:
     def encode_batch(self, texts: Texts) -> tuple[np.ndarray, np.ndarray]:
         encodings = self.tokenizer.encode_batch_fast(as_list(texts), add_special_tokens=False)
         return flatten([e.ids for e in encodings])
+
+    @functools.cached_property
+    def token_offsets(self) -> TokenOffsets | None:
+        return TokenOffsets.of(self.tokenizer.to_str().encode())
+
+
+# The ASCII whitespace HF tokenizers strips beside an added token with lstrip or rstrip (Rust's is_whitespace; it
+# also strips some non-ASCII spaces: an encoding with those there does not tile its text, and goes to the reference).
+_SOLID = np.ones(256, bool)
+_SOLID[[9, 10, 11, 12, 13, 32]] = False
+
+
+@dataclass(frozen=True)
+class TokenOffsets:
+    """Where each token of an encoding lies in its text, from the ids alone, as HF tokenizers' offsets say (in
+    bytes): what a fast backend, which gives ids only, needs for the loss masks of conversations. A token covers
+    the bytes its vocabulary entry stands for (`▁` a space, `<0xNN>` one byte, a byte-level character its byte);
+    an added token also the whitespace it strips; the first token not the space Metaspace puts before a text.
+    Only for tokenizers whose offsets are that (`of` gives None otherwise), and each encoding is checked:
+    where its tokens do not tile its text exactly, `of_ids` gives None and the caller asks the reference."""
+
+    lengths: np.ndarray  # bytes of text each id stands for
+    added: np.ndarray  # per id: an added token (matched in the text before the model sees it)
+    strips: np.ndarray  # per id: 1 lstrip, 2 rstrip (bits) for added tokens that strip whitespace beside them
+    spaced: np.ndarray  # per id, Metaspace's prepend_scheme first: it starts with the space put before a text
+    found: re.Pattern  # the added tokens in a text, longest first, as HF matches them
+
+    @classmethod
+    def of(cls, tokenizer_json: bytes) -> TokenOffsets | None:
+        spec = orjson.loads(tokenizer_json)
+        model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+        parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+        kinds = {part.get("type") for part in parts} - {None, "Split"}
+        post = spec.get("post_processor") or {}
+        processors = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
+        if spec.get("normalizer") is not None or model.get("type") != "BPE" or len(kinds) != 1:
+            return None  # a normalizer moves characters; other models and mixed pre-tokenizers are not modelled
+        if any(p.get("type") == "ByteLevel" and p.get("trim_offsets") for p in processors):
+            return None  # offsets trimmed of their spaces
+        (kind,) = kinds
+        (part,) = [p for p in parts if p.get("type") == kind]
+        if kind == "Metaspace" and part.get("prepend_scheme", "always") in ("first", "never"):
+            space = part.get("replacement", "▁")
+            byte_fallback = re.compile(r"<0x[0-9A-F]{2}>") if model.get("byte_fallback") else None
+
+            def length(token: str) -> int:
+                if byte_fallback is not None and byte_fallback.fullmatch(token):
+                    return 1
+                return len(token.replace(space, " ").encode())
+
+        elif kind == "ByteLevel" and not part.get("add_prefix_space"):
+            byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
+
+            def length(token: str) -> int:
+                return sum(1 if ch in byte_of else len(ch.encode()) for ch in token)
+
+        else:
+            return None
+        added = spec.get("added_tokens") or []
+        size = max([*model["vocab"].values(), *(t["id"] for t in added)]) + 1
+        lengths, strips, spaced = np.zeros(size, np.int64), np.zeros(size, np.uint8), np.zeros(size, bool)
+        is_added = np.zeros(size, bool)
+        prepends = kind == "Metaspace" and part.get("prepend_scheme") == "first"
+        for token, id_ in model["vocab"].items():
+            lengths[id_] = length(token)
+            spaced[id_] = prepends and token.startswith(part.get("replacement", "▁"))
+        for token in added:
+            lengths[token["id"]] = len(token["content"].encode())
+            strips[token["id"]] = token.get("lstrip", False) | token.get("rstrip", False) << 1
+            spaced[token["id"]], is_added[token["id"]] = False, True
+        contents = sorted((t["content"].encode() for t in added), key=len, reverse=True)
+        return cls(lengths, is_added, strips, spaced, re.compile(b"|".join(map(re.escape, contents)) or b"(?!)"))
+
+    def of_batch(self, ids: np.ndarray, lengths: np.ndarray, texts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """Each token's (start, end) in its text's bytes, for a batch of encodings (`ids` back to back, `lengths`
+        of each), and whether each encoding's tokens tile its text (where not, its offsets mean nothing)."""
+        count = len(texts)
+        conversation = np.repeat(np.arange(count), lengths)  # each token's text
+        firsts = np.cumsum(lengths) - lengths
+        text_lengths = np.fromiter(map(len, texts), np.int64, count)
+        text_starts = np.cumsum(text_lengths) - text_lengths
+        joined = b"".join(texts)
+        sizes = self.lengths[ids]
+        if len(ids):
+            first = firsts[lengths > 0]
+            after_space = np.frombuffer(joined, np.uint8)[np.minimum(text_starts, len(joined) - 1)] == ord(" ")
+            spaced = first[self.spaced[ids[first]] & ~after_space[lengths > 0] & (text_lengths[lengths > 0] > 0)]
+            sizes[spaced] -= 1  # the space Metaspace put before a text
+        tiles = np.ones(count, bool)
+        at = np.flatnonzero(self.strips[ids])  # added tokens that strip whitespace: found beside them in the texts
+        if len(at):
+            at = np.flatnonzero(self.added[ids])
+            found = np.array(
+                [(i, *m.span()) for i, text in enumerate(texts) for m in self.found.finditer(text)], np.int64
+            ).reshape(-1, 3)
+            expected = np.bincount(conversation[at], minlength=count)
+            tiles &= np.bincount(found[:, 0], minlength=count) == expected
+            at, found = at[tiles[conversation[at]]], found[tiles[found[:, 0]]]
+            wrong = found[:, 2] - found[:, 1] != sizes[at]
+            tiles[found[wrong, 0]] = False
+            starts, ends = found[:, 1] + text_starts[found[:, 0]], found[:, 2] + text_starts[found[:, 0]]
+            solid = np.flatnonzero(_SOLID[np.frombuffer(joined, np.uint8)])  # where no whitespace is
+            text_ends = (text_starts + text_lengths)[found[:, 0]]
+            next_solid = np.minimum(np.append(solid, len(joined))[np.searchsorted(solid, ends)], text_ends)
+            last_solid = np.maximum(
+                np.insert(solid, 0, -1)[np.searchsorted(solid, starts)], text_starts[found[:, 0]] - 1
+            )
+            strips = self.strips[ids[at]]
+            sizes[at] += np.where(strips & 2, next_solid - ends, 0) + np.where(strips & 1, starts - last_solid - 1, 0)
+        ends = np.cumsum(sizes)
+        ends -= (ends - sizes)[firsts][conversation] if len(ids) else 0  # from each text's start
+        totals = np.zeros(count, np.int64)
+        totals[lengths > 0] = ends[np.cumsum(lengths)[lengths > 0] - 1]
+        tiles &= totals == text_lengths
+        offsets = np.stack([ends - sizes, ends], axis=1)
+        alone = offsets[:, 1] == 0  # that space alone: HF gives it the text's first character, before which it is
+        offsets[alone, 1] = np.minimum(1, text_lengths[conversation[alone]])
+        return offsets, tiles
 
 
 class GigatokenEncoder:
@@ -310,7 +429,8 @@ class GuardedEncoder:
 def splice(
     flat: np.ndarray, lengths: np.ndarray, documents: np.ndarray, new_flat: np.ndarray, new_lengths: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Replace the ids of `documents` (sorted indexes) with `new_flat`/`new_lengths`, in one pass."""
+    """Replace the ids (or a value per token) of `documents` (sorted indexes) with `new_flat`/`new_lengths`, in
+    one pass."""
     starts = np.concatenate([[0], np.cumsum(lengths)])
     new_starts = np.concatenate([[0], np.cumsum(new_lengths)])
     pieces, previous = [], 0
@@ -320,7 +440,7 @@ def splice(
     pieces.append(flat[starts[previous] :])
     out_lengths = lengths.copy()
     out_lengths[documents] = new_lengths
-    return np.concatenate(pieces).astype(np.uint32, copy=False), out_lengths
+    return np.concatenate(pieces).astype(flat.dtype, copy=False), out_lengths
 
 
 # --- choosing a backend -------------------------------------------------------------------------------
@@ -499,8 +619,9 @@ def probe_code_points(fast: Encoder, reference: Encoder, group: int = 64) -> np.
     return np.concatenate(unsafe) if unsafe else np.zeros(0, np.int64)
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("TOKENMILL_CACHE_DIR", Path.home() / ".cache" / "tokenmill")) / "encoder-probes"
+def cache_dir(kind: str = "encoder-probes") -> Path:
+    """Where tokenmill keeps what it worked out once for a tokenizer (`TOKENMILL_CACHE_DIR`, else ~/.cache)."""
+    return Path(os.environ.get("TOKENMILL_CACHE_DIR", Path.home() / ".cache" / "tokenmill")) / kind
 
 
 def cached_unsafe_code_points(tokenizer_json: bytes, fast: Encoder, reference: HFEncoder) -> np.ndarray:

@@ -8,8 +8,12 @@ Local paths may be fsspec URLs (s3://...). Every failure names the source and sa
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import fsspec
@@ -17,10 +21,12 @@ import orjson
 from tokenizers import Tokenizer
 
 from tokenmill.config import HubConfig, TiktokenConfig
+from tokenmill.encoders import cache_dir, package_version
 from tokenmill.tiktoken_convert import is_rank_file, rank_file_to_tokenizer_json
 
 HUB_PREFIX = "hf:"
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx")  # not read for a tokenizer
 # Names that mean end / beginning of a document in common vocabularies, most specific first.
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<｜end▁of▁sentence｜>")
 BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "<|startoftext|>", "<｜begin▁of▁sentence｜>")
@@ -97,20 +103,39 @@ def _from_directory(directory: str, source: str) -> Pretrained:
 def as_transformers_builds_it(pretrained: Pretrained) -> Pretrained:
     """The tokenizer as transformers' AutoTokenizer builds it from the directory, which is what a chat template's
     ids are compared with: transformers 5 rebuilds some pipelines rather than read tokenizer.json as written (for
-    Llama-style tokenizers such as phi3's, every conversation's ids differ). Needs transformers (the chat extra)."""
+    Llama-style tokenizers such as phi3's, every conversation's ids differ). Needs transformers (the chat extra).
+    Built once per directory's files and transformers' version, then kept in the user's cache."""
     if pretrained.directory is None:
         raise TokenizerSourceError(
             f"tokenizer {pretrained.origin!r}: a chat input needs the model's tokenizer directory (tokenizer.json with "
             "its tokenizer_config.json) or hf:org/name, not a single file"
         )
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
+    if importlib.util.find_spec("transformers") is None:
         raise TokenizerSourceError(
             "a chat input needs transformers, to build the tokenizer as the model's trainers do: "
             "pip install -e '.[chat]'"
-        ) from None
-    exported = AutoTokenizer.from_pretrained(pretrained.directory).backend_tokenizer.to_str().encode()
+        )
+    fs, path = fsspec.core.url_to_fs(pretrained.directory)
+    files = sorted(f for f in fs.find(path) if not f.endswith(WEIGHTS))
+    key = hashlib.sha256(orjson.dumps([package_version("transformers"), package_version("tokenizers")]))
+    for file in files:
+        key.update(orjson.dumps([file.removeprefix(path), hashlib.sha256(fs.cat_file(file)).hexdigest()]))
+    cached = cache_dir("transformers-tokenizers") / f"{key.hexdigest()[:24]}.json"
+    if not cached.exists():
+        # In a process of its own, without torch: transformers imports it where it is installed (seconds), and
+        # building a tokenizer never uses it.
+        build = "import sys; sys.modules['torch'] = None; from transformers import AutoTokenizer; " + (
+            "sys.stdout.write(AutoTokenizer.from_pretrained(sys.argv[1]).backend_tokenizer.to_str())"
+        )
+        built = subprocess.run([sys.executable, "-c", build, pretrained.directory], capture_output=True, text=True)
+        if built.returncode != 0:
+            said = (built.stderr.strip().splitlines() or [f"exit status {built.returncode}"])[-1]
+            raise TokenizerSourceError(f"tokenizer {pretrained.origin!r}: transformers cannot build it: {said}")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        written = cached.with_suffix(f".{os.getpid()}.tmp")
+        written.write_text(built.stdout)
+        os.replace(written, cached)
+    exported = cached.read_bytes()
     return Pretrained(exported, pretrained.eos, pretrained.bos, pretrained.origin, None, pretrained.directory)
 
 

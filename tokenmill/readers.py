@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 import zstandard
 from fsspec.implementations.local import LocalFileSystem
 
+from tokenmill.buffers import scan_parts
 from tokenmill.storage import options_for
 
 if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 s of every worker's start)
@@ -50,7 +51,6 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
-SCAN_BYTES = 1 << 20  # see `scan_parts`
 DIRECT_ALIGN = 4096  # O_DIRECT reads start, end and land at multiples of this (the page, a multiple of any block)
 LONG_LINE = 1 << 20  # a line that ends a directly read block may run this far past it (longer: it is mapped)
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -567,14 +567,6 @@ def _fast_jsonl(
 def count_newlines(data: Buffer) -> int:
     """The line endings in `data`, vectorised (2.5x `bytes.count`), a part at a time (`scan_parts`)."""
     return sum(int(np.count_nonzero(part == 10)) for _, part in scan_parts(np.frombuffer(data, np.uint8)))
-
-
-def scan_parts(data: np.ndarray, size: int = SCAN_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-    """(start, view) of each consecutive `size` elements of `data`: a vectorised scan of a batch a part at a
-    time makes temporaries of a part, which the allocator reuses, where a whole batch's were fresh pages each
-    time in a worker (the kernel zeroing them was about 1% of a 12 GB run's CPU)."""
-    for start in range(0, len(data), size):
-        yield start, data[start : start + size]
 
 
 def count_crlf(data: Buffer) -> int:

@@ -28,7 +28,6 @@ from tokenmill.encoders import (
     choose_encoder,
     load_encoder,
     loaded_backend,
-    package_version,
     preload_backends,
 )
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
@@ -97,12 +96,11 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
 
     started = time.perf_counter()
     options, pieces = run.reading[shard.mix_source], shard.pieces
-    if options.conversations:  # the template placed every special token; the masks need the tokens' offsets
-        encode = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
-        eod_id = bos_id = None
-    else:
-        encode = load_encoder(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, run.encoder)
-        eod_id, bos_id = run.eod_id, run.bos_id
+    encode = load_encoder(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, run.encoder)
+    eod_id, bos_id = (None, None) if options.conversations else (run.eod_id, run.bos_id)  # a template places them
+    if options.conversations:  # the masks need where each token lies: the reference says, or its offsets tell
+        reference = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
+        fast = encode if encode.name != "hf" else None
     rerouted_before = getattr(encode, "rerouted", 0)
     dtype = token_dtype(run.tokenizer.vocab_size)
     splits = run.streams[shard.mix_source]  # the split names, `<source>/<split>` in a mixture
@@ -140,7 +138,7 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
             if not len(batch):
                 continue
             if batch.chats is not None:
-                ids, lengths, masks = chat.encode_batch(encode.tokenizer, batch.chats)
+                ids, lengths, masks = chat.encode_batch(reference.tokenizer, batch.chats, fast, reference.token_offsets)
                 flat = narrowed(ids, dtype)
             else:
                 ids, lengths = encode.encode_batch(batch.text_values())
@@ -237,20 +235,22 @@ def verification_shards(shards: Sequence[Shard]) -> Sequence[Shard]:
     return shards[:: -(-len(shards) // VERIFY_SHARDS)] if len(shards) else shards
 
 
-def verification_sample(config: TokenmillConfig, shards: Sequence[Shard], documents: int) -> list[str]:
+def verification_sample(
+    config: TokenmillConfig, shards: Sequence[Shard], tokenizer: TokenizerInfo, documents: int
+) -> list[str]:
     """About `documents` texts drawn across the shards: an equal share from the start of each of
     `verification_shards`, read in small batches (so this costs little however large the shards, and however
     many)."""
-    shards = [shard for shard in shards if config.input_of(shard).chat is None]  # conversations use the reference
     if not len(shards) or not documents:
         return []
     shards = verification_shards(shards)
     share = max(1, -(-documents // len(shards)))
     texts: list[str] = []
+    options = reading(config, tokenizer)
     for shard in shards:
         taken = 0
-        for batch, _ in read_documents(shard.pieces, config.input_of(shard).read_options(), True, SAMPLE_BATCH_BYTES):
-            values = batch.text_values()
+        for batch, _ in read_documents(shard.pieces, options[shard.mix_source], True, SAMPLE_BATCH_BYTES):
+            values = [c.text for c in batch.chats] if batch.chats is not None else batch.text_values()
             step = max(1, len(values) // share)
             picked = values[::step][: share - taken]
             texts += picked.to_pylist() if hasattr(picked, "to_pylist") else list(picked)
@@ -265,11 +265,7 @@ def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokeniz
     is said to `log`, if given (its reason says why)."""
     store = config.output.store()
     data = store.read_bytes(layout.TOKENIZER)
-    if all(source.chat is not None for source in config.inputs().values()):  # their masks need the tokens' offsets
-        choice = EncoderChoice("hf", package_version("tokenizers"), "conversations: the reference, which gives offsets")
-        store.write_json(layout.ENCODER_CHOICE, {**asdict(choice), "unsafe": 0, "report": {}})
-        return choice
-    sample = verification_sample(config, shards, config.tokenizer.verify_documents)
+    sample = verification_sample(config, shards, tokenizer, config.tokenizer.verify_documents)
     url = store.url_of(layout.TOKENIZER)  # the backends this process loaded, for the shards and the report
 
     def backend_of(backend: str):
