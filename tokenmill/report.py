@@ -163,7 +163,7 @@ def plots(store: Store, table: pd.DataFrame, seq_len: int) -> dict[str, bytes]:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
     sampled = f" ({read:,} of {indexes:,} indexes, evenly spaced)" if read < indexes else ""
-    ax.set(title=f"Document length{sampled}", xlabel="tokens per document (EOD included)", ylabel="documents")
+    ax.set(title=f"Document length{sampled}", xlabel="tokens per document, as stored", ylabel="documents")
     document_plot = _png(figure)
 
     per_shard = table.pivot_table(index="shard_id", columns="split", values="tokens", aggfunc="sum", fill_value=0)
