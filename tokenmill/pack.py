@@ -12,6 +12,7 @@ the `index.json` of litdata's and MDS's layouts.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import pandas as pd
 from tokenmill import layout
 from tokenmill.commits import PACK, check, commit, pack_key, shard_key, tokenize_key
 from tokenmill.config import DOCUMENT_TRAINER_FORMATS, TRAINER_FORMATS, PackConfig, TokenmillConfig
-from tokenmill.formats.datatrove import tokenizer_name, write_datatrove
+from tokenmill.formats.datatrove import sidecars, tokenizer_name
 from tokenmill.formats.hf_parquet import write_parquet
 from tokenmill.formats.litdata import index as litdata_index
 from tokenmill.formats.litdata import write_chunk
@@ -163,24 +164,27 @@ def write_trainer_files(
     store: Store, split: str, shard_id: int, tokens: np.ndarray, lengths: np.ndarray, run: Packing, files: dict
 ) -> int:
     """A split's documents in each trainer's layout asked for that takes them as they are (`layout.trainer_files`;
-    trl and megatron_bridge are made as conversations are packed): the `.bin`'s ids (`tokens`) written again, whole
-    (an S3 store has no links), with each layout's header or index made from the documents' `lengths`. How many
-    files it wrote."""
-    written = 0
+    trl and megatron_bridge are made as conversations are packed): the `.bin`'s ids (`tokens`), with each layout's
+    header or index made from the documents' `lengths`. OLMo's and datatrove's token files are the `.bin` itself,
+    copied by the store (`Store.copy`: a hard link locally). How many files it wrote."""
+    written, bin_rel = 0, layout.megatron_prefix(split, shard_id) + ".bin"
+    bin_digest = {"bytes": tokens.nbytes, "sha256": hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest()}
     for format in (f for f in run.trainers if f in DOCUMENT_TRAINER_FORMATS):
         rels = layout.trainer_files(format, split, shard_id)
         if format == "hf_parquet":  # pyarrow writes a path; the others are hashed as they are written
             with store.writing(rels[0], files) as path:
                 write_parquet(path, tokens, lengths)
+        elif format in ("olmo", "datatrove"):
+            store.copy(bin_rel, rels[0], bin_digest, files)
+            if format == "olmo":
+                store.write_bytes(rels[1], olmo_documents(lengths, layout.shard_name(shard_id)), files)
+            else:
+                for rel, data in zip(rels[1:], sidecars(tokens, lengths, run.tokenizer_name), strict=True):
+                    store.write_bytes(rel, data, files)
         else:
             with ExitStack() as stack:
                 opened = [stack.enter_context(store.writing_file(rel, files)) for rel in rels]
-                if format == "olmo":
-                    opened[0].write(np.ascontiguousarray(tokens))
-                    opened[1].write(olmo_documents(lengths, layout.shard_name(shard_id)))
-                elif format == "datatrove":
-                    write_datatrove(opened, tokens, lengths, run.tokenizer_name)
-                elif format == "litdata":
+                if format == "litdata":
                     write_chunk(opened[0], tokens, lengths, name=rels[0])
                 elif format == "mds":
                     write_mds_shard(opened[0], tokens, run.seq_len, name=rels[0])

@@ -52,11 +52,16 @@ def write_datatrove(
     files: tuple[BinaryIO, BinaryIO, BinaryIO], tokens: np.ndarray, lengths: np.ndarray, tokenizer: str
 ) -> None:
     """Write the `.ds`, `.ds.index` and `.ds.metadata` (`files`, open) of documents of `lengths` tokens back to back
-    in `tokens` (the Megatron `.bin`'s ids, written as they are)."""
+    in `tokens` (the Megatron `.bin`'s ids, written as they are: the pack stage copies the `.bin` instead)."""
     tokens_file, index_file, metadata_file = files
     tokens_file.write(np.ascontiguousarray(tokens))
-    index_file.write(document_ends(lengths))
-    metadata_file.write(metadata(tokenizer, tokens.dtype, len(tokens)))
+    for file, data in zip((index_file, metadata_file), sidecars(tokens, lengths, tokenizer), strict=True):
+        file.write(data)
+
+
+def sidecars(tokens: np.ndarray, lengths: np.ndarray, tokenizer: str) -> tuple[bytes, bytes]:
+    """The `.ds.index` and `.ds.metadata` beside a `.ds` of `tokens`."""
+    return document_ends(lengths).tobytes(), metadata(tokenizer, tokens.dtype, len(tokens))
 
 
 def read_index(path: str | Path) -> np.ndarray:
