@@ -84,15 +84,16 @@ def tables(root: Path) -> dict[str, Path]:
 
 def input_record(file: str, line: int) -> dict:
     """The record at `line` of a JSONL file (or row `line` of a Parquet file), read as a person would."""
-    if file.endswith(".parquet"):
-        return pq.read_table(file).slice(line - 1, 1).to_pylist()[0]
-    return json.loads(input_lines(file)[line - 1])
+    return input_records(file)[line - 1]
 
 
 @functools.cache
-def input_lines(file: str) -> list[bytes]:
+def input_records(file: str) -> list:
+    """A Parquet file's rows, or a JSONL file's records by line (None where a line is blank)."""
+    if file.endswith(".parquet"):
+        return pq.read_table(file).to_pylist()
     with (gzip.open if file.endswith(".gz") else open)(file, "rb") as f:
-        return f.read().split(b"\n")
+        return [json.loads(line) if line.strip() else None for line in f.read().split(b"\n")]
 
 
 def as_text(value) -> str | None:
@@ -178,3 +179,50 @@ def test_validate_names_a_damaged_documents_table(dataset, tmp_path):
     found = "\n".join(problems())
     assert f"{train}: {len(table) - 1} rows, the .idx has {len(table)} documents" in found
     assert f"{val}: not a documents table" in found
+
+
+def test_inspect_doc_prints_the_origin_and_the_decoded_text(dataset, run_cli):
+    """`inspect --doc ID`: the document's file and line (a Parquet file's row), source, split, shard and tokens'
+    place, its metadata fields, and its text decoded from its tokens (EOD shown); an unknown id is an error."""
+    for source, where in (("news", "line"), ("web", "row")):
+        rel, path = next((r, p) for r, p in tables(dataset).items() if r.startswith(f"megatron/{source}/"))
+        row = pq.read_table(path).to_pylist()[-1]
+        record = input_record(row["file"], row["line"])
+        said = run_cli("inspect", str(dataset), "--doc", row["id"]).stdout
+        assert f"document {row['id']} of source {source}\n  from {row['file']}, {where} {row['line']}\n" in said
+        end = row["token_offset"] + row["token_length"]
+        assert (
+            f"split {row['split']}, shard-{int(rel[-18:-13]):05d}: tokens {row['token_offset']:,} to {end:,} " in said
+        )
+        assert all(f"\n  {name}: {as_text(record[name])}\n" in said for name in METADATA[source])
+        assert f"  text:\n{record['text']}<|endoftext|>" in said
+    missing = run_cli("inspect", str(dataset), "--doc", "no-such-id", check=False)
+    assert missing.returncode == 1 and "no document with id 'no-such-id'" in missing.stdout
+
+
+def test_the_loader_hands_each_sample_with_the_origin_of_its_documents(dataset):
+    """`PackedSplit(with_origin=True)` over the mix: each sample's `origin` names, in row order, the documents whose
+    pieces fill the row; each one's input line re-encodes to the tokens the row holds of it."""
+    tokenizer, rng = Tokenizer.from_file(str(TOKENIZER)), np.random.default_rng(3)
+    split = PackedSplit(dataset, "train", with_origin=True)
+    sources = set()
+    for i in rng.choice(len(split), 30, replace=False):
+        sample = split[int(i)]
+        filled = 0
+        for piece in sample["origin"]:
+            assert piece["row_start"] == filled
+            record = input_record(piece["file"], piece["line"])
+            assert record["id"] == piece["id"] and layout.shard_name(piece["shard"])
+            encoded = [*tokenizer.encode(record["text"]).ids, EOD][piece["document_start"] :][: SEQ_LEN - filled]
+            assert sample["input_ids"][filled : filled + len(encoded)].tolist() == encoded
+            filled += len(encoded)
+            sources.add(piece["source"])
+        assert filled == int(sample["cu_seqlens"][-1]) or filled == SEQ_LEN
+    assert sources == set(METADATA)
+    with pytest.raises(ValueError, match="with_origin needs rows packed by concat"):
+        bfd = dataset.parent / "bfd"
+        shutil.copytree(dataset, bfd)
+        manifest = json.loads((bfd / "manifest.json").read_text())
+        manifest["config"]["pack"]["mode"] = "bfd"
+        (bfd / "manifest.json").write_text(json.dumps(manifest))
+        PackedSplit(bfd, "train", with_origin=True)
