@@ -147,8 +147,9 @@ class InputConfig(_Section):
     max_chars: int | None = Field(None, ge=1, description="Longer texts are invalid records; null: no limit.")
     metadata_fields: list[str] = Field(
         default_factory=list,
-        description="Record fields (url, lang, a quality score; may be nested) carried into each shard's documents "
-        "table beside the tokens (docs/outputs.md), as strings: a value that is not one as its JSON text.",
+        description="Record fields (url, lang, a quality score; may be nested) carried into the documents table "
+        "beside each shard's tokens (docs/outputs.md) as strings, a number as its JSON text. A JSONL block where one "
+        "is not a string, or is nested, is read record by record: slower.",
     )
     storage: StorageConfig = Field(StorageConfig(), description="Credentials and endpoint for s3:// input paths.")
     chat: ChatConfig | None = Field(
