@@ -6,6 +6,7 @@ or row, whose text re-encodes to those tokens; `inspect --doc` and the packed lo
 
 from __future__ import annotations
 
+import csv
 import functools
 import gzip
 import json
@@ -50,7 +51,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def dataset(run_cli, inputs, tmp_path_factory) -> Path:
-    """The three sources mixed, in 200 KB shards, train and val: the published version's directory."""
+    """The three sources mixed, in 200 KB shards, train and val, with OLMo's layout: the published version's
+    directory."""
     root = tmp_path_factory.mktemp("provenance")
     sources = [
         {
@@ -68,7 +70,7 @@ def dataset(run_cli, inputs, tmp_path_factory) -> Path:
         "tokenizer": {"path": str(TOKENIZER)},
         "pack": {"mode": "concat", "seq_len": SEQ_LEN},
         "mix": {"max_epochs": 100},
-        "output": {"path": str(root / "build")},
+        "output": {"path": str(root / "build"), "formats": ["megatron", "packed", "olmo"]},
     }
     (root / "provenance.yaml").write_text(json.dumps(config))
     run_cli("run", str(root / "provenance.yaml"))
@@ -226,3 +228,27 @@ def test_the_loader_hands_each_sample_with_the_origin_of_its_documents(dataset):
         manifest["config"]["pack"]["mode"] = "bfd"
         (bfd / "manifest.json").write_text(json.dumps(manifest))
         PackedSplit(bfd, "train", with_origin=True)
+
+
+def test_a_single_input_s_documents_name_no_source_and_their_own_line(gpt2_run):
+    """examples/gpt2.yaml, one input of three files: every document's row names source "", and the file and line
+    whose record has its id."""
+    rows = [row for table in gpt2_run.glob("megatron/*/*.docs.parquet") for row in pq.read_table(table).to_pylist()]
+    manifest = json.loads((gpt2_run / "manifest.json").read_text())
+    assert len(rows) == manifest["counts"]["documents_out"]
+    assert all(row["source"] == "" and input_record(row["file"], row["line"])["id"] == row["id"] for row in rows)
+
+
+def test_olmo_s_documents_name_each_document_s_input_file_and_line(dataset):
+    """OLMo's `.csv.gz` beside each `.npy` is dolma's `start,end,id,src,loc`: the documents table's offsets, id, file
+    and line, row for row (those of pieces cut mid-file too, numbered after the pack stage wrote them)."""
+    for rel, path in tables(dataset).items():
+        split, shard = rel.removeprefix("megatron/").rsplit("/", 1)
+        _, documents = layout.trainer_files("olmo", split, int(shard[len("shard-") : len("shard-") + 5]))
+        with gzip.open(dataset / documents, "rt") as f:
+            rows = list(csv.reader(f))
+        expected = [
+            [str(r["token_offset"]), str(r["token_offset"] + r["token_length"]), r["id"], r["file"], str(r["line"])]
+            for r in pq.read_table(path).to_pylist()
+        ]
+        assert rows == expected

@@ -33,6 +33,7 @@ from tokenmill.formats.mds import rows_of as mds_rows_of
 from tokenmill.formats.mds import write_shard as write_mds_shard
 from tokenmill.formats.megatron import MegatronReader, token_dtype
 from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, write_packed, write_shuffle_index
+from tokenmill.formats.provenance import read_documents_table
 from tokenmill.formats.sft import olmo_documents, write_megatron_bridge, write_trl
 from tokenmill.packers import (
     fit_conversations,
@@ -177,7 +178,9 @@ def write_trainer_files(
                 opened = [stack.enter_context(store.writing_file(rel, files)) for rel in rels]
                 if format == "olmo":
                     opened[0].write(np.ascontiguousarray(tokens))
-                    opened[1].write(olmo_documents(lengths, layout.shard_name(shard_id)))
+                    with store.local_copies(layout.documents_table(split, shard_id)) as (path,):
+                        documents = read_documents_table(path, ["id", "file", "line"])
+                    opened[1].write(olmo_documents(lengths, documents))
                 elif format == "datatrove":
                     write_datatrove(opened, tokens, lengths, run.tokenizer_name)
                 elif format == "litdata":

@@ -23,7 +23,7 @@ import orjson
 import pyarrow.compute as pc
 
 from tokenmill import chat, layout
-from tokenmill.commits import TOKENIZE, check, commit, marker, shard_key, tokenize_key
+from tokenmill.commits import PACK, TOKENIZE, check, commit, marker, shard_key, tokenize_key
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import (
     EncoderChoice,
@@ -34,6 +34,7 @@ from tokenmill.encoders import (
 )
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
 from tokenmill.formats.provenance import batch_origins, read_documents_table, split_rows, write_documents_table
+from tokenmill.formats.sft import olmo_documents
 from tokenmill.hashing import assign_splits
 from tokenmill.plan import Shard
 from tokenmill.readers import Piece, ReadOptions, fast_path_applies, read_documents
@@ -247,6 +248,25 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
             store.write_bytes(layout.rejects_file(shard_id), b"".join(orjson.dumps(r) + b"\n" for r in rejects), files)
         commit(store, TOKENIZE, shard_id, done["key"], result | {"unnumbered_rejects": 0, "unnumbered_lines": False},
                files)  # fmt: skip
+        number_olmo_documents(store, shard_id, result["splits"])
+
+
+def number_olmo_documents(store: Store, shard_id: int, splits: dict[str, dict]) -> None:
+    """OLMo's `.csv.gz` of a shard the pack stage wrote before its lines were numbered (`number_lines`): made again
+    from its documents tables, then the pack's marker with their new sizes and sha256."""
+    if not store.exists(marker(PACK, shard_id)):
+        return
+    done = store.read_json(marker(PACK, shard_id))
+    files = done["files"]
+    for split in splits:
+        _, documents_file = layout.trainer_files("olmo", split, shard_id)
+        if documents_file not in files:
+            continue
+        with store.local_copies(layout.documents_table(split, shard_id)) as (path,):
+            table = read_documents_table(path, ["id", "file", "line", "token_length"])
+        lengths = table.column("token_length").to_numpy()
+        store.write_bytes(documents_file, olmo_documents(lengths, table), files)
+    commit(store, PACK, shard_id, done["key"], done["result"], files)
 
 
 def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:
