@@ -215,8 +215,9 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
     """Give the documents and rejects of the `unnumbered` shards their line in the file: each is a piece of a cut
     file whose first line the partition did not count (`partition.counts_lines`), so their lines count from the
     piece's start (a reject says so with `from_byte`). The pieces before it are tokenized now, and their markers hold
-    their lines. Each shard's documents tables and rejects are written again, then its marker with their new sizes
-    and sha256 (a run killed between the two redoes the shard: its files changed since its commit)."""
+    their lines. Each shard's documents tables (and OLMo's `.csv.gz` made from them) and rejects are written again,
+    then its marker with their new sizes and sha256 (a run killed between the two redoes the shard: its files changed
+    since its commit)."""
     store, wanted = config.output.store(), set(unnumbered)
     pieces_of: dict[str, list[tuple[int, int]]] = {}  # a cut file -> (start, shard id) of each of its pieces
     piece_of: dict[int, Piece] = {}  # an unnumbered shard's piece
@@ -240,6 +241,7 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
                 table = table.set_column(table.schema.get_field_index("line"), "line", lines)
                 with store.writing(rel, files) as tmp:
                     write_documents_table(tmp, [table])
+        number_olmo_documents(store, shard_id, result["splits"])  # before the commit that says all is numbered
         if result.get("unnumbered_rejects"):
             rejects = [orjson.loads(line) for line in store.read_bytes(layout.rejects_file(shard_id)).splitlines()]
             for reject in rejects:
@@ -248,7 +250,6 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
             store.write_bytes(layout.rejects_file(shard_id), b"".join(orjson.dumps(r) + b"\n" for r in rejects), files)
         commit(store, TOKENIZE, shard_id, done["key"], result | {"unnumbered_rejects": 0, "unnumbered_lines": False},
                files)  # fmt: skip
-        number_olmo_documents(store, shard_id, result["splits"])
 
 
 def number_olmo_documents(store: Store, shard_id: int, splits: dict[str, dict]) -> None:

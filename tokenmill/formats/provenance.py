@@ -80,7 +80,7 @@ def _strings(values: list) -> pa.Array:
 
 
 def write_documents_table(path: str | Path, tables: list[pa.Table]) -> None:
-    """A split's rows (`batch_table`, in the order its documents went into the `.bin`) as one Parquet file."""
+    """A split's rows (`split_rows`, in the order its documents went into the `.bin`) as one Parquet file."""
     table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
     # Half the write's time is statistics and dictionaries of columns that gain nothing from them (ids, lines and
     # offsets are unique); files, sources and splits repeat, and keep their dictionaries.
