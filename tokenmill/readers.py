@@ -324,7 +324,8 @@ def _shuffled_records(piece: Piece, options: ReadOptions, name: str) -> Iterator
 def _shuffled_record(line: bytes) -> Record:
     r = orjson.loads(line)
     raw = r["raw"].encode() if r["problem"] else orjson.dumps({"id": r["id"], "text": r["text"]}, default=str)
-    return Record(r["line"], r["id"], r["text"], r["extra"], raw, r["problem"], r["file"], r["size"], r.get("path", ""))
+    path = r.get("path") or r["file"]  # a scatter of an earlier tokenmill carried the file's name only
+    return Record(r["line"], r["id"], r["text"], r["extra"], raw, r["problem"], r["file"], r["size"], path)
 
 
 READERS = {"jsonl": _jsonl_records, "parquet": _parquet_records, "text": _text_records, "shuffled": _shuffled_records}
