@@ -149,8 +149,9 @@ def find_documents(dataset: Dataset, doc_id: str) -> list[Document]:
             continue
         rel = entry["path"]
         with dataset.store.local_copies(rel) as (path,):
-            table = read_documents_table(path)
-        for row in table.filter(pc.equal(table.column("id"), doc_id)).to_pylist():
+            matches = pc.indices_nonzero(pc.equal(read_documents_table(path, ["id"]).column("id"), doc_id))
+            rows = read_documents_table(path).take(matches).to_pylist() if len(matches) else []  # the ids only, mostly
+        for row in rows:
             prefix = rel.removesuffix(".docs.parquet")
             with dataset.store.local_copies(prefix + ".bin", prefix + ".idx") as (bin_path, idx_path):
                 tokens = MegatronReader(prefix, bin_path=bin_path, idx_path=idx_path).tokens
