@@ -478,15 +478,27 @@ def inspect(
         ),
     ],
     verify: Annotated[bool, typer.Option("--verify", help="Check every file's size and sha256.")] = False,
+    doc: Annotated[
+        str | None,
+        typer.Option("--doc", help="A document's id: print where it came from and its text, decoded from its tokens."),
+    ] = None,
 ) -> None:
-    """Print what a published dataset holds; with --verify, check it against its manifest."""
-    from tokenmill.verify import NotADataset, open_dataset, summary_lines
+    """Print what a published dataset holds; with --verify, check it against its manifest; with --doc, one
+    document's origin and text."""
+    from tokenmill.verify import NotADataset, document_lines, find_documents, open_dataset, summary_lines
     from tokenmill.verify import verify as check
 
     try:
         dataset = open_dataset(path)
     except NotADataset as e:
         raise _fail(str(e)) from None
+    if doc is not None:
+        if not (found := find_documents(dataset, doc)):
+            raise _fail(f"{dataset.store.url}: no document with id {doc!r} in its documents tables")
+        for document in found:
+            for line in document_lines(dataset, document):
+                console.print(line, highlight=False, markup=False, emoji=False)
+        return
     for line in summary_lines(dataset):
         console.print(line, highlight=False)
     if verify:

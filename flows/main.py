@@ -4,7 +4,7 @@ pretrained_tokenizer (then its encoders loaded on every worker)  ║  partition 
 partition ─► [scatter[shards] ─► gather[shards]]        (partition.shuffle: the global document shuffle)
           ─► (sample[shards] ─► train_tokenizer | the pretrained tokenizer) ─► already_published ─► (done)
           ─► [sample[shards]] ─► tokenizer_report (beside tokenize)
-          ─► tokenize[shards] (each shard's pack and check chained to it) ─► (number_rejects)
+          ─► tokenize[shards] (each shard's pack and check chained to it) ─► (number_lines)
           ─► split_indexes ─► validate ─► publish
                   (mix, beside validate) ─┘
 
@@ -46,7 +46,7 @@ from tasks.sample import holdout_shards, sample_shards
 from tasks.shards import StageRun, map_shards, stage_groups
 from tasks.shuffle_documents import gather_shards, scatter_shards
 from tasks.split_indexes import split_indexes
-from tasks.tokenize import TokenizeTotals, choose_run_encoder, number_rejects, tokenize_shards
+from tasks.tokenize import TokenizeTotals, choose_run_encoder, number_lines, tokenize_shards
 from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
@@ -188,8 +188,8 @@ def build_dataset(
         logger.warning(reason)
     for why in totals.files_rejected:
         logger.warning("quarantined: %s", why)
-    if totals.unnumbered:  # rejects in pieces whose first line the partition did not count
-        number_rejects(config, quote(shards), list(totals.unnumbered))
+    if totals.unnumbered:  # documents and rejects in pieces whose first line the partition did not count
+        number_lines(config, quote(shards), list(totals.unnumbered))
 
     split_indexes(config, tokenizer, table)  # the packed rows' shuffle index, litdata's and MDS's index.json
     drawing = draw_plots_meanwhile(config, table)

@@ -1,7 +1,7 @@
 """tokenize[shards]: each shard to Megatron `.bin/.idx` per split, plus rejects and counts, then (when there is
 something to pack) its pack, then validate's check of its files against its counts, chained on the cluster; the
 run's encoder choice, made once before any shard (verified on a sample across shards); and, after the shards, the
-line numbers of rejects in pieces whose first line was not counted."""
+line numbers of documents and rejects in pieces whose first line was not counted."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class TokenizeTotals:
     redone: tuple[str, ...] = ()  # shards whose committed files had changed since (see tokenmill.commits), and what
     files_rejected: tuple[str, ...] = ()  # input files quarantined whole (input.on_invalid: quarantine), and why
     problems: tuple[str, ...] = ()  # what each shard's check found wrong in its files, for validate
-    unnumbered: tuple[int, ...] = ()  # shards whose rejects are yet to be numbered by their line (number_rejects)
+    unnumbered: tuple[int, ...] = ()  # shards whose documents and rejects are yet to be numbered by line (number_lines)
     seconds: float = 0.0  # the stage's wall time, as the flow measured it (0 in a group's)
 
     def __add__(self, other: TokenizeTotals) -> TokenizeTotals:
@@ -64,7 +64,7 @@ class Kept:
         self.redone: list[tuple[int, str]] = []  # (shard id, what changed in its committed files)
         self.files_rejected: list[tuple[int, str]] = []  # (shard id, a whole file quarantined and why)
         self.problems: list[tuple[int, str]] = []  # (shard id, what validate's check found wrong in its files)
-        self.unnumbered: list[int] = []  # shards whose rejects are not yet numbered by their line in the file
+        self.unnumbered: list[int] = []  # shards whose lines are not yet numbered by their line in the file
 
     def __call__(self, results: tuple[Tokenized, *tuple[Packed, ...], list[str]]) -> None:
         *made, problems = results
@@ -72,7 +72,7 @@ class Kept:
         self.rows.add(stats_rows(tokenized, made[1] if len(made) > 1 else stats.skipped(tokenized)))
         self.redone += [(shard, r.redone) for r in made if r.redone]
         self.problems += [(shard, p) for p in problems]
-        if tokenized.unnumbered_rejects:
+        if tokenized.unnumbered_rejects or tokenized.unnumbered_lines:
             self.unnumbered.append(shard)
         self.files_rejected += [(shard, f"{why} ({layout.rejects_file(shard)})") for why in tokenized.files_rejected]
         self.bytes_in += tokenized.bytes_in
@@ -116,9 +116,9 @@ def tokenize_shards(
     return table, row, kept.totals()
 
 
-@task(name="number_rejects", **UNCACHED)
-def number_rejects(config: TokenmillConfig, shards: list[dict], unnumbered: list[int]) -> None:
-    """The rejects of pieces whose first line the partition did not count, numbered by their line in the file
-    once every piece before them is tokenized (`tokenize.number_rejects`)."""
-    tokenize.number_rejects(config, shards, unnumbered)
-    get_run_logger().info("numbered the rejects of %d shards by their line in the file", len(unnumbered))
+@task(name="number_lines", **UNCACHED)
+def number_lines(config: TokenmillConfig, shards: list[dict], unnumbered: list[int]) -> None:
+    """The documents and rejects of pieces whose first line the partition did not count, numbered by their line in
+    the file once every piece before them is tokenized (`tokenize.number_lines`)."""
+    tokenize.number_lines(config, shards, unnumbered)
+    get_run_logger().info("numbered the documents and rejects of %d shards by their line in the file", len(unnumbered))

@@ -95,7 +95,7 @@ def test_markers_record_every_file_with_size_and_sha256(built):
     # The .bin and the packed rows are hashed as they are written (`Store.writing_file`), the rest read back.
     store = Store(built)
     recorded = store.read_json(marker("tokenize", 1))["files"]
-    assert set(recorded) == {"megatron/train/shard-00001.bin", "megatron/train/shard-00001.idx"}
+    assert set(recorded) == {f"megatron/train/shard-00001.{ext}" for ext in ("bin", "idx", "docs.parquet")}
     packed = store.read_json(marker("pack", 1))["files"]
     assert {"packed/train/shard-00001.tokens.npy", "llmc/train/shard-00001-0000.bin"} <= set(packed)
     for rel, entry in (recorded | packed).items():

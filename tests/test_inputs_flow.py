@@ -7,6 +7,8 @@ import json
 import re
 import shutil
 
+import pyarrow.parquet as pq
+
 from .conftest import EXAMPLES, dataset_files, read_jsonl
 from .test_bad_input import truncated_gzip
 
@@ -140,3 +142,10 @@ def test_shuffled_run_has_the_same_documents_in_another_order(run_cli, gpt2_run,
     bins = lambda files: {k: v for k, v in files.items() if k.startswith("megatron/")}  # noqa: E731
     assert bins(dataset_files(plain)) != bins(dataset_files(shuffled))
     assert "shuffle" in result.stdout
+    # The documents tables still name each document's input file and line (the shuffle carries them along)
+    origins = lambda root: sorted(  # noqa: E731
+        (row["id"], row["file"], row["line"])
+        for table in root.glob("megatron/*/*.docs.parquet")
+        for row in pq.read_table(table, columns=["id", "file", "line"]).to_pylist()
+    )
+    assert origins(shuffled) == origins(plain) and len(origins(plain)) == a["counts"]["documents_out"]

@@ -62,7 +62,7 @@ def test_line_numbers_at_cuts_are_counted_where_ids_are_hashed(tmp_path):
     """Where the shards hash ids `<file>:<line>` (two splits, no id field), the partition counts the lines before
     each cut and every document's id names its line. With one split it does not read the file: the first piece
     starts at line 1, the others' first lines are unknown, and the line counts the fast path reports for each
-    piece are what numbers the next one (`tokenize.number_rejects`): the counted plan's first lines."""
+    piece are what numbers the next one (`tokenize.number_lines`): the counted plan's first lines."""
     path = tmp_path / "big.jsonl"
     write_jsonl(path, 3000)
     one_split = make_config([str(path)], 30_000, tmp_path, id_field=None)

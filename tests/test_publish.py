@@ -210,7 +210,7 @@ def test_files_past_shard_99999_are_listed_in_path_order(tmp_path):
     ids = [9999, 10000, 10001, 99999, 100000, 100001]
     for shard_id in ids:
         prefix = layout.megatron_prefix("train", shard_id)
-        recorded = {f"{prefix}.{ext}": {"bytes": shard_id, "sha256": ext * 8} for ext in ("bin", "idx")}
+        recorded = {f"{prefix}.{ext}": {"bytes": shard_id, "sha256": ext * 8} for ext in ("bin", "docs.parquet", "idx")}
         commit(store, "tokenize", shard_id, "key", {}, recorded)
     row = {"documents": 1, "packed_rows": 0, "llmc_files": 0, "rejected": 0, "split": "train",
            "supervised_tokens": -1, "trainer_files": 0}  # fmt: skip
@@ -218,7 +218,7 @@ def test_files_past_shard_99999_are_listed_in_path_order(tmp_path):
     with Files() as files:
         spool_files(store, table, files)
         paths = [e["path"] for e in files.entries()]
-    assert paths == sorted(paths) and len(paths) == 2 * len(ids) + 3
+    assert paths == sorted(paths) and len(paths) == 3 * len(ids) + 3
     with Files() as files, pytest.raises(RuntimeError, match="shard-100000.bin after megatron/train/shard-10001.bin"):
         files.add("megatron/train", "megatron/train/shard-10001.bin", {"bytes": 1, "sha256": "0"})  # numeric order
         files.add("megatron/train", "megatron/train/shard-100000.bin", {"bytes": 1, "sha256": "0"})

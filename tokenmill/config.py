@@ -145,12 +145,29 @@ class InputConfig(_Section):
     )
     min_chars: int = Field(1, ge=0, description="Shorter texts are invalid records (empty ones by default).")
     max_chars: int | None = Field(None, ge=1, description="Longer texts are invalid records; null: no limit.")
+    metadata_fields: list[str] = Field(
+        default_factory=list,
+        description="Record fields (url, lang, a quality score; may be nested) carried into the documents table "
+        "beside each shard's tokens (docs/outputs.md) as strings, a number as its JSON text. A JSONL block where one "
+        "is not a string, or is nested, is read record by record: slower.",
+    )
     storage: StorageConfig = Field(StorageConfig(), description="Credentials and endpoint for s3:// input paths.")
     chat: ChatConfig | None = Field(
         None,
         description="The records are conversations, rendered with the model's chat template, their loss mask on "
         "the assistant's turns (docs/chat.md); text_field is then not read.",
     )
+
+    @field_validator("metadata_fields")
+    @classmethod
+    def _not_a_table_column(cls, names: list[str]) -> list[str]:
+        from tokenmill.layout import DOCUMENTS_COLUMNS
+
+        if taken := [n for n in names if n in DOCUMENTS_COLUMNS]:
+            raise ValueError(
+                f"{taken[0]!r} is a column of the documents table already ({', '.join(DOCUMENTS_COLUMNS)})"
+            )
+        return names
 
     def read_options(self, fields: tuple[str, ...] = (), template: ChatTemplate | None = None) -> ReadOptions:
         """How its files are read; a chat input's records are rendered with `template` (`TokenizerInfo.chat`)."""
@@ -168,7 +185,7 @@ class InputConfig(_Section):
             min_chars=self.min_chars,
             max_chars=self.max_chars,
             separator=self.separator,
-            fields=fields,
+            fields=tuple(dict.fromkeys((*fields, *self.metadata_fields))),
             storage_options=self.storage.fsspec_options(),
             conversations=self.chat is not None,
             chat=chat,

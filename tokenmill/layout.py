@@ -41,6 +41,16 @@ def loss_mask_file(split: str, shard_id: int) -> str:
     return megatron_prefix(split, shard_id) + ".loss_mask.bin"
 
 
+# The documents table's own columns (`formats.provenance`); the configured metadata fields follow them
+DOCUMENTS_COLUMNS = ("id", "source", "file", "line", "split", "token_offset", "token_length")
+
+
+def documents_table(split: str, shard_id: int) -> str:
+    """A shard's split's documents table (`formats.provenance`): a row per document of its `.bin`, where it came
+    from and where its tokens lie."""
+    return megatron_prefix(split, shard_id) + ".docs.parquet"
+
+
 def packed_prefix(split: str, shard_id: int) -> str:
     return f"packed/{split}/{shard_name(shard_id)}"
 
@@ -132,7 +142,7 @@ def reserve_file(shard_id: int) -> str:
 
 
 _SHARD_FILE = re.compile(
-    r"^(?P<family>megatron|packed)/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>bin|idx|loss_mask\.bin|tokens\.npy|cu_seqlens\.npy|row_offsets\.npy|loss\.npy)$"
+    r"^(?P<family>megatron|packed)/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>bin|idx|docs\.parquet|loss_mask\.bin|tokens\.npy|cu_seqlens\.npy|row_offsets\.npy|loss\.npy)$"
 )
 _TRAINER_FILE = re.compile(
     r"^(?P<format>trl|megatron_bridge|olmo|datatrove|litdata|hf_parquet|mds)/(?P<split>(?:[^/]+/)?[^/]+)/"
@@ -148,6 +158,7 @@ _TRAINER_KINDS = {  # (format, suffix) -> kind where it is not the format's name
 _KINDS = {
     "bin": "megatron-bin",
     "idx": "megatron-idx",
+    "docs.parquet": "documents-table",
     "tokens.npy": "packed-tokens",
     "cu_seqlens.npy": "packed-cu-seqlens",
     "row_offsets.npy": "packed-row-offsets",

@@ -3,7 +3,8 @@
 - `training_sample`: one packed row as `input_ids`, `labels`, `position_ids` and `cu_seqlens`.
 - `PackedSplit` (numpy only): every packed row of one split across its shards, memory-mapped, in the
   order of the split's global shuffle index (or in shard order); of a mixture, the mix (every source's rows
-  as often as the mix draws them, shuffled), or one source's split (`<source>/<split>`).
+  as often as the mix draws them, shuffled), or one source's split (`<source>/<split>`); with `with_origin`, each
+  sample with the origin of every document in it (its row of the documents table, `formats.provenance`).
 - `PackedTorchDataset` and `collate_thd`, in `tokenmill.loader_torch` (it needs torch, this module does not): a
   `torch.utils.data.IterableDataset` giving each rank, and each DataLoader worker within a rank, its
   own samples; and a collate function that flattens a batch for varlen (THD) attention.
@@ -25,6 +26,7 @@ import numpy as np
 
 from tokenmill import layout
 from tokenmill.formats.packed import PackedReader, read_shuffle_index
+from tokenmill.formats.provenance import read_documents_table
 
 IGNORE_INDEX = -100  # the label PyTorch's cross-entropy skips
 
@@ -85,7 +87,15 @@ class PackedSplit:
     object pickles small, as DataLoader workers need).
     """
 
-    def __init__(self, root: str | Path, split: str, *, shuffle: bool = True, mask_cross_document_labels: bool = True):
+    def __init__(
+        self,
+        root: str | Path,
+        split: str,
+        *,
+        shuffle: bool = True,
+        mask_cross_document_labels: bool = True,
+        with_origin: bool = False,
+    ):
         """
         Args:
             root: a dataset directory: a published version, or a build (`output.path`), local.
@@ -93,11 +103,19 @@ class PackedSplit:
             shuffle: read the rows in the order of the split's global shuffle index (`pack.shuffle_seed`); off,
                 in shard order. A mixture's training split is always read in its mix's order.
             mask_cross_document_labels: as in `training_sample`.
+            with_origin: each sample also has `origin`: a dict per document the row holds a piece of, in row
+                order: its row of the documents table (id, source, file, line, split, token_offset, token_length,
+                the metadata fields), its `shard`, where the piece starts in the row (`row_start`) and in the
+                document (`document_start`). Rows packed by `concat` only: a row of them is a window of the
+                shard's `.bin`.
         """
         self.root, self.split, self.shuffle = Path(root), split, shuffle
         self.mask_cross_document_labels = mask_cross_document_labels
         manifest = json.loads((self.root / layout.MANIFEST).read_text())
         self.extra_token = bool(manifest["config"]["pack"].get("extra_token", False))
+        self.seq_len, self.with_origin = int(manifest["config"]["pack"]["seq_len"]), with_origin
+        if with_origin and (mode := manifest["config"]["pack"]["mode"]) != "concat":
+            raise ValueError(f"{self.root}: with_origin needs rows packed by concat, these are by {mode}")
         self.mixed = manifest.get("mix", {}).get("split") == split
         in_split = (lambda s: s.endswith(f"/{split}")) if self.mixed else (lambda s: s == split)
         streams = {
@@ -118,12 +136,44 @@ class PackedSplit:
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         reader, row = self._place(i)
-        return training_sample(
+        sample = training_sample(
             *reader[row],
             extra_token=self.extra_token,
             mask_cross_document_labels=self.mask_cross_document_labels,
             loss=None if reader.loss is None else reader.loss[row],
         )
+        if self.with_origin:
+            sample["origin"] = self.origin(i)
+        return sample
+
+    def origin(self, i: int) -> list[dict]:
+        """Where sample i's tokens came from: a dict per document it holds a piece of (see `with_origin`)."""
+        position, row = self._position(i)
+        reader = self._readers_or_open()[position]
+        table = self._table(position)
+        offsets, lengths = (table.column(c).to_numpy() for c in ("token_offset", "token_length"))
+        first = row * self.seq_len  # a concat row is a window of the shard's `.bin`
+        last = first + int(reader[row][1][-1])  # its real tokens end here
+        begin = int(np.searchsorted(offsets + lengths, first, side="right"))
+        end = int(np.searchsorted(offsets, last, side="left"))
+        return [
+            {
+                **document,
+                "shard": self.shard_ids[position],
+                "row_start": max(document["token_offset"] - first, 0),
+                "document_start": max(first - document["token_offset"], 0),
+            }
+            for document in table.slice(begin, end - begin).to_pylist()
+        ]
+
+    def _table(self, position: int):
+        """The documents table of the shard at `position`, read once per process."""
+        if getattr(self, "_tables", None) is None:
+            self._tables = {}
+        if position not in self._tables:
+            rel = layout.documents_table(self.streams[position], self.shard_ids[position])
+            self._tables[position] = read_documents_table(self.root / rel)
+        return self._tables[position]
 
     def row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Sample i's stored row and boundaries."""
@@ -132,6 +182,11 @@ class PackedSplit:
 
     def _place(self, i: int) -> tuple[PackedReader, int]:
         """Sample i's shard (its reader) and row there."""
+        position, row = self._position(i)
+        return self._readers_or_open()[position], row
+
+    def _position(self, i: int) -> tuple[int, int]:
+        """Sample i's shard (its position in `shard_ids`) and row there."""
         if not 0 <= i < len(self):
             raise IndexError(f"sample {i} of a split of {len(self)}")
         if self.shuffle:
@@ -140,7 +195,7 @@ class PackedSplit:
         else:
             position = int(np.searchsorted(self._first_row, i, side="right")) - 1
             row = i - int(self._first_row[position])
-        return self._readers_or_open()[position], row
+        return position, row
 
     def _readers_or_open(self) -> list[PackedReader]:
         if getattr(self, "_readers", None) is None:
@@ -157,7 +212,7 @@ class PackedSplit:
 
     def __getstate__(self) -> dict:
         # Memory maps pickle as full copies: leave them out, each process maps the files itself.
-        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_order")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_order", "_tables")}
 
 
 def __getattr__(name: str):

@@ -34,6 +34,7 @@ from tokenmill.formats.mds import rows_of as mds_rows_of
 from tokenmill.formats.mds import write_shard as write_mds_shard
 from tokenmill.formats.megatron import MegatronReader, token_dtype
 from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, write_packed, write_shuffle_index
+from tokenmill.formats.provenance import read_documents_table
 from tokenmill.formats.sft import olmo_documents, write_megatron_bridge, write_trl
 from tokenmill.packers import (
     fit_conversations,
@@ -177,7 +178,9 @@ def write_trainer_files(
         elif format in ("olmo", "datatrove"):
             store.copy(bin_rel, rels[0], bin_digest, files)
             if format == "olmo":
-                store.write_bytes(rels[1], olmo_documents(lengths, layout.shard_name(shard_id)), files)
+                with store.local_copies(layout.documents_table(split, shard_id)) as (path,):
+                    documents = read_documents_table(path, ["id", "file", "line"])
+                store.write_bytes(rels[1], olmo_documents(lengths, documents), files)
             else:
                 for rel, data in zip(rels[1:], sidecars(tokens, lengths, run.tokenizer_name), strict=True):
                     store.write_bytes(rel, data, files)

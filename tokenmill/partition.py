@@ -3,7 +3,7 @@
 Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets, found by seeking. The
 line number at each cut is counted here (a pass over the whole file) only where a document id `<file>:<line>` is
 hashed while the shards run (`counts_lines`); elsewhere a piece's first line is left unknown, and the rejects of a
-piece after the first are numbered once its file's earlier pieces are read (`tokenize.number_rejects`). Parquet files
+piece after the first are numbered once its file's earlier pieces are read (`tokenize.number_lines`). Parquet files
 by runs of row groups; compressed streams and plain text files cannot be cut and are taken whole; small
 files are grouped, where a hash of each file's name decides the group ends (see `_ends_group`).
 

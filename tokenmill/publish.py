@@ -32,11 +32,11 @@ HASH_THREADS = 8  # files hashed at once: all cores locally, and overlapping req
 
 
 def shard_file_counts(table: pd.DataFrame) -> pd.Series:
-    """How many files the validated stats say each shard has (by shard id): each split's Megatron pair where it
-    has documents, packed arrays where it has rows, its llm.c files, a conversations' split's loss masks (of its
-    tokens, of its packed rows), and the shard's rejects where it has any."""
+    """How many files the validated stats say each shard has (by shard id): each split's Megatron pair and its
+    documents table where it has documents, packed arrays where it has rows, its llm.c files, a conversations'
+    split's loss masks (of its tokens, of its packed rows), and the shard's rejects where it has any."""
     conversations = table.supervised_tokens >= 0
-    megatron = (2 + conversations) * (table.documents > 0)
+    megatron = (3 + conversations) * (table.documents > 0)
     per_row = megatron + (len(SUFFIXES) + conversations) * (table.packed_rows > 0) + table.llmc_files
     per_row += table.trainer_files
     return per_row.groupby(table.shard_id).sum() + (table.rejected.groupby(table.shard_id).first() > 0)

@@ -156,6 +156,10 @@ class Batch:
     lines: int = 0  # the fast path's: the lines of the file its block spans, blank and rejected ones included
     # the fast path's: its block, as a piece of its file (read alone, it gives this batch's records again)
     block: Piece | None = None
+    # Where each document came from, for its row of the documents table (`formats.provenance`): its input file
+    # (the path as the plan lists it), and its line there (JSONL, text; from 1) or row (Parquet; from 1)
+    doc_files: list[str] = field(default_factory=list)
+    doc_lines: list[int] | np.ndarray = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -194,6 +198,7 @@ class Record:
     problem: str | None = None  # set when the record could not even be parsed
     file: str = ""  # the input file it came from (set by `records`)
     size: int = -1  # bytes as read; -1: len(raw)
+    path: str = ""  # that file's path as the plan lists it (set by `records`)
 
     def __post_init__(self):
         if self.size < 0:
@@ -203,11 +208,11 @@ class Record:
         """The record as one JSONL line, for the shuffle to carry it unvalidated to another shard
         (the raw form only where it could not be parsed: otherwise id and text say it all)."""
         raw = _shorten(self.raw) if self.problem else ""
-        fields = (self.file, self.line, self.doc_id, self.text, self.extra, raw, self.problem, self.size)
+        fields = (self.file, self.line, self.doc_id, self.text, self.extra, raw, self.problem, self.size, self.path)
         return orjson.dumps(dict(zip(SHUFFLED_FIELDS, fields, strict=True)), default=str) + b"\n"
 
 
-SHUFFLED_FIELDS = ("file", "line", "id", "text", "extra", "raw", "problem", "size")
+SHUFFLED_FIELDS = ("file", "line", "id", "text", "extra", "raw", "problem", "size", "path")
 
 
 def field_value(record, dotted: str):
@@ -319,7 +324,8 @@ def _shuffled_records(piece: Piece, options: ReadOptions, name: str) -> Iterator
 def _shuffled_record(line: bytes) -> Record:
     r = orjson.loads(line)
     raw = r["raw"].encode() if r["problem"] else orjson.dumps({"id": r["id"], "text": r["text"]}, default=str)
-    return Record(r["line"], r["id"], r["text"], r["extra"], raw, r["problem"], r["file"], r["size"])
+    path = r.get("path") or r["file"]  # a scatter of an earlier tokenmill carried the file's name only
+    return Record(r["line"], r["id"], r["text"], r["extra"], raw, r["problem"], r["file"], r["size"], path)
 
 
 READERS = {"jsonl": _jsonl_records, "parquet": _parquet_records, "text": _text_records, "shuffled": _shuffled_records}
@@ -348,7 +354,7 @@ def records(piece: Piece, options: ReadOptions) -> Iterator[Record]:
     try:
         for raw in READERS[kind_of(piece, options)](piece, options, name):
             count += 1
-            raw.file = raw.file or name
+            raw.file, raw.path = raw.file or name, raw.path or piece.path
             yield raw
     except FileNotFoundError as e:
         raise InputError(f"{piece.path}: no such file") from e
@@ -480,6 +486,8 @@ def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tu
         seen_ids.add(doc_id)
         batch.ids.append(doc_id)
         batch.texts.append(raw.text)
+        batch.doc_files.append(raw.path)
+        batch.doc_lines.append(raw.line)
         for f in options.fields:
             batch.extra[f].append(raw.extra.get(f))
         batch.nbytes += raw.size
@@ -516,6 +524,8 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
         batch.ids.append(doc_id)
         batch.texts.append(rendered.text)
         batch.chats.append(rendered)
+        batch.doc_files.append(raw.path)
+        batch.doc_lines.append(raw.line)
         for f in options.fields:
             batch.extra[f].append(raw.extra.get(f))
         batch.nbytes += raw.size
@@ -549,6 +559,7 @@ def _fast_jsonl(
             batch, rejects = jsonl_block(block, line, name, options, seen_ids, newlines, own_name)
             batch.lines = newlines + (block[-1:] != b"\n")
             batch.block, start = Piece(piece.path, start, start + len(block), line), start + len(block)
+            batch.doc_files = [piece.path] * len(batch)  # a block is of one file (its careful path names none)
             for reject in [] if counted else rejects:
                 reject.from_byte = piece.start
             yield batch, rejects
@@ -779,7 +790,8 @@ def _fast_batch(
     # bytes as the careful path counts them: each line without its line ending
     nbytes = len(block) - newlines - count_crlf(block)
     extra = {f: table.column(f).to_pylist() for f in options.fields}
-    return Batch(ids=ids, nbytes=nbytes, text_array=texts, extra=extra)
+    doc_lines = np.arange(first_line, first_line + lines, dtype=np.int64)  # every line is a document
+    return Batch(ids=ids, nbytes=nbytes, text_array=texts, extra=extra, doc_lines=doc_lines)
 
 
 def _arrow_table(block: Buffer, options: ReadOptions) -> pyarrow.Table | None:

@@ -57,7 +57,8 @@ class Tokenized(Committed):
     bytes_in: int
     splits: dict[str, dict]  # per split (stream): documents, tokens, max_token_id
     files_rejected: list[str] = field(default_factory=list)  # whole input files quarantined, and why
-    unnumbered_rejects: int = 0  # rejects whose lines count from their piece's start (`tokenize.number_rejects`)
+    unnumbered_rejects: int = 0  # rejects whose lines count from their piece's start (`tokenize.number_lines`)
+    unnumbered_lines: bool = False  # its documents' lines count from its piece's start, too (`tokenize.number_lines`)
     lines: int | None = None  # a piece of a cut file: its lines, which number the pieces after it
     # Where each block the fast path read lies (see `tokenize_shard`), for validate's reference sample
     blocks: list[list[int]] | None = None

@@ -1,6 +1,7 @@
 """The tokenize stage for one shard: read documents, assign each to its split, encode, write Megatron files.
 
-Output per split: `megatron/<split>/shard-NNNNN.bin/.idx` (one sequence per document, EOD included),
+Output per split: `megatron/<split>/shard-NNNNN.bin/.idx` (one sequence per document, EOD included) and its
+documents table `.docs.parquet` (`formats.provenance`: each document's id, file, line and place in the `.bin`),
 written only for splits that received documents; `rejects/shard-NNNNN.jsonl` for records that are
 not documents. The commit marker written last holds the shard's counts.
 
@@ -19,9 +20,10 @@ from typing import BinaryIO
 
 import numpy as np
 import orjson
+import pyarrow.compute as pc
 
 from tokenmill import chat, layout
-from tokenmill.commits import TOKENIZE, check, commit, marker, shard_key, tokenize_key
+from tokenmill.commits import PACK, TOKENIZE, check, commit, marker, shard_key, tokenize_key
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import (
     EncoderChoice,
@@ -31,6 +33,8 @@ from tokenmill.encoders import (
     preload_backends,
 )
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
+from tokenmill.formats.provenance import batch_origins, read_documents_table, split_rows, write_documents_table
+from tokenmill.formats.sft import olmo_documents
 from tokenmill.hashing import assign_splits
 from tokenmill.plan import Shard
 from tokenmill.readers import Piece, ReadOptions, fast_path_applies, read_documents
@@ -61,6 +65,7 @@ class Tokenizing:
     """What the tokenize stage uses of a run, made once (`of`) and sent with its shards' Dask tasks."""
 
     store: Store  # the build
+    metadata_fields: dict[str, list[str]]  # each source's fields carried into the documents tables
     key: str  # the run's part of each shard's stage key (`commits.tokenize_key`)
     reading: dict[str, ReadOptions]  # how each mixture source's files are read ("" for a single input)
     streams: dict[str, list[str]]  # where each source's documents go, in split order (`config.streams`)
@@ -75,6 +80,7 @@ class Tokenizing:
         """`encoder`: the run's choice; None, the reference (HF tokenizers)."""
         return cls(
             config.output.store(),
+            {name: source.metadata_fields for name, source in config.inputs().items()},
             tokenize_key(config, tokenizer),
             reading(config, tokenizer),
             {name: config.streams(name) for name in config.inputs()},
@@ -117,6 +123,8 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     # the shard (`tokenmill.validate.sampled_documents`): [its piece, start, stop, first line, rejects, documents
     # before it in each split]. None where a batch came another way (compressed, Parquet, text, dotted fields).
     blocks: list[list[int]] | None = []
+    documents: dict[str, list] = {s: [] for s in splits}  # each split's rows of its documents table, batch by batch
+    metadata_fields = run.metadata_fields[shard.mix_source]
     with ExitStack() as stack:
         writers: dict[str, BinWriter] = {}
         mask_files: dict[str, BinaryIO] = {}  # conversations: each split's loss mask, a byte per token
@@ -146,6 +154,7 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
                 flat, lengths = with_specials(narrowed(ids, dtype), lengths, bos_id, eod_id)
             # One split needs no hashing; otherwise each document's split by the stable hash of its id.
             doc_split = assign_splits(batch.ids, run.split) if len(splits) > 1 else None
+            origins = batch_origins(batch, metadata_fields)
             for index, split in enumerate(splits):
                 chosen = slice(None) if doc_split is None else doc_split == index
                 split_lengths = lengths[chosen]
@@ -158,6 +167,9 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
                 split_tokens = flat[taken]
                 writers[split].add(split_tokens, split_lengths)
                 c = counts[split]
+                rows = split_rows(origins, None if doc_split is None else chosen, split_lengths, c["tokens"],
+                                  shard.mix_source, split)  # fmt: skip
+                documents[split].append(rows)
                 if batch.chats is not None:
                     if split not in mask_files:
                         mask_file = store.writing_file(layout.loss_mask_file(split, shard_id), files)
@@ -172,6 +184,8 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     for split, writer in writers.items():
         with store.writing(layout.megatron_prefix(split, shard_id) + ".idx", files) as tmp:
             write_index(tmp, writer.all_lengths(), dtype)
+        with store.writing(layout.documents_table(split, shard_id), files) as tmp:
+            write_documents_table(tmp, documents[split])
     if rejects:
         store.write_bytes(layout.rejects_file(shard_id), b"".join(rejects), files)
     else:
@@ -185,6 +199,7 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
         splits=counts,
         files_rejected=whole_files,
         unnumbered_rejects=unnumbered,
+        unnumbered_lines=pieces[0].first_line is None,
         lines=lines if pieces[0].end is not None and fast_path_applies(pieces[0], options) else None,
         blocks=blocks or None,
         encoder=encode.name,
@@ -196,12 +211,13 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     return result
 
 
-def number_rejects(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: list[int]) -> None:
-    """Give the rejects of the `unnumbered` shards their line in the file: each is a piece of a cut file whose
-    first line the partition did not count (`partition.counts_lines`), so its rejects' lines count from the
-    piece's start (`from_byte`). The pieces before it are tokenized now, and their markers hold their lines. Each
-    shard's rejects are written again, then its marker with their new size and sha256 (a run killed between the
-    two redoes the shard: its rejects changed since its commit)."""
+def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: list[int]) -> None:
+    """Give the documents and rejects of the `unnumbered` shards their line in the file: each is a piece of a cut
+    file whose first line the partition did not count (`partition.counts_lines`), so their lines count from the
+    piece's start (a reject says so with `from_byte`). The pieces before it are tokenized now, and their markers hold
+    their lines. Each shard's documents tables (and OLMo's `.csv.gz` made from them) and rejects are written again,
+    then its marker with their new sizes and sha256 (a run killed between the two redoes the shard: its files changed
+    since its commit)."""
     store, wanted = config.output.store(), set(unnumbered)
     pieces_of: dict[str, list[tuple[int, int]]] = {}  # a cut file -> (start, shard id) of each of its pieces
     piece_of: dict[int, Piece] = {}  # an unnumbered shard's piece
@@ -214,14 +230,44 @@ def number_rejects(config: TokenmillConfig, shards: Sequence[Shard], unnumbered:
     for shard_id, piece in piece_of.items():
         before = [i for start, i in pieces_of[piece.path] if start < piece.start]
         first_line = 1 + sum(store.read_json(marker(TOKENIZE, i))["result"]["lines"] for i in before)
-        rejects = [orjson.loads(line) for line in store.read_bytes(layout.rejects_file(shard_id)).splitlines()]
-        for reject in rejects:
-            if reject.pop("from_byte", None) is not None:
-                reject["line"] += first_line - 1
         done = store.read_json(marker(TOKENIZE, shard_id))
-        files = done["files"]
-        store.write_bytes(layout.rejects_file(shard_id), b"".join(orjson.dumps(r) + b"\n" for r in rejects), files)
-        commit(store, TOKENIZE, shard_id, done["key"], done["result"] | {"unnumbered_rejects": 0}, files)
+        files, result = done["files"], done["result"]
+        for split, counts in result["splits"].items():
+            if counts["documents"] and result.get("unnumbered_lines"):
+                rel = layout.documents_table(split, shard_id)
+                with store.local_copies(rel) as (path,):
+                    table = read_documents_table(path)
+                lines = pc.add(table.column("line"), first_line - 1)
+                table = table.set_column(table.schema.get_field_index("line"), "line", lines)
+                with store.writing(rel, files) as tmp:
+                    write_documents_table(tmp, [table])
+        number_olmo_documents(store, shard_id, result["splits"])  # before the commit that says all is numbered
+        if result.get("unnumbered_rejects"):
+            rejects = [orjson.loads(line) for line in store.read_bytes(layout.rejects_file(shard_id)).splitlines()]
+            for reject in rejects:
+                if reject.pop("from_byte", None) is not None:
+                    reject["line"] += first_line - 1
+            store.write_bytes(layout.rejects_file(shard_id), b"".join(orjson.dumps(r) + b"\n" for r in rejects), files)
+        commit(store, TOKENIZE, shard_id, done["key"], result | {"unnumbered_rejects": 0, "unnumbered_lines": False},
+               files)  # fmt: skip
+
+
+def number_olmo_documents(store: Store, shard_id: int, splits: dict[str, dict]) -> None:
+    """OLMo's `.csv.gz` of a shard the pack stage wrote before its lines were numbered (`number_lines`): made again
+    from its documents tables, then the pack's marker with their new sizes and sha256."""
+    if not store.exists(marker(PACK, shard_id)):
+        return
+    done = store.read_json(marker(PACK, shard_id))
+    files = done["files"]
+    for split in splits:
+        _, documents_file = layout.trainer_files("olmo", split, shard_id)
+        if documents_file not in files:
+            continue
+        with store.local_copies(layout.documents_table(split, shard_id)) as (path,):
+            table = read_documents_table(path, ["id", "file", "line", "token_length"])
+        lengths = table.column("token_length").to_numpy()
+        store.write_bytes(documents_file, olmo_documents(lengths, table), files)
+    commit(store, PACK, shard_id, done["key"], done["result"], files)
 
 
 def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:

@@ -37,6 +37,7 @@ from tokenmill.formats.mds import read_rows as read_mds_rows
 from tokenmill.formats.mds import rows_of as mds_rows_of
 from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
 from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, PackedReader, read_shuffle_index
+from tokenmill.formats.provenance import read_documents_table, tiling_problem
 from tokenmill.hashing import assign_splits
 from tokenmill.packers import pad_id as pack_pad_id
 from tokenmill.packers import writes_packed
@@ -185,6 +186,8 @@ def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None, bos_
             return [f"{prefix}.idx: document indices are not 0..{len(index)}"]
         if not np.array_equal(index.pointers[1:], np.cumsum(index.lengths[:-1], dtype=np.int64) * dtype.itemsize):
             return [f"{prefix}.idx: pointers disagree with lengths"]
+        if problem := _check_documents_table(store, row, index.lengths):
+            return [problem]
         starts = index.pointers // dtype.itemsize
         if row.supervised_tokens >= 0:  # conversations: the template placed their specials; each has its loss mask
             return _check_loss_mask(store, row)
@@ -193,6 +196,19 @@ def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None, bos_
         if bos_id is not None and (bad := int((reader.tokens[starts] != bos_id).sum())):
             return [f"{prefix}.bin: {bad} documents do not start with BOS id {bos_id}"]
     return []
+
+
+def _check_documents_table(store: Store, row, lengths: np.ndarray) -> str | None:
+    """The split's documents table: a row per document of the split, its offsets and lengths tiling the `.bin`."""
+    rel = layout.documents_table(row.split, row.shard_id)
+    if not store.exists(rel):
+        return f"{rel}: missing"
+    with store.local_copies(rel) as (path,):
+        try:
+            table = read_documents_table(path, ["split", "token_offset", "token_length"])
+        except (pa.ArrowException, OSError) as e:
+            return f"{rel}: not a documents table ({e})"
+    return tiling_problem(table, lengths, row.split, rel)
 
 
 def _check_loss_mask(store: Store, row) -> list[str]:

@@ -1,9 +1,12 @@
 """Reading a published dataset back: find its manifest (directly, or through a `LATEST` pointer), print
-what it holds, and verify that every file it lists is there with its size and sha256."""
+what it holds, verify that every file it lists is there with its size and sha256, and find a document's origin and
+tokens through the documents tables (`formats.provenance`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from tokenmill import layout
 from tokenmill.storage import Store
@@ -120,3 +123,59 @@ def verify(dataset: Dataset) -> list[str]:
         elif dataset.store.sha256(rel) != entry["sha256"]:
             problems.append(f"{rel}: sha256 differs from the manifest")
     return problems
+
+
+@dataclass
+class Document:
+    """A document found by its id: its row of a documents table (`formats.provenance`), where that table is, and
+    its tokens."""
+
+    table: str  # the documents table's path in the dataset
+    shard: int
+    row: dict  # id, source, file, line, split, token_offset, token_length, then the metadata fields
+    tokens: np.ndarray
+
+
+def find_documents(dataset: Dataset, doc_id: str) -> list[Document]:
+    """Every document with id `doc_id` (one, unless a mixture's sources share an id), in the manifest's order."""
+    import pyarrow.compute as pc
+
+    from tokenmill.formats.megatron import MegatronReader
+    from tokenmill.formats.provenance import read_documents_table
+
+    found = []
+    for entry in dataset.manifest["files"]:
+        if entry["kind"] != "documents-table":
+            continue
+        rel = entry["path"]
+        with dataset.store.local_copies(rel) as (path,):
+            matches = pc.indices_nonzero(pc.equal(read_documents_table(path, ["id"]).column("id"), doc_id))
+            rows = read_documents_table(path).take(matches).to_pylist() if len(matches) else []  # the ids only, mostly
+        for row in rows:
+            prefix = rel.removesuffix(".docs.parquet")
+            with dataset.store.local_copies(prefix + ".bin", prefix + ".idx") as (bin_path, idx_path):
+                tokens = MegatronReader(prefix, bin_path=bin_path, idx_path=idx_path).tokens
+                start = row["token_offset"]
+                found.append(Document(rel, entry["shard"], row, np.array(tokens[start : start + row["token_length"]])))
+    return found
+
+
+def document_lines(dataset: Dataset, document: Document) -> list[str]:
+    """A document's origin, where its tokens lie, its metadata fields and its text decoded with the dataset's
+    tokenizer (special tokens shown)."""
+    from tokenizers import Tokenizer
+
+    from tokenmill.layout import DOCUMENTS_COLUMNS
+
+    row = document.row
+    tokenizer = Tokenizer.from_str(dataset.store.read_bytes(layout.TOKENIZER).decode())
+    bin_file = document.table.removesuffix(".docs.parquet") + ".bin"
+    where = "row" if row["file"].endswith((".parquet", ".pq")) else "line"
+    lines = [
+        f"document {row['id']}" + (f" of source {row['source']}" if row["source"] else ""),
+        f"  from {row['file']}, {where} {row['line']}",
+        f"  split {row['split']}, {layout.shard_name(document.shard)}: tokens {row['token_offset']:,} to "
+        f"{row['token_offset'] + row['token_length']:,} of {bin_file} ({row['token_length']:,} tokens)",
+    ]
+    lines += [f"  {name}: {value}" for name, value in row.items() if name not in DOCUMENTS_COLUMNS]
+    return [*lines, "  text:", tokenizer.decode(document.tokens.tolist(), skip_special_tokens=False)]

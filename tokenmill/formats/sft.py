@@ -10,13 +10,16 @@ model predicts it from the tokens before it); each layout says it the way its tr
   (`input_ids`); `seq_start_id`, where each begins; `loss_mask` already shifted to the labels (position t says
   whether the prediction of token t + 1 counts), as Bridge's own packer writes it.
 - OLMo-core (`olmo`): the tokens as a raw array named `.npy` (no header: what `np.memmap` maps, the `.bin`'s bytes),
-  and beside it a `.csv.gz` of each document's `start,end,id`, from which OLMo's numpy datasets take the
-  documents; a conversations' label mask is the Megatron `.loss_mask.bin` (`label_mask_paths`).
+  and beside it a `.csv.gz` of each document's `start,end,id,src,loc` (dolma's columns: the input file and line,
+  from the documents table), from which OLMo's numpy datasets take the documents (the first two); a conversations'
+  label mask is the Megatron `.loss_mask.bin` (`label_mask_paths`).
 """
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 from pathlib import Path
 
 import numpy as np
@@ -69,9 +72,14 @@ def write_megatron_bridge(path: str | Path, rows: np.ndarray, cu_seqlens, row_of
     pq.write_table(table, path, compression="zstd")
 
 
-def olmo_documents(lengths: np.ndarray, name: str) -> bytes:
-    """OLMo-core's `.csv.gz` beside a token file: `start,end,id` per document (end exclusive; OLMo reads the first
-    two), the id `<shard>:<index>`."""
-    ends = np.cumsum(lengths)
-    lines = (f"{end - length},{end},{name}:{i}\n" for i, (end, length) in enumerate(zip(ends, lengths, strict=True)))
-    return gzip.compress("".join(lines).encode(), mtime=0)
+def olmo_documents(lengths: np.ndarray, documents: pa.Table) -> bytes:
+    """OLMo-core's `.csv.gz` beside a token file, as dolma writes it: `start,end,id,src,loc` per document (end
+    exclusive; OLMo reads the first two), the id, input file and line from the split's documents table
+    (`formats.provenance`, a row per document in the same order)."""
+    ends = np.cumsum(lengths, dtype=np.int64)
+    origins = (documents.column(name).to_pylist() for name in ("id", "file", "line"))
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(
+        zip((ends - lengths).tolist(), ends.tolist(), *origins, strict=True)
+    )
+    return gzip.compress(text.getvalue().encode(), compresslevel=1, mtime=0)  # level 9: 9x the time, 11% smaller
