@@ -498,7 +498,8 @@ def encode_batch(
     ids = ids.astype(np.int64)
     encoded = [text.encode() for text in texts]
     where, tiles = offsets.of_batch(ids, lengths, encoded)
-    text_starts = np.cumsum([len(text) for text in encoded]) - np.array([len(text) for text in encoded])
+    text_lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    text_starts = np.cumsum(text_lengths) - text_lengths
     spans = np.array(
         [
             (c, *span)

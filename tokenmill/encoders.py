@@ -188,8 +188,7 @@ class TokenOffsets:
             spaced = first[self.spaced[ids[first]] & ~after_space[lengths > 0] & (text_lengths[lengths > 0] > 0)]
             sizes[spaced] -= 1  # the space Metaspace put before a text
         tiles = np.ones(count, bool)
-        at = np.flatnonzero(self.strips[ids])  # added tokens that strip whitespace: found beside them in the texts
-        if len(at):
+        if self.strips[ids].any():  # added tokens that strip whitespace: every added token found in the texts
             at = np.flatnonzero(self.added[ids])
             found = np.array(
                 [(i, *m.span()) for i, text in enumerate(texts) for m in self.found.finditer(text)], np.int64
