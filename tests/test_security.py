@@ -86,8 +86,13 @@ def knock(port):
     tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, tls.wrap_socket(raw) as spoken:
+            # A TLS 1.3 client ends its handshake before the server checks its certificate: the server's refusal
+            # comes on the first read, as an alert, or as a reset when it closes with our bytes unread.
             spoken.sendall(bytes(8))
-            spoken.recv(1)
+            try:
+                spoken.recv(1)
+            except ConnectionResetError:
+                return "tls-refused"
             return "tls-answered"
     except ssl.SSLError as e:
         if "ALERT" in str(e).upper():  # the server asked for a certificate and was given none
@@ -95,9 +100,12 @@ def knock(port):
         why = str(e)
     except OSError as e:
         why = str(e)
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        raw.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
-        return "http" if raw.recv(5) == b"HTTP/" else f"other ({why})"
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            raw.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+            return "http" if raw.recv(5) == b"HTTP/" else f"other ({why})"
+    except OSError as e:
+        return f"other ({why}; then {e})"
 
 for port in sys.argv[1:]:
     print(port, knock(int(port)))

@@ -21,7 +21,7 @@ import pytest
 from flows.server import ui_url
 
 from .conftest import CORPORA, REPO, STOP_CEILING, TOKENMILL, dataset_files, served_process, stop
-from .test_operations import block, deployment_named, every_page, final_state, markers, unblock, wait_for
+from .test_operations import block, committed, deployment_named, every_page, final_state, unblock, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Headless and quiet: without the background-networking flags Chromium keeps calling Google's services, which
@@ -388,7 +388,7 @@ def test_retry_pressed_in_the_ui_redoes_only_the_failed_shard(served, gpt2_run, 
     deployment = served_deployment(prefect_client)
     run = prefect_client.create_flow_run_from_deployment(deployment.id, parameters=deployment.parameters)
     assert final_state(prefect_client, run.id).is_failed()
-    before = markers(out, "tokenize")
+    before = committed(out, "tokenize")
     assert len(before) == 3
 
     unblock(blocked)  # the person fixed the cause, opens the failed run and presses Retry
@@ -408,7 +408,7 @@ def test_retry_pressed_in_the_ui_redoes_only_the_failed_shard(served, gpt2_run, 
     page.get_by_text("Completed", exact=True).first.wait_for()
     ui.shot("retried-run")
 
-    after = markers(out, "tokenize")
+    after = committed(out, "tokenize")
     assert set(after) == set(before) | {"shard-00001.json"}
     assert {k: after[k] for k in before} == before  # the three committed shards were reused, not redone
     retried, fresh = dataset_files(out), dataset_files(gpt2_run)

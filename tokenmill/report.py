@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 from collections.abc import Iterable
 
 import numpy as np
@@ -132,14 +133,19 @@ def shard_bins(per_shard: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return binned, width
 
 
+_LOADING_MATPLOTLIB = threading.Lock()
+
+
 def load_matplotlib():
     """pyplot for files only, never a display. Half a second to import: only the process that publishes pays
-    it (the flow imports it while it waits for the tokenize stage)."""
-    import matplotlib
+    it (the flow imports it while it waits for the tokenize stage). One thread at a time: `matplotlib.use` in one
+    thread while another is importing pyplot finds it half made (AttributeError: no 'switch_backend')."""
+    with _LOADING_MATPLOTLIB:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker  # noqa: F401 (the plots' formatters)
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker  # noqa: F401 (the plots' formatters)
 
     return plt
 
