@@ -12,7 +12,6 @@ the `index.json` of litdata's and MDS's layouts.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from tokenmill import layout
-from tokenmill.commits import PACK, check, commit, pack_key, shard_key, tokenize_key
+from tokenmill.commits import PACK, TOKENIZE, check, commit, marker, pack_key, shard_key, tokenize_key
 from tokenmill.config import DOCUMENT_TRAINER_FORMATS, TRAINER_FORMATS, PackConfig, TokenmillConfig
 from tokenmill.formats.datatrove import sidecars, tokenizer_name
 from tokenmill.formats.hf_parquet import write_parquet
@@ -167,9 +166,11 @@ def write_trainer_files(
     """A split's documents in each trainer's layout asked for that takes them as they are (`layout.trainer_files`;
     trl and megatron_bridge are made as conversations are packed): the `.bin`'s ids (`tokens`), with each layout's
     header or index made from the documents' `lengths`. OLMo's and datatrove's token files are the `.bin` itself,
-    copied by the store (`Store.copy`: a hard link locally). How many files it wrote."""
+    copied by the store (`Store.copy`: a hard link locally), with the size and sha256 the tokenize commit recorded.
+    How many files it wrote."""
     written, bin_rel = 0, layout.megatron_prefix(split, shard_id) + ".bin"
-    bin_digest = {"bytes": tokens.nbytes, "sha256": hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest()}
+    if {"olmo", "datatrove"} & set(run.trainers):  # their token file is the .bin
+        bin_digest = store.read_json(marker(TOKENIZE, shard_id))["files"][bin_rel]
     for format in (f for f in run.trainers if f in DOCUMENT_TRAINER_FORMATS):
         rels = layout.trainer_files(format, split, shard_id)
         if format == "hf_parquet":  # pyarrow writes a path; the others are hashed as they are written

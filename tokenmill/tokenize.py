@@ -20,6 +20,7 @@ from typing import BinaryIO
 
 import numpy as np
 import orjson
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokenmill import chat, layout
@@ -231,17 +232,17 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
         before = [i for start, i in pieces_of[piece.path] if start < piece.start]
         first_line = 1 + sum(store.read_json(marker(TOKENIZE, i))["result"]["lines"] for i in before)
         done = store.read_json(marker(TOKENIZE, shard_id))
-        files, result = done["files"], done["result"]
+        files, result, numbered = done["files"], done["result"], {}
         for split, counts in result["splits"].items():
             if counts["documents"] and result.get("unnumbered_lines"):
                 rel = layout.documents_table(split, shard_id)
                 with store.local_copies(rel) as (path,):
                     table = read_documents_table(path)
                 lines = pc.add(table.column("line"), first_line - 1)
-                table = table.set_column(table.schema.get_field_index("line"), "line", lines)
+                numbered[split] = table.set_column(table.schema.get_field_index("line"), "line", lines)
                 with store.writing(rel, files) as tmp:
-                    write_documents_table(tmp, [table])
-        number_olmo_documents(store, shard_id, result["splits"])  # before the commit that says all is numbered
+                    write_documents_table(tmp, [numbered[split]])
+        number_olmo_documents(store, shard_id, numbered)  # before the commit that says all is numbered
         if result.get("unnumbered_rejects"):
             rejects = [orjson.loads(line) for line in store.read_bytes(layout.rejects_file(shard_id)).splitlines()]
             for reject in rejects:
@@ -252,21 +253,23 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
                files)  # fmt: skip
 
 
-def number_olmo_documents(store: Store, shard_id: int, splits: dict[str, dict]) -> None:
+def number_olmo_documents(store: Store, shard_id: int, numbered: dict[str, pa.Table]) -> None:
     """OLMo's `.csv.gz` of a shard the pack stage wrote before its lines were numbered (`number_lines`): made again
-    from its documents tables, then the pack's marker with their new sizes and sha256."""
-    if not store.exists(marker(PACK, shard_id)):
+    from its split's documents table as numbered now (`numbered`), then the pack's marker with their new sizes and
+    sha256."""
+    if not numbered or not store.exists(marker(PACK, shard_id)):
         return
     done = store.read_json(marker(PACK, shard_id))
     files = done["files"]
-    for split in splits:
-        _, documents_file = layout.trainer_files("olmo", split, shard_id)
-        if documents_file not in files:
-            continue
-        with store.local_copies(layout.documents_table(split, shard_id)) as (path,):
-            table = read_documents_table(path, ["id", "file", "line", "token_length"])
-        lengths = table.column("token_length").to_numpy()
-        store.write_bytes(documents_file, olmo_documents(lengths, table), files)
+    written = [
+        (table, rel)
+        for split, table in numbered.items()
+        if (rel := layout.trainer_files("olmo", split, shard_id)[1]) in files
+    ]
+    if not written:  # no OLMo layout
+        return
+    for table, rel in written:
+        store.write_bytes(rel, olmo_documents(table.column("token_length").to_numpy(), table), files)
     commit(store, PACK, shard_id, done["key"], done["result"], files)
 
 

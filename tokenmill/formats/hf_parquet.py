@@ -23,8 +23,11 @@ def write_parquet(path: str | Path, tokens: np.ndarray, lengths: np.ndarray) -> 
     """Documents of `lengths` tokens back to back in `tokens` as a row each."""
     tokens = np.asarray(tokens)
     column = list_array(tokens, lengths, pa.from_numpy_dtype(tokens.dtype))
-    pq.write_table(  # no page statistics either: nobody filters token ids by their min and max (half the time)
-        pa.table({COLUMN: column}),
+    # Neither a row nor an id is ever null, and the schema says so: Parquet then writes no definition levels (a
+    # third of the write). No page statistics either: nobody filters token ids by their min and max (half the time).
+    schema = pa.schema([pa.field(COLUMN, column.type, nullable=False)])
+    pq.write_table(
+        pa.Table.from_arrays([column], schema=schema),
         path,
         row_group_size=ROW_GROUP_DOCUMENTS,
         compression="none",

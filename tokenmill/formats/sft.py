@@ -17,13 +17,13 @@ model predicts it from the tokens before it); each layout says it the way its tr
 
 from __future__ import annotations
 
-import csv
 import gzip
 import io
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 IGNORE_INDEX = -100
@@ -34,7 +34,8 @@ def list_array(values: np.ndarray, lengths: np.ndarray, type: pa.DataType) -> pa
     if len(values) >= 2**31:
         raise ValueError(f"{len(values)} values do not fit one Arrow list column (int32 offsets): smaller shards")
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=type))
+    of_type = pa.list_(pa.field("element", type, nullable=False))  # no value is null (Parquet: no level to say so)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=type), type=of_type)
 
 
 def write_trl(path: str | Path, tokens: np.ndarray, masks: np.ndarray, lengths: np.ndarray) -> None:
@@ -75,11 +76,11 @@ def write_megatron_bridge(path: str | Path, rows: np.ndarray, cu_seqlens, row_of
 def olmo_documents(lengths: np.ndarray, documents: pa.Table) -> bytes:
     """OLMo-core's `.csv.gz` beside a token file, as dolma writes it: `start,end,id,src,loc` per document (end
     exclusive; OLMo reads the first two), the id, input file and line from the split's documents table
-    (`formats.provenance`, a row per document in the same order)."""
+    (`formats.provenance`, a row per document in the same order). Written by Arrow, which quotes every string (a
+    CSV reader reads them as Python's `csv` writes them, unquoted; a tenth of the time)."""
     ends = np.cumsum(lengths, dtype=np.int64)
-    origins = (documents.column(name).to_pylist() for name in ("id", "file", "line"))
-    text = io.StringIO()
-    csv.writer(text, lineterminator="\n").writerows(
-        zip((ends - lengths).tolist(), ends.tolist(), *origins, strict=True)
-    )
-    return gzip.compress(text.getvalue().encode(), compresslevel=1, mtime=0)  # level 9: 9x the time, 11% smaller
+    table = pa.table({"start": ends - lengths, "end": ends, "id": documents.column("id"),
+                      "src": documents.column("file"), "loc": documents.column("line")})  # fmt: skip
+    text = io.BytesIO()
+    pa_csv.write_csv(table, text, pa_csv.WriteOptions(include_header=False, quoting_style="needed"))
+    return gzip.compress(text.getvalue(), compresslevel=1, mtime=0)  # level 9: 9x the time, 11% smaller
