@@ -75,8 +75,9 @@ faults: setup
 
 # The slow tests, not in the suite (marked slow): links cut across hosts (tests/test_hosts.py: the S3 server, the
 # scheduler, two workers and the flow on network namespaces of their own, a worker's or the scheduler's link cut
-# mid-run, for a while and for good, each faulted run and its rerun against a clean run's bytes), and SLURM
-# worker jobs reaching their walltime (tests/test_slurm.py). Root; about 8 minutes, one test at a time.
+# mid-run, for a while and for good, each faulted run and its rerun against a clean run's bytes), SLURM worker
+# jobs reaching their walltime (tests/test_slurm.py), and one trial of every kind of the fault campaign
+# (tests/test_fault_campaign.py). Root; about 20 minutes, one test at a time.
 slow: setup slurm
 	$(BIN)/python -m pytest -m slow -n 0
 

@@ -3,7 +3,8 @@ flow's process SIGKILLed mid-run and while publishing, the build's disk full, a 
 Prefect server killed and restarted mid-run, the server killed and left down, a worker killed for memory by a
 document larger than its limit (S3 faults: tests/test_faults_s3.py). Each faulted run ends
 (completed, or failed naming what happened), and its rerun publishes files byte-identical to a clean run's,
-every document once. `make faults` runs the whole campaign (every kind, 20 trials each)."""
+every document once. A campaign, slow (8 minutes of the suite): `make slow` runs it; `make faults` runs the whole
+campaign (every kind, 20 trials each)."""
 
 from __future__ import annotations
 
@@ -37,12 +38,14 @@ def campaign(tmp_path, kinds: str, seed: int) -> tuple[int, dict]:
     return status, table
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("mount") is None, reason="needs mount")
 def test_a_few_trials_of_each_flow_level_fault(tmp_path):
     status, table = campaign(tmp_path, "worker_kill,flow_kill,publish_kill,disk_full,corruption,server", seed=15)
     check(status, table)
 
 
+@pytest.mark.slow
 def test_a_server_left_down_and_a_worker_killed_for_memory(tmp_path, monkeypatch):
     """Prefect's client retries cut to one, so the run left without its server fails in seconds rather than the
     default's 2.5 minutes (docs/guarantees.md, Prefect server outages)."""
