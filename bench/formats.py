@@ -4,8 +4,8 @@ layout added alone and with all of them, side by side on the same corpus, the or
 The corpus is enwiki_slice (`../shared/corpora/enwiki_slice/`, its SOURCE.md) written `--repeat` times with unique
 ids (20: the 1.2 GB benchmark corpus); the tokenizer GPT-2's. Every run is from scratch (its output removed),
 reporting to one Prefect server started before the rounds, as a user's is, and after the page cache has written
-out the run before it. It prints each run's wall, then per
-config the median wall and its ratio to the default's median, and the machine.
+out the run before it. It prints each run's wall, then per config the median wall and its ratio to the default's
+median, and the machine.
 
     .venv/bin/python bench/formats.py --repeat 20 --rounds 2
 """

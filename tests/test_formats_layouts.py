@@ -5,7 +5,6 @@ them in test_formats_trainers."""
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
@@ -21,12 +20,10 @@ LARGE = (SMALL.astype(np.int64) * 2 + 70_000).astype(np.int32)  # ids over 65,53
 
 @pytest.mark.parametrize("tokens", [SMALL, LARGE], ids=["uint16", "int32"])
 def test_datatrove_files_are_the_bin_bytes_with_each_documents_end(tokens):
-    files = (io.BytesIO(), io.BytesIO(), io.BytesIO())
-    datatrove.write_datatrove(files, tokens, LENGTHS, "openai-community/gpt2")
-    assert files[0].getvalue() == tokens.tobytes()
-    assert np.frombuffer(files[1].getvalue(), "<u8").tolist() == [3, 4, 9, 11]
+    index, metadata = datatrove.sidecars(tokens, LENGTHS, "openai-community/gpt2")  # beside the .bin's bytes
+    assert np.frombuffer(index, "<u8").tolist() == [3, 4, 9, 11]
     size = tokens.dtype.itemsize  # 4 for int32, where datatrove's rule says 2 up to 65,536 ids
-    assert files[2].getvalue().decode() == f"openai-community/gpt2|{size}\n11\n11.0T"
+    assert metadata.decode() == f"openai-community/gpt2|{size}\n11\n11.0T"
 
 
 def test_datatrove_reads_int32_ids_with_the_token_size_written(tmp_path):
@@ -34,8 +31,8 @@ def test_datatrove_reads_int32_ids_with_the_token_size_written(tmp_path):
     from datatrove.utils.dataset import DatatroveFolderDataset
 
     assert token_dtype(65_520) == np.int32 and datatrove.token_size(token_dtype(65_520)) == 4
-    with open(tmp_path / "a.ds", "wb") as t, open(tmp_path / "a.ds.index", "wb") as i, open(tmp_path / "m", "wb") as m:
-        datatrove.write_datatrove((t, i, m), LARGE, LENGTHS, "tok")
+    (tmp_path / "a.ds").write_bytes(LARGE.tobytes())  # the .bin's bytes
+    (tmp_path / "a.ds.index").write_bytes(datatrove.sidecars(LARGE, LENGTHS, "tok")[0])
     samples = DatatroveFolderDataset(str(tmp_path), seq_len=4, filename_pattern="*.ds", recursive=False, token_size=4)
     assert [s["input_ids"].tolist() for s in samples] == [LARGE[:5].tolist(), LARGE[5:10].tolist()]
 

@@ -7,7 +7,6 @@ import hashlib
 import heapq
 import json
 import os
-import shutil
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -25,7 +24,7 @@ from tokenmill.formats.megatron import token_dtype
 from tokenmill.formats.packed import SUFFIXES
 from tokenmill.plan import Plan
 from tokenmill.stats import ValidationFailed, packing_summary, split_summary
-from tokenmill.storage import STREAMED, Store
+from tokenmill.storage import STREAMED, Store, link_or_copy
 from tokenmill.tokenizer_info import TokenizerInfo
 
 HASH_THREADS = 8  # files hashed at once: all cores locally, and overlapping requests on object stores
@@ -419,10 +418,7 @@ def _already_there(source: Store, target: Store, entry: dict) -> bool:
 def _copy(source: Store, target: Store, rel: str) -> None:
     if source.is_local and target.is_local:
         with target.writing(rel) as tmp:
-            try:
-                os.link(source.path(rel), tmp)  # free, and safe: every writer replaces files, never edits them
-            except OSError:
-                shutil.copyfile(source.path(rel), tmp)
+            link_or_copy(source.path(rel), tmp)
     elif type(source.fs) is type(target.fs) and source.storage_options == target.storage_options:
         target.fs.copy(source.path(rel), target.path(rel))  # server-side, nothing through this process
     else:

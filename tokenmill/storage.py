@@ -297,10 +297,7 @@ class Store:
         the store, server-side, on an object store."""
         if self.is_local:
             with self.writing(rel) as tmp:
-                try:
-                    os.link(self.path(source), tmp)
-                except OSError:  # a file system without hard links
-                    shutil.copyfile(self.path(source), tmp)
+                link_or_copy(self.path(source), tmp)
         else:
             with self.failing_as("copying", rel):
                 self.fs.copy(self.path(source), self.path(rel))
@@ -381,6 +378,15 @@ class HashingFile:
 
     def digest(self) -> dict:
         return {"bytes": self.bytes, "sha256": self.sha256.hexdigest()}
+
+
+def link_or_copy(source: str | Path, target: Path) -> None:
+    """`target` a hard link to the local file `source` (free, and safe: every writer replaces a file, never edits
+    it), or a copy where the file system has no hard links."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def digest_of(path: Path) -> dict:

@@ -12,7 +12,6 @@ file:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
@@ -48,19 +47,8 @@ def document_ends(lengths: np.ndarray) -> np.ndarray:
     return np.cumsum(lengths, dtype=np.int64).astype(INDEX_DTYPE)
 
 
-def write_datatrove(
-    files: tuple[BinaryIO, BinaryIO, BinaryIO], tokens: np.ndarray, lengths: np.ndarray, tokenizer: str
-) -> None:
-    """Write the `.ds`, `.ds.index` and `.ds.metadata` (`files`, open) of documents of `lengths` tokens back to back
-    in `tokens` (the Megatron `.bin`'s ids, written as they are: the pack stage copies the `.bin` instead)."""
-    tokens_file, index_file, metadata_file = files
-    tokens_file.write(np.ascontiguousarray(tokens))
-    for file, data in zip((index_file, metadata_file), sidecars(tokens, lengths, tokenizer), strict=True):
-        file.write(data)
-
-
 def sidecars(tokens: np.ndarray, lengths: np.ndarray, tokenizer: str) -> tuple[bytes, bytes]:
-    """The `.ds.index` and `.ds.metadata` beside a `.ds` of `tokens`."""
+    """The `.ds.index` and `.ds.metadata` beside a `.ds` of `tokens` (the `.bin` itself, which the store copies)."""
     return document_ends(lengths).tobytes(), metadata(tokenizer, tokens.dtype, len(tokens))
 
 
