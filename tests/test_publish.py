@@ -133,7 +133,7 @@ def test_a_publish_killed_mid_copy_leaves_no_temporary_file_in_the_version(run_c
 
 def test_threaded_work_keeps_its_results_in_order_and_only_a_few_items_ahead():
     """Publishing hashes and copies files on threads; at 500,000 files a future per file cost 0.5 GB."""
-    from tokenmill.publish import HASH_THREADS, threaded
+    from tokenmill.storage import HASH_THREADS, threaded
 
     taken = 0
 

@@ -173,10 +173,7 @@ def write_trainer_files(
         bin_digest = store.read_json(marker(TOKENIZE, shard_id))["files"][bin_rel]
     for format in (f for f in run.trainers if f in DOCUMENT_TRAINER_FORMATS):
         rels = layout.trainer_files(format, split, shard_id)
-        if format == "hf_parquet":  # pyarrow writes a path; the others are hashed as they are written
-            with store.writing(rels[0], files) as path:
-                write_parquet(path, tokens, lengths)
-        elif format in ("olmo", "datatrove"):
+        if format in ("olmo", "datatrove"):
             store.copy(bin_rel, rels[0], bin_digest, files)
             if format == "olmo":
                 with store.local_copies(layout.documents_table(split, shard_id)) as (path,):
@@ -185,13 +182,14 @@ def write_trainer_files(
             else:
                 for rel, data in zip(rels[1:], sidecars(tokens, lengths, run.tokenizer_name), strict=True):
                     store.write_bytes(rel, data, files)
-        else:
-            with ExitStack() as stack:
-                opened = [stack.enter_context(store.writing_file(rel, files)) for rel in rels]
+        else:  # one file each, hashed as it is written
+            with store.writing_file(rels[0], files) as file:
                 if format == "litdata":
-                    write_chunk(opened[0], tokens, lengths, name=rels[0])
+                    write_chunk(file, tokens, lengths, name=rels[0])
                 elif format == "mds":
-                    write_mds_shard(opened[0], tokens, run.seq_len, name=rels[0])
+                    write_mds_shard(file, tokens, run.seq_len, name=rels[0])
+                else:
+                    write_parquet(file, tokens, lengths)
         written += len(rels)
     return written
 

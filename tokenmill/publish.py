@@ -8,9 +8,7 @@ import heapq
 import json
 import os
 import tempfile
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import BinaryIO
 
 import numpy as np
@@ -24,10 +22,8 @@ from tokenmill.formats.megatron import token_dtype
 from tokenmill.formats.packed import SUFFIXES
 from tokenmill.plan import Plan
 from tokenmill.stats import ValidationFailed, packing_summary, split_summary
-from tokenmill.storage import STREAMED, Store, link_or_copy
+from tokenmill.storage import STREAMED, Store, link_or_copy, threaded, threads_for
 from tokenmill.tokenizer_info import TokenizerInfo
-
-HASH_THREADS = 8  # files hashed at once: all cores locally, and overlapping requests on object stores
 
 
 def shard_file_counts(table: pd.DataFrame) -> pd.Series:
@@ -183,29 +179,6 @@ def input_changes(old: list[dict], new: list[dict]) -> dict[str, list[str]]:
         "changed": sorted(p for p in after.keys() & before.keys() if after[p] != before[p]),
         "removed": sorted(before.keys() - after.keys()),
     }
-
-
-def threads_for(*stores: Store) -> int:
-    """Threads for per-file work on these stores: HASH_THREADS where one is an object store (threads overlap its
-    requests); one on local disks, where the work is the interpreter's and threads only contend for it (8 threads
-    took 1.6x the time reading 196,352 commit markers, and 2.5x linking 490,886 files into a version)."""
-    return 1 if all(store.is_local for store in stores) else HASH_THREADS
-
-
-def threaded(work: Callable, items: Iterable, threads: int = HASH_THREADS) -> Iterator:
-    """`work` over `items` on `threads` threads (one: in this one), results in order, a few per thread submitted
-    ahead (`Executor.map` submits every item at once: a future each, about 1 KB apiece, 0.5 GB at 500,000 files)."""
-    if threads == 1:
-        yield from map(work, items)
-        return
-    with ThreadPoolExecutor(threads) as pool:
-        pending: deque = deque()
-        for item in items:
-            if len(pending) == 4 * threads:
-                yield pending.popleft().result()
-            pending.append(pool.submit(work, item))
-        while pending:
-            yield pending.popleft().result()
 
 
 class Files:

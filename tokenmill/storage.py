@@ -18,7 +18,9 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -393,3 +395,29 @@ def digest_of(path: Path) -> dict:
     """A local file's size and sha256, as commit markers record them."""
     with open(path, "rb") as f:
         return {"bytes": os.fstat(f.fileno()).st_size, "sha256": sha256_of(f)}
+
+
+HASH_THREADS = 8  # files hashed at once: all cores locally, and overlapping requests on object stores
+
+
+def threads_for(*stores: Store) -> int:
+    """Threads for per-file work on these stores: HASH_THREADS where one is an object store (threads overlap its
+    requests); one on local disks, where the work is the interpreter's and threads only contend for it (8 threads
+    took 1.6x the time reading 196,352 commit markers, and 2.5x linking 490,886 files into a version)."""
+    return 1 if all(store.is_local for store in stores) else HASH_THREADS
+
+
+def threaded(work: Callable, items: Iterable, threads: int = HASH_THREADS) -> Iterator:
+    """`work` over `items` on `threads` threads (one: in this one), results in order, a few per thread submitted
+    ahead (`Executor.map` submits every item at once: a future each, about 1 KB apiece, 0.5 GB at 500,000 files)."""
+    if threads == 1:
+        yield from map(work, items)
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        pending: deque = deque()
+        for item in items:
+            if len(pending) == 4 * threads:
+                yield pending.popleft().result()
+            pending.append(pool.submit(work, item))
+        while pending:
+            yield pending.popleft().result()

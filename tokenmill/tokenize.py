@@ -12,6 +12,7 @@ each split's tokens are written as one slice. No Python runs per document or per
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -38,9 +39,9 @@ from tokenmill.formats.provenance import batch_origins, read_documents_table, sp
 from tokenmill.formats.sft import olmo_documents
 from tokenmill.hashing import assign_splits
 from tokenmill.plan import Shard
-from tokenmill.readers import Piece, ReadOptions, fast_path_applies, read_documents
+from tokenmill.readers import ReadOptions, fast_path_applies, read_documents
 from tokenmill.stats import Tokenized
-from tokenmill.storage import Store
+from tokenmill.storage import HASH_THREADS, Store, threaded, threads_for
 from tokenmill.tokenizer_info import TokenizerInfo, reading
 
 SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of each shard, not 8 MB of each
@@ -216,41 +217,52 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
     """Give the documents and rejects of the `unnumbered` shards their line in the file: each is a piece of a cut
     file whose first line the partition did not count (`partition.counts_lines`), so their lines count from the
     piece's start (a reject says so with `from_byte`). The pieces before it are tokenized now, and their markers hold
-    their lines. Each shard's documents tables (and OLMo's `.csv.gz` made from them) and rejects are written again,
-    then its marker with their new sizes and sha256 (a run killed between the two redoes the shard: its files changed
-    since its commit)."""
+    their lines. The shards are numbered on threads (their work is Arrow's and zlib's, which release the GIL)."""
     store, wanted = config.output.store(), set(unnumbered)
-    pieces_of: dict[str, list[tuple[int, int]]] = {}  # a cut file -> (start, shard id) of each of its pieces
-    piece_of: dict[int, Piece] = {}  # an unnumbered shard's piece
+    pieces_of: dict[str, list[tuple[int, int]]] = {}  # a cut file with an unnumbered piece -> its pieces' (start, id)
     for shard in shards:
         (piece, *others) = shard.pieces
         if not others and piece.end is not None:
             pieces_of.setdefault(piece.path, []).append((piece.start, shard.shard_id))
-            if shard.shard_id in wanted:
-                piece_of[shard.shard_id] = piece
-    for shard_id, piece in piece_of.items():
-        before = [i for start, i in pieces_of[piece.path] if start < piece.start]
-        first_line = 1 + sum(store.read_json(marker(TOKENIZE, i))["result"]["lines"] for i in before)
-        done = store.read_json(marker(TOKENIZE, shard_id))
-        files, result, numbered = done["files"], done["result"], {}
-        for split, counts in result["splits"].items():
-            if counts["documents"] and result.get("unnumbered_lines"):
-                rel = layout.documents_table(split, shard_id)
-                with store.local_copies(rel) as (path,):
-                    table = read_documents_table(path)
-                lines = pc.add(table.column("line"), first_line - 1)
-                numbered[split] = table.set_column(table.schema.get_field_index("line"), "line", lines)
-                with store.writing(rel, files) as tmp:
-                    write_documents_table(tmp, [numbered[split]])
-        number_olmo_documents(store, shard_id, numbered)  # before the commit that says all is numbered
-        if result.get("unnumbered_rejects"):
-            rejects = [orjson.loads(line) for line in store.read_bytes(layout.rejects_file(shard_id)).splitlines()]
-            for reject in rejects:
-                if reject.pop("from_byte", None) is not None:
-                    reject["line"] += first_line - 1
-            store.write_bytes(layout.rejects_file(shard_id), b"".join(orjson.dumps(r) + b"\n" for r in rejects), files)
-        commit(store, TOKENIZE, shard_id, done["key"], result | {"unnumbered_rejects": 0, "unnumbered_lines": False},
-               files)  # fmt: skip
+    pieces = [sorted(p) for p in pieces_of.values() if wanted & {shard_id for _, shard_id in p}]
+    ids = [shard_id for file in pieces for _, shard_id in file]
+    markers = threaded(lambda i: store.read_json(marker(TOKENIZE, i)), ids, threads_for(store))
+    done = dict(zip(ids, markers, strict=True))
+    first_lines = {}
+    for file in pieces:
+        line = 1
+        for _, shard_id in file:
+            if shard_id in wanted:
+                first_lines[shard_id] = line
+            line += done[shard_id]["result"]["lines"]
+    threads = max(threads_for(store), min(HASH_THREADS, os.cpu_count() or 1))
+    for _ in threaded(lambda i: number_shard(store, i, done[i], first_lines[i]), first_lines, threads):
+        pass
+
+
+def number_shard(store: Store, shard_id: int, done: dict, first_line: int) -> None:
+    """One shard's documents tables (and OLMo's `.csv.gz` made from them) and rejects written again with their
+    lines counted from `first_line`, then its tokenize marker (`done`, as committed) with their new sizes and
+    sha256 (a run killed between the two redoes the shard: its files changed since its commit)."""
+    files, result, numbered = done["files"], done["result"], {}
+    for split, counts in result["splits"].items():
+        if counts["documents"] and result.get("unnumbered_lines"):
+            rel = layout.documents_table(split, shard_id)
+            with store.local_copies(rel) as (path,):
+                table = read_documents_table(path)
+            lines = pc.add(table.column("line"), first_line - 1)
+            numbered[split] = table.set_column(table.schema.get_field_index("line"), "line", lines)
+            with store.writing(rel, files) as tmp:
+                write_documents_table(tmp, [numbered[split]])
+    number_olmo_documents(store, shard_id, numbered)  # before the commit that says all is numbered
+    if result.get("unnumbered_rejects"):
+        rejects = [orjson.loads(line) for line in store.read_bytes(layout.rejects_file(shard_id)).splitlines()]
+        for reject in rejects:
+            if reject.pop("from_byte", None) is not None:
+                reject["line"] += first_line - 1
+        store.write_bytes(layout.rejects_file(shard_id), b"".join(orjson.dumps(r) + b"\n" for r in rejects), files)
+    commit(store, TOKENIZE, shard_id, done["key"], result | {"unnumbered_rejects": 0, "unnumbered_lines": False},
+           files)  # fmt: skip
 
 
 def number_olmo_documents(store: Store, shard_id: int, numbered: dict[str, pa.Table]) -> None:
