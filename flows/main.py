@@ -188,8 +188,9 @@ def build_dataset(
         logger.warning(reason)
     for why in totals.files_rejected:
         logger.warning("quarantined: %s", why)
-    if totals.unnumbered:  # documents and rejects in pieces whose first line the partition did not count
-        number_lines(config, quote(shards), list(totals.unnumbered))
+    # Documents and rejects in pieces whose first line the partition did not count, numbered while validate runs
+    # (which reads neither their lines nor the markers), done before publish lists their files.
+    numbering = number_lines.submit(config, quote(shards), list(totals.unnumbered)) if totals.unnumbered else None
 
     split_indexes(config, tokenizer, table)  # the packed rows' shuffle index, litdata's and MDS's index.json
     drawing = draw_plots_meanwhile(config, table)
@@ -198,6 +199,8 @@ def build_dataset(
     mixing = resolve_mix.submit(config, quoted_plan, tokenizer, quote(table)) if config.mixture else None
     stats = validate(config, quoted_plan, tokenizer, table, list(totals.problems))
     mix = None if mixing is None else mixing.result()
+    if numbering is not None:
+        numbering.result()
     if report is not None:
         create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
     if released := release_workers():

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -28,6 +27,8 @@ ROW_GROUP_DOCUMENTS = 65_536  # rows of a row group: what a streaming reader hol
 
 def write_parquet(file: str | Path | BinaryIO, tokens: np.ndarray, lengths: np.ndarray) -> None:
     """Documents of `lengths` tokens back to back in `tokens` as a row each, into `file` (a path, or open)."""
+    import polars as pl  # 0.3 s to import: only in a run that writes this layout
+
     tokens = np.asarray(tokens)
     column = pl.from_arrow(list_array(tokens, lengths, pa.from_numpy_dtype(tokens.dtype)))  # no copy
     pl.DataFrame({COLUMN: column}).write_parquet(
