@@ -219,12 +219,15 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
     piece's start (a reject says so with `from_byte`). The pieces before it are tokenized now, and their markers hold
     their lines. The shards are numbered on threads (their work is Arrow's and zlib's, which release the GIL)."""
     store, wanted = config.output.store(), set(unnumbered)
-    pieces_of: dict[str, list[tuple[int, int]]] = {}  # a cut file with an unnumbered piece -> its pieces' (start, id)
+    pieces_of: dict[str, list[tuple[int, int]]] = {}  # a cut file -> (start, shard id) of each of its pieces
     for shard in shards:
         (piece, *others) = shard.pieces
         if not others and piece.end is not None:
             pieces_of.setdefault(piece.path, []).append((piece.start, shard.shard_id))
-    pieces = [sorted(p) for p in pieces_of.values() if wanted & {shard_id for _, shard_id in p}]
+    pieces = []  # each file with an unnumbered piece: its pieces in order, up to the last unnumbered one
+    for file in map(sorted, pieces_of.values()):
+        if last := max((k + 1 for k, (_, shard_id) in enumerate(file) if shard_id in wanted), default=0):
+            pieces.append(file[:last])
     ids = [shard_id for file in pieces for _, shard_id in file]
     markers = threaded(lambda i: store.read_json(marker(TOKENIZE, i)), ids, threads_for(store))
     done = dict(zip(ids, markers, strict=True))
