@@ -200,7 +200,7 @@ def build_dataset(
     stats = validate(config, quoted_plan, tokenizer, table, list(totals.problems))
     mix = None if mixing is None else mixing.result()
     if numbering is not None:
-        numbering.result()
+        numbering.result()  # its failure, said as itself
     if report is not None:
         create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
     if released := release_workers():
@@ -212,7 +212,8 @@ def build_dataset(
         "shuffle_seconds": None if shuffle_seconds is None else round(shuffle_seconds, 2),
         "flow_seconds": round(time.perf_counter() - started, 2),
     }
-    published = publish(config, quoted_plan, tokenizer, stats, run, quote(drawing.result()), mix)
+    after = [numbering] if numbering is not None else None  # the UI's graph then draws number_lines -> publish
+    published = publish(config, quoted_plan, tokenizer, stats, run, quote(drawing.result()), mix, wait_for=after)
     manifest = published["manifest"]
     summary = {
         "output": config.output.path,
