@@ -270,6 +270,33 @@ def test_ids_that_differ_from_the_reference_fail_naming_the_file(one_split_datas
         validate(config, plan, tokenizer, table)
 
 
+def test_the_reference_ids_of_the_verified_documents_are_not_encoded_again(one_split_dataset):
+    """The encoder choice keeps the reference's ids of the documents it verified; validate compares the stored ids
+    of those with them (here every document: the corpus is smaller than the verification sample), not encoding
+    them again. Kept ids that are wrong make it fail; those of another tokenizer are not used."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tokenmill import layout
+    from tokenmill.tokenize import choose_run_encoder, verification_sample
+
+    config, plan, tokenizer, table = one_split_dataset
+    choose_run_encoder(config, plan.shards, tokenizer)
+    kept_path = Path(config.output.path) / layout.REFERENCE_IDS
+    kept = pq.read_table(kept_path)
+    verified = verification_sample(config, plan.shards, tokenizer, config.tokenizer.verify_documents)
+    assert kept.num_rows == len(verified) == int(table.documents.sum())
+    validate(config, plan, tokenizer, table)
+
+    reversed_ids = pa.array([ids[::-1] for ids in kept.column("ids").to_pylist()], kept.schema.field("ids").type)
+    pq.write_table(kept.set_column(1, "ids", reversed_ids), kept_path)
+    with pytest.raises(ValidationFailed, match=r"100 of 100 documents re-encoded with hf differ"):
+        validate(config, plan, tokenizer, table)
+    another = kept.set_column(1, "ids", reversed_ids).replace_schema_metadata({"tokenizer_sha256": "0" * 64})
+    pq.write_table(another, kept_path)
+    validate(config, plan, tokenizer, table)
+
+
 def test_stats_columns_give_the_table_of_the_rows_in_any_order(dataset):
     """A tokenize group keeps its shards' stats rows as columns (8 bytes a number), in the order they finish."""
     *_, table = dataset

@@ -584,10 +584,11 @@ def probed_code_points() -> np.ndarray:
     return every[~surrogate & ~sparse]
 
 
-def _differing(fast: Encoder, reference: Encoder, texts: list[str]) -> np.ndarray:
-    """Indexes of the texts `fast` encodes differently from `reference`."""
+def _differing(fast: Encoder, reference: Encoder, texts: list[str], expected=None) -> np.ndarray:
+    """Indexes of the texts `fast` encodes differently from `reference` (whose encoding of them is `expected`,
+    where given)."""
     fast_flat, fast_lengths = fast.encode_batch(texts)
-    ref_flat, ref_lengths = reference.encode_batch(texts)
+    ref_flat, ref_lengths = reference.encode_batch(texts) if expected is None else expected
     if np.array_equal(fast_lengths, ref_lengths) and np.array_equal(fast_flat, ref_flat):
         return np.zeros(0, np.int64)
     fast_starts, ref_starts = np.cumsum(fast_lengths) - fast_lengths, np.cumsum(ref_lengths) - ref_lengths
@@ -647,15 +648,25 @@ def special_case_texts(tokenizer_json: bytes) -> list[str]:
 
 
 def choose_encoder(
-    tokenizer_json: bytes, requested: str, sample: Sequence[str], log=None, backend_of=None
+    tokenizer_json: bytes, requested: str, sample: Sequence[str], log=None, backend_of=None, expected=None
 ) -> tuple[EncoderChoice, dict]:
     """The backend to use: `requested`, or with `auto` the fastest installed one that reproduces the
     reference on `sample` and on the tokenizer's special cases once its unsafe code points are guarded.
     Returns the choice and a report of every candidate (why it was taken or not), and says the choice to `log`
-    when given. `backend_of(name)` gives each backend (default: `new_backend`, loaded anew)."""
+    when given. `backend_of(name)` gives each backend (default: `new_backend`, loaded anew); `expected`, the
+    reference's encoding of `sample` (`Encoder.encode_batch`), where the caller has it."""
     backend_of = backend_of or (lambda backend: new_backend(backend, tokenizer_json))
     reference = backend_of("hf")
-    checks = [*special_case_texts(tokenizer_json), *sample]
+    specials = special_case_texts(tokenizer_json)
+    checks = [*specials, *sample]
+
+    @functools.cache
+    def expected_checks():  # the reference's encoding of the checks: once, whichever backends are checked
+        if expected is None:
+            return reference.encode_batch(checks)
+        flat, lengths = reference.encode_batch(specials)
+        return np.concatenate([flat, expected[0]]), np.concatenate([lengths, expected[1]])
+
     candidates = BACKENDS if requested == "auto" else (requested,)
     chosen_at = time.perf_counter()
     report: dict[str, str] = {}
@@ -682,7 +693,7 @@ def choose_encoder(
             continue
         unsafe = cached_unsafe_code_points(tokenizer_json, fast, reference)
         guarded = GuardedEncoder(fast, reference, unsafe)
-        wrong = _differing(guarded, reference, checks)
+        wrong = _differing(guarded, reference, checks, expected_checks())
         if len(wrong):
             report[backend] = f"{len(wrong)} of {len(checks)} verification texts differ from hf"
             if requested != "auto":

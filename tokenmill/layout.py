@@ -194,3 +194,4 @@ REFERENCE_CHECK = "_work/reference_check.json"
 
 
 ENCODER_CHOICE = "_work/encoder.json"  # the run's encoder choice, for the manifest
+REFERENCE_IDS = "_work/reference_ids.parquet"  # the reference's ids of what the choice verified (`reference`)

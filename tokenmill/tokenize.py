@@ -40,6 +40,7 @@ from tokenmill.formats.sft import olmo_documents
 from tokenmill.hashing import assign_splits
 from tokenmill.plan import Shard
 from tokenmill.readers import ReadOptions, fast_path_applies, read_documents
+from tokenmill.reference import keep_reference_ids
 from tokenmill.stats import Tokenized
 from tokenmill.storage import HASH_THREADS, Store, threaded, threads_for
 from tokenmill.tokenizer_info import TokenizerInfo, reading
@@ -325,8 +326,8 @@ def verification_sample(
 
 
 def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokenizer: TokenizerInfo, log=None):
-    """The run's encoder (tokenizer.encoder, verified on a sample across shards), recorded in `_work/`; the choice
-    is said to `log`, if given (its reason says why)."""
+    """The run's encoder (tokenizer.encoder, verified on a sample across shards), recorded in `_work/` with the
+    reference's ids of the sample (for validate); the choice is said to `log`, if given (its reason says why)."""
     store = config.output.store()
     data = store.read_bytes(layout.TOKENIZER)
     sample = verification_sample(config, shards, tokenizer, config.tokenizer.verify_documents)
@@ -335,7 +336,9 @@ def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokeniz
     def backend_of(backend: str):
         return loaded_backend(url, tokenizer.sha256, backend)
 
-    choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log=log, backend_of=backend_of)
+    expected = backend_of("hf").encode_batch(sample)
+    keep_reference_ids(store, tokenizer.sha256, sample, *expected)
+    choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log, backend_of, expected)
     store.write_json(
         layout.ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report}
     )

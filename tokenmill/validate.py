@@ -43,6 +43,7 @@ from tokenmill.packers import pad_id as pack_pad_id
 from tokenmill.packers import writes_packed
 from tokenmill.plan import Columns, Plan, Shard, shard_ids
 from tokenmill.readers import BATCH_BYTES, Piece, ReadOptions, read_documents, schema_library
+from tokenmill.reference import reference_ids
 from tokenmill.stats import COLUMNS, Tokenized, ValidationFailed, all_rejected, skipped, stats_rows
 from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer_info import TokenizerInfo, reading
@@ -522,13 +523,17 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
     normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
     conversations = [isinstance(text, RenderedChat) for *_, text in sample]
     texts = [text.text if chat else text for (*_, text), chat in zip(sample, conversations, strict=True)]
-    expected = tok.encode_batch(texts, add_special_tokens=False) if any(conversations) else (
-        tok.encode_batch_fast(texts, add_special_tokens=False)
-    )  # fmt: skip
+    if any(conversations):  # their masks are checked against the reference's offsets
+        encodings = tok.encode_batch(texts, add_special_tokens=False)
+        expected, offsets = [e.ids for e in encodings], [e.offsets for e in encodings]
+    else:  # the documents the encoder was verified on are not encoded again
+        expected, offsets = reference_ids(store, run.tokenizer.sha256, texts, tok), [None] * len(texts)
     wrong, undecodable, masks = [], [], []
     with ExitStack() as files:
         readers: dict[str, tuple[MegatronReader, np.ndarray | None]] = {}
-        for (split, shard_id, index, text), reference, chat in zip(sample, expected, conversations, strict=True):
+        for (split, shard_id, index, text), reference, chat, spans in zip(
+            sample, expected, conversations, offsets, strict=True
+        ):
             prefix = layout.megatron_prefix(split, shard_id)
             if prefix not in readers:
                 bin_path, idx_path = files.enter_context(store.local_copies(prefix + ".bin", prefix + ".idx"))
@@ -541,16 +546,16 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
             stored = reader[index]
             head, tail = (0, 0) if chat else (int(run.bos), int(run.eod))  # a template places its own specials
             ids = stored[head : len(stored) - tail].tolist()
-            if ids != reference.ids:
+            if ids != reference:
                 wrong.append(f"{prefix}.bin: document {index} differs from the reference (hf) encoding")
             elif chat:
                 start = int(reader.index.pointers[index]) // reader.tokens.dtype.itemsize
-                offsets = np.asarray(reference.offsets, dtype=np.int64).reshape(-1, 2)
-                found = mask_problems(tok, text, np.asarray(ids), offsets, mask[start : start + len(ids)])
+                spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+                found = mask_problems(tok, text, np.asarray(ids), spans, mask[start : start + len(ids)])
                 masks += [f"{layout.loss_mask_file(split, shard_id)}: conversation {index}: {p}" for p in found]
             source = normalize(text.text if chat else text)
             if tok.decode(ids, skip_special_tokens=False) != source:
-                if tok.decode(reference.ids, skip_special_tokens=False) == source:  # lossless, yet it differs
+                if tok.decode(reference, skip_special_tokens=False) == source:  # lossless, yet it differs
                     undecodable.append(f"{prefix}.bin: document {index} does not decode to its source text")
     return {"documents": len(sample), "wrong": wrong, "undecodable": undecodable, "masks": masks}
 
