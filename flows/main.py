@@ -43,7 +43,7 @@ from tasks.mix import resolve_mix
 from tasks.partition import partition
 from tasks.publish import already_published, publish
 from tasks.sample import holdout_shards, sample_shards
-from tasks.shards import StageRun, map_shards, stage_groups
+from tasks.shards import StageRun, map_shards, on_a_worker, stage_groups
 from tasks.shuffle_documents import gather_shards, scatter_shards
 from tasks.split_indexes import split_indexes
 from tasks.tokenize import TokenizeTotals, choose_run_encoder, number_lines, tokenize_shards
@@ -53,7 +53,6 @@ from tasks.validate import validate
 from tokenmill.config import TokenmillConfig
 from tokenmill.partition import PlanAhead
 from tokenmill.plan import Plan, Shards, shard_ids
-from tokenmill.report import load_matplotlib
 from tokenmill.report import plots as report_plots
 from tokenmill.runs import save_run_config
 from tokenmill.sampling import fractions as sample_fractions
@@ -256,25 +255,21 @@ def preload_installed(config: TokenmillConfig, installed) -> None:
 
 
 def draw_plots_meanwhile(config: TokenmillConfig, table: pd.DataFrame) -> Future:
-    """The report's plots, drawn in a thread of this process while validate's checks run on the cluster (the
-    flow only waits then): 0.2 s of matplotlib that publish, which nothing overlaps, used to spend. Reading
-    and drawing only: a run that fails validation publishes nothing."""
+    """The report's plots, drawn on a worker while validate's checks run (the flow only waits then): 0.2 s of
+    matplotlib that publish, which nothing overlaps, used to spend, and its import (0.7 s) that this process,
+    on a login node say, no longer pays. Reading and drawing only: a run that fails validation publishes
+    nothing. Ahead of validate's shards, which publish waits for as well."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-plots")
-    drawing = pool.submit(report_plots, config.output.store(), table, config.pack.seq_len)
+    drawing = pool.submit(on_a_worker, report_plots, config.output.store(), table, config.pack.seq_len, priority=1)
     pool.shutdown(wait=False)  # its thread ends with the drawing
     return drawing
 
 
 def import_while_waiting() -> None:
-    """Validate's schema library and publish's plotting library, imported in a thread while the flow waits for
-    the encoder choice (on a worker): a second or more of imports that came after the tokenize stage, on every
-    run's critical path, and then delayed the start of its shards (they compete for this process)."""
-
-    def load() -> None:
-        load_pandera()
-        load_matplotlib()
-
-    threading.Thread(target=load, name="tokenmill-imports", daemon=True).start()
+    """Validate's schema library, imported in a thread while the flow waits for the encoder choice (on a worker):
+    most of a second of imports that came after the tokenize stage, on every run's critical path, and then
+    delayed the start of its shards (they compete for this process)."""
+    threading.Thread(target=load_pandera, name="tokenmill-imports", daemon=True).start()
 
 
 def unchanged_summary(config: TokenmillConfig, done: dict, seconds: float) -> dict:

@@ -137,8 +137,8 @@ _LOADING_MATPLOTLIB = threading.Lock()
 
 
 def load_matplotlib():
-    """pyplot for files only, never a display. Half a second to import: only the process that publishes pays
-    it (the flow imports it while it waits for the tokenize stage). One thread at a time: `matplotlib.use` in one
+    """pyplot for files only, never a display. Most of a second to import: only the process that draws pays it
+    (a worker, for the flow). One thread at a time: `matplotlib.use` in one
     thread while another is importing pyplot finds it half made (AttributeError: no 'switch_backend')."""
     with _LOADING_MATPLOTLIB:
         import matplotlib
@@ -152,7 +152,7 @@ def load_matplotlib():
 
 def plots(store: Store, table: pd.DataFrame, seq_len: int) -> dict[str, bytes]:
     """The report's plots (PNG, by name), from the stats table and the Megatron indexes it names: they need no
-    manifest, so the flow draws them while validate runs (0.2 s of matplotlib that publish used to wait for)."""
+    manifest, so a worker draws them while validate runs (0.2 s of matplotlib that publish used to wait for)."""
     plt = load_matplotlib()
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
