@@ -192,10 +192,10 @@ def build_dataset(
     numbering = number_lines.submit(config, quote(shards), list(totals.unnumbered)) if totals.unnumbered else None
 
     split_indexes(config, tokenizer, table)  # the packed rows' shuffle index, litdata's and MDS's index.json
-    drawing = draw_plots_meanwhile(config, table)
     # A mixture's mix, from the stats the shards committed, while validate checks them (on the cluster): a run
     # that fails validation publishes nothing, whatever the mix wrote into the build.
     mixing = resolve_mix.submit(config, quoted_plan, tokenizer, quote(table)) if config.mixture else None
+    drawing = draw_plots_meanwhile(config, table, mixing)
     stats = validate(config, quoted_plan, tokenizer, table, list(totals.problems))
     mix = None if mixing is None else mixing.result()
     if numbering is not None:
@@ -254,13 +254,18 @@ def preload_installed(config: TokenmillConfig, installed) -> None:
     on_every_worker(client, preload_encoder, config, installed.result())
 
 
-def draw_plots_meanwhile(config: TokenmillConfig, table: pd.DataFrame) -> Future:
-    """The report's plots, drawn on a worker while validate's checks run (the flow only waits then): 0.2 s of
-    matplotlib that publish, which nothing overlaps, used to spend, and its import (0.7 s) that this process,
-    on a login node say, no longer pays. Reading and drawing only: a run that fails validation publishes
-    nothing. Ahead of validate's shards, which publish waits for as well."""
+def draw_plots_meanwhile(config: TokenmillConfig, table: pd.DataFrame, mixing: PrefectFuture | None) -> Future:
+    """The report's plots (a mixture's too, once `mixing` has resolved it), drawn on a worker while validate's
+    checks run (the flow only waits then): 0.2 s of matplotlib that publish, which nothing overlaps, used to
+    spend, and its import (0.7 s) that this process, on a login node say, no longer pays. Reading and drawing
+    only: a run that fails validation publishes nothing. Ahead of validate's shards, which publish waits for too."""
+
+    def draw() -> dict[str, bytes]:
+        mix = None if mixing is None else mixing.result()
+        return on_a_worker(report_plots, config.output.store(), table, config.pack.seq_len, mix, priority=1)
+
     pool = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-plots")
-    drawing = pool.submit(on_a_worker, report_plots, config.output.store(), table, config.pack.seq_len, priority=1)
+    drawing = pool.submit(draw)
     pool.shutdown(wait=False)  # its thread ends with the drawing
     return drawing
 

@@ -33,8 +33,6 @@ def publish(
     """`plots`: the report's (`report.plots`), drawn while validate ran; `mix`: a mixture's, resolved."""
     with library.Files() as files:  # the dataset's files, spooled until the version is published
         manifest = library.publish(config, plan, tokenizer, table, files, mix)  # the manifest less its list of files
-        if mix is not None:
-            plots = plots | {"mix": report.mix_plot(mix)}
         markdown = report.write_report(config.output.store(), manifest, plots, run)
         published = library.publish_version(config, manifest, files, extra_files=report.files(plots))
     return {"manifest": manifest, "published": published, "report": markdown}

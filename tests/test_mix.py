@@ -130,6 +130,10 @@ def test_a_mix_of_three_sources_is_drawn_by_megatron_in_its_resolved_shares(run_
     shutil.copy(CORPORA / "web_scrapinghub_aeb" / "web_scrapinghub_aeb.jsonl.gz", news)
     config = mixture(tmp_path, three_sources(news))
     first = run_mix(run_cli, tmp_path, config)
+    report = first["root"] / "report"  # the mix's plot, drawn on a worker with the others
+    assert (report / "mix.png").read_bytes().startswith(b"\x89PNG") and "![mix](mix.png)" in (
+        report / "summary.md"
+    ).read_text()
     build = tmp_path / "build"
     plan = json.loads((build / "plan.json").read_text())
     assert {s.get("mix_source") for s in plan["shards"]} == {"multilingual", "code", "news"}

@@ -150,9 +150,10 @@ def load_matplotlib():
     return plt
 
 
-def plots(store: Store, table: pd.DataFrame, seq_len: int) -> dict[str, bytes]:
-    """The report's plots (PNG, by name), from the stats table and the Megatron indexes it names: they need no
-    manifest, so a worker draws them while validate runs (0.2 s of matplotlib that publish used to wait for)."""
+def plots(store: Store, table: pd.DataFrame, seq_len: int, mix: dict | None = None) -> dict[str, bytes]:
+    """The report's plots (PNG, by name), from the stats table and the Megatron indexes it names, and a mixture's
+    `mix_plot` where `mix` is given: they need no manifest, so a worker draws them while validate runs (0.2 s of
+    matplotlib that publish used to wait for)."""
     plt = load_matplotlib()
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
@@ -196,7 +197,8 @@ def plots(store: Store, table: pd.DataFrame, seq_len: int) -> dict[str, bytes]:
     ax.set_xticks(x, splits)
     ax.set(title="Packing utilization", ylabel="real tokens / token slots", ylim=(0, 1.05))
     ax.legend(loc="upper center", ncol=2, frameon=False)
-    return {"document_lengths": document_plot, "tokens_per_shard": shard_plot, "utilization": _png(figure)}
+    drawn = {"document_lengths": document_plot, "tokens_per_shard": shard_plot, "utilization": _png(figure)}
+    return drawn | ({"mix": mix_plot(mix)} if mix is not None else {})
 
 
 def mix_plot(mix: dict) -> bytes:
