@@ -202,6 +202,7 @@ def build_dataset(
         numbering.result()  # its failure, said as itself
     if report is not None:
         create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
+    plots = drawing.result()  # drawn on a worker: before the workers go
     if released := release_workers():
         logger.info("released the cluster's workers before publish: %s", released)
     run = {
@@ -212,7 +213,7 @@ def build_dataset(
         "flow_seconds": round(time.perf_counter() - started, 2),
     }
     after = [numbering] if numbering is not None else None  # the UI's graph then draws number_lines -> publish
-    published = publish(config, quoted_plan, tokenizer, stats, run, quote(drawing.result()), mix, wait_for=after)
+    published = publish(config, quoted_plan, tokenizer, stats, run, quote(plots), mix, wait_for=after)
     manifest = published["manifest"]
     summary = {
         "output": config.output.path,
