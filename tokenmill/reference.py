@@ -39,14 +39,14 @@ def keep_reference_ids(store: Store, tokenizer_sha256: str, texts: Sequence[str]
 def reference_ids(store: Store, tokenizer_sha256: str, texts: Sequence[str], reference: Tokenizer) -> list[list[int]]:
     """The reference's ids of each of `texts`: those kept for this tokenizer (`keep_reference_ids`), and the rest
     encoded by `reference` (HF tokenizers, with no special tokens added, as the encoders encode)."""
-    kept: dict[bytes, list[int]] = {}
+    rows: dict[bytes, int] = {}  # a kept text's row
     if store.exists(layout.REFERENCE_IDS):
         with store.local_copies(layout.REFERENCE_IDS) as (path,):
             table = pq.read_table(path)
         if table.schema.metadata.get(b"tokenizer_sha256") == tokenizer_sha256.encode():
-            kept = dict(zip(table.column("text_sha256").to_pylist(), table.column("ids").to_pylist(), strict=True))
+            rows = {digest: row for row, digest in enumerate(table.column("text_sha256").to_pylist())}
     digests = text_digests(texts)
-    missing = [k for k, digest in enumerate(digests) if digest not in kept]
+    missing = [k for k, digest in enumerate(digests) if digest not in rows]
     encodings = reference.encode_batch_fast([texts[k] for k in missing], add_special_tokens=False)
     encoded = {k: encoding.ids for k, encoding in zip(missing, encodings, strict=True)}
-    return [encoded[k] if k in encoded else kept[digest] for k, digest in enumerate(digests)]
+    return [encoded[k] if k in encoded else table.column("ids")[rows[d]].as_py() for k, d in enumerate(digests)]
