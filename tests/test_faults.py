@@ -1,8 +1,10 @@
 """Faults at the library level (no Prefect): files damaged after their commit are noticed and redone
-byte-identically; a full disk fails the write naming the file and leaves nothing under its name."""
+byte-identically; a full disk fails the write naming the file and leaves nothing under its name, whether the file
+goes through the page cache or past it."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -16,7 +18,7 @@ from tokenmill.commits import marker
 from tokenmill.config import TokenmillConfig
 from tokenmill.pack import Packing, pack_shard
 from tokenmill.partition import load_or_plan
-from tokenmill.storage import StorageError, Store
+from tokenmill.storage import StorageError, Store, UncachedFile
 from tokenmill.tokenize import Tokenizing, tokenize_shard
 from tokenmill.train_tokenizer import install_pretrained
 
@@ -128,6 +130,57 @@ def test_disk_full_mid_shard_names_the_file_leaves_no_partial_file_and_the_rerun
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)  # space freed
     build(small_config(out), shard_ids={0, 1})
     assert data_files(out) == data_files(built)
+
+
+def cached_pages(path: Path) -> int:
+    """How many of a file's pages the page cache holds (util-linux's fincore)."""
+    done = subprocess.run(["fincore", "--raw", "--noheadings", "--output", "PAGES", str(path)], capture_output=True)
+    return int(done.stdout)
+
+
+@pytest.mark.parametrize("sizes", [[], [1], [4095, 1], [UncachedFile.BUFFER], [3, 2 * UncachedFile.BUFFER + 5, 7]])
+def test_a_file_the_run_does_not_read_again_is_written_whole_past_the_page_cache(tmp_path, sizes):
+    store, pieces = Store(tmp_path), [os.urandom(n) for n in sizes]
+    for read_again in (True, False):
+        record: dict = {}
+        with store.writing_file(f"{read_again}.bin", record, read_again=read_again) as f:
+            for piece in pieces:
+                f.write(piece)
+        data = b"".join(pieces)
+        assert record == {f"{read_again}.bin": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
+        path = tmp_path / f"{read_again}.bin"
+        assert cached_pages(path) == (-(-len(data) // 4096) if read_again else 0)
+        assert path.read_bytes() == data
+
+
+@pytest.fixture
+def ramfs(tmp_path):
+    """A ramfs, which refuses O_DIRECT. Skipped where mount is not allowed (it needs root)."""
+    mount = tmp_path / "ramfs"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a ramfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_where_the_file_system_refuses_o_direct_the_file_goes_through_the_cache(ramfs):
+    data = os.urandom(UncachedFile.BUFFER + 12345)
+    with pytest.raises(OSError, match="Invalid argument"):
+        os.close(os.open(ramfs / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
+    record: dict = {}
+    with Store(ramfs).writing_file("rows.npy", record, read_again=False) as f:
+        f.write(data)
+    assert (ramfs / "rows.npy").read_bytes() == data
+    assert record["rows.npy"]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_a_full_disk_fails_a_write_past_the_cache_naming_the_file_and_leaves_nothing(small_disk):
+    store = Store(small_disk)
+    with pytest.raises(StorageError) as failure, store.writing_file("litdata/shard.bin", {}, read_again=False) as f:
+        f.write(os.urandom(3 * UncachedFile.BUFFER))
+    assert str(failure.value) == f"writing {small_disk}/litdata/shard.bin failed: No space left on device (ENOSPC)"
+    assert [p for p in small_disk.rglob("*") if p.is_file()] == []
 
 
 def test_the_local_server_tokenmill_started_comes_back_on_the_same_port_if_it_dies(tmp_path, monkeypatch):

@@ -124,7 +124,7 @@ def write_packed_files(store: Store, split: str, shard_id: int, packed, files: d
     """A split's packed rows as `formats/packed.py` lays them out, and their loss mask where they are conversations."""
     target = layout.packed_prefix(split, shard_id)
     with ExitStack() as stack:
-        writing = {key: store.writing_file(target + suffix, files) for key, suffix in SUFFIXES.items()}
+        writing = {key: store.writing_file(target + s, files, read_again=False) for key, s in SUFFIXES.items()}
         write_packed({key: stack.enter_context(w) for key, w in writing.items()}, packed)
     if loss is not None:
         with store.writing(target + LOSS_SUFFIX, files) as tmp, open(tmp, "wb") as f:
@@ -183,7 +183,7 @@ def write_trainer_files(
                 for rel, data in zip(rels[1:], sidecars(tokens, lengths, run.tokenizer_name), strict=True):
                     store.write_bytes(rel, data, files)
         else:  # one file each, hashed as it is written
-            with store.writing_file(rels[0], files) as file:
+            with store.writing_file(rels[0], files, read_again=False) as file:
                 if format == "litdata":
                     write_chunk(file, tokens, lengths, name=rels[0])
                 elif format == "mds":
