@@ -85,13 +85,50 @@ def test_mds_shard_is_rows_of_seq_len_after_its_config(tmp_path, tokens):
 def test_parquet_has_a_row_of_ids_per_document_in_the_bin_dtype(tmp_path, tokens):
     import pyarrow.parquet as pq
 
-    hf_parquet.write_parquet(tmp_path / "s.parquet", tokens, LENGTHS)
+    hf_parquet.write_parquet(tmp_path / "s.parquet", tokens, LENGTHS, vocab_size=200_000)
     table = pq.read_table(tmp_path / "s.parquet")
-    assert str(table.schema.field("input_ids")) == f"pyarrow.Field<input_ids: large_list<element: {tokens.dtype.name}>>"
+    field = f"pyarrow.Field<input_ids: list<element: {tokens.dtype.name} not null> not null>"
+    assert str(table.schema.field("input_ids")) == field
     starts = np.r_[0, np.cumsum(LENGTHS)[:-1]]
     assert table["input_ids"].to_pylist() == [tokens[s : s + n].tolist() for s, n in zip(starts, LENGTHS, strict=True)]
     ids, lengths = hf_parquet.read_documents(tmp_path / "s.parquet")
     assert ids.tolist() == tokens.tolist() and lengths.tolist() == LENGTHS.tolist()
+    data = (tmp_path / "s.parquet").read_bytes()  # the ids are dictionary indices, bit-packed at their own width
+    assert (
+        data.startswith(b"PAR1")
+        and data.endswith(b"PAR1")
+        and tokens.astype(tokens.dtype.newbyteorder("<")).tobytes() in data
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_parquet_pages_and_row_groups_cut_between_documents_read_back_in_every_reader(tmp_path, monkeypatch, dtype):
+    """Many row groups and pages (a page cut between documents, a document longer than a page its own), empty
+    documents, read by pyarrow whole and batch by batch (as `datasets` streams), and by polars."""
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(hf_parquet, "PAGE_VALUES", 1000)
+    monkeypatch.setattr(hf_parquet, "ROW_GROUP_DOCUMENTS", 700)
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(0, 600, 3000)
+    lengths[[5, 6, 2999]] = 0
+    lengths[100] = 4321  # over four pages' worth
+    vocab = 60_000 if dtype == np.uint16 else 200_000
+    tokens = rng.integers(0, vocab, int(lengths.sum())).astype(dtype)
+    path = tmp_path / "s.parquet"
+    hf_parquet.write_parquet(path, tokens, lengths, vocab)
+    metadata = pq.ParquetFile(path).metadata
+    assert metadata.num_rows == 3000 and metadata.num_row_groups == 5
+    assert [metadata.row_group(i).num_rows for i in range(5)] == [700] * 4 + [200]
+    ids, read_lengths = hf_parquet.read_documents(path)
+    assert np.array_equal(ids, tokens) and np.array_equal(read_lengths, lengths)
+    batches = [b.column("input_ids") for b in pq.ParquetFile(path).iter_batches(batch_size=256)]
+    assert sum(len(b) for b in batches) == 3000
+    assert np.array_equal(np.concatenate([b.values.to_numpy() for b in batches]), tokens)
+    column = pl.read_parquet(path)["input_ids"]
+    assert column.list.len().to_list() == lengths.tolist()
+    assert np.array_equal(column.explode().drop_nulls().to_numpy(), tokens)
 
 
 def test_the_text_layouts_refuse_an_input_of_conversations(tmp_path):

@@ -189,7 +189,7 @@ def write_trainer_files(
                 elif format == "mds":
                     write_mds_shard(file, tokens, run.seq_len, name=rels[0])
                 else:
-                    write_parquet(file, tokens, lengths)
+                    write_parquet(file, tokens, lengths, run.vocab_size)
         written += len(rels)
     return written
 
