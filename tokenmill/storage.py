@@ -391,7 +391,7 @@ class UncachedFile:
     """A new local file written past the page cache (O_DIRECT), for outputs the run does not read again: their bytes
     are neither copied into the cache nor written back from it later, nor do they push the input out of it. (On a
     VM that hands freed memory back to its host, each page the cache takes afresh also costs a fault on the host:
-    through the cache, the trainers' layouts cost about three times what making their bytes costs.)
+    see docs/performance.md, "Output the page cache takes in".)
 
     O_DIRECT writes whole blocks from aligned memory: the bytes go through two page-aligned buffers, one filled
     while a thread writes the other; the last block is padded and the file cut to its size. Where the platform or
