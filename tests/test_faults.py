@@ -5,6 +5,7 @@ goes through the page cache or past it."""
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import shutil
 import subprocess
@@ -18,11 +19,14 @@ from tokenmill.commits import marker
 from tokenmill.config import TokenmillConfig
 from tokenmill.pack import Packing, pack_shard
 from tokenmill.partition import load_or_plan
+from tokenmill.readers import _in_page_cache
 from tokenmill.storage import StorageError, Store, UncachedFile
 from tokenmill.tokenize import Tokenizing, tokenize_shard
 from tokenmill.train_tokenizer import install_pretrained
 
 from .conftest import CORPORA, EXAMPLES, REPO, TOKENIZERS, TOKENMILL, alive_in_session
+
+PAGE = mmap.PAGESIZE
 
 
 def small_config(out: Path) -> TokenmillConfig:
@@ -133,9 +137,10 @@ def test_disk_full_mid_shard_names_the_file_leaves_no_partial_file_and_the_rerun
 
 
 def cached_pages(path: Path) -> int:
-    """How many of a file's pages the page cache holds (util-linux's fincore)."""
-    done = subprocess.run(["fincore", "--raw", "--noheadings", "--output", "PAGES", str(path)], capture_output=True)
-    return int(done.stdout)
+    """How many of a file's pages the page cache holds."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return sum(_in_page_cache(f, page, min(page + PAGE, size)) for page in range(0, size, PAGE))
 
 
 @pytest.mark.parametrize("sizes", [[], [1], [4095, 1], [UncachedFile.BUFFER], [3, 2 * UncachedFile.BUFFER + 5, 7]])
@@ -149,7 +154,7 @@ def test_a_file_the_run_does_not_read_again_is_written_whole_past_the_page_cache
         data = b"".join(pieces)
         assert record == {f"{read_again}.bin": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
         path = tmp_path / f"{read_again}.bin"
-        assert cached_pages(path) == (-(-len(data) // 4096) if read_again else 0)
+        assert cached_pages(path) == (-(-len(data) // PAGE) if read_again else 0)
         assert path.read_bytes() == data
 
 

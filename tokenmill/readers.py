@@ -37,7 +37,7 @@ import zstandard
 from fsspec.implementations.local import LocalFileSystem
 
 from tokenmill.buffers import scan_parts
-from tokenmill.storage import options_for
+from tokenmill.storage import DIRECT_ALIGN, options_for
 
 if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 s of every worker's start)
     import pandas as pd
@@ -51,7 +51,6 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
-DIRECT_ALIGN = 4096  # O_DIRECT reads start, end and land at multiples of this (the page, a multiple of any block)
 LONG_LINE = 1 << 20  # a line that ends a directly read block may run this far past it (longer: it is mapped)
 _LIBC = ctypes.CDLL(None, use_errno=True)
 PANDERA_IMPORT = threading.Lock()

@@ -397,7 +397,6 @@ class UncachedFile:
     while a thread writes the other; the last block is padded and the file cut to its size. Where the platform or
     the file system refuses O_DIRECT, the same writes go through the cache."""
 
-    BLOCK = max(4096, mmap.PAGESIZE)  # a multiple of every disk's logical block
     BUFFER = 4 << 20
     _spare: list[memoryview] = []  # the buffers of closed files, for the next: fresh memory costs more than a copy
 
@@ -451,7 +450,7 @@ class UncachedFile:
         try:
             if not failed:
                 if self.filled:
-                    padded = -(-self.filled // self.BLOCK) * self.BLOCK
+                    padded = -(-self.filled // DIRECT_ALIGN) * DIRECT_ALIGN
                     self.buffers[self.current][self.filled : padded] = bytes(padded - self.filled)
                     self._hand_over(padded)
                 for written in filter(None, self.writes):
@@ -464,6 +463,8 @@ class UncachedFile:
 
 
 DIRECT = getattr(os, "O_DIRECT", 0)  # Linux's; elsewhere UncachedFile writes through the cache
+# O_DIRECT reads and writes start, end and land at multiples of this: the page, a multiple of any disk's block
+DIRECT_ALIGN = max(4096, mmap.PAGESIZE)
 
 
 def _private_buffer(size: int) -> memoryview:
