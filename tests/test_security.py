@@ -128,11 +128,12 @@ def test_during_a_run_another_user_reaches_neither_its_local_dask_cluster_nor_it
     and a new one; its password file cannot be read. The run goes on."""
     corpus = gzip.decompress((SHARED / "corpora/enwiki_slice/enwiki_slice.jsonl.gz").read_bytes())
     (tmp_path / "a.jsonl").write_bytes(corpus)
-    (tmp_path / "b.jsonl").write_bytes(corpus)  # a run of some seconds, on this machine
-    config = tmp_path / "long.yaml"
+    (tmp_path / "b.jsonl").write_bytes(corpus)
+    config = tmp_path / "long.yaml"  # with hf's encoder, a run of a minute or so: it is stopped once checked
     config.write_text(json.dumps({
         "name": "long", "input": {"paths": [str(tmp_path / "*.jsonl")]},
-        "tokenizer": {"path": str(REPO / "examples/tokenizers/gpt2/tokenizer.json"), "eod": "<|endoftext|>"},
+        "tokenizer": {"path": str(REPO / "examples/tokenizers/gpt2/tokenizer.json"), "eod": "<|endoftext|>",
+                      "encoder": "hf"},
         "partition": {"shard_size": "4MB"}, "output": {"path": str(tmp_path / "out")},
     }))  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"PREFECT_API_URL": prefect_api}
