@@ -18,6 +18,7 @@ compression (ids hardly compress)."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import BinaryIO
 
@@ -81,7 +82,7 @@ def _write_row_group(out: _Counted, tokens, lengths, ends, first: int, last: int
     # Pages cut between documents, about PAGE_VALUES ids each (a longer document is a page of its own).
     cuts = np.searchsorted(ends[first:last], begin + np.arange(PAGE_VALUES, int(ends[last - 1]) - begin, PAGE_VALUES))
     bounds = [first, *sorted(set((first + cuts).tolist()) - {first, last}), last]
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         low, high = (int(ends[a - 1]) if a else 0), int(ends[b - 1])
         levels += _write_page(out, tokens[low:high], lengths[a:b])
     size = out.offset - start
@@ -155,7 +156,7 @@ def _page_header(kind: int, size: int, header: bytes, field: int = 7) -> bytes:
 def _footer(dtype: np.dtype, rows: int, row_groups: list[bytes]) -> bytes:
     """The file's metadata: its schema (a required list of required ids) and its row groups."""
     uint16 = dtype == np.uint16
-    integer = _struct((1, I8, 16 if uint16 else 32), (2, BOOL_TRUE if not uint16 else BOOL_FALSE, None))
+    integer = _struct((1, I8, 16 if uint16 else 32), (2, BOOL_FALSE if uint16 else BOOL_TRUE, None))
     schema = [
         _struct((4, BINARY, b"schema"), (5, I32, 1)),
         _struct(
@@ -164,7 +165,7 @@ def _footer(dtype: np.dtype, rows: int, row_groups: list[bytes]) -> bytes:
             (5, I32, 1),
             (6, I32, LIST),
             (10, STRUCT, _struct((3, STRUCT, b"\0"))),
-        ),  # fmt: skip
+        ),
         _struct((3, I32, REPEATED), (4, BINARY, b"list"), (5, I32, 1)),
         _struct(
             (1, I32, INT32),
@@ -172,7 +173,7 @@ def _footer(dtype: np.dtype, rows: int, row_groups: list[bytes]) -> bytes:
             (4, BINARY, b"element"),
             (6, I32, UINT_16 if uint16 else INT_32),
             (10, STRUCT, _struct((10, STRUCT, integer))),
-        ),  # fmt: skip
+        ),
     ]
     return _struct((1, I32, 2), (2, (THRIFT_LIST, STRUCT), schema), (3, I64, rows),
                    (4, (THRIFT_LIST, STRUCT), row_groups), (6, BINARY, b"tokenmill"))  # fmt: skip
