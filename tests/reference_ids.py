@@ -25,8 +25,11 @@ from .conftest import CORPORA, TOKENIZERS
 
 RECORD = Path(__file__).with_name("reference_ids.json")
 TOKENIZER_NAMES = ["gpt2", "gpt-neox-20b", "llama2-dolma-pii", "deepseek-v3"]
-# The text corpora (records with a `text` field); chat/ holds conversations (`messages`), not text to encode as is.
-CORPUS_FILES = sorted(p for p in CORPORA.rglob("*.jsonl.gz") if p.relative_to(CORPORA).parts[0] != "chat")
+# The text corpora (records with a `text` field); chat/ holds conversations (`messages`) and preference/ pairs, not
+# text to encode as is.
+CORPUS_FILES = sorted(
+    p for p in CORPORA.rglob("*.jsonl.gz") if p.relative_to(CORPORA).parts[0] not in ("chat", "preference")
+)
 BLOCK = 256  # documents per block digest
 
 

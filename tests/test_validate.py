@@ -284,7 +284,7 @@ def test_the_reference_ids_of_the_verified_documents_are_not_encoded_again(one_s
     choose_run_encoder(config, plan.shards, tokenizer)
     kept_path = Path(config.output.path) / layout.REFERENCE_IDS
     kept = pq.read_table(kept_path)
-    verified = verification_sample(config, plan.shards, tokenizer, config.tokenizer.verify_documents)
+    verified = verification_sample(config, plan.shards, tokenizer)
     assert kept.num_rows == len(verified) == int(table.documents.sum())
     validate(config, plan, tokenizer, table)
 

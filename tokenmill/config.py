@@ -327,12 +327,29 @@ class TokenizerConfig(_Section):
     verify_documents: int = Field(
         1000, ge=0, description="Documents drawn across shards on which the encoder is verified before any shard runs."
     )
+    # Bytes as well as documents: a thousand files of a code corpus can be hundreds of MB, and hf holds ~180 bytes
+    # of memory per byte it encodes at once (a 24 MB file took it 4.4 GB). 2 MB costs hf about 1 s of CPU.
+    verify_bytes: ByteSize = Field(
+        ByteSize(2_000_000),
+        description="At most this much text in the encoder's verification sample (a longer document gives an "
+        "excerpt of reference_piece_bytes).",
+    )
     # hf encodes a few MB/s a core, gigatoken over 500: re-encoding 0.1% of the documents cost a 30 GB run 8 s of 89
     # (validate); 0.01% costs about 1% of the tokenize stage's CPU, with never fewer than check_min_documents.
     check_fraction: float = Field(
         0.0001, ge=0, le=1, description="validate: fraction of documents re-encoded with the reference and compared."
     )
     check_min_documents: int = Field(1000, ge=0, description="validate: re-encode at least this many documents.")
+    check_bytes: ByteSize = Field(
+        ByteSize(8_000_000),
+        description="validate: re-encode at most this much text (the documents drawn until they hold it; hf "
+        "encodes a few MB a second a core).",
+    )
+    reference_piece_bytes: ByteSize = Field(
+        ByteSize(1 << 20),
+        description="The most text the reference (hf) encodes at once: a longer document is verified and "
+        "checked on an excerpt of this size, cut where its tokens split alike (memory: ~200 bytes per byte).",
+    )
     allowed_mismatch_rate: float = Field(
         0.0, ge=0, le=1, description="validate: fraction of re-encoded documents allowed to differ (0: none)."
     )
@@ -740,7 +757,12 @@ class TokenmillConfig(_Section):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-CHECK_SETTINGS = {"tokenizer": ("verify_documents", "check_fraction", "check_min_documents", "allowed_mismatch_rate")}
+CHECK_SETTINGS = {
+    "tokenizer": (
+        "verify_documents", "verify_bytes", "check_fraction", "check_min_documents", "check_bytes",
+        "reference_piece_bytes", "allowed_mismatch_rate",
+    )
+}  # fmt: skip
 
 
 def apply_override(data: dict, assignment: str) -> None:

@@ -26,7 +26,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -81,6 +81,20 @@ def utf8_buffer(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return data, offsets.astype(np.int64)
 
 
+HF_RUN_BYTES = 1 << 20  # hf holds ~200 bytes of memory per byte of text it encodes at once: a run at a time
+
+
+def in_runs(texts: Sequence[str], most_bytes: int) -> Iterator[slice]:
+    """Consecutive runs of `texts` holding at most `most_bytes` of text each (a longer text alone)."""
+    start = held = 0
+    for end, text in enumerate(texts):
+        if end > start and held + len(text) > most_bytes:
+            yield slice(start, end)
+            start, held = end, 0
+        held += len(text)
+    yield slice(start, len(texts))  # the last run (empty for no texts)
+
+
 def flatten(id_lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.fromiter(map(len, id_lists), np.int64, len(id_lists))
     flat = np.fromiter(itertools.chain.from_iterable(id_lists), np.uint32, int(lengths.sum()))
@@ -97,8 +111,14 @@ class HFEncoder:
         self.version = package_version("tokenizers")
 
     def encode_batch(self, texts: Texts) -> tuple[np.ndarray, np.ndarray]:
-        encodings = self.tokenizer.encode_batch_fast(as_list(texts), add_special_tokens=False)
-        return flatten([e.ids for e in encodings])
+        texts = as_list(texts)
+        runs = [
+            flatten([e.ids for e in self.tokenizer.encode_batch_fast(texts[run], add_special_tokens=False)])
+            for run in in_runs(texts, HF_RUN_BYTES)
+        ]
+        if len(runs) == 1:
+            return runs[0]
+        return np.concatenate([f for f, _ in runs]), np.concatenate([n for _, n in runs])
 
     @functools.cached_property
     def token_offsets(self) -> TokenOffsets | None:

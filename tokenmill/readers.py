@@ -51,6 +51,7 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
+SAMPLE_BLOCK_BYTES = 64 << 10  # a sample's run of neighbouring documents (`sampled_blocks`): ~40 Wikipedia articles
 LONG_LINE = 1 << 20  # a line that ends a directly read block may run this far past it (longer: it is mapped)
 _LIBC = ctypes.CDLL(None, use_errno=True)
 PANDERA_IMPORT = threading.Lock()
@@ -334,6 +335,45 @@ LINE_KINDS = ("jsonl", "shuffled")  # one record per line: a block of whole line
 def kind_of(piece: Piece, options: ReadOptions) -> str:
     """The piece's reader: `jsonl`, `parquet`, `text` or `shuffled`."""
     return piece.format or (format_of(piece.path) if options.format == "auto" else options.format)
+
+
+def _skip_to(f: BinaryIO, position: int, target: int) -> int:
+    """Move forward to `target` (reading and dropping where the stream cannot seek); return the position."""
+    if f.seekable():
+        f.seek(target)
+        return target
+    while position < target and (data := f.read(min(target - position, 1 << 20))):
+        position += len(data)
+    return position
+
+
+def sampled_blocks(piece: Piece, options: ReadOptions, every: int, phase: int) -> Iterator[tuple[int, bytes]]:
+    """(block number, its whole lines) for the blocks b = phase (mod every) of the piece's file that start in the
+    piece: the lines starting at offsets [b * SAMPLE_BLOCK_BYTES, (b + 1) * SAMPLE_BLOCK_BYTES), the last one read to
+    its end. The same lines whatever the piece's bounds, so the sample does not depend on the shards."""
+    first = -(-piece.start // SAMPLE_BLOCK_BYTES)  # the first block starting in the piece
+    b = first + (phase - first) % every
+    with open_piece(piece, options) as f:
+        position = 0
+        while piece.end is None or b * SAMPLE_BLOCK_BYTES < piece.end:
+            lo, hi = b * SAMPLE_BLOCK_BYTES, (b + 1) * SAMPLE_BLOCK_BYTES
+            if position < lo:  # the first line start at or after lo follows the first newline at or after lo - 1
+                position = _skip_to(f, position, max(lo - 1, 0))
+                head = f.read(hi - position)
+                position += len(head)
+                if not head:
+                    return
+                cut = head.find(b"\n") + 1 if lo else 0
+                lines = head[cut:] if cut or not lo else b""
+            else:  # a line of an earlier block ended at or after lo: `position` is a line start
+                lines = f.read(hi - position) if position < hi else b""
+                position += len(lines)
+            if lines and not lines.endswith(b"\n"):
+                tail = f.readline()
+                lines, position = lines + tail, position + len(tail)
+            if lines:
+                yield b, lines
+            b += every
 
 
 def read_lines(

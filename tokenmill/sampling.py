@@ -8,7 +8,7 @@ worker, and no document is in both. Sizes are measured like the plan's shards (u
 
 Reading the whole corpus for a sample of a few MB would cost a pass over the corpus, so line-based inputs
 (JSONL, plain or compressed, and the global shuffle's files) are read in blocks: each file is cut into
-blocks of `BLOCK_BYTES` at fixed offsets, a document belongs to the block its line starts in, and the
+blocks of `SAMPLE_BLOCK_BYTES` at fixed offsets, a document belongs to the block its line starts in, and the
 sample reads one block in every `stride` of each file (at a seeded phase per file), parsed by the columnar
 reader, where the thresholds above scale by `stride`: h < f * stride, f * stride <= h < (f + g) * stride.
 Each document is still in the training sample with probability f and held out with probability g, and the
@@ -33,7 +33,6 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
 
 import numpy as np
 import orjson
@@ -47,19 +46,18 @@ from tokenmill.plan import Plan, Shard
 from tokenmill.readers import (
     CORRUPT_STREAM,
     LINE_KINDS,
+    SAMPLE_BLOCK_BYTES,
     Batch,
-    Piece,
     ReadOptions,
     display_name,
     kind_of,
-    open_piece,
     read_documents,
     read_lines,
+    sampled_blocks,
 )
 from tokenmill.shares import sample_shares
 from tokenmill.storage import Store
 
-BLOCK_BYTES = 64 << 10  # a run of neighbouring documents (about 40 Wikipedia articles)
 OVERSAMPLE = 4  # the blocks read hold this many times the sample's bytes
 # A mixture's sample draws this much more of each source than its share, by input bytes, then keeps the share in
 # text bytes (`training_texts`): a source's text is a smaller part of its input where JSON escapes more of it
@@ -154,48 +152,9 @@ class Sampling:
 
 def stage_key(run: Sampling, shard: Shard, f: float) -> str:
     stratify = (run.stratify_by, run.min_group_size) if run.stratify_by else None
-    blocks = f"blocks-{BLOCK_BYTES}-{stride(f, run.g)}"
+    blocks = f"blocks-{SAMPLE_BLOCK_BYTES}-{stride(f, run.g)}"
     config_part = f"{run.input_key}-{f!r}-{run.g!r}-{run.seed}-{run.fields}-{stratify}"
     return f"{config_part}-{blocks}-{shard.source}"
-
-
-def _skip_to(f: BinaryIO, position: int, target: int) -> int:
-    """Move forward to `target` (reading and dropping where the stream cannot seek); return the position."""
-    if f.seekable():
-        f.seek(target)
-        return target
-    while position < target and (data := f.read(min(target - position, 1 << 20))):
-        position += len(data)
-    return position
-
-
-def line_blocks(piece: Piece, options: ReadOptions, every: int, phase: int) -> Iterator[tuple[int, bytes]]:
-    """(block number, its whole lines) for the blocks b = phase (mod every) of the piece's file that start
-    in the piece: the lines starting at offsets [b * BLOCK_BYTES, (b + 1) * BLOCK_BYTES), the last one read
-    to its end. The same lines whatever the piece's bounds, so the sample does not depend on the shards."""
-    first = -(-piece.start // BLOCK_BYTES)  # the first block starting in the piece
-    b = first + (phase - first) % every
-    with open_piece(piece, options) as f:
-        position = 0
-        while piece.end is None or b * BLOCK_BYTES < piece.end:
-            lo, hi = b * BLOCK_BYTES, (b + 1) * BLOCK_BYTES
-            if position < lo:  # the first line start at or after lo follows the first newline at or after lo - 1
-                position = _skip_to(f, position, max(lo - 1, 0))
-                head = f.read(hi - position)
-                position += len(head)
-                if not head:
-                    return
-                cut = head.find(b"\n") + 1 if lo else 0
-                lines = head[cut:] if cut or not lo else b""
-            else:  # a line of an earlier block ended at or after lo: `position` is a line start
-                lines = f.read(hi - position) if position < hi else b""
-                position += len(lines)
-            if lines and not lines.endswith(b"\n"):
-                tail = f.readline()
-                lines, position = lines + tail, position + len(tail)
-            if lines:
-                yield b, lines
-            b += every
 
 
 def _documents(
@@ -213,7 +172,7 @@ def _documents(
             continue
         phase = int(unit_interval([name], f"block:{salt}")[0] * every)
         try:
-            for block, lines in line_blocks(piece, options, 1 if read_all else every, 0 if read_all else phase):
+            for block, lines in sampled_blocks(piece, options, 1 if read_all else every, 0 if read_all else phase):
                 batch, _ = read_lines(lines, 1, f"{name}#{block}", kind, options, set())
                 yield (every if block % every == phase else 0), batch, batch.ids, len(lines)
         except CORRUPT_STREAM:  # truncated or corrupt: the sample keeps what came before (tokenize names the file)

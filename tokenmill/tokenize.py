@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from typing import BinaryIO
@@ -39,14 +39,30 @@ from tokenmill.formats.provenance import batch_origins, read_documents_table, sp
 from tokenmill.formats.sft import olmo_documents
 from tokenmill.hashing import assign_splits
 from tokenmill.plan import Shard
-from tokenmill.readers import ReadOptions, fast_path_applies, read_documents
-from tokenmill.reference import keep_reference_ids
+from tokenmill.readers import (
+    CORRUPT_STREAM,
+    LINE_KINDS,
+    SAMPLE_BLOCK_BYTES,
+    Batch,
+    ReadOptions,
+    compression_of,
+    display_name,
+    fast_path_applies,
+    kind_of,
+    read_documents,
+    read_lines,
+    sampled_blocks,
+)
+from tokenmill.reference import excerpt, keep_reference_ids
 from tokenmill.stats import Tokenized
 from tokenmill.storage import HASH_THREADS, Store, threaded, threads_for
 from tokenmill.tokenizer_info import TokenizerInfo, reading
 
 SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of each shard, not 8 MB of each
 VERIFY_SHARDS = 256  # shards the verification sample is drawn from, evenly spaced across the run
+VERIFY_BLOCKS = 4  # blocks (readers.SAMPLE_BLOCK_BYTES) of each of their pieces, at seeded places
+VERIFY_SEED = 20261128
+VERIFY_EXCERPT_BYTES = 16 << 10  # the least a long document gives the sample (more where a shard's share is more)
 
 
 def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod_id: int | None):
@@ -300,29 +316,65 @@ def verification_shards(shards: Sequence[Shard]) -> Sequence[Shard]:
     return shards[:: -(-len(shards) // VERIFY_SHARDS)] if len(shards) else shards
 
 
-def verification_sample(
-    config: TokenmillConfig, shards: Sequence[Shard], tokenizer: TokenizerInfo, documents: int
-) -> list[str]:
-    """About `documents` texts drawn across the shards: an equal share from the start of each of
-    `verification_shards`, read in small batches (so this costs little however large the shards, and however
-    many)."""
-    if not len(shards) or not documents:
+def verification_sample(config: TokenmillConfig, shards: Sequence[Shard], tokenizer: TokenizerInfo) -> list[str]:
+    """About `tokenizer.verify_documents` texts, at most `tokenizer.verify_bytes` in all, drawn across the corpus: an
+    equal share from each of `verification_shards`, from a few blocks at seeded places across each of its line-based
+    pieces (from its start where a piece is read another way), and a long document as an excerpt of its share (at
+    least VERIFY_EXCERPT_BYTES, at most `tokenizer.reference_piece_bytes`). So it costs little however large the
+    shards, how many, and however long their documents."""
+    settings, options = config.tokenizer, reading(config, tokenizer)
+    if not len(shards) or not settings.verify_documents or not settings.verify_bytes:
         return []
     shards = verification_shards(shards)
-    share = max(1, -(-documents // len(shards)))
+    share = max(1, -(-settings.verify_documents // len(shards)))
+    share_bytes = max(1, int(settings.verify_bytes) // len(shards))
+    longest = min(int(settings.reference_piece_bytes), max(share_bytes, VERIFY_EXCERPT_BYTES))
     texts: list[str] = []
-    options = reading(config, tokenizer)
     for shard in shards:
-        taken = 0
-        for batch, _ in read_documents(shard.pieces, options[shard.mix_source], True, SAMPLE_BATCH_BYTES):
-            values = [c.text for c in batch.chats] if batch.chats is not None else batch.text_values()
+        rng = np.random.default_rng([VERIFY_SEED, shard.shard_id])
+        taken = taken_bytes = 0
+        for values in verification_texts(shard, options[shard.mix_source], share_bytes, rng):
             step = max(1, len(values) // share)
-            picked = values[::step][: share - taken]
-            texts += picked.to_pylist() if hasattr(picked, "to_pylist") else list(picked)
-            taken += len(picked)
-            if taken >= share:
+            for text in values[::step][: share - taken]:
+                text = excerpt(text, longest, rng)
+                texts.append(text)
+                taken, taken_bytes = taken + 1, taken_bytes + len(text)
+                if taken_bytes >= share_bytes:
+                    break
+            if taken >= share or taken_bytes >= share_bytes:
                 break
     return texts
+
+
+def verification_texts(
+    shard: Shard, options: ReadOptions, share_bytes: int, rng: np.random.Generator
+) -> Iterator[list]:
+    """The texts (a conversation's rendered text) of the shard's pieces in a seeded order, as they are read: of blocks
+    spread evenly from a seeded place across a line-based piece that can be read from anywhere (enough to hold twice
+    `share_bytes`, at least VERIFY_BLOCKS), of the first batches of the others."""
+    wanted = max(VERIFY_BLOCKS, 2 * share_bytes // SAMPLE_BLOCK_BYTES)
+    for piece in (shard.pieces[k] for k in rng.permutation(len(shard.pieces))):
+        kind = kind_of(piece, options)
+        if kind in LINE_KINDS and compression_of(piece.path) is None:
+            size = (piece.end - piece.start) if piece.end is not None else 0  # a whole file: from its start
+            every = max(1, size // SAMPLE_BLOCK_BYTES // wanted)
+            blocks = sampled_blocks(piece, options, every, int(rng.integers(every)))
+            batches = (
+                read_lines(lines, 1, f"{display_name(piece.path)}#{block}", kind, options, set())[0]
+                for block, lines in blocks
+            )
+        else:
+            batches = (batch for batch, _ in read_documents([piece], options, True, SAMPLE_BATCH_BYTES))
+        try:
+            for batch in batches:
+                yield [c.text for c in batch.chats] if batch.chats is not None else texts_of(batch)
+        except CORRUPT_STREAM:  # tokenize names the file; the sample takes what it could read
+            continue
+
+
+def texts_of(batch: Batch) -> list[str]:
+    values = batch.text_values()
+    return values.to_pylist() if hasattr(values, "to_pylist") else list(values)
 
 
 def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokenizer: TokenizerInfo, log=None):
@@ -330,7 +382,7 @@ def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokeniz
     reference's ids of the sample (for validate); the choice is said to `log`, if given (its reason says why)."""
     store = config.output.store()
     data = store.read_bytes(layout.TOKENIZER)
-    sample = verification_sample(config, shards, tokenizer, config.tokenizer.verify_documents)
+    sample = verification_sample(config, shards, tokenizer)
     url = store.url_of(layout.TOKENIZER)  # the backends this process loaded, for the shards and the report
 
     def backend_of(backend: str):

@@ -27,7 +27,7 @@ from tokenmill import layout
 from tokenmill.chat import RenderedChat, mask_problems
 from tokenmill.commits import TOKENIZE, marker
 from tokenmill.config import DOCUMENT_TRAINER_FORMATS, TRAINER_FORMATS, PackConfig, TokenmillConfig
-from tokenmill.encoders import loaded_backend
+from tokenmill.encoders import in_runs, loaded_backend
 from tokenmill.formats.datatrove import read_index as read_datatrove_index
 from tokenmill.formats.datatrove import token_size as datatrove_token_size
 from tokenmill.formats.litdata import CorruptChunk, read_chunk
@@ -43,7 +43,7 @@ from tokenmill.packers import pad_id as pack_pad_id
 from tokenmill.packers import writes_packed
 from tokenmill.plan import Columns, Plan, Shard, shard_ids
 from tokenmill.readers import BATCH_BYTES, Piece, ReadOptions, read_documents, schema_library
-from tokenmill.reference import reference_ids
+from tokenmill.reference import Excerpt, checked_excerpt, reference_ids
 from tokenmill.stats import COLUMNS, Tokenized, ValidationFailed, all_rejected, skipped, stats_rows
 from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer_info import TokenizerInfo, reading
@@ -376,6 +376,7 @@ class ReferenceItem:
     documents: int  # all its documents
     rejected: int  # its rejects
     seed: int
+    most_bytes: int = 1 << 62  # the text its documents may hold in all (its share of tokenizer.check_bytes)
 
     @property
     def shard_id(self) -> int:
@@ -384,7 +385,8 @@ class ReferenceItem:
 
 def reference_items(config: TokenmillConfig, plan: Plan, table: pd.DataFrame, seed: int = 1) -> list[ReferenceItem]:
     """A random sample of at least `tokenizer.check_min_documents` and `tokenizer.check_fraction` of all
-    documents, as the shards it is read from, one item each for `check_reference`. Shards are taken in
+    documents, as the shards it is read from, one item each for `check_reference`, each with its share of
+    `tokenizer.check_bytes` (the documents drawn are checked until they hold it: `within_bytes`). Shards are taken in
     random order until they hold twice that many documents and number REFERENCE_SHARDS (or all there are), and
     each takes its share of a uniform draw from their documents."""
     cfg, rng = config.tokenizer, np.random.default_rng(seed)
@@ -404,8 +406,16 @@ def reference_items(config: TokenmillConfig, plan: Plan, table: pd.DataFrame, se
     starts = np.cumsum([0] + [int(per_shard[s]) for s in read])
     shares = np.bincount(np.searchsorted(starts, chosen, side="right") - 1, minlength=len(read))
     rejected = table.groupby("shard_id").rejected.first()
+    most_bytes = int(cfg.check_bytes) / max(1, int(shares.sum()))  # per document drawn
     return [
-        ReferenceItem(read_from[shard_id], int(shares[k]), int(per_shard[shard_id]), int(rejected[shard_id]), seed)
+        ReferenceItem(
+            read_from[shard_id],
+            int(shares[k]),
+            int(per_shard[shard_id]),
+            int(rejected[shard_id]),
+            seed,
+            max(1, int(most_bytes * shares[k])),
+        )  # fmt: skip
         for k, shard_id in enumerate(read)
         if shares[k]
     ]
@@ -423,6 +433,7 @@ class Referencing:
     tokenizer: TokenizerInfo
     bos: bool  # each stored document starts with BOS (tokenizer.prepend_bos)
     eod: bool  # and ends with EOD (tokenizer.append_eod)
+    piece_bytes: int  # tokenizer.reference_piece_bytes: a longer document is checked on an excerpt
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Referencing:
@@ -434,6 +445,7 @@ class Referencing:
             tokenizer,
             config.tokenizer.prepend_bos,
             config.tokenizer.append_eod,
+            int(config.tokenizer.reference_piece_bytes),
         )
 
 
@@ -445,7 +457,17 @@ def sampled_documents(run: Referencing, item: ReferenceItem) -> list[tuple[str, 
     read as tokenize read it."""
     rng = np.random.default_rng([item.seed, item.shard_id])
     found = _from_blocks(run, item, rng)
-    return _from_shard(run, item, rng) if found is None else found
+    return within_bytes(_from_shard(run, item, rng) if found is None else found, item.most_bytes, run.piece_bytes, rng)
+
+
+def within_bytes(found: list[tuple], most_bytes: int, piece_bytes: int, rng: np.random.Generator) -> list[tuple]:
+    """The documents of `found` (in its order) that a random order takes until their text reaches `most_bytes` (a
+    long document counted as the excerpt of `piece_bytes` that is checked of it); at least one."""
+    texts = [text.text if isinstance(text, RenderedChat) else text for *_, text in found]
+    size = np.array([min(len(text), piece_bytes) for text in texts])
+    order = rng.permutation(len(found))
+    kept = order[: max(1, int(np.searchsorted(np.cumsum(size[order]), most_bytes, side="right")))]
+    return [found[k] for k in np.sort(kept)] if len(found) else found
 
 
 def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator) -> list | None:
@@ -515,25 +537,21 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
     """One shard's sampled documents (an item of `reference_items`) re-read from the input, their stored ids
     checked (on a worker, whose reference is loaded): they equal the reference's (HF tokenizers) encoding, and
     they decode to the source text (after the tokenizer's own normalization; documents that the tokenizer
-    itself cannot round-trip are skipped). A conversation's stored loss mask is checked too: its masked-in
-    tokens decode to exactly the assistant's contents and end-of-turns (`chat.mask_problems`).
-    `{"documents", "wrong", "undecodable", "masks"}`, the last three naming files."""
+    itself cannot round-trip are skipped). A document longer than `tokenizer.reference_piece_bytes` is checked on
+    an excerpt the reference encodes alone (`reference.checked_excerpt`), so memory is bounded whatever its size. A
+    conversation's stored loss mask is checked too: its masked-in tokens decode to exactly the assistant's contents
+    and end-of-turns (`chat.mask_problems`). `{"documents", "excerpts", "skipped", "wrong", "undecodable",
+    "masks"}`, the last four naming files."""
     store, sample = run.store, sampled_documents(run, item)
-    tok = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf").tokenizer
+    hf = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
+    tok, rng = hf.tokenizer, np.random.default_rng([item.seed, item.shard_id, 1])
     normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
-    conversations = [isinstance(text, RenderedChat) for *_, text in sample]
-    texts = [text.text if chat else text for (*_, text), chat in zip(sample, conversations, strict=True)]
-    if any(conversations):  # their masks are checked against the reference's offsets
-        encodings = tok.encode_batch(texts, add_special_tokens=False)
-        expected, offsets = [e.ids for e in encodings], [e.offsets for e in encodings]
-    else:  # the documents the encoder was verified on are not encoded again
-        expected, offsets = reference_ids(store, run.tokenizer.sha256, texts, tok), [None] * len(texts)
-    wrong, undecodable, masks = [], [], []
+    wrong, undecodable, masks, skipped = [], [], [], []
+    checked = []  # (its name, the text checked, its stored ids, for a conversation its loss mask and the mask's name)
     with ExitStack() as files:
         readers: dict[str, tuple[MegatronReader, np.ndarray | None]] = {}
-        for (split, shard_id, index, text), reference, chat, spans in zip(
-            sample, expected, conversations, offsets, strict=True
-        ):
+        for split, shard_id, index, text in sample:
+            chat = isinstance(text, RenderedChat)
             prefix = layout.megatron_prefix(split, shard_id)
             if prefix not in readers:
                 bin_path, idx_path = files.enter_context(store.local_copies(prefix + ".bin", prefix + ".idx"))
@@ -545,19 +563,42 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
             reader, mask = readers[prefix]
             stored = reader[index]
             head, tail = (0, 0) if chat else (int(run.bos), int(run.eod))  # a template places its own specials
-            ids = stored[head : len(stored) - tail].tolist()
-            if ids != reference:
-                wrong.append(f"{prefix}.bin: document {index} differs from the reference (hf) encoding")
-            elif chat:
+            ids, name = stored[head : len(stored) - tail], f"{prefix}.bin: document {index}"
+            if chat:
                 start = int(reader.index.pointers[index]) // reader.tokens.dtype.itemsize
+                mask_name = f"{layout.loss_mask_file(split, shard_id)}: conversation {index}"
+                checked.append((name, text, ids, (mask[start : start + len(ids)], mask_name)))
+            elif len(text) <= run.piece_bytes // 4 or len(text.encode("utf-8", "surrogatepass")) <= run.piece_bytes:
+                checked.append((name, text, ids, None))
+            elif isinstance(part := checked_excerpt(tok, hf.token_offsets, text, ids, run.piece_bytes, rng), Excerpt):
+                checked.append((f"{name} (an excerpt of it)", part.text, ids[part.first : part.last], None))
+            elif part.startswith("wrong"):
+                wrong.append(f"{name}: {part.removeprefix('wrong: ')}")
+            else:
+                skipped.append(f"{name} ({len(text):,} characters): {part.removeprefix('skipped: ')}")
+        texts = [text.text if mask is not None else text for _, text, _, mask in checked]
+        if any(mask is not None for *_, mask in checked):  # conversations: their masks need the reference's offsets
+            encodings = [e for run_ in in_runs(texts, run.piece_bytes) for e in tok.encode_batch(texts[run_], False)]
+            expected, offsets = [e.ids for e in encodings], [e.offsets for e in encodings]
+        else:  # the documents the encoder was verified on are not encoded again
+            expected = reference_ids(store, run.tokenizer.sha256, texts, tok, run.piece_bytes)
+            offsets = [None] * len(texts)
+        for (name, text, ids, mask), source, reference, spans in zip(checked, texts, expected, offsets, strict=True):
+            ids = ids.tolist()
+            if ids != reference:
+                wrong.append(f"{name} differs from the reference (hf) encoding")
+            elif mask is not None:
                 spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-                found = mask_problems(tok, text, np.asarray(ids), spans, mask[start : start + len(ids)])
-                masks += [f"{layout.loss_mask_file(split, shard_id)}: conversation {index}: {p}" for p in found]
-            source = normalize(text.text if chat else text)
-            if tok.decode(ids, skip_special_tokens=False) != source:
-                if tok.decode(reference, skip_special_tokens=False) == source:  # lossless, yet it differs
-                    undecodable.append(f"{prefix}.bin: document {index} does not decode to its source text")
-    return {"documents": len(sample), "wrong": wrong, "undecodable": undecodable, "masks": masks}
+                found = mask_problems(tok, text, np.asarray(ids), spans, mask[0])
+                masks += [f"{mask[1]}: {p}" for p in found]
+            if tok.decode(ids, skip_special_tokens=False) != normalize(source):
+                if tok.decode(reference, skip_special_tokens=False) == normalize(source):  # lossless, yet it differs
+                    undecodable.append(f"{name} does not decode to its source text")
+    excerpts = sum(name.endswith("(an excerpt of it)") for name, *_ in checked)
+    return {
+        "documents": len(sample) - len(skipped), "excerpts": excerpts, "skipped": skipped, "wrong": wrong,
+        "undecodable": undecodable, "masks": masks,
+    }  # fmt: skip
 
 
 def reference_verdict(config: TokenmillConfig, checked: list[dict]) -> list[str]:
@@ -570,9 +611,12 @@ def reference_verdict(config: TokenmillConfig, checked: list[dict]) -> list[str]
     undecodable = [u for c in checked for u in c["undecodable"]]
     rate, allowed = len(wrong) / documents, config.tokenizer.allowed_mismatch_rate
     store = config.output.store()
-    store.write_json(
-        layout.REFERENCE_CHECK, {"documents": documents, "mismatches": len(wrong), "allowed_rate": allowed}
-    )
+    record = {"documents": documents, "mismatches": len(wrong), "allowed_rate": allowed}
+    if excerpts := sum(c.get("excerpts", 0) for c in checked):  # long documents, checked on an excerpt
+        record["excerpts"] = excerpts
+    if skipped := [s for c in checked for s in c.get("skipped", ())]:  # long documents no excerpt could be cut of
+        record["skipped"] = skipped[:10] + ([f"... and {len(skipped) - 10} more"] if len(skipped) > 10 else [])
+    store.write_json(layout.REFERENCE_CHECK, record)
     problems = undecodable[:10]
     if masks := [m for c in checked for m in c.get("masks", ())]:  # a wrong loss mask is never allowed
         problems += [f"{len(masks)} sampled conversations' loss masks are not their assistant turns", *masks[:10]]
