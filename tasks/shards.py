@@ -31,6 +31,7 @@ from prefect.utilities.annotations import quote
 from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
 from tokenmill.plan import mix_sources
+from tokenmill.readers import largest_records
 from tokenmill.tries import (
     ALIVE_CHECK_S,
     SHARD_RETRIES,
@@ -239,8 +240,9 @@ def run_on_dask(items: list, stages: list[Stage], keep: Callable[[tuple], object
             if failed is None:
                 finished.append((bundle, futures))
             else:  # the task itself failed: its worker died, every try
+                error = _error(futures[failed], stages[failed], [items[index] for index in bundle])
                 for index in bundle:
-                    failures[stages[failed].name][ids[index]] = _error(futures[failed])
+                    failures[stages[failed].name][ids[index]] = error
         values = iter(gather(client, [f for _, futures in finished for f in futures]))  # one round trip
         for bundle, futures in finished:
             record(bundle, [next(values) for _ in futures])
@@ -268,16 +270,29 @@ def bundles(items: list) -> list[range]:
     return found + [range(start, len(items))] if items else found
 
 
-def on_a_worker(work: Callable, *args, priority: int = 0):
+def on_a_worker(work: Callable, *args, priority: int = 0, bounded_by: str = "Its memory is bounded by its settings"):
     """`work(*args)` (a library call) on a worker of the cluster, waited for: for work that uses what every worker
     has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU). `priority`
     orders it among the shard tasks waiting for a worker (theirs is 0). What it raises is raised here, not logged
-    by the worker with its traceback."""
+    by the worker with its traceback. `bounded_by`: the settings that bound its memory, for the message of a call
+    that ran out of it."""
     client = default_client()
-    result = gather(client, client.submit(Sealed(caught, work, *args), pure=False, priority=priority))
+    try:
+        result = gather(client, client.submit(Sealed(caught, work, *args), pure=False, priority=priority))
+    except Exception as e:
+        if type(e).__name__ != "KilledWorker":
+            raise
+        raise OutOfMemory(
+            f"{work.__name__} ran out of memory: every Dask worker that ran it died (Dask's KilledWorker), most often "
+            f"for passing dask.memory_limit. {bounded_by}; raise dask.memory_limit or lower those, then rerun"
+        ) from None
     if isinstance(result, Raised):
         raise result.error
     return result
+
+
+class OutOfMemory(RuntimeError):
+    """A call on a worker killed every worker that ran it, most likely for memory."""
 
 
 class ShardsFailed(RuntimeError):
@@ -317,13 +332,17 @@ class GroupFailed(RuntimeError):
         super().__init__("\n".join(str(ShardsFailed(stage, f, len(f))) for stage, f in failures.items() if f))
 
 
-def _error(future) -> str:
+def _error(future, stage: Stage, shards: list) -> str:
+    """What a shard's failed Dask task says to a person: for a worker killed every time, the memory it most likely
+    ran out of, its largest documents and what bounds them."""
     if future.status == "error":
         error = future.exception()
-        if type(error).__name__ == "KilledWorker":  # no traceback of its own: say what it usually means
+        if type(error).__name__ == "KilledWorker":  # Dask's own words name neither the cause nor the documents
             return (
-                "every Dask worker that ran it died (KilledWorker): most often it needed more memory than "
-                "dask.memory_limit allows; raise the limit or make the shard smaller, then rerun"
+                f"{stage.name} ran out of memory: every Dask worker that ran it died (Dask's KilledWorker), most often "
+                f"for passing dask.memory_limit{largest_documents(stage, shards)}. Raise dask.memory_limit, or make "
+                f"the shards smaller (partition.shard_size: a shard's {stage.name} holds a batch of 8 MB of its text, "
+                "and about 6 bytes a byte of its longest document); a rerun redoes only these shards"
             )
         return f"{type(error).__name__}: {error}"
     if future.status == "cancelled":  # seen when workers were restarted for memory (campaign, oom kind)
@@ -332,6 +351,27 @@ def _error(future) -> str:
             "dask.memory_limit or make the shards smaller), or the connection to the scheduler was lost; then rerun"
         )
     return f"its Dask task ended {future.status}"
+
+
+KILLED_SHARDS_READ = 3  # a group's shards killed for memory whose largest documents the message names
+
+
+def largest_documents(stage: Stage, shards: list) -> str:
+    """ "; its largest documents: FILE line N (SIZE), ..." for shards of the plan (with pieces) that the stage reads
+    (its context says how), else ""."""
+    reading = getattr(stage.context, "reading", None)
+    found = [
+        record
+        for shard in shards[:KILLED_SHARDS_READ]
+        if reading is not None and hasattr(shard, "pieces")
+        for record in largest_records(shard.pieces, reading[shard.mix_source])
+    ]
+    found = sorted(found, key=lambda r: -r[2])[:3]
+    return (
+        "; its largest documents: " + ", ".join(f"{f} line {n} ({b / 1e6:.1f} MB)" for f, n, b in found)
+        if found
+        else ""
+    )
 
 
 class SchedulerLost(ConnectionError):

@@ -28,7 +28,8 @@ def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: T
     an 11 MB task at 98,176 shards, which Dask warned about on the terminal."""
     started = time.perf_counter()
     shards = tokenize.verification_shards(shards)
-    choice = on_a_worker(tokenize.choose_run_encoder, config, shards, tokenizer, priority=1)
+    bounds = "Its memory is bounded by tokenizer.verify_bytes and tokenizer.reference_piece_bytes"
+    choice = on_a_worker(tokenize.choose_run_encoder, config, shards, tokenizer, priority=1, bounded_by=bounds)
     get_run_logger().info(
         "encoder: %s %s: %s (%.1f s)", choice.backend, choice.version, choice.reason, time.perf_counter() - started
     )

@@ -19,4 +19,6 @@ def tokenizer_report(
     loaded); return the markdown (a few KB) for the flow's artifact. The shards go as an array of ids: the
     sample stage's results, a dict per shard, went with the task through Dask's scheduler (in the flow's
     process), held there until the report ended."""
-    return fertility.markdown(on_a_worker(fertility.tokenizer_report, config, tokenizer, shard_ids, encoder))
+    bounds = "Its memory is bounded by fertility.holdout_size and tokenizer.reference_piece_bytes"
+    report = on_a_worker(fertility.tokenizer_report, config, tokenizer, shard_ids, encoder, bounded_by=bounds)
+    return fertility.markdown(report)

@@ -341,7 +341,7 @@ class TokenizerConfig(_Section):
     )
     check_min_documents: int = Field(1000, ge=0, description="validate: re-encode at least this many documents.")
     check_bytes: ByteSize = Field(
-        ByteSize(8_000_000),
+        ByteSize(4_000_000),
         description="validate: re-encode at most this much text (the documents drawn until they hold it; hf "
         "encodes a few MB a second a core).",
     )

@@ -101,6 +101,42 @@ def flatten(id_lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     return flat, lengths
 
 
+CUT_CONTEXT = 2048  # characters on each side of a cut within which the reference must split alike
+CUT_TRIES = 16  # line starts tried for a cut before a document is said to have none
+
+
+def is_clean_cut(tok: Tokenizer, text: str, at: int) -> bool:
+    """Whether the reference splits `text` at `at` as if it were two texts: around it, the ids of the two sides
+    encoded apart are those of both encoded together (no token spans it, nothing before it changes what follows)."""
+    lo, hi = max(0, at - CUT_CONTEXT), min(len(text), at + CUT_CONTEXT)
+    both, left, right = tok.encode_batch_fast([text[lo:hi], text[lo:at], text[at:hi]], add_special_tokens=False)
+    return both.ids == left.ids + right.ids
+
+
+def clean_cut(tok: Tokenizer, text: str, near: int) -> int | None:
+    """The first line start at or after `near` where the reference splits `text` cleanly (`is_clean_cut`), among
+    the next CUT_TRIES; the text's end where it comes first; None where none of them is clean."""
+    at = near
+    for _ in range(CUT_TRIES):
+        if at >= len(text):
+            return len(text)
+        if at == 0 or (text[at - 1] == "\n" and is_clean_cut(tok, text, at)):
+            return at
+        at = text.find("\n", at) + 1 or len(text)
+    return None
+
+
+def in_clean_pieces(tok: Tokenizer, text: str, most_bytes: int) -> Iterator[str]:
+    """`text` in consecutive pieces of about `most_bytes`, cut only where the reference splits it cleanly
+    (`clean_cut`): their ids back to back are the text's. Where no clean cut is within reach of a piece's end (a
+    text without line breaks, a tokenizer that puts something before every text), the rest goes whole."""
+    start = 0
+    while start < len(text):
+        cut = clean_cut(tok, text, start + most_bytes) or len(text)
+        yield text[start:cut]
+        start = cut
+
+
 class HFEncoder:
     """HF `tokenizers`: the reference every other backend must reproduce."""
 
@@ -111,14 +147,23 @@ class HFEncoder:
         self.version = package_version("tokenizers")
 
     def encode_batch(self, texts: Texts) -> tuple[np.ndarray, np.ndarray]:
-        texts = as_list(texts)
-        runs = [
-            flatten([e.ids for e in self.tokenizer.encode_batch_fast(texts[run], add_special_tokens=False)])
-            for run in in_runs(texts, HF_RUN_BYTES)
-        ]
+        """Runs of texts of at most HF_RUN_BYTES at a time; a longer text in pieces between clean cuts
+        (`in_clean_pieces`): the same ids, with memory bounded whatever the documents."""
+        texts, runs = as_list(texts), []
+        for run in in_runs(texts, HF_RUN_BYTES):
+            if run.stop - run.start == 1 and len(texts[run.start]) > HF_RUN_BYTES:
+                pieces = [self._ids(piece) for piece in in_clean_pieces(self.tokenizer, texts[run.start], HF_RUN_BYTES)]
+                ids = np.concatenate([flat for flat, _ in pieces])
+                runs.append((ids, np.array([len(ids)], np.int64)))
+            else:
+                runs.append(self._ids(texts[run]))
         if len(runs) == 1:
             return runs[0]
         return np.concatenate([f for f, _ in runs]), np.concatenate([n for _, n in runs])
+
+    def _ids(self, texts: str | list[str]) -> tuple[np.ndarray, np.ndarray]:
+        texts = [texts] if isinstance(texts, str) else texts
+        return flatten([e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)])
 
     @functools.cached_property
     def token_offsets(self) -> TokenOffsets | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import gzip
+import heapq
 import io
 import itertools
 import mmap
@@ -410,6 +411,14 @@ def records(piece: Piece, options: ReadOptions) -> Iterator[Record]:
         if options.on_invalid == "fail":
             raise InputError(f"{name}: {problem}")
         yield Record(0, None, None, {}, b"", problem, name)
+
+
+def largest_records(pieces: list[Piece], options: ReadOptions, most: int = 3) -> list[tuple[str, int, int]]:
+    """(file, line, bytes) of the `most` largest records of the pieces, largest first: what a message about a shard
+    that ran out of memory names. One pass of the careful reader (it parses each record)."""
+    return heapq.nlargest(
+        most, ((r.file, r.line, r.size) for p in pieces for r in records(p, options)), key=lambda r: r[2]
+    )
 
 
 def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchema:

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
 from tokenmill import layout
-from tokenmill.encoders import TokenOffsets, in_runs
+from tokenmill.encoders import TokenOffsets, clean_cut, in_runs
 from tokenmill.storage import Store
 
 
@@ -67,40 +67,15 @@ def reference_ids(
 # --- long documents: the reference encodes a bounded excerpt of them --------------------------------------------
 
 
-def excerpt(text: str, most_bytes: int, rng: np.random.Generator) -> str:
-    """`text`, or where it is longer than `most_bytes`, a run of its whole lines of about that size from a random
-    place (the encoders are verified on it as on any text)."""
+def excerpt(text: str, most_bytes: int, seed: int) -> str:
+    """`text`, or where it is longer than `most_bytes`, a run of its whole lines of about that size from a place
+    drawn with `seed` (a sample holds it as a text of its own)."""
     if len(text) <= most_bytes // 4 or len(text.encode("utf-8", "surrogatepass")) <= most_bytes:
         return text
-    start = int(rng.integers(0, len(text) - most_bytes // 2))
+    start = int(np.random.default_rng(seed).integers(0, len(text) - most_bytes // 2))
     start = text.find("\n", start) + 1 if start else 0  # 0 also where no line starts after it
     end = text.rfind("\n", start, start + most_bytes) + 1 or start + most_bytes
     return text[start:end]
-
-
-CUT_CONTEXT = 2048  # characters on each side of a cut within which the reference must split alike
-CUT_TRIES = 16  # line starts tried for a cut before a document is said to have none
-
-
-def is_clean_cut(tok: Tokenizer, text: str, at: int) -> bool:
-    """Whether the reference splits `text` at `at` as if it were two texts: around it, the ids of the two sides
-    encoded apart are those of both encoded together (no token spans it, nothing before it changes what follows)."""
-    lo, hi = max(0, at - CUT_CONTEXT), min(len(text), at + CUT_CONTEXT)
-    both, left, right = tok.encode_batch_fast([text[lo:hi], text[lo:at], text[at:hi]], add_special_tokens=False)
-    return both.ids == left.ids + right.ids
-
-
-def clean_cut(tok: Tokenizer, text: str, near: int) -> int | None:
-    """The first line start at or after `near` where the reference splits `text` cleanly (`is_clean_cut`), among
-    the next CUT_TRIES; the text's end where it comes first; None where none of them is clean."""
-    at = near
-    for _ in range(CUT_TRIES):
-        if at >= len(text):
-            return len(text)
-        if at == 0 or (text[at - 1] == "\n" and is_clean_cut(tok, text, at)):
-            return at
-        at = text.find("\n", at) + 1 or len(text)
-    return None
 
 
 @dataclass(frozen=True)

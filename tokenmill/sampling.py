@@ -24,6 +24,9 @@ order across all shards, the values whose proportional share fell short. A value
 then represented, and the others keep their corpus proportions. Finding every value takes every document,
 so a stratified sample reads every block; the proportional part still comes from the same blocks, so
 stratifying only adds documents to the plain sample.
+
+A document longer than `tokenizer.reference_piece_bytes` is sampled as an excerpt of about that size, from a place its
+hash decides: the trainer and the report's hf counts hold ~200 bytes of memory per byte of a text they take at once.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from tokenmill.readers import (
     read_lines,
     sampled_blocks,
 )
+from tokenmill.reference import excerpt
 from tokenmill.shares import sample_shares
 from tokenmill.storage import Store
 
@@ -134,6 +138,7 @@ class Sampling:
     seed: int
     stratify_by: str | None  # tokenizer.train.stratify_by
     min_group_size: int
+    longest: int  # a longer document is sampled as an excerpt of this size (tokenizer.reference_piece_bytes)
 
     @classmethod
     def of(cls, config: TokenmillConfig, f: float | dict[str, float], g: float) -> Sampling:
@@ -147,13 +152,14 @@ class Sampling:
         return cls(
             config.output.store(), config.section_hash("input", "partition"), reading, fields, f, g,
             train.seed if train else 0, train.stratify_by if train else None, int(train.min_group_size) if train else 0,
+            int(config.tokenizer.reference_piece_bytes),
         )  # fmt: skip
 
 
 def stage_key(run: Sampling, shard: Shard, f: float) -> str:
     stratify = (run.stratify_by, run.min_group_size) if run.stratify_by else None
     blocks = f"blocks-{SAMPLE_BLOCK_BYTES}-{stride(f, run.g)}"
-    config_part = f"{run.input_key}-{f!r}-{run.g!r}-{run.seed}-{run.fields}-{stratify}"
+    config_part = f"{run.input_key}-{f!r}-{run.g!r}-{run.seed}-{run.fields}-{stratify}-longest-{run.longest}"
     return f"{config_part}-{blocks}-{shard.source}"
 
 
@@ -204,6 +210,7 @@ def sample_shard(run: Sampling, shard: Shard) -> Sampled:
         texts = texts.take(chosen).to_pylist() if batch.text_array is not None else [texts[i] for i in chosen]
         for i, text in zip(chosen.tolist(), texts, strict=True):
             h = float(hashes[i])
+            text = excerpt(text, run.longest, int(h * (1 << 53)))
             values = {name: batch.extra[name][i] for name in fields}
             line = orjson.dumps({"text": text, **values}) + b"\n" if h < holdout_below else b""
             nbytes = len(text.encode())

@@ -336,7 +336,7 @@ def verification_sample(config: TokenmillConfig, shards: Sequence[Shard], tokeni
         for values in verification_texts(shard, options[shard.mix_source], share_bytes, rng):
             step = max(1, len(values) // share)
             for text in values[::step][: share - taken]:
-                text = excerpt(text, longest, rng)
+                text = excerpt(text, longest, int(rng.integers(1 << 62)))
                 texts.append(text)
                 taken, taken_bytes = taken + 1, taken_bytes + len(text)
                 if taken_bytes >= share_bytes:
