@@ -330,7 +330,8 @@ def print_summary(summary: dict, link: str | None) -> None:
     else:
         console.print(
             f"tokenize stage: {summary['tokenize_mb_per_s']} MB/s of input; whole flow: {summary['flow_seconds']} s "
-            f"({summary['bytes_in'] / 1e6 / summary['flow_seconds']:.2f} MB/s)"
+            f"({summary['bytes_in'] / 1e6 / summary['flow_seconds']:.2f} MB/s); largest process: "
+            f"{summary['largest_process_mb']:,} MB (peak resident memory, of the flow and the Dask workers)"
         )
     if link:
         console.print(f"\n[bold]The run in the Prefect UI: {link}[/bold]", highlight=False)

@@ -14,7 +14,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 import flows.dask_settings  # noqa: F401 (applied to the flow's client, and to a scheduler it starts)
 from flows.clusters import external, local, slurm
 from flows.startup import warm_up
-from tokenmill.tries import Sealed, client_runs, on_client_loop
+from tokenmill.tries import Sealed, client_runs, on_client_loop, peak_rss
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -92,6 +92,16 @@ def on_every_worker(client: Client, work: Callable, *args) -> None:
     meanwhile (a worker's shard tasks queue behind it)."""
     for worker in workers_now(client):
         fire_and_forget(client.submit(Sealed(work, *args), workers=[worker], pure=False))
+
+
+def largest_process(client: Client) -> int:
+    """The largest peak resident memory, in bytes, of this process and the cluster's workers now (a worker of a
+    cluster that outlives runs counts its earlier runs too); this process's where the workers do not answer."""
+    try:
+        workers = on_client_loop(client, client.run(peak_rss, asynchronous=True), alive=client_runs)
+    except Exception:  # no scheduler connection, the client no longer runs, or a worker left under the question
+        workers = {}
+    return max([peak_rss(), *workers.values()])
 
 
 def workers_now(client: Client) -> list[str]:

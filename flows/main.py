@@ -37,7 +37,7 @@ from prefect.utilities.annotations import quote
 from pydantic import ByteSize
 from pydantic.json_schema import SkipJsonSchema
 
-from flows.cluster import dask_client, kind, on_every_worker, prepare_cluster
+from flows.cluster import dask_client, kind, largest_process, on_every_worker, prepare_cluster
 from flows.server import retry_refused_connections
 from tasks.mix import resolve_mix
 from tasks.partition import partition
@@ -203,6 +203,7 @@ def build_dataset(
     if report is not None:
         create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
     plots = drawing.result()  # drawn on a worker: before the workers go
+    largest = largest_process(default_client())
     if released := release_workers():
         logger.info("released the cluster's workers before publish: %s", released)
     run = {
@@ -211,6 +212,7 @@ def build_dataset(
         "tokenize_seconds": round(totals.seconds, 2),
         "shuffle_seconds": None if shuffle_seconds is None else round(shuffle_seconds, 2),
         "flow_seconds": round(time.perf_counter() - started, 2),
+        "largest_process_mb": round(largest / 1e6),
     }
     after = [numbering] if numbering is not None else None  # the UI's graph then draws number_lines -> publish
     published = publish(config, quoted_plan, tokenizer, stats, run, quote(plots), mix, wait_for=after)

@@ -340,9 +340,9 @@ def _error(future, stage: Stage, shards: list) -> str:
         if type(error).__name__ == "KilledWorker":  # Dask's own words name neither the cause nor the documents
             return (
                 f"{stage.name} ran out of memory: every Dask worker that ran it died (Dask's KilledWorker), most often "
-                f"for passing dask.memory_limit{largest_documents(stage, shards)}. Raise dask.memory_limit, or make "
-                f"the shards smaller (partition.shard_size: a shard's {stage.name} holds a batch of 8 MB of its text, "
-                "and about 6 bytes a byte of its longest document); a rerun redoes only these shards"
+                f"for passing dask.memory_limit{largest_documents(stage, shards)}. What bounds its memory: "
+                f"{MEMORY_BOUNDS.get(stage.name, MEMORY_BOUNDS[''])}. Raise dask.memory_limit or lower those; a rerun "
+                "redoes only these shards"
             )
         return f"{type(error).__name__}: {error}"
     if future.status == "cancelled":  # seen when workers were restarted for memory (campaign, oom kind)
@@ -353,6 +353,13 @@ def _error(future, stage: Stage, shards: list) -> str:
     return f"its Dask task ended {future.status}"
 
 
+# What bounds a shard stage's memory, for the message of a shard that ran out of it.
+MEMORY_BOUNDS = {
+    "": "partition.shard_size",
+    "tokenize": "a batch of 8 MB of the shard's text, and about 6 bytes a byte of its longest document",
+    "reference": "tokenizer.check_bytes and tokenizer.reference_piece_bytes (hf holds ~200 bytes a byte it encodes)",
+    "sample": "tokenizer.reference_piece_bytes (a document's excerpt) and partition.shard_size",
+}
 KILLED_SHARDS_READ = 3  # a group's shards killed for memory whose largest documents the message names
 
 
@@ -360,9 +367,10 @@ def largest_documents(stage: Stage, shards: list) -> str:
     """ "; its largest documents: FILE line N (SIZE), ..." for shards of the plan (with pieces) that the stage reads
     (its context says how), else ""."""
     reading = getattr(stage.context, "reading", None)
+    plan_shards = [getattr(item, "shard", item) for item in shards[:KILLED_SHARDS_READ]]  # a reference item's shard
     found = [
         record
-        for shard in shards[:KILLED_SHARDS_READ]
+        for shard in plan_shards
         if reading is not None and hasattr(shard, "pieces")
         for record in largest_records(shard.pieces, reading[shard.mix_source])
     ]

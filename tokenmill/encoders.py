@@ -169,6 +169,11 @@ class HFEncoder:
     def token_offsets(self) -> TokenOffsets | None:
         return TokenOffsets.of(self.tokenizer.to_str().encode())
 
+    @functools.cached_property
+    def token_places(self) -> TokenOffsets | None:
+        """Where its tokens lie in a text (`TokenOffsets.of`, `as_hf_reports=False`)."""
+        return TokenOffsets.of(self.tokenizer.to_str().encode(), as_hf_reports=False)
+
 
 # The ASCII whitespace HF tokenizers strips beside an added token with lstrip or rstrip (Rust's is_whitespace; it
 # also strips some non-ASCII spaces: an encoding with those there does not tile its text, and goes to the reference).
@@ -192,7 +197,9 @@ class TokenOffsets:
     found: re.Pattern  # the added tokens in a text, longest first, as HF matches them
 
     @classmethod
-    def of(cls, tokenizer_json: bytes) -> TokenOffsets | None:
+    def of(cls, tokenizer_json: bytes, as_hf_reports: bool = True) -> TokenOffsets | None:
+        """`as_hf_reports=False`: where the tokens lie, also where HF tokenizers reports them otherwise (a ByteLevel
+        post-processor's trim_offsets takes the spaces off the offsets it reports, not off the tokens)."""
         spec = orjson.loads(tokenizer_json)
         model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
         parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
@@ -201,7 +208,7 @@ class TokenOffsets:
         processors = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
         if spec.get("normalizer") is not None or model.get("type") != "BPE" or len(kinds) != 1:
             return None  # a normalizer moves characters; other models and mixed pre-tokenizers are not modelled
-        if any(p.get("type") == "ByteLevel" and p.get("trim_offsets") for p in processors):
+        if as_hf_reports and any(p.get("type") == "ByteLevel" and p.get("trim_offsets") for p in processors):
             return None  # offsets trimmed of their spaces
         (kind,) = kinds
         (part,) = [p for p in parts if p.get("type") == kind]

@@ -62,6 +62,7 @@ def summary_markdown(manifest: dict, run: dict | None = None, images: Iterable[s
             f"Run: {run['bytes_in'] / 1e6:,.1f} MB of input; tokenize stage {run['tokenize_mb_per_s']} MB/s; "
             f"whole flow {run['flow_seconds']} s"
             + (f"; global shuffle {run['shuffle_seconds']} s" if run.get("shuffle_seconds") is not None else "")
+            + (f"; largest process {run['largest_process_mb']:,} MB" if run.get("largest_process_mb") else "")
             + "."
         )
     lines += [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import pickle
+import resource
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
@@ -129,3 +130,8 @@ def on_client_loop(client, coroutine: Coroutine, alive: Callable[[object], bool]
             if not alive(client):
                 pending.cancel()
                 raise Unanswered() from None
+
+
+def peak_rss() -> int:
+    """This process's largest resident memory so far, in bytes (Linux counts ru_maxrss in KB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -406,7 +406,10 @@ def reference_items(config: TokenmillConfig, plan: Plan, table: pd.DataFrame, se
     starts = np.cumsum([0] + [int(per_shard[s]) for s in read])
     shares = np.bincount(np.searchsorted(starts, chosen, side="right") - 1, minlength=len(read))
     rejected = table.groupby("shard_id").rejected.first()
-    most_bytes = int(cfg.check_bytes) / max(1, int(shares.sum()))  # per document drawn
+    # Each shard's share of check_bytes: as the text its drawn documents are expected to hold (tokens per document)
+    tokens = table.groupby("shard_id").tokens.sum()
+    expected = np.array([shares[k] * tokens[s] / max(1, per_shard[s]) for k, s in enumerate(read)], dtype=float)
+    budget = int(cfg.check_bytes) * expected / max(expected.sum(), 1e-9)
     return [
         ReferenceItem(
             read_from[shard_id],
@@ -414,8 +417,8 @@ def reference_items(config: TokenmillConfig, plan: Plan, table: pd.DataFrame, se
             int(per_shard[shard_id]),
             int(rejected[shard_id]),
             seed,
-            max(1, int(most_bytes * shares[k])),
-        )  # fmt: skip
+            max(1, int(budget[k])),
+        )
         for k, shard_id in enumerate(read)
         if shares[k]
     ]
@@ -570,7 +573,7 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
                 checked.append((name, text, ids, (mask[start : start + len(ids)], mask_name)))
             elif len(text) <= run.piece_bytes // 4 or len(text.encode("utf-8", "surrogatepass")) <= run.piece_bytes:
                 checked.append((name, text, ids, None))
-            elif isinstance(part := checked_excerpt(tok, hf.token_offsets, text, ids, run.piece_bytes, rng), Excerpt):
+            elif isinstance(part := checked_excerpt(tok, hf.token_places, text, ids, run.piece_bytes, rng), Excerpt):
                 checked.append((f"{name} (an excerpt of it)", part.text, ids[part.first : part.last], None))
             elif part.startswith("wrong"):
                 wrong.append(f"{name}: {part.removeprefix('wrong: ')}")

@@ -1,0 +1,155 @@
+"""Memory bounded by the config whatever the documents: a corpus of documents from bytes to tens of MB (generated
+code-like text) runs with the defaults on workers of a small memory limit and comes out with hf's ids; a setting that
+lets hf take a whole long document at once kills the worker, and the run says which stage, which documents and which
+settings, not Dask's KilledWorker text."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import orjson
+import pytest
+import yaml
+from tokenizers import Tokenizer
+
+from tokenmill.encoders import in_clean_pieces
+from tokenmill.formats.megatron import MegatronReader
+from tokenmill.formats.provenance import read_documents_table
+
+from .conftest import EXAMPLES
+
+GPT2 = EXAMPLES / "tokenizers" / "gpt2" / "tokenizer.json"
+SIZES = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 3_000_000, 12_000_000]  # bytes of the long documents
+WORKER_MEMORY = "1.5GiB"  # hf took ~180 bytes a byte of a text it encoded whole: 2 GB for the 12 MB document
+
+
+def code_like(size: int, seed: int) -> str:
+    """About `size` bytes of lines of C-like code, some non-ASCII: no line begins or ends with whitespace (so that
+    GPT-2's pre-tokenizer splits the text after every line break, and the reference can be encoded line by line)."""
+    rng = random.Random(seed)
+    names = ["buffer", "count", "dcn_reg", "häufig", "données", "値", "mask_sh", "x", "MAX_LEN", "offset_0x1f"]
+    lines, total = [], 0
+    while total < size:
+        a, b = rng.choice(names), rng.choice(names)
+        line = rng.choice(
+            [
+                f"#define {a.upper()}__{b.upper()}_{rng.randrange(1 << 16)} 0x{rng.randrange(1 << 32):08X}",
+                f"{a}[{rng.randrange(999)}] = {b}({a}, {rng.random():.4f}); // {b} ünïcode {rng.randrange(10**6)}",
+                f"if ({a} > {b}) {{ return {rng.randrange(-5, 5)}; }}",
+                f"/* {a} {b} — «quoted» text, 日本語 {rng.randrange(100)} */",
+            ]
+        )
+        lines.append(line)
+        total += len(line.encode()) + 1
+    return "\n".join(lines)[: max(size, 1)].rstrip() or "x"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The long documents among 200 short ones, as one JSONL file."""
+    rng = random.Random(7)
+    texts = [code_like(size, seed) for seed, size in enumerate(SIZES)]
+    texts += [code_like(rng.randrange(20, 4000), 100 + k) for k in range(200)]
+    rng.shuffle(texts)
+    path = tmp_path_factory.mktemp("memory") / "code.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"id": f"doc-{k}", "text": t}) + b"\n" for k, t in enumerate(texts)))
+    return path, {f"doc-{k}": t for k, t in enumerate(texts)}
+
+
+def config_file(tmp_path, corpus_path, **tokenizer) -> str:
+    config = {
+        "name": "code",
+        "input": {"paths": [str(corpus_path)], "id_field": "id"},
+        "split": {"train": 1.0},
+        "tokenizer": {"path": str(GPT2), **tokenizer},
+        "pack": {"mode": "none"},
+        "dask": {"n_workers": 2, "memory_limit": WORKER_MEMORY},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    path = tmp_path / "code.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def reference_ids(tok: Tokenizer, text: str) -> list[int]:
+    """hf's ids of `text`: whole up to 1 MB, above that line by line (the same ids for these texts: the test checks
+    it on the 1 MB document)."""
+    if len(text) <= 1_000_000:
+        return tok.encode(text, add_special_tokens=False).ids
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return [i for e in tok.encode_batch_fast(lines, add_special_tokens=False) for i in e.ids]
+
+
+def test_documents_from_bytes_to_tens_of_mb_run_on_small_workers_and_give_hf_ids(tmp_path, corpus, run_cli):
+    corpus_path, texts = corpus
+    # The defaults, but validate's reference check takes every document (a long one on an excerpt): 4 MB by default
+    run = run_cli("run", config_file(tmp_path, corpus_path, check_bytes="64MB"), local_cluster=True)
+    assert "Dataset published" in run.stdout
+    assert "largest process" in run.stdout  # the summary states the run's peak memory
+
+    tok = Tokenizer.from_file(str(GPT2))
+    medium = next(t for t in texts.values() if 900_000 < len(t) <= 1_000_000)
+    lines = [line + "\n" for line in medium.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    assert reference_ids(tok, medium) == [i for e in tok.encode_batch_fast(lines, False) for i in e.ids]
+
+    out, checked = tmp_path / "out", 0
+    for table_path in sorted((out / "megatron" / "train").glob("*.docs.parquet")):
+        reader = MegatronReader(str(table_path).removesuffix(".docs.parquet"))
+        for k, doc_id in enumerate(read_documents_table(table_path, ["id"]).column("id").to_pylist()):
+            assert reader[k].tolist() == reference_ids(tok, texts[doc_id]) + [50256], doc_id
+            checked += 1
+    assert checked == len(texts)
+    check = json.loads((out / "_work" / "reference_check.json").read_text())
+    assert check["mismatches"] == 0 and check.get("excerpts", 0) >= 1, check  # long ones checked on an excerpt
+
+
+def test_hf_in_pieces_gives_the_ids_of_the_whole_text():
+    """`in_clean_pieces` cuts only where the reference splits alike: the pieces' ids are the whole text's, also for
+    text whose lines begin with whitespace (code's indentation), where a cut after a line break changes the ids."""
+    tok = Tokenizer.from_file(str(GPT2))
+    indented = "\n".join(("    " * (k % 4)) + f"x_{k} = f({k});" for k in range(40_000))
+    for text in (code_like(600_000, 1), indented, "no line breaks at all " * 20_000):
+        pieces = list(in_clean_pieces(tok, text, 50_000))
+        assert "".join(pieces) == text and (len(pieces) > 5 or "\n" not in text)
+        ids = [i for piece in pieces for i in tok.encode(piece, add_special_tokens=False).ids]
+        assert ids == tok.encode(text, add_special_tokens=False).ids
+
+
+def test_a_setting_that_lets_hf_take_a_whole_long_document_ends_in_a_message_naming_it(tmp_path, corpus, run_cli):
+    corpus_path, texts = corpus
+    config = config_file(tmp_path, corpus_path, reference_piece_bytes="1GB", check_bytes="1GB")
+    run = run_cli("run", config, check=False, local_cluster=True)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0
+    line, size = next((k, len(raw)) for k, raw in enumerate(corpus_path.read_bytes().splitlines(), 1) if len(raw) > 1e7)
+    assert "reference ran out of memory" in output and f"code.jsonl line {line} ({size / 1e6:.1f} MB)" in output
+    assert "tokenizer.reference_piece_bytes" in output and "dask.memory_limit" in output
+    assert "KilledWorker: Attempted to run task" not in output
+
+
+def test_a_long_documents_excerpt_is_checked_against_the_stored_ids_that_cover_it():
+    """validate's check of a long document: an excerpt between two clean cuts, against the stored ids whose bytes lie
+    there; right ids pass, a changed id or ids shifted by one fail."""
+    import numpy as np
+
+    from tokenmill.encoders import HFEncoder
+    from tokenmill.reference import Excerpt, checked_excerpt
+
+    hf = HFEncoder(Tokenizer.from_file(str(GPT2)))
+    text = code_like(3_000_000, 3)
+    ids = np.array(hf.tokenizer.encode(text, add_special_tokens=False).ids, np.uint32)
+    for seed in range(3):
+        part = checked_excerpt(hf.tokenizer, hf.token_places, text, ids, 200_000, np.random.default_rng(seed))
+        assert isinstance(part, Excerpt) and 150_000 < len(part.text) < 400_000
+        assert ids[part.first : part.last].tolist() == hf.tokenizer.encode(part.text, add_special_tokens=False).ids
+        changed = ids.copy()
+        changed[(part.first + part.last) // 2] = 50255
+        again = checked_excerpt(hf.tokenizer, hf.token_places, text, changed, 200_000, np.random.default_rng(seed))
+        assert (
+            isinstance(again, str) or changed[again.first : again.last].tolist() != ids[part.first : part.last].tolist()
+        )
+        shifted = checked_excerpt(hf.tokenizer, hf.token_places, text, ids[1:], 200_000, np.random.default_rng(seed))
+        assert shifted == "wrong: its stored ids do not cover its text"
