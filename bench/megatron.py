@@ -1,7 +1,10 @@
 """tokenmill against Megatron-LM's `tools/preprocess_data_fast.py --use-gigatoken`, side by side on one file.
 
-Both tools turn the same plain JSONL (enwiki_slice written `--repeat` times, unique ids) into GPT-2 ids with
-EOD appended, as Megatron `.bin/.idx`. With `--code DIR` (repeatable), tokenmill from that checkout (e.g. the
+Both tools turn the same plain JSONL (enwiki_slice written `--repeat` times, unique ids; or `--corpus FILE` as it
+is, e.g. the code or prose corpus bench/corpora.py builds) into GPT-2 ids with EOD appended, as Megatron
+`.bin/.idx`. With `--corpus`, each round first measures this machine's parse+encode limit on that corpus
+(bench/limits.py's, the library alone on its first `--ceiling-mb`, texts in memory), and tokenmill's median rate is
+given against the median limit. With `--code DIR` (repeatable), tokenmill from that checkout (e.g. the
 commit before a change) is one more tool in the same rounds. Each round runs every tool from scratch, the order
 rotated from round to round (Megatron first in the first, then tokenmill, then the next; with two tools, they
 alternate; rounds a multiple of the tools put each tool in each place equally often), and records:
@@ -309,11 +312,21 @@ def _numbers(run: Watched) -> dict:
     }
 
 
-def ceiling_mb_s(corpus: Path, tokenizer: str, prefix_mb: float, cores: int) -> float:
-    """The encoder ceiling now: `cores` x gigatoken alone on one core, texts in memory (bench/limits.py's)."""
+def ceiling_mb_s(corpus: Path, tokenizer: str, prefix_mb: float, cores: int, copy: int) -> float:
+    """The encoder ceiling now: `cores` x gigatoken alone on one core, texts in memory (bench/limits.py's; `copy`:
+    the bytes of one copy of the corpus's source)."""
     import limits  # beside this file; it imports this module too
 
-    return cores * limits.limits(corpus, tokenizer, prefix_mb)["encoder"]
+    return cores * limits.limits(corpus, tokenizer, prefix_mb, copy)["encoder"]
+
+
+def parse_encode_limit(corpus: Path, tokenizer: str, prefix_mb: float, cores: int) -> float:
+    """This machine's parse+encode limit on the corpus now, MB/s (bench/limits.py's: `cores` / (1 / pyarrow's JSON
+    parser + 1 / gigatoken alone), each on one core, the corpus's first `prefix_mb` in memory)."""
+    import limits
+
+    rates = limits.limits(corpus, tokenizer, prefix_mb, corpus.stat().st_size)
+    return limits.with_implied(rates, cores)["parse+encode limit"]
 
 
 def print_rounds(rows: list[dict]) -> None:
@@ -364,8 +377,14 @@ def main() -> None:
     parser.add_argument("--source", default=str(SHARED / "corpora/enwiki_slice/enwiki_slice.jsonl.gz"))
     parser.add_argument("--tokenizer", default=str(SHARED / "tokenizers/gpt2/tokenizer.json"))
     parser.add_argument("--repeat", type=int, default=20, help="enwiki_slice copies in the side-by-side file")
+    parser.add_argument("--corpus", type=Path, help="a JSONL to use as it is instead (bench/corpora.py makes some)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--big-repeat", type=int, default=0, help="then one run on this many copies (200: 12 GB)")
+    parser.add_argument(
+        "--big-repeat",
+        type=int,
+        default=0,
+        help="then one run on this many copies (200: 12 GB) of enwiki_slice, or of --corpus",
+    )
     parser.add_argument("--memory-cap", type=float, default=20.0, help="GB: the watchdog kills a tool's tree past it")
     parser.add_argument("--ceiling-mb", type=float, default=300)
     parser.add_argument("--pack-mode", default="none", help="tokenmill's pack.mode (Megatron's tool does not pack)")
@@ -383,10 +402,13 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory(prefix="tokenmill-vs-megatron-", dir=args.work)
     with tmp, contextlib.ExitStack() as servers:  # the servers stop before their PREFECT_HOMEs go
         work = Path(tmp.name)
-        corpus = work / "corpus.jsonl"
-        size = throughput.make_corpus(Path(args.source), args.repeat if args.rounds else 0, corpus)
+        if args.corpus:
+            corpus, size, made = args.corpus.resolve(), args.corpus.stat().st_size, args.corpus.name
+        else:
+            corpus, made = work / "corpus.jsonl", f"{args.repeat} x {Path(args.source).name}"
+            size = throughput.make_corpus(Path(args.source), args.repeat if args.rounds else 0, corpus)
         cpu = platform.processor() or platform.machine()
-        print(f"corpus: {size / 1e9:.2f} GB of JSONL ({args.repeat} x {Path(args.source).name}); "
+        print(f"corpus: {size / 1e9:.2f} GB of JSONL ({made}); "
               f"{workers} cores {cpu}, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
               f"Python {platform.python_version()}")  # fmt: skip
         codes = {"tokenmill": REPO} | {f"tokenmill at {code.resolve()}": code for code in args.code}
@@ -395,8 +417,11 @@ def main() -> None:
         tools = {"megatron": functools.partial(run_megatron, args)}
         tools |= {c.tool: functools.partial(run_tokenmill, args, c) for c in checkouts}
         outs = {tool: work / re.sub(r"\W+", "-", tool) for tool in tools}
-        rows = []
+        rows, limits_mb_s = [], []
         for round_ in range(1, args.rounds + 1):
+            if args.corpus:  # the limit beside the tools, in each round (the host's speed drifts)
+                limits_mb_s.append(parse_encode_limit(corpus, args.tokenizer, args.ceiling_mb, workers))
+                print(json.dumps({"round": round_, "parse_encode_limit_mb_s": round(limits_mb_s[-1])}), flush=True)
             turn = (round_ - 1) % len(tools)  # each tool first in turn (with two: alternated)
             for tool in [*tools][turn:] + [*tools][:turn]:
                 load = os.getloadavg()[0]
@@ -413,6 +438,11 @@ def main() -> None:
                   f"ratio {medians['tokenmill'] / medians['megatron']:.2f}; largest process: tokenmill "
                   f"{largest['tokenmill']:.2f} GB, Megatron {largest['megatron']:.2f} GB: "
                   f"ratio {largest['tokenmill'] / largest['megatron']:.2f}")  # fmt: skip
+        if limits_mb_s and "tokenmill" in medians:
+            limit = statistics.median(limits_mb_s)
+            rate = size / 1e6 / medians["tokenmill"]
+            print(f"tokenmill: {rate:.0f} MB/s = {rate / limit:.2f} of the parse+encode limit ({limit:.0f} MB/s, "
+                  f"median of {len(limits_mb_s)} measured beside the runs)")  # fmt: skip
         if len(medians) > 1:
             tokens = {r["tokens"] for rs in by_tool.values() for r in rs}
             same = "equal" if len(tokens) == 1 else "DIFFER"
@@ -429,11 +459,12 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
 
         if args.big_repeat:
-            corpus.unlink()
-            big = work / "big.jsonl"
-            size = throughput.make_corpus(Path(args.source), args.big_repeat, big)
-            print(f"\nbig corpus: {size / 1e9:.2f} GB ({args.big_repeat} x {Path(args.source).name})")
-            ceiling = ceiling_mb_s(big, args.tokenizer, args.ceiling_mb, workers)
+            if not args.corpus:
+                corpus.unlink()
+            big, source = work / "big.jsonl", args.corpus or Path(args.source)
+            size = throughput.make_corpus(source, args.big_repeat, big)
+            print(f"\nbig corpus: {size / 1e9:.2f} GB ({args.big_repeat} x {source.name})")
+            ceiling = ceiling_mb_s(big, args.tokenizer, args.ceiling_mb, workers, size // args.big_repeat)
             load = os.getloadavg()[0]
             mill = run_tokenmill(args, checkouts[0], big, outs["tokenmill"], cap)
             rate = size / 1e6 / mill["wall_s"]

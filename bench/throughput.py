@@ -62,8 +62,8 @@ def timed_run(config: Path, env: dict) -> tuple[float, str]:
 
 
 def make_corpus(source: Path, repeat: int, target: Path) -> int:
-    """Write `source` `repeat` times over as one plain JSONL with unique ids; return its size."""
-    docs = [orjson.loads(line) for line in gzip.open(source)]
+    """Write `source` (JSONL, gzipped or not) `repeat` times over as one plain JSONL with unique ids; its size."""
+    docs = [orjson.loads(line) for line in (gzip.open if source.suffix == ".gz" else open)(source, "rb")]
     with open(target, "wb") as f:
         for r in range(repeat):
             f.write(b"".join(orjson.dumps({**d, "id": f"{d['id']}#{r}"}) + b"\n" for d in docs))

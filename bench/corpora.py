@@ -1,0 +1,127 @@
+"""Benchmark corpora that are not Wikipedia, built from what the package registries serve, so that anyone can
+rebuild them: unique text with the file-size distributions real corpora have.
+
+- `code`: the Linux kernel's source tree as Debian packages it (`linux-source-6.1`), one JSONL record per text
+  file: about 1.5 GB of C, headers, scripts and docs; median file 4 KB, a hundred files over 1 MB, the largest
+  (generated register headers) over 20 MB.
+- `prose`: the kernel's own documentation (`Documentation/`, reStructuredText), the Python documentation's
+  sources (`python3.11-doc`), the King James Bible (`bible-kjv-text`) and the manual pages of `manpages` and
+  `manpages-dev` (groff markup kept, as a crawler would keep it), then ../shared's prose corpora (Wikipedia,
+  WikiText, web pages, multilingual) where they are there.
+
+Each record is `{"id", "text", "source"}`; ids are unique, texts are not repeated. Packages are fetched with
+`apt-get download` into `--cache` (once), and nothing is installed.
+
+    python bench/corpora.py code  /tmp/corpora/code.jsonl
+    python bench/corpora.py prose /tmp/corpora/prose.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+KERNEL = "linux-source-6.1"
+PROSE_PACKAGES = ("python3.11-doc", "bible-kjv-text", "manpages", "manpages-dev")
+SHARED_PROSE = ("enwiki_slice", "wikitext", "web_scrapinghub_aeb", "web_dclm_annotated", "web_trafilatura_pages")
+
+
+def downloaded(package: str, cache: Path) -> Path:
+    """The package's .deb in `cache`, fetched with apt-get download the first time."""
+    cache.mkdir(parents=True, exist_ok=True)
+    if not (found := sorted(cache.glob(f"{package}_*.deb"))):
+        subprocess.run(["apt-get", "download", "-q", package], cwd=cache, check=True)
+        found = sorted(cache.glob(f"{package}_*.deb"))
+    return found[-1]
+
+
+def deb_members(deb: Path) -> Iterator[tarfile.TarInfo | tuple[str, bytes]]:
+    """(path, bytes) of every regular file in the .deb's data archive (dpkg-deb streams it)."""
+    with subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE) as dpkg:
+        with tarfile.open(fileobj=dpkg.stdout, mode="r|") as archive:
+            for member in archive:
+                if member.isfile():
+                    yield member.name, archive.extractfile(member).read()
+
+
+def text_of(data: bytes) -> str | None:
+    """The file as text, or None for a binary file (NUL bytes, or not UTF-8)."""
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def kernel_files(cache: Path) -> Iterator[tuple[str, str]]:
+    """(path, text) of every text file of the kernel's source tarball, inside the package."""
+    for name, data in deb_members(downloaded(KERNEL, cache)):
+        if name.endswith(".tar.xz"):
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as source:
+                for member in source:
+                    if member.isfile() and (text := text_of(source.extractfile(member).read())) is not None:
+                        yield member.name, text
+
+
+def code(cache: Path) -> Iterator[dict]:
+    for path, text in kernel_files(cache):
+        if text.strip():
+            yield {"id": path, "text": text, "source": "linux"}
+
+
+def prose(cache: Path) -> Iterator[dict]:
+    for path, text in kernel_files(cache):
+        if "/Documentation/" in path and path.endswith((".rst", ".txt")) and text.strip():
+            yield {"id": path, "text": text, "source": "linux-docs"}
+    for package in PROSE_PACKAGES:
+        for path, data in deb_members(downloaded(package, cache)):
+            if path.endswith(".gz"):
+                data, path = gzip.decompress(data), path[:-3]
+            if package == "python3.11-doc" and "/_sources/" not in path:
+                continue  # its HTML renders the same sources
+            if (text := text_of(data)) is not None and text.strip():
+                yield {"id": f"{package}:{path}", "text": text, "source": package}
+    for name in SHARED_PROSE:
+        for file in sorted((SHARED / "corpora" / name).glob("*.jsonl.gz")):
+            with gzip.open(file) as f:
+                for line in f:
+                    record = orjson.loads(line)
+                    yield {"id": f"{name}:{record['id']}", "text": record["text"], "source": name}
+
+
+def write(records: Iterator[dict], target: Path) -> tuple[int, int]:
+    """The records as JSONL at `target`, each text once; (documents, bytes)."""
+    seen, documents = set(), 0
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "wb") as f:
+        for record in records:
+            if (digest := hash(record["text"])) in seen:
+                continue
+            seen.add(digest)
+            f.write(orjson.dumps(record) + b"\n")
+            documents += 1
+    return documents, target.stat().st_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kind", choices=("code", "prose"))
+    parser.add_argument("target", type=Path)
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/tokenmill-bench-debs"))
+    args = parser.parse_args()
+    documents, size = write({"code": code, "prose": prose}[args.kind](args.cache), args.target)
+    print(f"{args.target}: {documents:,} documents, {size / 1e9:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()
