@@ -8,8 +8,9 @@ that text with each content in its place, which tells where each content is. Wha
 assistant content whatever follows it (its end-of-turn, e.g. phi3's `<|end|>\\n`) is found once per template. A
 template whose spans cannot be told raises `SpanError` naming it: nothing ever falls back to a mask of all ones.
 
-`mask_problems` is validate's check: the masked-in tokens decode to exactly the assistant contents and their
-end-of-turn, computed from the spans and offsets, never from the mask (an all-ones or a shifted mask fails it)."""
+`mask_problems` is validate's check: a stored mask must be exactly the documented rule's (a token is in when its
+characters overlap a span), computed from the spans and the reference's offsets, never from the mask (an all-ones,
+a shifted or a one-token-longer mask fails it)."""
 
 from __future__ import annotations
 
@@ -547,18 +548,24 @@ def _in_bytes(rendered: RenderedChat, text: bytes) -> list[tuple[int, int]]:
 def mask_problems(
     tokenizer: Tokenizer, chat: RenderedChat, ids: np.ndarray, offsets: np.ndarray, mask: np.ndarray
 ) -> list[str]:
-    """What is wrong with `mask` (empty: nothing): its runs of masked-in tokens, one per span, must each decode to
-    the assistant content and then the end-of-turn tokens the template placed in the span. The end-of-turn is
-    compared decoded, since a special token that strips what follows it (phi3's `<|end|>`) decodes without it."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
-    runs = list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
-    if len(runs) != len(chat.spans):
-        return [f"{len(runs)} runs of masked-in tokens, not {len(chat.spans)} (one per assistant turn)"]
+    """What is wrong with `mask` (empty: nothing), a conversation's stored loss mask of the tokens `ids` at
+    `offsets` (the reference's, in characters of `chat.text`): it must be exactly the documented rule's mask, 1 for
+    each token whose characters overlap a span that carries loss and 0 for every other (`token_mask`, the rule of
+    transformers' `return_assistant_tokens_mask`). The expected mask comes from the rendering and the offsets,
+    never from the stored one, so an all-ones, a shifted or a one-token-longer mask fails, whatever the template
+    does with whitespace around its special tokens or with turns that follow each other. Each wrong run of tokens
+    is named with what it decodes to."""
+    if len(mask) != len(ids):
+        return [f"{len(mask)} mask bytes for {len(ids)} tokens"]
+    expected = token_mask(np.asarray(offsets, dtype=np.int64).reshape(-1, 2), chat.spans)
+    wrong = np.flatnonzero(mask != expected)
+    # runs of consecutive wrong tokens that are all masked in, or all masked out, where they should not be
+    breaks = np.flatnonzero((np.diff(wrong) != 1) | (np.diff(mask[wrong].astype(np.int8)) != 0)) + 1
     problems = []
-    for (first, stop), (_, end), (start, content_end) in zip(runs, chat.spans, chat.contents, strict=True):
-        tail = (offsets[:, 0] >= content_end) & (offsets[:, 1] <= end) & (offsets[:, 1] > offsets[:, 0])
-        wanted = chat.text[start:content_end] + tokenizer.decode(ids[tail].tolist(), skip_special_tokens=False)
-        got = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
-        if got != wanted:
-            problems.append(f"tokens {first}:{stop} decode to {got[:40]!r}...{got[-20:]!r}, not {wanted[:40]!r}...")
+    for run in np.split(wrong, breaks) if len(wrong) else []:
+        first, stop = int(run[0]), int(run[-1]) + 1
+        text = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
+        where = "outside every span that carries loss" if mask[first] else "in a span that carries loss"
+        state = "masked in" if mask[first] else "masked out"
+        problems.append(f"tokens {first}:{stop} ({text[:40]!r}) are {state} but lie {where}")
     return problems

@@ -515,8 +515,8 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
     """One shard's sampled documents (an item of `reference_items`) re-read from the input, their stored ids
     checked (on a worker, whose reference is loaded): they equal the reference's (HF tokenizers) encoding, and
     they decode to the source text (after the tokenizer's own normalization; documents that the tokenizer
-    itself cannot round-trip are skipped). A conversation's stored loss mask is checked too: its masked-in
-    tokens decode to exactly the assistant's contents and end-of-turns (`chat.mask_problems`).
+    itself cannot round-trip are skipped). A conversation's stored loss mask is checked too: it is exactly the
+    mask of the tokens whose characters overlap its assistant spans (`chat.mask_problems`).
     `{"documents", "wrong", "undecodable", "masks"}`, the last three naming files."""
     store, sample = run.store, sampled_documents(run, item)
     tok = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf").tokenizer
@@ -531,7 +531,7 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
     wrong, undecodable, masks = [], [], []
     with ExitStack() as files:
         readers: dict[str, tuple[MegatronReader, np.ndarray | None]] = {}
-        for (split, shard_id, index, text), reference, chat, spans in zip(
+        for (split, shard_id, index, text), reference, chat, token_offsets in zip(
             sample, expected, conversations, offsets, strict=True
         ):
             prefix = layout.megatron_prefix(split, shard_id)
@@ -550,8 +550,8 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
                 wrong.append(f"{prefix}.bin: document {index} differs from the reference (hf) encoding")
             elif chat:
                 start = int(reader.index.pointers[index]) // reader.tokens.dtype.itemsize
-                spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-                found = mask_problems(tok, text, np.asarray(ids), spans, mask[start : start + len(ids)])
+                token_offsets = np.asarray(token_offsets, dtype=np.int64).reshape(-1, 2)
+                found = mask_problems(tok, text, np.asarray(ids), token_offsets, mask[start : start + len(ids)])
                 masks += [f"{layout.loss_mask_file(split, shard_id)}: conversation {index}: {p}" for p in found]
             source = normalize(text.text if chat else text)
             if tok.decode(ids, skip_special_tokens=False) != source:
