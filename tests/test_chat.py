@@ -384,10 +384,14 @@ def test_a_template_that_ends_no_turn_is_refused(reference):
 @pytest.mark.parametrize(
     ("messages", "said"),
     [
-        ({"role": "user"}, r"messages: not a list of messages \(dict\)"),
-        ([{"content": "hi"}], r"messages\[0\]: not a message with a role"),
-        ([{"role": "robot", "content": "hi"}], r"messages\[0\]: unknown role 'robot'"),
-        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": 3}], r"\[1\]: content is int"),
+        ({"role": "user"}, r"^'messages' is an object, not a list of turns$"),
+        ([], r"^'messages' is an empty list: no turns$"),
+        (["hi"], r"^messages\[0\] is a string \('hi'\), not a turn \(\{role, content\}\)$"),
+        ([{"content": "hi"}], r"^messages\[0\]: no 'role'$"),
+        ([{"role": "user"}], r"^messages\[0\]: no 'content'$"),
+        ([{"role": "robot", "content": "hi"}], r"^messages\[0\]: unknown role 'robot'"),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": 3}], r"\[1\]: content is a number,"),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}], r"\[1\]: content is null,"),
         ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}], r"\[1\]: an empty assistant"),
         ([{"role": "user", "content": "hi"}], "no assistant turn"),
     ],
@@ -444,10 +448,15 @@ def test_tool_calls_render_with_a_template_that_takes_them(reference):
 @pytest.mark.parametrize(
     ("record", "format", "said"),
     [
-        ({"instruction": "Add.", "response": 3}, ALPACA, "no 'response' \\(a string, not empty\\): the assistant's"),
-        ({"instruction": "Add.", "input": ["1", "2"], "response": "3"}, ALPACA, "'input' is list, not a string"),
-        ({"answer": "3"}, GSM8K, "no 'question'"),
-        ({"messages": "hi"}, chat.RecordFormat(), "no 'messages': a list of turns"),
+        ({"instruction": "Add.", "response": 3}, ALPACA, "^'response' is a number, not a string: the assistant's"),
+        ({"instruction": "Add.", "response": " "}, ALPACA, "^'response' is empty or only whitespace: the assistant"),
+        ({"instruction": "Add."}, ALPACA, "^no 'response' \\(a string\\): the assistant's turn$"),
+        ({"instruction": "Add.", "input": ["1", "2"], "response": "3"}, ALPACA, "'input' is a list, not a string"),
+        ({"answer": "3"}, GSM8K, "^no 'question' \\(a string\\): the user's turn$"),
+        ({"text": "hi"}, chat.RecordFormat(), "^no 'messages' \\(a list of turns\\)$"),
+        ({"messages": "hi"}, chat.RecordFormat(), "^'messages' is a string \\('hi'\\), not a list of turns$"),
+        ({"messages": {"role": "user"}}, chat.RecordFormat(), "^'messages' is an object, not a list of turns$"),
+        ({"conversations": [{"from": "human"}]}, chat.SHAREGPT, "^conversations\\[0\\]: no 'value'$"),
         (
             {"conversations": [{"from": "bot", "value": "hi"}]},
             chat.SHAREGPT,

@@ -218,6 +218,8 @@ def test_bad_records_are_quarantined_by_file_line_and_field(run_cli, sgd, tmp_pa
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]},
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 7}]},
         {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}, good["messages"][1]]},
+        {"messages": "hello"},
+        {"messages": {"role": "user", "content": "hi"}},
     ]
     path = tmp_path / "bad.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -227,11 +229,13 @@ def test_bad_records_are_quarantined_by_file_line_and_field(run_cli, sgd, tmp_pa
     ]
     reasons = {r["line"]: r["reason"] for r in rejects}
     assert {r["file"] for r in rejects} == {"bad.jsonl"}
-    assert reasons[2] == "no 'messages': a list of turns"
+    assert reasons[2] == "no 'messages' (a list of turns)"
     assert "messages[0]: unknown role 'human'" in reasons[3]
     assert "messages[1]: an empty assistant turn" in reasons[4]
-    assert "messages[1]: content is int, not a string" in reasons[5]
+    assert "messages[1]: content is a number, not a string" in reasons[5]
     assert "renders message 1 (tool) 0 times" in reasons[6]  # phi3's template drops tool turns: not a hole
+    assert reasons[7] == "'messages' is a string ('hello'), not a list of turns"
+    assert reasons[8] == "'messages' is an object, not a list of turns"
     assert len(documents(tmp_path / "out")[0]) == 1
     failed = run_cli("run", str(chat_config(tmp_path, [path], PHI3)), "--set", "input.on_invalid=fail",
                      "--set", f"output.path={tmp_path / 'fail'}", check=False)  # fmt: skip

@@ -264,30 +264,52 @@ class ChatReading:
 
 
 def to_messages(record: dict, format: RecordFormat) -> tuple[list[dict], list[dict] | None]:
-    """The record's conversation (`checked`) and the tools its template is given; ChatError names the field."""
+    """The record's conversation (`checked`) and the tools its template is given; ChatError names the field and
+    what is wrong with it."""
     if format.kind == "prompt_completion":
         return checked(_prompt_and_completion(record, format)), _tools(record, format.tools_field)
-    turns, roles = record.get(format.messages_field), dict(format.roles)
+    field, roles = format.messages_field, dict(format.roles)
+    if field not in record or record[field] is None:
+        raise ChatError(f"no {field!r} (a list of turns)")
+    turns = record[field]
     if not isinstance(turns, list):
-        raise ChatError(f"no {format.messages_field!r}: a list of turns")
+        raise ChatError(f"{field!r} is {_kind(turns)}, not a list of turns")
     messages = []
-    for turn in turns:
-        if isinstance(turn, dict) and format.role_field in turn:
+    for i, turn in enumerate(turns):
+        if isinstance(turn, dict):  # as {role, content}, its role renamed
+            for name in (format.role_field, format.content_field):
+                if name not in turn:
+                    raise ChatError(f"{field}[{i}]: no {name!r}")
             role = turn[format.role_field]
-            turn = {"role": roles.get(role, role), "content": turn.get(format.content_field)}
+            turn = {
+                "role": roles.get(role, role) if isinstance(role, str) else role,
+                "content": turn[format.content_field],
+            }
         messages.append(turn)
-    return checked(messages, format.messages_field), _tools(record, format.tools_field)
+    return checked(messages, field), _tools(record, format.tools_field)
+
+
+def _kind(value: Any) -> str:
+    """What a value is, for a message: its JSON type, and a string's start."""
+    if isinstance(value, str):
+        return f"a string ({value[:30]!r})" if value else "an empty string"
+    names = {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def _prompt_and_completion(record: dict, format: RecordFormat) -> list[dict]:
     """The user's turn of the prompt fields, the assistant's of the completion field."""
     first, completion = format.prompt_fields[0], format.completion_field
     for field, turn in ((first, "the user's turn"), (completion, "the assistant's turn")):
-        if not isinstance(record.get(field), str) or not record[field].strip():
-            raise ChatError(f"no {field!r} (a string, not empty): {turn}")
+        if record.get(field) is None:
+            raise ChatError(f"no {field!r} (a string): {turn}")
+        if not isinstance(record[field], str):
+            raise ChatError(f"{field!r} is {_kind(record[field])}, not a string: {turn}")
+        if not record[field].strip():
+            raise ChatError(f"{field!r} is empty or only whitespace: {turn}")
     for field in format.prompt_fields:
         if record.get(field) is not None and not isinstance(record[field], str):
-            raise ChatError(f"{field!r} is {type(record[field]).__name__}, not a string")
+            raise ChatError(f"{field!r} is {_kind(record[field])}, not a string")
     prompt = "\n\n".join(record[field] for field in format.prompt_fields if record.get(field))
     messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": record[completion]}]
     if format.system_field and record.get(format.system_field):
@@ -311,22 +333,29 @@ def _tools(record: dict, field: str | None) -> list[dict] | None:
 
 def checked(messages: Any, field: str = "messages") -> list[dict]:
     """`messages` if they make a conversation to train on, else ChatError naming the message and what is wrong:
-    not a list of {role, content}, an unknown role, a content that is not a string, an empty assistant turn, no
+    not a list of {role, content}, an unknown role, a content that is not a string, an empty assistant turn (one
+    whose content is empty or only whitespace: it would teach the model to end its turn without answering), no
     assistant turn."""
-    if not isinstance(messages, list) or not messages:
-        raise ChatError(f"{field}: not a list of messages ({type(messages).__name__})")
+    if not isinstance(messages, list):
+        raise ChatError(f"{field!r} is {_kind(messages)}, not a list of turns")
+    if not messages:
+        raise ChatError(f"{field!r} is an empty list: no turns")
     for i, message in enumerate(messages):
         where = f"{field}[{i}]"
-        if not isinstance(message, dict) or "role" not in message:
-            raise ChatError(f"{where}: not a message with a role")
+        if not isinstance(message, dict):
+            raise ChatError(f"{where} is {_kind(message)}, not a turn ({{role, content}})")
+        if "role" not in message:
+            raise ChatError(f"{where}: no 'role'")
         if message["role"] not in ROLES:
             raise ChatError(f"{where}: unknown role {message['role']!r} (known: {', '.join(ROLES)})")
-        if not isinstance(message.get("content"), str):
-            raise ChatError(f"{where}: content is {type(message.get('content')).__name__}, not a string")
+        if "content" not in message:
+            raise ChatError(f"{where}: no 'content'")
+        if not isinstance(message["content"], str):
+            raise ChatError(f"{where}: content is {_kind(message['content'])}, not a string")
         if message["role"] == "assistant" and not message["content"].strip():
-            raise ChatError(f"{where}: an empty assistant turn")
+            raise ChatError(f"{where}: an empty assistant turn (its content is empty or only whitespace)")
     if not any(message["role"] == "assistant" for message in messages):
-        raise ChatError(f"{field}: no assistant turn, so nothing would carry loss")
+        raise ChatError(f"{field!r}: no assistant turn, so nothing would carry loss")
     return messages
 
 
