@@ -267,13 +267,13 @@ def to_messages(record: dict, format: RecordFormat) -> tuple[list[dict], list[di
     """The record's conversation (`checked`) and the tools its template is given; ChatError names the field and
     what is wrong with it."""
     if format.kind == "prompt_completion":
-        return checked(_prompt_and_completion(record, format)), _tools(record, format.tools_field)
+        return checked(_prompt_and_completion(record, format)), tools_of(record, format.tools_field)
     field, roles = format.messages_field, dict(format.roles)
     if field not in record or record[field] is None:
         raise ChatError(f"no {field!r} (a list of turns)")
     turns = record[field]
     if not isinstance(turns, list):
-        raise ChatError(f"{field!r} is {_kind(turns)}, not a list of turns")
+        raise ChatError(f"{field!r} is {kind_of(turns)}, not a list of turns")
     messages = []
     for i, turn in enumerate(turns):
         if isinstance(turn, dict):  # as {role, content}, its role renamed
@@ -286,10 +286,10 @@ def to_messages(record: dict, format: RecordFormat) -> tuple[list[dict], list[di
                 "content": turn[format.content_field],
             }
         messages.append(turn)
-    return checked(messages, field), _tools(record, format.tools_field)
+    return checked(messages, field), tools_of(record, format.tools_field)
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     """What a value is, for a message: its JSON type, and a string's start."""
     if isinstance(value, str):
         return f"a string ({value[:30]!r})" if value else "an empty string"
@@ -304,12 +304,12 @@ def _prompt_and_completion(record: dict, format: RecordFormat) -> list[dict]:
         if record.get(field) is None:
             raise ChatError(f"no {field!r} (a string): {turn}")
         if not isinstance(record[field], str):
-            raise ChatError(f"{field!r} is {_kind(record[field])}, not a string: {turn}")
+            raise ChatError(f"{field!r} is {kind_of(record[field])}, not a string: {turn}")
         if not record[field].strip():
             raise ChatError(f"{field!r} is empty or only whitespace: {turn}")
     for field in format.prompt_fields:
         if record.get(field) is not None and not isinstance(record[field], str):
-            raise ChatError(f"{field!r} is {_kind(record[field])}, not a string")
+            raise ChatError(f"{field!r} is {kind_of(record[field])}, not a string")
     prompt = "\n\n".join(record[field] for field in format.prompt_fields if record.get(field))
     messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": record[completion]}]
     if format.system_field and record.get(format.system_field):
@@ -317,7 +317,8 @@ def _prompt_and_completion(record: dict, format: RecordFormat) -> list[dict]:
     return messages
 
 
-def _tools(record: dict, field: str | None) -> list[dict] | None:
+def tools_of(record: dict, field: str | None) -> list[dict] | None:
+    """The tools the record's `field` holds for the template (a list of JSON schemas, or its JSON text), if any."""
     if field is None or not record.get(field):
         return None
     tools = record[field]
@@ -333,17 +334,27 @@ def _tools(record: dict, field: str | None) -> list[dict] | None:
 
 def checked(messages: Any, field: str = "messages") -> list[dict]:
     """`messages` if they make a conversation to train on, else ChatError naming the message and what is wrong:
-    not a list of {role, content}, an unknown role, a content that is not a string, an empty assistant turn (one
-    whose content is empty or only whitespace: it would teach the model to end its turn without answering), no
-    assistant turn."""
+    not a list of {role, content} (`valid_turns`), an empty assistant turn (one whose content is empty or only
+    whitespace: it would teach the model to end its turn without answering), no assistant turn."""
+    for i, message in enumerate(valid_turns(messages, field)):
+        if message["role"] == "assistant" and not message["content"].strip():
+            raise ChatError(f"{field}[{i}]: an empty assistant turn (its content is empty or only whitespace)")
+    if not any(message["role"] == "assistant" for message in messages):
+        raise ChatError(f"{field!r}: no assistant turn, so nothing would carry loss")
+    return messages
+
+
+def valid_turns(messages: Any, field: str = "messages") -> list[dict]:
+    """`messages` if they are a list of turns a template renders, else ChatError naming the turn and what is wrong:
+    not a list, empty, a turn that is not {role, content}, an unknown role, a content that is not a string."""
     if not isinstance(messages, list):
-        raise ChatError(f"{field!r} is {_kind(messages)}, not a list of turns")
+        raise ChatError(f"{field!r} is {kind_of(messages)}, not a list of turns")
     if not messages:
         raise ChatError(f"{field!r} is an empty list: no turns")
     for i, message in enumerate(messages):
         where = f"{field}[{i}]"
         if not isinstance(message, dict):
-            raise ChatError(f"{where} is {_kind(message)}, not a turn ({{role, content}})")
+            raise ChatError(f"{where} is {kind_of(message)}, not a turn ({{role, content}})")
         if "role" not in message:
             raise ChatError(f"{where}: no 'role'")
         if message["role"] not in ROLES:
@@ -351,22 +362,24 @@ def checked(messages: Any, field: str = "messages") -> list[dict]:
         if "content" not in message:
             raise ChatError(f"{where}: no 'content'")
         if not isinstance(message["content"], str):
-            raise ChatError(f"{where}: content is {_kind(message['content'])}, not a string")
-        if message["role"] == "assistant" and not message["content"].strip():
-            raise ChatError(f"{where}: an empty assistant turn (its content is empty or only whitespace)")
-    if not any(message["role"] == "assistant" for message in messages):
-        raise ChatError(f"{field!r}: no assistant turn, so nothing would carry loss")
+            raise ChatError(f"{where}: content is {kind_of(message['content'])}, not a string")
     return messages
 
 
-def render(template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools=None) -> str:
-    """apply_chat_template(messages, tools=tools, tokenize=False) with no generation prompt."""
-    return _rendered(template, normalized(messages), variables, tools)
+def render(
+    template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools=None, generation_prompt=False
+) -> str:
+    """apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)."""
+    return _rendered(template, normalized(messages), variables, tools, generation_prompt)
 
 
-def _rendered(template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools) -> str:
+def _rendered(
+    template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools, generation_prompt=False
+) -> str:
     """`render` of messages already `normalized`."""
-    return template.render(messages=messages, tools=tools, documents=None, add_generation_prompt=False, **variables)
+    return template.render(
+        messages=messages, tools=tools, documents=None, add_generation_prompt=generation_prompt, **variables
+    )
 
 
 def _common_start(texts: list[str]) -> str:

@@ -1,0 +1,180 @@
+"""tokenmill.preference against TRL itself: every pair of ../shared/corpora/preference (HH-RLHF's conversations,
+the TL;DR summaries' plain text), in each of TRL's preference formats (explicit prompt, implicit prompt), gives the
+prompt, chosen and rejected ids that TRL's own DPO preprocessing (`DPOTrainer._prepare_dataset`, run here on a
+`datasets.Dataset`) gives with the same tokenizer and template; a pair longer than `max_length` is dropped or cut
+as TRL's filter and collator do, never one side only; records that make no pair are refused naming the field."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tokenmill import chat, preference
+from tokenmill.preference import PairFormat
+
+from .conftest import SHARED
+from .test_chat import GRANITE, PHI3, TEMPLATES, TODAY, ours
+
+PREFERENCE = SHARED / "corpora/preference"
+HH = PREFERENCE / "hh-rlhf-helpful-base/helpful_base_test_messages.jsonl.gz"
+TLDR = PREFERENCE / "summarize-from-feedback-tldr/tldr_comparisons.jsonl.gz"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """transformers' tokenizers (AutoTokenizer, as a trainer loads them), the date templates write pinned to TODAY."""
+    from transformers import AutoTokenizer
+    from transformers.utils import chat_template_utils as rendering
+
+    class _Today(rendering.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(TODAY.year, TODAY.month, TODAY.day)
+
+    clock, rendering.datetime = rendering.datetime, _Today  # strftime_now reads `datetime` when it runs
+    yield {directory: AutoTokenizer.from_pretrained(str(directory)) for directory in (PHI3, GRANITE)}
+    rendering.datetime = clock
+
+
+def read(path, limit: int | None = None) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for i, line in enumerate(f) if limit is None or i < limit]
+
+
+def explicit(records: list[dict]) -> list[dict]:
+    """TRL's explicit-prompt form: prompt, chosen, rejected."""
+    return [{key: r[key] for key in ("prompt", "chosen", "rejected")} for r in records]
+
+
+def implicit(records: list[dict]) -> list[dict]:
+    """TRL's implicit-prompt form: chosen and rejected whole, the prompt their shared start."""
+    return [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in records]
+
+
+def trl_tokenized(records: list[dict], name: str, reference, tmp_path) -> list[dict]:
+    """TRL's own DPO preprocessing of the records (its prompt extraction, EOS and tokenization), as DPOTrainer runs
+    it on a dataset, with the tokenizer transformers loads and the template `name`."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    tokenizer = copy.copy(reference[TEMPLATES[name][0]])
+    tokenizer.chat_template = TEMPLATES[name][1]
+
+    args = DPOConfig(output_dir=str(tmp_path / "dpo"), max_length=None, report_to=[], use_cpu=True, bf16=False)
+    trainer = SimpleNamespace(_tokenizer=tokenizer)  # what the step reads of the trainer: its tokenizer's EOS
+    dataset = DPOTrainer._prepare_dataset(trainer, Dataset.from_list(records), tokenizer, args, "train")
+    return dataset.select_columns(["prompt_ids", "chosen_ids", "rejected_ids"]).to_list()
+
+
+def ours_tokenized(records: list[dict], name: str, reference) -> list[preference.TokenizedPair]:
+    template, tokenizer = ours(name, reference)
+    eos = template.variables["eos_token"]
+    return [preference.tokenize_pair(preference.to_pair(r), tokenizer, template, eos) for r in records]
+
+
+def assert_same(theirs: list[dict], ours: list[preference.TokenizedPair], records: list[dict]) -> None:
+    assert len(theirs) == len(ours) == len(records)
+    for trl, pair, record in zip(theirs, ours, records, strict=True):
+        got = {"prompt_ids": pair.prompt.tolist(), "chosen_ids": pair.chosen.tolist()}
+        got["rejected_ids"] = pair.rejected.tolist()
+        assert got == trl, record
+        assert len(pair.chosen) and len(pair.rejected)  # a completion always has a token: its end at least
+
+
+@pytest.mark.parametrize("form", [explicit, implicit])
+@pytest.mark.parametrize("name", ["phi3", "granite"])
+def test_every_conversational_pair_tokenizes_as_trls_dpo_preprocessing(name, form, reference, tmp_path):
+    """HH-RLHF's 2,339 pairs (multi-turn prompts, empty and identical replies among them), as message lists with
+    the prompt given or implicit, rendered with phi3's or Granite's template."""
+    records = form(read(HH))
+    theirs = trl_tokenized(records, name, reference, tmp_path)
+    assert_same(theirs, ours_tokenized(records, name, reference), records)
+
+
+@pytest.mark.parametrize("form", [explicit, implicit])
+@pytest.mark.parametrize("name", ["phi3", "granite"])
+def test_every_plain_text_pair_tokenizes_as_trls_dpo_preprocessing(name, form, reference, tmp_path):
+    """The TL;DR comparisons' 1,771 pairs as plain text (each summary starting with a space): the tokenizer's own
+    special tokens added, the EOS appended to each completion; with the prompt implicit, TRL's prompt is the
+    characters the two share, less a space it ends with."""
+    records = form(read(TLDR))
+    theirs = trl_tokenized(records, name, reference, tmp_path)
+    assert_same(theirs, ours_tokenized(records, name, reference), records)
+
+
+def test_the_implicit_prompt_is_trls_extract_prompt():
+    from trl.data_utils import extract_prompt
+
+    user = {"role": "user", "content": "Hi"}
+    cases = [
+        ([user, {"role": "assistant", "content": "A"}], [user, {"role": "assistant", "content": "B"}]),
+        ([user, {"role": "assistant", "content": "A"}], [user, {"role": "assistant", "content": "A"}]),  # the same
+        ([user, {"role": "assistant", "content": "A"}, user], [user, {"role": "assistant", "content": "A"}]),
+        ("The sky is blue.", "The sky is green."),
+        ("Say yes: yes", "Say yes: no"),  # a space before the completion goes with it
+        ("TL;DR: I", "TL;DR: I"),
+    ]
+    for chosen, rejected in cases:
+        theirs = extract_prompt({"chosen": chosen, "rejected": rejected})
+        got = preference.extract_prompt(chosen, rejected)
+        assert got == (theirs["prompt"], theirs["chosen"], theirs["rejected"])
+    assert preference.extract_prompt("Say yes: yes", "Say yes: no") == ("Say yes:", " yes", " no")
+
+
+@pytest.mark.parametrize(
+    ("record", "said"),
+    [
+        ({"prompt": "Hi", "rejected": "no"}, r"^no 'chosen' \(the chosen completion: a list of messages or a string\)"),
+        ({"prompt": "Hi", "chosen": 3, "rejected": "no"}, r"^'chosen' is a number, not a list of messages or a"),
+        ({"prompt": "Hi", "chosen": [{"role": "assistant", "content": "yes"}], "rejected": "no"},
+         r"^'chosen' is a list but 'rejected' is a string \('no'\)$"),
+        ({"prompt": [{"role": "user", "content": "Hi"}], "chosen": "yes", "rejected": "no"},
+         r"^'prompt' is a list but 'chosen' is a string \('yes'\): all lists of messages, or all strings$"),
+        ({"prompt": "Hi", "chosen": [{"role": "bot", "content": "yes"}], "rejected": []}, r"chosen\[0\]: unknown role"),
+        ({"chosen": "Yes.", "rejected": "No."}, r"^'chosen' and 'rejected' share no start, so no prompt"),
+        ({"chosen": "", "rejected": "No."}, r"^'chosen' or 'rejected' is empty: no prompt to extract$"),
+    ],
+)  # fmt: skip
+def test_a_record_that_makes_no_pair_is_refused_naming_its_field(record, said):
+    with pytest.raises(chat.ChatError, match=said):
+        preference.to_pair(record)
+
+
+def test_field_names_are_configurable():
+    record = {"question": "2+2?", "good": " 4", "bad": " 5"}
+    pair = preference.to_pair(record, PairFormat(prompt_field="question", chosen_field="good", rejected_field="bad"))
+    assert pair == preference.Pair("2+2?", " 4", " 5")
+
+
+@pytest.mark.parametrize("max_length", [48, 128, 512])
+def test_a_pair_longer_than_max_length_is_dropped_or_cut_as_trl_does_never_one_side(max_length, reference):
+    """TRL drops a pair whose prompt alone fills `max_length` and its collator cuts each side (prompt and
+    completion) to its first `max_length` tokens: `truncate` gives the sequences its collator gives; `drop` drops
+    the pairs that `truncate` would cut, whole."""
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    tokenized = ours_tokenized(explicit(read(HH, 300)), "phi3", reference)
+    collate = DataCollatorForPreference(pad_token_id=32000, max_length=max_length)
+    kept = {"drop": 0, "truncate": 0}
+    for pair in tokenized:
+        truncated = preference.fit_pair(pair, max_length, "truncate")
+        dropped = preference.fit_pair(pair, max_length, "drop")
+        if len(pair.prompt) >= max_length:  # TRL's filter
+            assert truncated is None and dropped is None
+            continue
+        example = {"prompt_ids": pair.prompt.tolist(), "chosen_ids": pair.chosen.tolist()}
+        batch = collate([example | {"rejected_ids": pair.rejected.tolist()}])
+        for row, completion in zip(batch["input_ids"], (truncated.chosen, truncated.rejected), strict=True):
+            sequence = np.concatenate([truncated.prompt, completion])
+            assert row[: len(sequence)].tolist() == sequence.tolist()
+            assert len(sequence) <= max_length and (row[len(sequence) :] == 32000).all()
+        fits = max(len(pair.chosen), len(pair.rejected)) + len(pair.prompt) <= max_length
+        assert (dropped is pair) if fits else (dropped is None)
+        kept["drop"] += dropped is not None
+        kept["truncate"] += 1
+    assert 0 < kept["drop"] < kept["truncate"] <= len(tokenized)
