@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import copy
 import gzip
+import itertools
 import json
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from tokenmill import chat, preference
+from tokenmill import chat, packers, preference
 from tokenmill.preference import PairFormat
 
 from .conftest import SHARED
@@ -178,3 +180,59 @@ def test_a_pair_longer_than_max_length_is_dropped_or_cut_as_trl_does_never_one_s
         kept["drop"] += dropped is not None
         kept["truncate"] += 1
     assert 0 < kept["drop"] < kept["truncate"] <= len(tokenized)
+
+
+def segments(rows: packers.PackedConversations) -> list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """Each row's sequences in order: (tokens, loss, positions) of each."""
+    packed, found = rows.packed, []
+    for r in range(len(packed.row_offsets) - 1):
+        cuts = packed.cu_seqlens[packed.row_offsets[r] : packed.row_offsets[r + 1]].tolist()
+        found.append(
+            [(packed.rows[r, a:b], rows.loss[r, a:b], rows.positions[r, a:b]) for a, b in itertools.pairwise(cuts)]
+        )
+    return found
+
+
+@pytest.mark.parametrize("seq_len", [1024, 4096])
+def test_pairs_packed_keep_each_pair_whole_in_one_row_with_the_objective_unpacked(seq_len, reference):
+    """HH-RLHF's pairs (phi3), fitted to half a row a side and packed: each row holds whole pairs, a pair's chosen
+    sequence and then its rejected one, each a sequence of its own (positions from 0); the loss is on the
+    completions' tokens only, exactly as unpacked (where a sequence's first token never carries loss): the multiset
+    of (chosen ids, chosen loss, rejected ids, rejected loss) is the unpacked pairs'."""
+    tokenized = ours_tokenized(explicit(read(HH)), "phi3", reference)
+    fitted = [p for p in (preference.fit_pair(pair, seq_len // 2, "drop") for pair in tokenized) if p is not None]
+    tokens, masks, lengths = preference.pair_sequences(fitted)
+    rows = packers.pack_pairs(tokens, masks, lengths, seq_len, pad_id=32000)
+    packed = Counter()
+    for row in segments(rows):
+        assert len(row) % 2 == 0  # never half a pair
+        for (chosen, chosen_loss, positions), (rejected, rejected_loss, others) in zip(
+            row[::2], row[1::2], strict=True
+        ):
+            assert positions.tolist() == list(range(len(chosen))) and others.tolist() == list(range(len(rejected)))
+            packed[(tuple(chosen.tolist()), tuple(chosen_loss.tolist()), tuple(rejected.tolist()),
+                    tuple(rejected_loss.tolist()))] += 1  # fmt: skip
+    unpacked = Counter()
+    for pair in fitted:
+        sides = []
+        for completion in (pair.chosen, pair.rejected):
+            loss = [0] * len(pair.prompt) + [1] * len(completion)
+            loss[0] = 0  # the first token is never a target
+            sides += [tuple(np.concatenate([pair.prompt, completion]).tolist()), tuple(loss)]
+        unpacked[tuple(sides)] += 1
+    assert packed == unpacked and sum(packed.values()) == len(fitted) > 2000
+    assert rows.packed.real_tokens == lengths.sum() and rows.packed.real_tokens / rows.packed.rows.size > 0.9
+    pad = np.arange(seq_len) >= rows.packed.real_lengths[:, None]
+    assert not rows.loss[pad].any() and not rows.positions[pad].any()
+
+
+def test_a_pair_that_does_not_fit_a_row_is_refused_not_split():
+    pair = preference.TokenizedPair(np.arange(5), np.arange(3), np.arange(4))
+    tokens, masks, lengths = preference.pair_sequences([pair])
+    assert lengths.tolist() == [8, 9] and masks.tolist() == [0] * 5 + [1] * 3 + [0] * 5 + [1] * 4
+    with pytest.raises(ValueError, match="a pair of 17 tokens .* does not fit a row of 16"):
+        packers.pack_pairs(tokens, masks, lengths, 16, pad_id=-1)
+    rows = packers.pack_pairs(tokens, masks, lengths, 17, pad_id=-1)
+    assert rows.packed.cu_seqlens.tolist() == [0, 8, 17] and rows.loss.tolist() == [
+        [0] * 5 + [1] * 3 + [0] * 5 + [1] * 4
+    ]

@@ -168,3 +168,16 @@ def fit_pair(pair: TokenizedPair, max_length: int | None, policy: Literal["drop"
     if policy == "drop":
         return None
     return TokenizedPair(pair.prompt, pair.chosen[:room], pair.rejected[:room])
+
+
+def pair_sequences(pairs: list[TokenizedPair]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pairs as the sequences a trainer runs, for `packers.pack_pairs`: per pair its prompt and chosen
+    completion, then its prompt and rejected completion (the prompt repeated, so that each is a sequence of its
+    own), back to back; their loss masks (1 on the completions' tokens, 0 on the prompts'); their lengths."""
+    sides = [(pair.prompt, completion) for pair in pairs for completion in (pair.chosen, pair.rejected)]
+    if not sides:
+        return np.empty(0, np.int64), np.empty(0, np.uint8), np.empty(0, np.int64)
+    tokens = np.concatenate([part for side in sides for part in side])
+    masks = np.concatenate([np.repeat(np.uint8([0, 1]), [len(prompt), len(c)]) for prompt, c in sides])
+    lengths = np.array([len(prompt) + len(c) for prompt, c in sides], dtype=np.int64)
+    return tokens.astype(np.int64), masks, lengths
