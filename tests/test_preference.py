@@ -236,3 +236,31 @@ def test_a_pair_that_does_not_fit_a_row_is_refused_not_split():
     assert rows.packed.cu_seqlens.tolist() == [0, 8, 17] and rows.loss.tolist() == [
         [0] * 5 + [1] * 3 + [0] * 5 + [1] * 4
     ]
+
+
+def test_the_pair_check_passes_the_packed_pairs_and_names_a_wrong_mask_or_half_a_pair(reference):
+    """validate's check of a stored pair: the packed sequences of real pairs pass; an all-ones mask, a mask shifted
+    by a token, the prompt's last token with loss, and a pair with one side only are named."""
+    _, tokenizer = ours("phi3", reference)
+    tokenized = ours_tokenized(explicit(read(HH, 200)), "phi3", reference)
+    rows = packers.pack_pairs(*preference.pair_sequences(tokenized), 4096, pad_id=32000)
+    stored = [(ids, loss) for row in segments(rows) for ids, loss, _ in row]
+    by_ids = {tuple(np.concatenate([p.prompt, p.chosen]).tolist()): p for p in tokenized}
+    for chosen, rejected in zip(stored[::2], stored[1::2], strict=True):
+        assert preference.pair_problems(tokenizer, by_ids[tuple(chosen[0].tolist())], [chosen, rejected]) == []
+    (chosen, chosen_loss), rejected = stored[0], stored[1]
+    pair = by_ids[tuple(chosen.tolist())]
+    prompt = len(pair.prompt)
+    leak = chosen_loss.copy()
+    leak[prompt - 1] = 1
+    assert preference.pair_problems(tokenizer, pair, [(chosen, leak), rejected]) == [
+        f"chosen: tokens {prompt - 1}:{prompt} ('<|assistant|>') are outside the completion (the prompt) but with loss"
+    ]
+    for wrong in (np.ones_like(chosen_loss), np.roll(chosen_loss, 1)):
+        assert preference.pair_problems(tokenizer, pair, [(chosen, wrong), rejected])
+    assert preference.pair_problems(tokenizer, pair, [(chosen, chosen_loss)]) == [
+        "1 sequences, not a pair's two (chosen, rejected)"
+    ]
+    assert preference.pair_problems(tokenizer, pair, [(chosen, chosen_loss), (chosen, chosen_loss)])[0].startswith(
+        "rejected: its"
+    )

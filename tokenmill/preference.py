@@ -181,3 +181,36 @@ def pair_sequences(pairs: list[TokenizedPair]) -> tuple[np.ndarray, np.ndarray, 
     masks = np.concatenate([np.repeat(np.uint8([0, 1]), [len(prompt), len(c)]) for prompt, c in sides])
     lengths = np.array([len(prompt) + len(c) for prompt, c in sides], dtype=np.int64)
     return tokens.astype(np.int64), masks, lengths
+
+
+def pair_problems(
+    tokenizer: Tokenizer, expected: TokenizedPair, stored: list[tuple[np.ndarray, np.ndarray]]
+) -> list[str]:
+    """What is wrong with a pair as stored (empty: nothing), for validate: `stored` is its chosen then its rejected
+    sequence (ids and loss mask each). Each must be the prompt's ids and then its completion's, as `expected` (the
+    pair tokenized again), with the loss on exactly the completion's tokens (none on the sequence's first token):
+    an all-ones mask, one that reaches into the prompt or one shifted by a token fails. Each wrong run of tokens is
+    named with what it decodes to."""
+    if len(stored) != 2:
+        return [f"{len(stored)} sequences, not a pair's two (chosen, rejected)"]
+    problems = []
+    completions = (expected.chosen, expected.rejected)
+    for side, completion, (ids, mask) in zip(("chosen", "rejected"), completions, stored, strict=True):
+        wanted = np.concatenate([expected.prompt, completion])
+        if len(ids) != len(wanted) or not np.array_equal(ids, wanted):
+            problems.append(f"{side}: its {len(ids)} ids are not the prompt's and the completion's ({len(wanted)})")
+            continue
+        if len(mask) != len(ids):
+            problems.append(f"{side}: {len(mask)} mask values for {len(ids)} tokens")
+            continue
+        loss = np.repeat(np.uint8([0, 1]), [len(expected.prompt), len(completion)])
+        loss[:1] = 0
+        wrong = np.flatnonzero(np.asarray(mask) != loss)
+        breaks = np.flatnonzero((np.diff(wrong) != 1) | (np.diff(loss[wrong].astype(np.int8)) != 0)) + 1
+        for run in np.split(wrong, breaks) if len(wrong) else []:
+            first, stop = int(run[0]), int(run[-1]) + 1
+            text = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
+            where = "in the completion" if loss[first] else "outside the completion (the prompt)"
+            state = "without loss" if loss[first] else "with loss"
+            problems.append(f"{side}: tokens {first}:{stop} ({text[:40]!r}) are {where} but {state}")
+    return problems
