@@ -108,6 +108,40 @@ def test_ids_are_apply_chat_templates_and_the_mask_its_generation_tagged_templat
     assert 0.3 < train["supervised_share"] < 0.7
 
 
+def test_validate_passes_transformers_masks_where_answers_begin_with_spaces_or_hold_special_tokens_text(
+    run_cli, sgd, tmp_path, transformers_tokenizers
+):
+    """Conversations real corpora hold, which a check by decoding the masked tokens refused although their masks
+    were transformers': answers that begin or end with whitespace (phi3's `<|assistant|>` absorbs it), that hold a
+    special token's text followed by a space, and assistant turns in a row. Every conversation is checked
+    (`check_fraction: 1`), the run publishes, and each stored mask is transformers' own."""
+    turns = [
+        ["  Hey, sorry, I cannot help with that."],
+        ["Sure.  \n"],
+        ["I write <|end|> and then stop"],
+        ["One.", "Two.", " Three "],
+        ["\n\nx\n", "\t z <|user|> y"],
+    ]
+    edges = [[{"role": "user", "content": "Can you help?"}] + [{"role": "assistant", "content": a} for a in t]
+             for t in turns]  # fmt: skip
+    path = tmp_path / "edges.jsonl"
+    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in edges) + sgd.read_text())  # one shard
+    run_cli("run", str(chat_config(tmp_path, [path], PHI3)))
+    out = tmp_path / "out"
+    check = json.loads((out / "_work" / "reference_check.json").read_text())
+    assert check["documents"] == CONVERSATIONS + len(edges) and check["mismatches"] == 0
+    assert (out / "manifest.json").exists()
+    theirs, tagged = transformers_tokenizers[PHI3], (PHI3 / "phi3_training.jinja").read_text()
+    expected = {}
+    for messages in edges:
+        encoded = theirs.apply_chat_template(
+            messages, chat_template=tagged, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        expected[tuple(encoded["input_ids"])] = encoded["assistant_masks"]
+    stored = {tuple(ids.tolist()): mask.tolist() for ids, mask in zip(*documents(out), strict=True)}
+    assert {ids: stored[ids] for ids in expected} == expected
+
+
 def test_a_template_that_writes_the_date_renders_the_pinned_one(run_cli, sgd, tmp_path, transformers_tokenizers):
     """Granite's template writes today's date into its default system prompt: without `chat.date` the run is
     refused (its tokens would change every day); with it, the ids are transformers' on that date."""
@@ -184,6 +218,8 @@ def test_bad_records_are_quarantined_by_file_line_and_field(run_cli, sgd, tmp_pa
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]},
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 7}]},
         {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}, good["messages"][1]]},
+        {"messages": "hello"},
+        {"messages": {"role": "user", "content": "hi"}},
     ]
     path = tmp_path / "bad.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -193,11 +229,13 @@ def test_bad_records_are_quarantined_by_file_line_and_field(run_cli, sgd, tmp_pa
     ]
     reasons = {r["line"]: r["reason"] for r in rejects}
     assert {r["file"] for r in rejects} == {"bad.jsonl"}
-    assert reasons[2] == "no 'messages': a list of turns"
+    assert reasons[2] == "no 'messages' (a list of turns)"
     assert "messages[0]: unknown role 'human'" in reasons[3]
     assert "messages[1]: an empty assistant turn" in reasons[4]
-    assert "messages[1]: content is int, not a string" in reasons[5]
+    assert "messages[1]: content is a number, not a string" in reasons[5]
     assert "renders message 1 (tool) 0 times" in reasons[6]  # phi3's template drops tool turns: not a hole
+    assert reasons[7] == "'messages' is a string ('hello'), not a list of turns"
+    assert reasons[8] == "'messages' is an object, not a list of turns"
     assert len(documents(tmp_path / "out")[0]) == 1
     failed = run_cli("run", str(chat_config(tmp_path, [path], PHI3)), "--set", "input.on_invalid=fail",
                      "--set", f"output.path={tmp_path / 'fail'}", check=False)  # fmt: skip
@@ -207,8 +245,8 @@ def test_bad_records_are_quarantined_by_file_line_and_field(run_cli, sgd, tmp_pa
 @pytest.mark.parametrize("planted", ["all ones", "one token later"])
 def test_validate_stops_on_a_planted_wrong_mask(run_cli, sgd, tmp_path, planted):
     """A mask of all ones (what Megatron-Bridge falls back to) or shifted by one token, with stats made to agree
-    with it: only decoding the masked-in tokens can tell, and validate does, naming the file, so nothing is
-    published."""
+    with it: only checking each token against the assistant spans can tell, and validate does, naming the file,
+    so nothing is published."""
     from tokenmill.config import load_config
     from tokenmill.plan import Plan
     from tokenmill.stats import COLUMNS, ValidationFailed

@@ -8,8 +8,9 @@ that text with each content in its place, which tells where each content is. Wha
 assistant content whatever follows it (its end-of-turn, e.g. phi3's `<|end|>\\n`) is found once per template. A
 template whose spans cannot be told raises `SpanError` naming it: nothing ever falls back to a mask of all ones.
 
-`mask_problems` is validate's check: the masked-in tokens decode to exactly the assistant contents and their
-end-of-turn, computed from the spans and offsets, never from the mask (an all-ones or a shifted mask fails it)."""
+`mask_problems` is validate's check: a stored mask must be exactly the documented rule's (a token is in when its
+characters overlap a span), computed from the spans and the reference's offsets, never from the mask (an all-ones,
+a shifted or a one-token-longer mask fails it)."""
 
 from __future__ import annotations
 
@@ -263,30 +264,52 @@ class ChatReading:
 
 
 def to_messages(record: dict, format: RecordFormat) -> tuple[list[dict], list[dict] | None]:
-    """The record's conversation (`checked`) and the tools its template is given; ChatError names the field."""
+    """The record's conversation (`checked`) and the tools its template is given; ChatError names the field and
+    what is wrong with it."""
     if format.kind == "prompt_completion":
-        return checked(_prompt_and_completion(record, format)), _tools(record, format.tools_field)
-    turns, roles = record.get(format.messages_field), dict(format.roles)
+        return checked(_prompt_and_completion(record, format)), tools_of(record, format.tools_field)
+    field, roles = format.messages_field, dict(format.roles)
+    if field not in record or record[field] is None:
+        raise ChatError(f"no {field!r} (a list of turns)")
+    turns = record[field]
     if not isinstance(turns, list):
-        raise ChatError(f"no {format.messages_field!r}: a list of turns")
+        raise ChatError(f"{field!r} is {kind_of(turns)}, not a list of turns")
     messages = []
-    for turn in turns:
-        if isinstance(turn, dict) and format.role_field in turn:
+    for i, turn in enumerate(turns):
+        if isinstance(turn, dict):  # as {role, content}, its role renamed
+            for name in (format.role_field, format.content_field):
+                if name not in turn:
+                    raise ChatError(f"{field}[{i}]: no {name!r}")
             role = turn[format.role_field]
-            turn = {"role": roles.get(role, role), "content": turn.get(format.content_field)}
+            turn = {
+                "role": roles.get(role, role) if isinstance(role, str) else role,
+                "content": turn[format.content_field],
+            }
         messages.append(turn)
-    return checked(messages, format.messages_field), _tools(record, format.tools_field)
+    return checked(messages, field), tools_of(record, format.tools_field)
+
+
+def kind_of(value: Any) -> str:
+    """What a value is, for a message: its JSON type, and a string's start."""
+    if isinstance(value, str):
+        return f"a string ({value[:30]!r})" if value else "an empty string"
+    names = {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def _prompt_and_completion(record: dict, format: RecordFormat) -> list[dict]:
     """The user's turn of the prompt fields, the assistant's of the completion field."""
     first, completion = format.prompt_fields[0], format.completion_field
     for field, turn in ((first, "the user's turn"), (completion, "the assistant's turn")):
-        if not isinstance(record.get(field), str) or not record[field].strip():
-            raise ChatError(f"no {field!r} (a string, not empty): {turn}")
+        if record.get(field) is None:
+            raise ChatError(f"no {field!r} (a string): {turn}")
+        if not isinstance(record[field], str):
+            raise ChatError(f"{field!r} is {kind_of(record[field])}, not a string: {turn}")
+        if not record[field].strip():
+            raise ChatError(f"{field!r} is empty or only whitespace: {turn}")
     for field in format.prompt_fields:
         if record.get(field) is not None and not isinstance(record[field], str):
-            raise ChatError(f"{field!r} is {type(record[field]).__name__}, not a string")
+            raise ChatError(f"{field!r} is {kind_of(record[field])}, not a string")
     prompt = "\n\n".join(record[field] for field in format.prompt_fields if record.get(field))
     messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": record[completion]}]
     if format.system_field and record.get(format.system_field):
@@ -294,7 +317,8 @@ def _prompt_and_completion(record: dict, format: RecordFormat) -> list[dict]:
     return messages
 
 
-def _tools(record: dict, field: str | None) -> list[dict] | None:
+def tools_of(record: dict, field: str | None) -> list[dict] | None:
+    """The tools the record's `field` holds for the template (a list of JSON schemas, or its JSON text), if any."""
     if field is None or not record.get(field):
         return None
     tools = record[field]
@@ -310,33 +334,52 @@ def _tools(record: dict, field: str | None) -> list[dict] | None:
 
 def checked(messages: Any, field: str = "messages") -> list[dict]:
     """`messages` if they make a conversation to train on, else ChatError naming the message and what is wrong:
-    not a list of {role, content}, an unknown role, a content that is not a string, an empty assistant turn, no
-    assistant turn."""
-    if not isinstance(messages, list) or not messages:
-        raise ChatError(f"{field}: not a list of messages ({type(messages).__name__})")
-    for i, message in enumerate(messages):
-        where = f"{field}[{i}]"
-        if not isinstance(message, dict) or "role" not in message:
-            raise ChatError(f"{where}: not a message with a role")
-        if message["role"] not in ROLES:
-            raise ChatError(f"{where}: unknown role {message['role']!r} (known: {', '.join(ROLES)})")
-        if not isinstance(message.get("content"), str):
-            raise ChatError(f"{where}: content is {type(message.get('content')).__name__}, not a string")
+    not a list of {role, content} (`valid_turns`), an empty assistant turn (one whose content is empty or only
+    whitespace: it would teach the model to end its turn without answering), no assistant turn."""
+    for i, message in enumerate(valid_turns(messages, field)):
         if message["role"] == "assistant" and not message["content"].strip():
-            raise ChatError(f"{where}: an empty assistant turn")
+            raise ChatError(f"{field}[{i}]: an empty assistant turn (its content is empty or only whitespace)")
     if not any(message["role"] == "assistant" for message in messages):
-        raise ChatError(f"{field}: no assistant turn, so nothing would carry loss")
+        raise ChatError(f"{field!r}: no assistant turn, so nothing would carry loss")
     return messages
 
 
-def render(template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools=None) -> str:
-    """apply_chat_template(messages, tools=tools, tokenize=False) with no generation prompt."""
-    return _rendered(template, normalized(messages), variables, tools)
+def valid_turns(messages: Any, field: str = "messages") -> list[dict]:
+    """`messages` if they are a list of turns a template renders, else ChatError naming the turn and what is wrong:
+    not a list, empty, a turn that is not {role, content}, an unknown role, a content that is not a string."""
+    if not isinstance(messages, list):
+        raise ChatError(f"{field!r} is {kind_of(messages)}, not a list of turns")
+    if not messages:
+        raise ChatError(f"{field!r} is an empty list: no turns")
+    for i, message in enumerate(messages):
+        where = f"{field}[{i}]"
+        if not isinstance(message, dict):
+            raise ChatError(f"{where} is {kind_of(message)}, not a turn ({{role, content}})")
+        if "role" not in message:
+            raise ChatError(f"{where}: no 'role'")
+        if message["role"] not in ROLES:
+            raise ChatError(f"{where}: unknown role {message['role']!r} (known: {', '.join(ROLES)})")
+        if "content" not in message:
+            raise ChatError(f"{where}: no 'content'")
+        if not isinstance(message["content"], str):
+            raise ChatError(f"{where}: content is {kind_of(message['content'])}, not a string")
+    return messages
 
 
-def _rendered(template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools) -> str:
+def render(
+    template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools=None, generation_prompt=False
+) -> str:
+    """apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)."""
+    return _rendered(template, normalized(messages), variables, tools, generation_prompt)
+
+
+def _rendered(
+    template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools, generation_prompt=False
+) -> str:
     """`render` of messages already `normalized`."""
-    return template.render(messages=messages, tools=tools, documents=None, add_generation_prompt=False, **variables)
+    return template.render(
+        messages=messages, tools=tools, documents=None, add_generation_prompt=generation_prompt, **variables
+    )
 
 
 def _common_start(texts: list[str]) -> str:
@@ -547,18 +590,24 @@ def _in_bytes(rendered: RenderedChat, text: bytes) -> list[tuple[int, int]]:
 def mask_problems(
     tokenizer: Tokenizer, chat: RenderedChat, ids: np.ndarray, offsets: np.ndarray, mask: np.ndarray
 ) -> list[str]:
-    """What is wrong with `mask` (empty: nothing): its runs of masked-in tokens, one per span, must each decode to
-    the assistant content and then the end-of-turn tokens the template placed in the span. The end-of-turn is
-    compared decoded, since a special token that strips what follows it (phi3's `<|end|>`) decodes without it."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
-    runs = list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
-    if len(runs) != len(chat.spans):
-        return [f"{len(runs)} runs of masked-in tokens, not {len(chat.spans)} (one per assistant turn)"]
+    """What is wrong with `mask` (empty: nothing), a conversation's stored loss mask of the tokens `ids` at
+    `offsets` (the reference's, in characters of `chat.text`): it must be exactly the documented rule's mask, 1 for
+    each token whose characters overlap a span that carries loss and 0 for every other (`token_mask`, the rule of
+    transformers' `return_assistant_tokens_mask`). The expected mask comes from the rendering and the offsets,
+    never from the stored one, so an all-ones, a shifted or a one-token-longer mask fails, whatever the template
+    does with whitespace around its special tokens or with turns that follow each other. Each wrong run of tokens
+    is named with what it decodes to."""
+    if len(mask) != len(ids):
+        return [f"{len(mask)} mask bytes for {len(ids)} tokens"]
+    expected = token_mask(np.asarray(offsets, dtype=np.int64).reshape(-1, 2), chat.spans)
+    wrong = np.flatnonzero(mask != expected)
+    # runs of consecutive wrong tokens that are all masked in, or all masked out, where they should not be
+    breaks = np.flatnonzero((np.diff(wrong) != 1) | (np.diff(mask[wrong].astype(np.int8)) != 0)) + 1
     problems = []
-    for (first, stop), (_, end), (start, content_end) in zip(runs, chat.spans, chat.contents, strict=True):
-        tail = (offsets[:, 0] >= content_end) & (offsets[:, 1] <= end) & (offsets[:, 1] > offsets[:, 0])
-        wanted = chat.text[start:content_end] + tokenizer.decode(ids[tail].tolist(), skip_special_tokens=False)
-        got = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
-        if got != wanted:
-            problems.append(f"tokens {first}:{stop} decode to {got[:40]!r}...{got[-20:]!r}, not {wanted[:40]!r}...")
+    for run in np.split(wrong, breaks) if len(wrong) else []:
+        first, stop = int(run[0]), int(run[-1]) + 1
+        text = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
+        where = "outside every span that carries loss" if mask[first] else "in a span that carries loss"
+        state = "masked in" if mask[first] else "masked out"
+        problems.append(f"tokens {first}:{stop} ({text[:40]!r}) are {state} but lie {where}")
     return problems

@@ -17,7 +17,8 @@ boundaries (`cu_seqlens`: 0, the end of each piece, the real length).
 Conversations (chat data, with loss masks) longer than a row are dropped, truncated or split by
 `fit_conversations`, then packed whole by `pack_conversations`: best-fit decreasing, with positions restarting per
 conversation and no loss on a conversation's first token, so that packed and unpacked rows train the same
-objective.
+objective. Preference pairs are packed alike by `pack_pairs`, a pair's chosen and rejected sequences whole in one
+row.
 
 Plus the global shuffle index over a split's rows across shards, and what the config asks the pack stage to write
 (`writes_packed`, `writes_files`) with which pad id.
@@ -201,6 +202,41 @@ def pack_conversations(
         raise ValueError(f"a conversation of {lengths.max()} tokens does not fit a row of {seq_len}")
     packed = pack_bfd(np.asarray(tokens), lengths, seq_len, pad_id)
     loss = pack_bfd(np.asarray(masks, dtype=np.uint8), lengths, seq_len, 0).rows
+    return _each_sequence_apart(packed, loss, seq_len)
+
+
+def pack_pairs(
+    tokens: np.ndarray, masks: np.ndarray, lengths: np.ndarray, seq_len: int, pad_id: int
+) -> PackedConversations:
+    """Preference pairs packed whole, best-fit decreasing: `lengths` are each pair's chosen then rejected sequence
+    (prompt and completion each: `preference.pair_sequences`), back to back in `tokens` with their loss masks. A
+    pair's two sequences go to the same row, next to each other, chosen first, each a sequence of its own (its
+    `cu_seqlens`, positions restarting): a row never holds half a pair, and neither side attends to the other. As
+    with conversations, a sequence's first token carries no loss, so packed rows train each pair's objective
+    unpacked."""
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths, dtype=np.int64)
+    if len(lengths) % 2 or (len(lengths) and lengths.min() < 1):
+        raise ValueError("pairs come as two sequences each (chosen, rejected), each of at least one token")
+    sizes = lengths[0::2] + lengths[1::2]
+    if len(sizes) and sizes.max() > seq_len:
+        raise ValueError(f"a pair of {sizes.max()} tokens (its two sequences) does not fit a row of {seq_len}")
+    pair_row, pair_offset, n_rows = best_fit_decreasing(sizes, seq_len)
+    row, offset = np.repeat(pair_row, 2), np.repeat(pair_offset, 2)
+    offset[1::2] += lengths[0::2]  # the rejected sequence right after the chosen one
+    destination = np.arange(len(tokens), dtype=np.int64)
+    destination += np.repeat(row * seq_len + offset - (np.cumsum(lengths) - lengths), lengths)
+    rows = np.full((n_rows, seq_len), pad_id, dtype=tokens.dtype)
+    rows.reshape(-1)[destination] = tokens
+    loss = np.zeros((n_rows, seq_len), dtype=np.uint8)
+    loss.reshape(-1)[destination] = masks
+    order = np.lexsort((offset, row))
+    packed = Packed(rows, *_boundaries(row[order], (offset + lengths)[order], n_rows))
+    return _each_sequence_apart(packed, loss, seq_len)
+
+
+def _each_sequence_apart(packed: Packed, loss: np.ndarray, seq_len: int) -> PackedConversations:
+    """Packed sequences with their loss, each sequence's first token's loss removed (it follows another sequence's
+    last token in the row) and the positions restarting at 0 with each."""
     n_rows = len(packed.row_offsets) - 1
     ends = np.zeros(len(packed.cu_seqlens), dtype=bool)
     ends[packed.row_offsets[1:] - 1] = True  # each row's last boundary is its real length, not a start

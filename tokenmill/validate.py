@@ -542,9 +542,9 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
     they decode to the source text (after the tokenizer's own normalization; documents that the tokenizer
     itself cannot round-trip are skipped). A document longer than `tokenizer.reference_piece_bytes` is checked on
     an excerpt the reference encodes alone (`reference.checked_excerpt`), so memory is bounded whatever its size. A
-    conversation's stored loss mask is checked too: its masked-in tokens decode to exactly the assistant's contents
-    and end-of-turns (`chat.mask_problems`). `{"documents", "excerpts", "skipped", "wrong", "undecodable",
-    "masks"}`, the last four naming files."""
+    conversation's stored loss mask is checked too: it is exactly the mask of the tokens whose characters overlap its
+    assistant spans (`chat.mask_problems`). `{"documents", "excerpts", "skipped", "wrong", "undecodable", "masks"}`,
+    the last four naming files."""
     store, sample = run.store, sampled_documents(run, item)
     hf = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
     tok, rng = hf.tokenizer, np.random.default_rng([item.seed, item.shard_id, 1])

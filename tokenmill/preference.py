@@ -1,0 +1,216 @@
+"""Preference pairs (DPO and its relatives): a prompt with a chosen and a rejected completion, read from TRL's
+preference formats and tokenized exactly as TRL's DPO preprocessing tokenizes them with the same tokenizer and chat
+template (trl 1.16: `DPOTrainer._prepare_dataset`, `trl.data_utils.extract_prompt`).
+
+The formats (TRL's "preference" type; the field names are `PairFormat`'s):
+- conversational, explicit prompt: `prompt` a list of messages, `chosen` and `rejected` the completions' messages;
+- conversational, implicit prompt: no `prompt`; `chosen` and `rejected` are whole conversations, and the turns they
+  share from the start are the prompt (`extract_prompt`);
+- standard: `prompt`, `chosen` and `rejected` plain strings, or `chosen` and `rejected` alone, their common start
+  (in characters, less a space it ends with) the prompt.
+
+Tokenized as TRL does. A conversational prompt is rendered with the generation prompt, and the prompt followed by
+each completion as one conversation, all encoded as apply_chat_template encodes (no special tokens added). Plain
+text is encoded as the tokenizer's `__call__` encodes (its special tokens added), after the EOS is appended to each
+completion that does not end with it. The completion is what follows the longest common start of the prompt's ids
+and the prompt-and-completion's, taken over both sides; the prompt's ids are that start. A template that renders a
+prompt alone otherwise than followed by a completion, or tokens that merge across the boundary, so move the
+boundary as they do in TRL. The loss is on the completions only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from tokenmill.chat import ChatError, ChatTemplate, kind_of, render, tools_of, valid_turns
+
+
+@dataclass(frozen=True)
+class PairFormat:
+    """Where a record keeps its pair. Without `prompt_field` in a record, its prompt is implicit (TRL's
+    `extract_prompt`: the start that `chosen` and `rejected` share)."""
+
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    tools_field: str | None = None  # the tools the template is given: a list of JSON schemas, or its JSON text
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A prompt and its two completions: all three lists of messages (conversational) or all three strings."""
+
+    prompt: list[dict] | str
+    chosen: list[dict] | str
+    rejected: list[dict] | str
+    tools: list[dict] | None = None
+
+    @property
+    def conversational(self) -> bool:
+        return isinstance(self.chosen, list)
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    """A pair's ids as TRL's DPO preprocessing gives them (`prompt_ids`, `chosen_ids`, `rejected_ids`): a trainer
+    trains on `prompt + chosen` and `prompt + rejected`, the loss on the completion's tokens only."""
+
+    prompt: np.ndarray
+    chosen: np.ndarray
+    rejected: np.ndarray
+
+
+def to_pair(record: dict, format: PairFormat = PairFormat()) -> Pair:
+    """The record's pair, its prompt extracted where it is implicit; ChatError names the field and what is wrong."""
+    sides = {}
+    for name, field in (("chosen", format.chosen_field), ("rejected", format.rejected_field)):
+        if record.get(field) is None:
+            raise ChatError(f"no {field!r} (the {name} completion: a list of messages or a string)")
+        sides[name] = _side(record[field], field)
+    chosen, rejected = sides["chosen"], sides["rejected"]
+    if isinstance(chosen, list) != isinstance(rejected, list):
+        raise ChatError(
+            f"{format.chosen_field!r} is {kind_of(chosen)} but {format.rejected_field!r} is {kind_of(rejected)}"
+        )
+    if record.get(format.prompt_field) is None:
+        prompt, chosen, rejected = extract_prompt(chosen, rejected, format)
+    else:
+        prompt = _side(record[format.prompt_field], format.prompt_field)
+        if isinstance(prompt, list) != isinstance(chosen, list):
+            raise ChatError(
+                f"{format.prompt_field!r} is {kind_of(prompt)} but {format.chosen_field!r} is {kind_of(chosen)}: "
+                "all lists of messages, or all strings"
+            )
+    return Pair(prompt, chosen, rejected, tools_of(record, format.tools_field))
+
+
+def _side(value: Any, field: str) -> list[dict] | str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return valid_turns(value, field)
+    raise ChatError(f"{field!r} is {kind_of(value)}, not a list of messages or a string")
+
+
+def extract_prompt(chosen, rejected, format: PairFormat = PairFormat()) -> tuple[Any, Any, Any]:
+    """TRL's `extract_prompt`, exactly: (prompt, chosen, rejected) where the prompt is the longest start the two
+    share (turns, or characters less a space that ends it); where one is the start of the other, all but the last
+    item of the shorter. ChatError where they share nothing, or one is empty."""
+    shortest = min(len(chosen), len(rejected))
+    if shortest == 0:
+        raise ChatError(f"{format.chosen_field!r} or {format.rejected_field!r} is empty: no prompt to extract")
+    end = next((i for i in range(shortest) if chosen[i] != rejected[i]), None)
+    if end is None:  # TRL's loop ends on its last index
+        end = shortest - 1
+    elif chosen[end - 1] == " ":  # a string: the space before the completion goes with it
+        end -= 1
+    if end <= 0:
+        raise ChatError(
+            f"{format.chosen_field!r} and {format.rejected_field!r} share no start, so no prompt "
+            f"(and no {format.prompt_field!r} field)"
+        )
+    return chosen[:end], chosen[end:], rejected[end:]
+
+
+def tokenize_pair(pair: Pair, tokenizer: Tokenizer, chat: ChatTemplate | None, eos_token: str) -> TokenizedPair:
+    """The pair's ids as TRL's DPO preprocessing makes them with `tokenizer` (as transformers builds it) and the
+    template `chat` (needed for a conversational pair). `eos_token` is appended to a plain completion that does not
+    end with it."""
+    if pair.conversational:
+        if chat is None:
+            raise ChatError("a conversational pair needs a chat template")
+        texts = [
+            _rendered(chat, pair.prompt, pair.tools, generation_prompt=True),
+            _rendered(chat, pair.prompt + pair.chosen, pair.tools),
+            _rendered(chat, pair.prompt + pair.rejected, pair.tools),
+        ]
+        special = False
+    else:
+        completions = [c if c.endswith(eos_token) else c + eos_token for c in (pair.chosen, pair.rejected)]
+        texts, special = [pair.prompt, *(pair.prompt + c for c in completions)], True
+    prompt, chosen, rejected = (e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=special))
+    shared = min(_common_start(prompt, chosen), _common_start(prompt, rejected))
+    ids = (prompt[:shared], chosen[shared:], rejected[shared:])
+    return TokenizedPair(*(np.asarray(side, dtype=np.int64) for side in ids))
+
+
+def _rendered(chat: ChatTemplate, messages: list[dict], tools, generation_prompt: bool = False) -> str:
+    try:
+        return render(chat.template, messages, chat.variables, tools, generation_prompt)
+    except Exception as e:  # the template's raise_exception, or an error in its own code on this pair
+        raise ChatError(f"chat template {chat.name} refused the pair: {type(e).__name__}: {e}") from None
+
+
+def _common_start(ids: list[int], other: list[int]) -> int:
+    """How many ids the two start with in common (TRL's `common_prefix_length`)."""
+    n = min(len(ids), len(other))
+    differ = np.flatnonzero(np.asarray(ids[:n]) != np.asarray(other[:n]))
+    return int(differ[0]) if len(differ) else n
+
+
+def fit_pair(pair: TokenizedPair, max_length: int | None, policy: Literal["drop", "truncate"]) -> TokenizedPair | None:
+    """The pair within `max_length` tokens a side (prompt and completion), as TRL's `max_length` with
+    `truncation_mode="keep_start"` fits it, or None where it is dropped; never one side only. A prompt of
+    `max_length` tokens or more leaves no completion token, and its pair is dropped whatever `policy` says (TRL's
+    filter). Else a side longer than `max_length` is cut to its first `max_length` tokens (`truncate`: TRL's
+    collator, each side on its own), or the whole pair is dropped (`drop`)."""
+    if max_length is None:
+        return pair
+    if len(pair.prompt) >= max_length:
+        return None
+    room = max_length - len(pair.prompt)
+    if max(len(pair.chosen), len(pair.rejected)) <= room:
+        return pair
+    if policy == "drop":
+        return None
+    return TokenizedPair(pair.prompt, pair.chosen[:room], pair.rejected[:room])
+
+
+def pair_sequences(pairs: list[TokenizedPair]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pairs as the sequences a trainer runs, for `packers.pack_pairs`: per pair its prompt and chosen
+    completion, then its prompt and rejected completion (the prompt repeated, so that each is a sequence of its
+    own), back to back; their loss masks (1 on the completions' tokens, 0 on the prompts'); their lengths."""
+    sides = [(pair.prompt, completion) for pair in pairs for completion in (pair.chosen, pair.rejected)]
+    if not sides:
+        return np.empty(0, np.int64), np.empty(0, np.uint8), np.empty(0, np.int64)
+    tokens = np.concatenate([part for side in sides for part in side])
+    masks = np.concatenate([np.repeat(np.uint8([0, 1]), [len(prompt), len(c)]) for prompt, c in sides])
+    lengths = np.array([len(prompt) + len(c) for prompt, c in sides], dtype=np.int64)
+    return tokens.astype(np.int64), masks, lengths
+
+
+def pair_problems(
+    tokenizer: Tokenizer, expected: TokenizedPair, stored: list[tuple[np.ndarray, np.ndarray]]
+) -> list[str]:
+    """What is wrong with a pair as stored (empty: nothing), for validate: `stored` is its chosen then its rejected
+    sequence (ids and loss mask each). Each must be the prompt's ids and then its completion's, as `expected` (the
+    pair tokenized again), with the loss on exactly the completion's tokens (none on the sequence's first token):
+    an all-ones mask, one that reaches into the prompt or one shifted by a token fails. Each wrong run of tokens is
+    named with what it decodes to."""
+    if len(stored) != 2:
+        return [f"{len(stored)} sequences, not a pair's two (chosen, rejected)"]
+    problems = []
+    completions = (expected.chosen, expected.rejected)
+    for side, completion, (ids, mask) in zip(("chosen", "rejected"), completions, stored, strict=True):
+        wanted = np.concatenate([expected.prompt, completion])
+        if len(ids) != len(wanted) or not np.array_equal(ids, wanted):
+            problems.append(f"{side}: its {len(ids)} ids are not the prompt's and the completion's ({len(wanted)})")
+            continue
+        if len(mask) != len(ids):
+            problems.append(f"{side}: {len(mask)} mask values for {len(ids)} tokens")
+            continue
+        loss = np.repeat(np.uint8([0, 1]), [len(expected.prompt), len(completion)])
+        loss[:1] = 0
+        wrong = np.flatnonzero(np.asarray(mask) != loss)
+        breaks = np.flatnonzero((np.diff(wrong) != 1) | (np.diff(loss[wrong].astype(np.int8)) != 0)) + 1
+        for run in np.split(wrong, breaks) if len(wrong) else []:
+            first, stop = int(run[0]), int(run[-1]) + 1
+            text = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
+            where = "in the completion" if loss[first] else "outside the completion (the prompt)"
+            state = "without loss" if loss[first] else "with loss"
+            problems.append(f"{side}: tokens {first}:{stop} ({text[:40]!r}) are {where} but {state}")
+    return problems
