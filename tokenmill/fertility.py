@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from tokenmill import layout
 from tokenmill.config import TokenmillConfig
-from tokenmill.encoders import EncoderChoice, load_encoder, loaded_backend
+from tokenmill.encoders import EncoderChoice, HFEncoder, load_encoder, loaded_backend
 from tokenmill.formats.sample import Sampled, group_name, holdout_records
 from tokenmill.pretrained import load_pretrained
 from tokenmill.tokenizer_info import TokenizerInfo
@@ -39,7 +39,9 @@ TokenCounter = Callable[[list[str]], list[int]]  # texts -> tokens per text
 
 
 def hf_counter(tokenizer: Tokenizer) -> TokenCounter:
-    return lambda texts: [len(e.ids) for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+    """hf's counts, its memory bounded as `HFEncoder` bounds it (a run of texts, a long text in pieces, at a time)."""
+    encoder = HFEncoder(tokenizer)
+    return lambda texts: encoder.encode_batch(texts)[1].tolist()
 
 
 def measure(tokenizers: dict[str, TokenCounter], records: Iterable[dict], group_by: list[str]) -> dict:
