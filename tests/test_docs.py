@@ -1,17 +1,25 @@
 """The docs cannot drift: the site builds strictly, the configuration reference is the model's, the README's
-links resolve. Seconds, no servers."""
+links resolve; every example on a page is checked or run (YAML configs by the config model, command lines against
+the command line's own options, the Python snippets against a dataset made by running the flow from Python as
+docs/index.md shows), and every message troubleshooting.md quotes is in the code. Under a minute."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tokenmill.config_reference import COMMAND, reference
+
+from .docs_blocks import PAGES, all_blocks, page_blocks, run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -85,3 +93,291 @@ def _anchors(markdown: str) -> set[str]:
 def _without_fences(markdown: str) -> str:
     """The text outside fenced code blocks (where a `# comment` is no heading)."""
     return re.sub(r"^(```|~~~).*?^\1", "", markdown, flags=re.M | re.S)
+
+
+# Every example on a page is checked or run (tests/docs_blocks.py says how a block that is not says so).
+
+TOKENMILL_CONFIG = "a tokenmill config"
+
+
+def test_every_block_is_checked_run_or_marked(docs_run):
+    """Each fenced block of README.md and docs/ is one this module checks (YAML, shell, a command list) or runs
+    (Python), or is marked: an illustration, another tool's config, run by a named test."""
+    unchecked = []
+    for block in all_blocks():
+        if block.marker is not None:
+            assert _known_marker(block), f"{block}: unknown marker <!-- {block.marker} -->"
+        elif block.lang not in ("yaml", "bash", "sh", "python") and not _is_command_list(block):
+            unchecked.append(str(block))
+    assert not unchecked, "blocks neither checked nor marked (<!-- illustration --> for one that is not run):\n" + (
+        "\n".join(unchecked)
+    )
+
+
+def test_every_yaml_block_is_a_config_the_model_loads_or_the_file_it_names():
+    """A YAML block is a tokenmill config (or a part of one: its sections are checked inside a minimal config),
+    `<!-- the file examples/x.yaml -->` says what that file says, and another tool's config at least parses."""
+    from tokenmill.config import TokenmillConfig
+
+    for block in (b for b in all_blocks() if b.lang == "yaml"):
+        data = yaml.safe_load(block.code)
+        if block.marker and block.marker.startswith("the file "):
+            named = ROOT / block.marker.removeprefix("the file ")
+            assert data == yaml.safe_load(named.read_text()), f"{block} is not {named.relative_to(ROOT)}"
+        if block.marker == ANOTHER_TOOL:
+            assert isinstance(data, dict), block
+            continue
+        if block.marker and block.marker.startswith("run by "):
+            continue
+        whole = data if "name" in data else _inside_a_minimal_config(data)
+        try:
+            TokenmillConfig.model_validate(whole)
+        except ValueError as e:
+            pytest.fail(f"{block} is not {TOKENMILL_CONFIG}:\n{e}")
+
+
+def test_every_example_config_is_valid():
+    """examples/*.yaml: what `tokenmill check` accepts, and each a page names."""
+    from tokenmill.config import load_config
+
+    pages = "".join(page.read_text() for page in PAGES)
+    for example in sorted((ROOT / "examples").glob("*.yaml")):
+        load_config(example)
+        assert f"examples/{example.name}" in pages, f"examples/{example.name} is on no page"
+
+
+def test_every_command_line_names_a_command_and_options_that_exist():
+    """Shell blocks: `tokenmill` lines parse against the command line's own commands and options; `make` names a
+    target of the Makefile; `pip install` names extras pyproject.toml has; a benchmark's options are its own."""
+    wrong = []
+    for block in all_blocks():
+        if block.marker or block.lang not in ("bash", "sh"):
+            continue
+        for line in _shell_lines(block.code):
+            if problem := _command_problem(line):
+                wrong.append(f"{block}: {' '.join(line)}: {problem}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_command_lists_name_every_command_and_each_of_its_options():
+    """The lists of commands in README.md and docs/index.md: every command of `tokenmill`, each with all of its
+    options, and none it does not have."""
+    wrong = []
+    lists = [block for block in all_blocks() if _is_command_list(block)]
+    assert {block.page.name for block in lists} >= {"README.md", "index.md"}
+    for block in lists:
+        listed = set()
+        for line in block.code.splitlines():
+            if not line.startswith("tokenmill "):
+                continue
+            usage = re.split(r"\s{2,}", line)[0].split()[1:]
+            words = list(itertools.takewhile(lambda w: re.fullmatch(r"[a-z][a-z|]*", w), usage))
+            names = [[]]
+            for word in words:  # `server start|stop|status`: three commands
+                names = [[*n, part] for n in names for part in word.split("|")]
+            options = set(re.findall(r"--[a-z][a-z-]*", " ".join(usage)))
+            for name in names:
+                command = _command(name)
+                if command is None:
+                    wrong.append(f"{block}: tokenmill {' '.join(name)}: no such command")
+                    continue
+                listed.add(tuple(name))
+                have = _options(command) - {"--help"}
+                if name == []:
+                    continue  # the group's own options, each on a line of its own
+                if missing := have - options:
+                    wrong.append(f"{block}: tokenmill {' '.join(name)} lacks {sorted(missing)}")
+                if unknown := options - have:
+                    wrong.append(f"{block}: tokenmill {' '.join(name)} has no {sorted(unknown)}")
+        if missing := {name for name in _all_commands() if name not in listed}:
+            wrong.append(f"{block}: no line for {sorted(' '.join(n) for n in missing)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_message_troubleshooting_quotes_is_one_the_code_prints():
+    """The first column of troubleshooting.md's tables of messages quotes them with placeholders (`...`, FILE, N):
+    each piece between the placeholders is in tokenmill's source (tokenmill/, flows/, tasks/), where one of its words
+    may be a value the code fills in (`tokenizer.eod` for `tokenizer.{key}`)."""
+    source = _source_text()
+    absent = [
+        f"{message!r}: {piece!r}"
+        for message in _quoted_messages(ROOT / "docs" / "troubleshooting.md")
+        for piece in (p.strip("'\"<>()/:, ") for p in re.split(PLACEHOLDER, message))
+        if len(piece) >= 6 and not _in_source(piece, source)
+    ]
+    assert not absent, "troubleshooting.md quotes messages the code does not print:\n" + "\n".join(absent)
+
+
+def test_every_python_block_runs(docs_run, monkeypatch):
+    """Each Python block of the pages runs against the dataset the flow made from Python (`docs_run`, the demo),
+    from the directory it ran in, its placeholders (`<version>`) and the README's example path replaced; a block
+    that needs a trainer's package is run by that trainer's test (`<!-- run by ... -->`)."""
+    build, version = docs_run
+    monkeypatch.chdir(build.parent.parent)
+    replacements = {"README.md": {"out/wiki": "out/demo"}, "outputs.md": {"<version>": version}}
+    ran = 0
+    for block in all_blocks():
+        if block.lang != "python" or block.marker is not None or "corpus_to_tokens" in block.code:
+            continue
+        run_python(block, {k: v for k, v in replacements.get(block.page.name, {}).items() if k in block.code})
+        ran += 1
+    assert ran >= 4
+
+
+def test_every_block_run_by_another_test_is_read_by_it():
+    """`<!-- run by tests/test_x.py -->`: that test reads the page's blocks (`page_blocks("docs/page.md")`)."""
+    for block in all_blocks():
+        if block.marker and block.marker.startswith("run by "):
+            test = ROOT / block.marker.removeprefix("run by ").split("::")[0]
+            page = str(block.page.relative_to(ROOT))
+            assert f'page_blocks("{page}"' in test.read_text(), f"{block}: {test.name} does not run {page}'s blocks"
+
+
+@pytest.fixture(scope="module")
+def docs_run(prefect_api, dask_cluster, tmp_path_factory) -> tuple[Path, str]:
+    """The flow run from Python as docs/index.md shows (the demo, on the session's Prefect server and Dask cluster),
+    in a directory of its own that sees the repository's examples/: the build it made there, and its version."""
+    (block,) = [b for b in page_blocks("docs/index.md") if "corpus_to_tokens" in b.code]
+    where = tmp_path_factory.mktemp("docs-run")
+    (where / "examples").symlink_to(ROOT / "examples")
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
+    ran = subprocess.run(
+        [sys.executable, "-c", block.code], cwd=where, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert ran.returncode == 0, f"{block} failed:\n{ran.stdout}\n{ran.stderr[-5000:]}"
+    build = where / "out" / "demo"
+    version = (build / "demo" / "LATEST").read_text().strip()
+    assert f"{build}/demo/{version}" in ran.stdout, ran.stdout  # what the snippet prints: where it published
+    return build, version
+
+
+ANOTHER_TOOL = "another tool's config"
+PLACEHOLDER = r"\.\.\.|\b[A-Z][A-Z_]*\b(?:\.yaml)?"  # `...`, FILE, N, CONFIG.yaml: what the message fills in
+
+
+def _known_marker(block) -> bool:
+    marker = block.marker
+    if marker == "illustration" or marker.startswith("run by tests/"):
+        return True
+    return block.lang == "yaml" and (marker == ANOTHER_TOOL or marker.startswith("the file examples/"))
+
+
+def _inside_a_minimal_config(section: dict) -> dict:
+    base = {"name": "docs"} if "sources" in section else {"name": "docs", "input": {"paths": ["docs.jsonl"]}}
+    return base | section
+
+
+def _is_command_list(block) -> bool:
+    lines = [line for line in block.code.splitlines() if line.strip()]
+    return block.lang == "" and block.marker is None and bool(lines) and lines[0].startswith("tokenmill ")
+
+
+def _shell_lines(code: str) -> list[list[str]]:
+    """The shell commands of a block: continuations joined, comments and `VAR=value` prefixes dropped."""
+    lines = []
+    for line in code.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+            words.pop(0)
+        if words:
+            lines.append(words)
+    return lines
+
+
+def _command_problem(words: list[str]) -> str | None:
+    program = Path(words[0]).name
+    if program == "tokenmill":
+        return _tokenmill_problem(words[1:])
+    if program == "make":
+        targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
+        return next((f"no target {t}" for t in words[1:] if t not in targets), None)
+    if program in ("python", "python3") and words[1:] and words[1].startswith("bench/"):
+        script = ROOT / words[1]
+        if not script.is_file():
+            return f"no {words[1]}"
+        text = script.read_text()
+        return next((f"{words[1]} has no {w}" for w in words[2:] if w.startswith("--") and f'"{w}"' not in text), None)
+    if program == "pip" and words[1:2] == ["install"]:
+        extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+        named = {e for w in words for e in re.findall(r"\[([\w,-]+)\]", w) for e in e.split(",")}
+        return f"no extras {sorted(named - extras)}" if named - extras else None
+    if program == "prefect" and "--pool" in words:
+        pool = words[words.index("--pool") + 1]
+        return None if pool in (ROOT / "deployments" / "prefect.yaml").read_text() else f"no work pool {pool}"
+    if program in ("export", "kill", "cd"):
+        return None
+    return "a command this test does not know: mark the block <!-- illustration --> or teach the test"
+
+
+def _tokenmill_problem(args: list[str]) -> str | None:
+    name = []
+    for arg in args:  # the command's words, then its arguments
+        if arg.startswith("-") or _command([*name, arg]) is None:
+            break
+        name.append(arg)
+    command = _command(name)
+    if getattr(command, "commands", None) and not any(a in ("--help", "--version") for a in args):
+        return "no such command"
+    unknown = {a.split("=")[0] for a in args if a.startswith("--")} - _options(command)
+    return f"no option {sorted(unknown)}" if unknown else None
+
+
+def _command(name: list[str]):
+    """The click command of `tokenmill NAME...`, None where there is none."""
+    import typer.main
+
+    from flows.cli import app
+
+    command = typer.main.get_command(app)
+    for word in name:
+        command = getattr(command, "commands", {}).get(word)
+        if command is None:
+            return None
+    return command
+
+
+def _options(command) -> set[str]:
+    import click
+
+    return {o for p in command.get_params(click.Context(command)) for o in p.opts if o.startswith("--")}
+
+
+def _all_commands() -> list[tuple[str, ...]]:
+    group = _command([])
+    names = []
+    for name, command in group.commands.items():
+        sub = getattr(command, "commands", None)
+        names += [(name, s) for s in sub] if sub else [(name,)]
+    return names
+
+
+def _source_text() -> str:
+    """tokenmill's Python source, each implicit concatenation of string literals joined (a message cut across
+    lines reads as one), and each f-string's replacement field a NUL."""
+    text = "".join(p.read_text() for d in ("tokenmill", "flows", "tasks") for p in sorted((ROOT / d).rglob("*.py")))
+    return re.sub(r"\{[^{}\n]*\}", "\0", re.sub(r"\"\s*\n\s*(?:rf|fr|f|r)?\"", "", text))
+
+
+def _in_source(piece: str, source: str) -> bool:
+    """`piece` is in `source` as it is, or with one of its words a replacement field; quotes optional (`!r`)."""
+    tokens = re.findall(r"\w+|\W", piece)
+    words = [i for i, t in enumerate(tokens) if t[0].isalnum()]
+    for wild in [None, *words]:
+        pattern = "".join("\0" if i == wild else "['\"]?" if t in "'\"" else re.escape(t) for i, t in enumerate(tokens))
+        if re.search(pattern, source):
+            return True
+    return False
+
+
+def _quoted_messages(page: Path) -> list[str]:
+    """The message each row of a page's tables of messages quotes in its first cell (its first code span)."""
+    messages, quoting = [], False
+    for line in _without_fences(page.read_text()).splitlines():
+        cells = line.split("|")
+        if len(cells) < 3:
+            quoting = False
+        elif re.match(r"\s*(message|the shard's error)\s*$", cells[1]):
+            quoting = True
+        elif quoting and (quoted := re.search(r"`([^`]+)`", cells[1])):
+            messages.append(quoted.group(1))
+    return messages

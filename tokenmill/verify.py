@@ -57,11 +57,12 @@ def summary_lines(dataset: Dataset) -> list[str]:
                 f"    {name}: {target['kind']} {target['value']:g} -> {source['share']:.2%} of the mix, "
                 f"{source['epochs']:.2f} epochs of its {source['splits'][mix['split']]['tokens']:,} tokens"
             )
-        lines.append(f"  Megatron: --data-args-path {dataset.store.url}/{layout.MIX_TRAIN_ARGS}")
-        lines.append(f"            --per-split-data-args-path {dataset.store.url}/{layout.MIX_PER_SPLIT_ARGS}")
         for format in layout.MIX_TRAINERS:  # the mix in each trainer's own terms (tokenmill.mix)
             if layout.mix_trainer_file(format, mix["split"]) in listed:
                 lines.append(f"  {format}: {dataset.store.url}/{layout.mix_trainer_file(format, mix['split'])}")
+    if layout.MIX_TRAIN_ARGS in listed:  # a single input's too (tokenmill.mix)
+        lines.append(f"  Megatron: --data-args-path {dataset.store.url}/{layout.MIX_TRAIN_ARGS}")
+        lines.append(f"            --per-split-data-args-path {dataset.store.url}/{layout.MIX_PER_SPLIT_ARGS}")
     files = m["files"]
     lines.append(f"  {len(files)} files, {sum(f['bytes'] for f in files) / 1e6:,.1f} MB")
     if inputs := m.get("inputs"):
