@@ -297,6 +297,10 @@ def _command_problem(words: list[str]) -> str | None:
             return f"no {words[1]}"
         text = script.read_text()
         return next((f"{words[1]} has no {w}" for w in words[2:] if w.startswith("--") and f'"{w}"' not in text), None)
+    if program == "dask":
+        return _dask_problem(words[1:])
+    if re.fullmatch(r"python3(\.\d+)?", program) and words[1:3] == ["-m", "venv"]:
+        return None
     if program == "pip" and words[1:2] == ["install"]:
         extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
         named = {e for w in words for e in re.findall(r"\[([\w,-]+)\]", w) for e in e.split(",")}
@@ -307,6 +311,19 @@ def _command_problem(words: list[str]) -> str | None:
     if program in ("export", "kill", "cd"):
         return None
     return "a command this test does not know: mark the block <!-- illustration --> or teach the test"
+
+
+def _dask_problem(args: list[str]) -> str | None:
+    """`dask worker|scheduler ...`: options the command has, preloads that are modules of the repository."""
+    from distributed.cli import dask_scheduler, dask_worker
+
+    command = {"worker": dask_worker.main, "scheduler": dask_scheduler.main}.get(args[0] if args else "")
+    if command is None:
+        return "not dask worker or dask scheduler"
+    unknown = {a.split("=")[0] for a in args if a.startswith("--")} - _options(command)
+    preloads = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--preload", "--preload-nanny")]
+    missing = [p for p in preloads if not (ROOT / (p.replace(".", "/") + ".py")).is_file()]
+    return f"no option {sorted(unknown)}" if unknown else f"no module {missing}" if missing else None
 
 
 def _tokenmill_problem(args: list[str]) -> str | None:
@@ -381,3 +398,21 @@ def _quoted_messages(page: Path) -> list[str]:
         elif quoting and (quoted := re.search(r"`([^`]+)`", cells[1])):
             messages.append(quoted.group(1))
     return messages
+
+
+def test_the_formats_table_is_how_the_readers_name_files():
+    """inputs.md's table of formats: each file name ending it lists is read as that row says (`format_of`), those
+    compressed decompressed, and every ending the readers know is in it."""
+    from tokenmill.readers import COMPRESSIONS, compression_of, format_of
+
+    rows = re.findall(r"^\| (.+?) \| (.+?) \|", (ROOT / "docs" / "inputs.md").read_text(), flags=re.M)
+    formats = dict(rows[rows.index(("input", "read as")) + 1 :][:4])
+    kinds = ["jsonl", "jsonl", "parquet", "text"]
+    for (names, _), kind in zip(formats.items(), kinds, strict=True):
+        for ending in (e for e in re.findall(r"`(\.[\w.]+)`", names) if e not in COMPRESSIONS):
+            assert format_of(f"x{ending}") == kind, f"inputs.md: x{ending} is read as {format_of(f'x{ending}')}"
+            compressed = any(ending.endswith(c) for c in COMPRESSIONS)
+            assert (compression_of(f"x{ending}") is not None) == compressed, ending
+    listed = " ".join(formats)
+    assert all(f"`{c}`" in listed for c in COMPRESSIONS), f"inputs.md lacks one of {list(COMPRESSIONS)}"
+    assert all(f"`{e}`" in listed for e in (".jsonl", ".json", ".ndjson", ".parquet", ".pq"))
