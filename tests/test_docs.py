@@ -416,3 +416,10 @@ def test_the_formats_table_is_how_the_readers_name_files():
     listed = " ".join(formats)
     assert all(f"`{c}`" in listed for c in COMPRESSIONS), f"inputs.md lacks one of {list(COMPRESSIONS)}"
     assert all(f"`{e}`" in listed for e in (".jsonl", ".json", ".ndjson", ".parquet", ".pq"))
+
+
+def test_the_readmes_layout_names_every_example_and_benchmark():
+    (layout,) = [b.code for b in all_blocks() if b.page == README and b.code.startswith("tokenmill/ ")]
+    named = set(re.findall(r"[\w-]+\.(?:yaml|py)", layout))
+    files = {p.name for p in (ROOT / "examples").glob("*.yaml")} | {p.name for p in (ROOT / "bench").glob("*.py")}
+    assert files <= named, f"README.md's layout lacks {sorted(files - named)}"
