@@ -100,7 +100,7 @@ def _without_fences(markdown: str) -> str:
 TOKENMILL_CONFIG = "a tokenmill config"
 
 
-def test_every_block_is_checked_run_or_marked(docs_run):
+def test_every_block_is_checked_run_or_marked():
     """Each fenced block of README.md and docs/ is one this module checks (YAML, shell, a command list) or runs
     (Python), or is marked: an illustration, another tool's config, run by a named test."""
     unchecked = []
@@ -263,8 +263,8 @@ def _known_marker(block) -> bool:
 
 
 def _inside_a_minimal_config(section: dict) -> dict:
-    base = {"name": "docs"} if "sources" in section else {"name": "docs", "input": {"paths": ["docs.jsonl"]}}
-    return base | section
+    base = {"name": "docs", "tokenizer": {"path": "tokenizer.json"}, "output": {"path": "out/docs"}}
+    return base | ({} if "sources" in section else {"input": {"paths": ["docs.jsonl"]}}) | section
 
 
 def _is_command_list(block) -> bool:
