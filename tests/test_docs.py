@@ -423,3 +423,13 @@ def test_the_readmes_layout_names_every_example_and_benchmark():
     named = set(re.findall(r"[\w-]+\.(?:yaml|py)", layout))
     files = {p.name for p in (ROOT / "examples").glob("*.yaml")} | {p.name for p in (ROOT / "bench").glob("*.py")}
     assert files <= named, f"README.md's layout lacks {sorted(files - named)}"
+
+
+def test_cluster_md_gives_every_setting_tokenmill_hands_its_workers():
+    """The settings tokenmill's own workers get (`WORKER_ENVIRONMENT`), each with its value, in docs/cluster.md's
+    table of what to set on workers started by hand."""
+    from flows.dask_settings import WORKER_ENVIRONMENT
+
+    page = (ROOT / "docs" / "cluster.md").read_text()
+    missing = [f"{k}={v}" for k, v in WORKER_ENVIRONMENT.items() if f"{k}={v}" not in page.replace('"', "")]
+    assert not missing, f"docs/cluster.md lacks {missing}"
