@@ -97,8 +97,6 @@ def _without_fences(markdown: str) -> str:
 
 # Every example on a page is checked or run (tests/docs_blocks.py says how a block that is not says so).
 
-TOKENMILL_CONFIG = "a tokenmill config"
-
 
 def test_every_block_is_checked_run_or_marked():
     """Each fenced block of README.md and docs/ is one this module checks (YAML, shell, a command list) or runs
@@ -133,7 +131,7 @@ def test_every_yaml_block_is_a_config_the_model_loads_or_the_file_it_names():
         try:
             TokenmillConfig.model_validate(whole)
         except ValueError as e:
-            pytest.fail(f"{block} is not {TOKENMILL_CONFIG}:\n{e}")
+            pytest.fail(f"{block} is not a tokenmill config:\n{e}")
 
 
 def test_every_example_config_is_valid():
@@ -156,6 +154,19 @@ def test_every_command_line_names_a_command_and_options_that_exist():
         for line in _shell_lines(block.code):
             if problem := _command_problem(line):
                 wrong.append(f"{block}: {' '.join(line)}: {problem}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_tokenmill_command_quoted_in_the_text_exists_with_its_options():
+    """`tokenmill ...` in a code span of a page's text: a command and options the command line has (a group named
+    alone, `tokenmill server`, is a name)."""
+    wrong = []
+    for page in PAGES:
+        for span in re.findall(r"`(tokenmill [^`]+)`", _without_fences(page.read_text())):
+            args = shlex.split(span)[1:]
+            if _command(args) is None or not getattr(_command(args), "commands", None):
+                if problem := _tokenmill_problem(args):
+                    wrong.append(f"{page.relative_to(ROOT)}: `{span}`: {problem}")
     assert not wrong, "\n".join(wrong)
 
 
