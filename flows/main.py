@@ -191,7 +191,7 @@ def build_dataset(
     # (which reads neither their lines nor the markers), done before publish lists their files.
     numbering = number_lines.submit(config, quote(shards), list(totals.unnumbered)) if totals.unnumbered else None
 
-    split_indexes(config, quoted_plan, tokenizer, table)  # the packed rows' shuffle, trainers' indexes, Megatron's args
+    split_indexes(config, tokenizer, table)  # the packed rows' shuffle index, litdata's and MDS's index.json
     # A mixture's mix, from the stats the shards committed, while validate checks them (on the cluster): a run
     # that fails validation publishes nothing, whatever the mix wrote into the build.
     mixing = resolve_mix.submit(config, quoted_plan, tokenizer, quote(table)) if config.mixture else None
