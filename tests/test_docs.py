@@ -235,6 +235,28 @@ def test_every_python_block_runs(docs_run, monkeypatch):
     assert ran >= 4
 
 
+def test_every_command_that_reads_runs_as_the_page_gives_it(docs_run):
+    """Each `tokenmill check`, `inspect` and `diff` line of a shell block runs as it is, from the directory the flow
+    ran in from Python (the demo's `out/demo`), with the README's minimal config as the `wiki.yaml` the pages check."""
+    build, _ = docs_run
+    where = build.parent.parent
+    (readme_config,) = [b.code for b in all_blocks() if b.page == README and b.lang == "yaml"]
+    (where / "wiki.yaml").write_text(readme_config)
+    ran = []
+    for block in all_blocks():
+        if block.marker or block.lang not in ("bash", "sh"):
+            continue
+        for words in _shell_lines(block.code):
+            if Path(words[0]).name == "tokenmill" and words[1] in ("check", "inspect", "diff"):
+                done = subprocess.run(
+                    [str(Path(sys.executable).with_name("tokenmill")), *words[1:]],
+                    cwd=where, capture_output=True, text=True, timeout=120,
+                )  # fmt: skip
+                assert done.returncode == 0, f"{block}: {' '.join(words)}:\n{done.stdout}\n{done.stderr}"
+                ran.append(words[1])
+    assert {"check", "inspect"} <= set(ran), ran
+
+
 def test_every_block_run_by_another_test_is_read_by_it():
     """`<!-- run by tests/test_x.py -->`: that test reads the page's blocks (`page_blocks("docs/page.md")`)."""
     for block in all_blocks():
