@@ -205,18 +205,24 @@ def test_the_command_lists_name_every_command_and_each_of_its_options():
     assert not wrong, "\n".join(wrong)
 
 
-def test_every_message_troubleshooting_quotes_is_one_the_code_prints():
-    """The first column of troubleshooting.md's tables of messages quotes them with placeholders (`...`, FILE, N):
-    each piece between the placeholders is in tokenmill's source (tokenmill/, flows/, tasks/), where one of its words
-    may be a value the code fills in (`tokenizer.eod` for `tokenizer.{key}`)."""
-    source = _source_text()
+def test_every_message_the_pages_quote_is_one_the_code_prints():
+    """The messages troubleshooting.md's tables quote (first column, with placeholders: `...`, FILE, N) and those
+    guarantees.md's table of faults gives in italics (with real paths): each piece between the placeholders and paths
+    is in tokenmill's source (tokenmill/, flows/, tasks/), where one of its words may be a value the code fills in
+    (`tokenizer.eod` for `tokenizer.{key}`); the system's words for an error the code passes on are placeholders."""
+    from tokenmill.storage import DISK_ERRORS
+
+    source, system = _source_text(), "|".join(re.escape(os.strerror(code)) for code in DISK_ERRORS)
+    docs = ROOT / "docs"
+    messages = _quoted_messages(docs / "troubleshooting.md") + _italic_messages(docs / "guarantees.md")
+    assert len(messages) > 20, messages
     absent = [
         f"{message!r}: {piece!r}"
-        for message in _quoted_messages(ROOT / "docs" / "troubleshooting.md")
-        for piece in (p.strip("'\"<>()/:, ") for p in re.split(PLACEHOLDER, message))
+        for message in messages
+        for piece in (p.strip("'\"<>()/:,; ") for p in re.split(f"{PLACEHOLDER}|{system}", message))
         if len(piece) >= 6 and not _in_source(piece, source)
     ]
-    assert not absent, "troubleshooting.md quotes messages the code does not print:\n" + "\n".join(absent)
+    assert not absent, "the pages quote messages the code does not print:\n" + "\n".join(absent)
 
 
 def test_every_python_block_runs(docs_run, monkeypatch):
@@ -285,7 +291,8 @@ def docs_run(prefect_api, dask_cluster, tmp_path_factory) -> tuple[Path, str]:
 
 
 ANOTHER_TOOL = "another tool's config"
-PLACEHOLDER = r"\.\.\.|\b[A-Z][A-Z_]*\b(?:\.yaml)?"  # `...`, FILE, N, CONFIG.yaml: what the message fills in
+# `...`, FILE, N, CONFIG.yaml, a path: what the message fills in
+PLACEHOLDER = r"\.\.\.|\b[A-Z][A-Z_]*\b(?:\.yaml)?|/[\w./-]+"
 
 
 def _known_marker(block) -> bool:
@@ -466,3 +473,9 @@ def test_cluster_md_gives_every_setting_tokenmill_hands_its_workers():
     page = (ROOT / "docs" / "cluster.md").read_text()
     missing = [f"{k}={v}" for k, v in WORKER_ENVIRONMENT.items() if f"{k}={v}" not in page.replace('"', "")]
     assert not missing, f"docs/cluster.md lacks {missing}"
+
+
+def _italic_messages(page: Path) -> list[str]:
+    """The messages a page's table rows give in italics (`*...*`, at least a few words)."""
+    rows = [line for line in _without_fences(page.read_text()).splitlines() if line.startswith("|")]
+    return [m for row in rows for m in re.findall(r"(?<![*\w])\*([^*|]{20,}?)\*(?![*\w])", row)]
