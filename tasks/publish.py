@@ -8,6 +8,7 @@ from tasks import UNCACHED
 from tokenmill import publish as library
 from tokenmill import report
 from tokenmill.config import TokenmillConfig
+from tokenmill.mix import write_megatron_args
 from tokenmill.plan import Plan
 from tokenmill.tokenizer_info import TokenizerInfo
 
@@ -34,5 +35,8 @@ def publish(
     with library.Files() as files:  # the dataset's files, spooled until the version is published
         manifest = library.publish(config, plan, tokenizer, table, files, mix)  # the manifest less its list of files
         markdown = report.write_report(config.output.store(), manifest, plots, run)
-        published = library.publish_version(config, manifest, files, extra_files=report.files(plots))
+        version = library.version_store(config, manifest["version"]).url
+        args = [] if config.mixture else write_megatron_args(config, table, version)  # a mixture's are its mix's
+        extra = [*report.files(plots), *args]  # beside the data, not in the manifest: about the run, or the place
+        published = library.publish_version(config, manifest, files, extra_files=extra)
     return {"manifest": manifest, "published": published, "report": markdown}

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from tests.docs_blocks import page_blocks, run_python
 from tests.test_chat_flow import PHI3, SHARED, documents, packed_conversations
 
 GSM8K = SHARED / "corpora" / "chat" / "gsm8k" / "test.jsonl.gz"
@@ -61,6 +62,14 @@ def test_trl_loads_the_rows_and_its_collator_keeps_the_loss_on_the_mask(chat_run
         assert np.array_equal(batch["labels"][0].numpy(), labels)
         starts = np.cumsum([0] + [len(ids[i]) for i in stored])[:-1]
         assert np.array_equal(np.flatnonzero(batch["position_ids"][0].numpy() == 0), starts)
+
+
+def test_the_chat_pages_trl_snippet_loads_the_rows(chat_run):
+    """docs/chat.md's `load_dataset` for TRL as it is (TRL's trainer, which needs a model, is shown only)."""
+    load = next(b for b in page_blocks("docs/chat.md") if b.marker and "trl/train" in b.code)
+    train = run_python(load, {"out/sft-mix/<version>": str(chat_run)})["train"]
+    ids, _ = documents(chat_run)
+    assert [row["input_ids"] for row in train] == [i.tolist() for i in ids]
 
 
 def test_megatron_bridges_packed_parquet_is_what_its_reader_takes(chat_run):
@@ -115,3 +124,16 @@ def test_olmo_core_reads_the_tokens_with_the_label_mask(chat_run, tmp_path, monk
     packed.prepare()
     supervised = sum(int(packed[i]["label_mask"].sum()) for i in range(len(packed)))
     assert supervised == sum(int(m.sum()) for m in masks)
+
+
+@pytest.mark.trainers
+def test_the_chat_pages_olmo_core_snippet_reads_a_conversation_with_its_mask(chat_run, tmp_path, monkeypatch):
+    """docs/chat.md's OLMo-core snippet as it is (prepared before its first index), with the page's setting."""
+    monkeypatch.setenv("OLMO_DATA_PREP_WORKERS", "1")
+    monkeypatch.setenv("OLMO_DATA_PREP_USE_ARRAY_IF_LOCAL", "false")
+    snippet = next(b for b in page_blocks("docs/chat.md") if "olmo_core" in b.code)
+    replaced = {"out/sft-mix/<version>": str(chat_run), "/tmp/olmo-work": str(tmp_path / "work")}
+    conversation = run_python(snippet, replaced)["conversation"]
+    (first, *_), (mask, *_) = documents(chat_run)
+    assert np.array_equal(conversation["input_ids"][: len(first)].numpy(), first)
+    assert np.array_equal(conversation["label_mask"][: len(first)].numpy(), mask.astype(bool))

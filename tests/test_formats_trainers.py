@@ -25,6 +25,7 @@ from tokenmill.storage import Store
 from tokenmill.validate import Checking, ShardFiles, check_shard
 
 from .conftest import EXAMPLES
+from .docs_blocks import page_blocks, run_python
 
 EOD = 50256  # GPT-2's <|endoftext|>, after every document
 VOCAB = 50257
@@ -253,6 +254,28 @@ def test_hf_datasets_interleaves_each_sources_tokens_in_its_share(dataset, tmp_p
     assert_drawn_in_shares(tokens, dataset)
 
 
+def test_the_nanotron_pages_loader_reads_a_sources_folder(dataset):
+    """docs/train-nanotron.md's loader as it is, on the wiki source's training folder: its windows."""
+    (loader,) = page_blocks("docs/train-nanotron.md")
+    folder = str(dataset / "datatrove" / "wiki" / "train")
+    train = run_python(loader, {"/data/web/<version>/datatrove/train": folder})["train"]
+    expected = windows(dataset, "wiki/train", 2048 + 1)
+    assert len(train) == len(expected) > 0
+    assert np.array_equal(train[0]["input_ids"].numpy(), expected[0])
+
+
+def test_the_hf_datasets_pages_snippets_load_a_source_and_the_mix(dataset, tmp_path, monkeypatch):
+    """docs/train-hf-datasets.md's two snippets as they are: a source's splits and its streamed training rows, and
+    the mix's interleaving of every source."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    single, mixed = page_blocks("docs/train-hf-datasets.md")
+    loaded = run_python(single, {"/data/web/<version>/hf_parquet": str(dataset / "hf_parquet" / "wiki")})
+    assert set(loaded["dataset"]) == {"train", "validation"}
+    assert [row["input_ids"] for row in loaded["train"]] == [d.tolist() for d in documents(dataset, "wiki/train")]
+    drawn = next(iter(run_python(mixed, {"/data/mix/<version>": str(dataset)})["train"]))
+    assert any(drawn["input_ids"] == d.tolist() for s in SOURCES for d in documents(dataset, f"{s}/train"))
+
+
 @pytest.mark.trainers
 def test_litgpt_streams_litdata_chunks_in_blocks(dataset, tmp_path, monkeypatch):
     """litdata's `StreamingDataset` with `TokensLoader(block_size)`, as LitGPT's `LitData` opens a split: blocks that
@@ -342,6 +365,31 @@ def test_olmo_core_source_mixture_draws_each_source_in_its_share(dataset, tmp_pa
     assert_drawn_in_shares(collections.Counter(owner[window] for window in drawn), dataset)
 
 
+@pytest.mark.trainers
+def test_the_litgpt_pages_snippets_stream_a_source_and_the_mix(dataset, tmp_path, monkeypatch):
+    """docs/train-litgpt.md's two snippets as they are: a source's blocks of 2,049 tokens, and the mix's."""
+    monkeypatch.setenv("DATA_OPTIMIZER_CACHE_FOLDER", str(tmp_path / "cache"))
+    single, mixed = page_blocks("docs/train-litgpt.md")
+    train = run_python(single, {"/data/web/<version>/litdata/train": str(dataset / "litdata" / "wiki" / "train")})
+    assert len(train["train"]) == len(windows(dataset, "wiki/train", 2049)) > 0
+    assert len(next(iter(run_python(mixed, {"/data/mix/<version>": str(dataset)})["train"]))) == 2049
+
+
+@pytest.mark.trainers
+def test_the_olmo_core_pages_snippets_read_a_source_and_the_mix(dataset, tmp_path, monkeypatch):
+    """docs/train-olmo-core.md's two snippets as they are (prepared before their first index), on the wiki source's
+    training files and on the mix, asked for fewer tokens than the page's 10**10 (the test corpus holds ~1M)."""
+    monkeypatch.setenv("OLMO_DATA_PREP_WORKERS", "1")
+    single, mixed = page_blocks("docs/train-olmo-core.md")
+    work = {"/tmp/olmo-work": str(tmp_path / "work")}
+    loaded = run_python(single, {"/data/web/<version>/olmo/train": str(dataset / "olmo" / "wiki" / "train"), **work})
+    assert np.array_equal(loaded["first"].numpy(), windows(dataset, "wiki/train", 2048)[0])
+    assert len(loaded["documents"]) == len(documents(dataset, "wiki/train"))
+    fewer = {"requested_tokens=10**10": "requested_tokens=400_000", "512 * 2048": "4 * 2048"}
+    mix = run_python(mixed, {"/data/mix/<version>": str(dataset), **work, **fewer})["dataset"]
+    assert len(mix[0]["input_ids"]) == 2048
+
+
 def import_streaming():
     """`streaming`, whose `import` imports its vision datasets and so torchvision: PyPI's torchvision for torch
     2.13 is a CUDA build that fails on the CPU torch (`operator torchvision::nms does not exist`), and `make
@@ -393,3 +441,12 @@ def test_streaming_draws_each_stream_in_its_proportion(dataset):
     assert_drawn_in_shares(
         collections.Counter(owner[row["tokens"].astype(np.int64).tobytes()] for row in rows), dataset
     )
+
+
+@pytest.mark.streaming
+def test_the_llm_foundry_pages_snippet_reads_a_sources_rows(dataset):
+    """docs/train-llm-foundry.md's snippet as it is, on the wiki source's MDS rows (of this run's seq_len)."""
+    import_streaming()
+    (snippet,) = page_blocks("docs/train-llm-foundry.md")
+    tokens = run_python(snippet, {"/data/web/<version>/mds/train": str(dataset / "mds" / "wiki" / "train")})["tokens"]
+    assert len(tokens) == SEQ_LEN

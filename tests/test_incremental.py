@@ -201,3 +201,31 @@ def test_a_named_version_published_from_another_input_is_not_overwritten(tmp_pat
     manifest["inputs"]["hash"] = "the-input-now"
     version_store(config, "2026-11").write_json("manifest.json", manifest)
     assert already_published(config, plan, tokenizer) == {**manifest, FILES_LISTED: 0}
+
+
+def test_an_upgrade_of_tokenmill_reuses_no_shard_but_keeps_the_published_version(tmp_path, monkeypatch):
+    """docs/guarantees.md: a shard's tokenize key includes tokenmill's version (a marker of another release cannot
+    vouch for this one's bytes), a dataset's version name does not (a version already published stays as it is)."""
+    from tokenmill import commits, publish
+    from tokenmill.config import TokenmillConfig
+    from tokenmill.plan import Plan, Shards
+    from tokenmill.train_tokenizer import install_pretrained
+
+    from .conftest import EXAMPLES
+
+    config = TokenmillConfig.model_validate(
+        {
+            "name": "upgraded",
+            "input": {"paths": [str(tmp_path / "*.jsonl")]},
+            "tokenizer": {"path": str(EXAMPLES / "tokenizers" / "gpt2" / "tokenizer.json")},
+            "output": {"path": str(tmp_path / "build")},
+        }
+    )
+    tokenizer = install_pretrained(config)
+    plan = Plan("key", "config-key", "the-input-now", 1000, None, [], Shards())
+    before = commits.tokenize_key(config, tokenizer), publish.dataset_version(config, plan, tokenizer)
+    monkeypatch.setattr(commits, "__version__", "99.0.0")
+    monkeypatch.setattr(publish, "__version__", "99.0.0")
+    after = commits.tokenize_key(config, tokenizer), publish.dataset_version(config, plan, tokenizer)
+    assert after[0] != before[0] and after[0].endswith("-99.0.0")
+    assert after[1] == before[1]

@@ -319,3 +319,31 @@ def test_the_tokenizer_of_a_mix_is_trained_on_a_sample_in_the_mix_shares(tmp_pat
     for source in sources:
         assert trained_on[source["name"]] / trained_on.total() == pytest.approx(source["weight"], rel=0.1), trained_on
     assert trained_on.total() == pytest.approx(3_000_000, rel=0.1)
+
+
+def test_a_single_input_publishes_megatron_data_args_of_its_shards(gpt2_run, run_cli):
+    """A single input (examples/gpt2.yaml, four shards) publishes data-args files as a mixture does, beside its data
+    and not in its manifest (they name where the version lies; the data is the same bytes anywhere): megatron-core's
+    reading of `megatron/train.args` gives every training shard of the published version, weighted by its part of
+    the split's tokens, and each prefix opens as an `IndexedDataset`; `megatron/per_split.json` has the validation
+    split's shards too; `tokenmill inspect` names both files."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+        from megatron.core.datasets.utils import get_blend_from_list
+    dataset = gpt2_run / "demo-gpt2"
+    root = dataset / (dataset / "LATEST").read_text().strip()
+    stats = pd.DataFrame(json.loads((root / "stats.json").read_text()))
+    for split, megatron_split in (("train", "train"), ("val", "valid")):
+        made = stats[(stats.split == split) & (stats.documents > 0)].sort_values("shard_id")
+        listed = (root / "megatron/train.args").read_text().split() if split == "train" else None
+        per_split = json.loads((root / "megatron/per_split.json").read_text())[megatron_split]
+        assert listed is None or listed == per_split
+        prefixes, weights = get_blend_from_list(per_split)  # as Megatron-LM reads --data-args-path
+        assert prefixes == [f"{root}/{megatron_prefix(split, i)}" for i in made.shard_id]
+        assert np.allclose(weights, made.tokens / made.tokens.sum())
+        assert [len(indexed.IndexedDataset(p)) for p in prefixes] == made.documents.tolist()
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert not {f["path"] for f in manifest["files"]} & {"megatron/train.args", "megatron/per_split.json"}
+    shown = run_cli("inspect", str(root)).stdout
+    assert f"--data-args-path {root}/megatron/train.args" in shown, shown

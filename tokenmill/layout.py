@@ -15,6 +15,10 @@ PRIVATE = ("_commits/", "_work/")  # bookkeeping, not part of the published data
 MIX = "mix"
 MIX_TRAIN_ARGS = "mix/megatron/train.args"
 MIX_PER_SPLIT_ARGS = "mix/megatron/per_split.json"
+# A single input's, beside its shards' directories: published with the version but not in its manifest, since they
+# name where the version lies rather than what it holds (the same data elsewhere is the same bytes).
+MEGATRON_TRAIN_ARGS = "megatron/train.args"
+MEGATRON_PER_SPLIT_ARGS = "megatron/per_split.json"
 
 
 def shard_name(shard_id: int) -> str:

@@ -11,7 +11,8 @@ each shard's weight its source's share times its part of the source's tokens, so
 `BlendedMegatronDatasetBuilder` draws each source in its share), and `mix/megatron/per_split.json` (what
 `--per-split-data-args-path` reads) whose validation and test blends list one prefix per source, each source's
 shards merged into one `mix/megatron/<split>/<source>.bin/.idx`, so that `--multiple-validation-sets` reports a loss
-per source. Prefixes name the published version's files.
+per source. Prefixes name the published version's files. A single input has the same two files in `megatron/`
+(`write_megatron_args`), its shards weighted by their tokens, outside its manifest (`layout.MEGATRON_TRAIN_ARGS`).
 
 Each trainer's layout in `output.formats`: `mix/<format>/<split>.json`, its sources' folders of the training split
 in the version and what that trainer takes to draw them in their shares (`layout.MIX_TRAINERS`): OLMo-core's source
@@ -133,9 +134,36 @@ def write_megatron_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: d
                 shards = [layout.megatron_prefix(stream, int(i)) for i in stream_shards(table, stream).shard_id]
                 merge_megatron(store, shards, merged)
                 blend += [str(source["splits"][split]["tokens"]), f"{published}/{merged}"]
+    write_megatron_blends(store, blends, layout.MIX_TRAIN_ARGS, layout.MIX_PER_SPLIT_ARGS)
+
+
+def write_megatron_args(config: TokenmillConfig, table: pd.DataFrame, published: str) -> list[str]:
+    """A single input's Megatron data-args files, read by the flags a mixture's are (a single input is a mixture of
+    one source): each split's shards, each weighted by its part of the split's tokens, so that megatron-core draws
+    the split as it is; one validation set. Their prefixes under `published` (the version's URL); return the files."""
+    store, train = config.output.store(), training_split(config)
+    blends: dict[str, list[str]] = {"train": []}
+    for split in config.split:
+        name = "train" if split == train else MEGATRON_SPLITS.get(split)
+        shards = stream_shards(table, split)
+        if name is None or (name != "train" and (name in blends or shards.empty)):
+            continue
+        total = int(shards.tokens.sum())
+        blends[name] = [
+            entry
+            for shard_id, tokens in zip(shards.shard_id, shards.tokens, strict=True)
+            for entry in (f"{tokens / total:.12g}", f"{published}/{layout.megatron_prefix(split, int(shard_id))}")
+        ]
+    write_megatron_blends(store, blends, layout.MEGATRON_TRAIN_ARGS, layout.MEGATRON_PER_SPLIT_ARGS)
+    return [layout.MEGATRON_TRAIN_ARGS, layout.MEGATRON_PER_SPLIT_ARGS]
+
+
+def write_megatron_blends(store: Store, blends: dict[str, list[str]], train_args: str, per_split: str) -> None:
+    """`blends` (Megatron's split -> weight, prefix, weight, prefix, ...) as `--data-args-path`'s file `train_args`
+    (the training blend) and `--per-split-data-args-path`'s `per_split` (every split's)."""
     pairs = zip(blends["train"][::2], blends["train"][1::2], strict=True)
-    store.write_bytes(layout.MIX_TRAIN_ARGS, "".join(f"{weight} {prefix}\n" for weight, prefix in pairs).encode())
-    store.write_bytes(layout.MIX_PER_SPLIT_ARGS, (json.dumps(blends, indent=2) + "\n").encode())
+    store.write_bytes(train_args, "".join(f"{weight} {prefix}\n" for weight, prefix in pairs).encode())
+    store.write_bytes(per_split, (json.dumps(blends, indent=2) + "\n").encode())
 
 
 def write_trainer_mix(

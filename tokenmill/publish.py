@@ -335,7 +335,7 @@ def publish_version(config: TokenmillConfig, manifest: dict, files: Files, extra
 
     copied = sum(threaded(publish_file, files.entries(), threads_for(source, target)))
     skipped = len(files) - copied
-    for rel in extra_files:  # the report: small, about the run, not part of the data
+    for rel in extra_files:  # the report, a single input's Megatron data-args: small, not part of the data
         _copy(source, target, rel)
     _copy(source, target, layout.MANIFEST)  # the build's, as publish wrote it
     root.write_bytes(layout.LATEST, f"{manifest['version']}\n".encode())

@@ -57,11 +57,18 @@ def summary_lines(dataset: Dataset) -> list[str]:
                 f"    {name}: {target['kind']} {target['value']:g} -> {source['share']:.2%} of the mix, "
                 f"{source['epochs']:.2f} epochs of its {source['splits'][mix['split']]['tokens']:,} tokens"
             )
-        lines.append(f"  Megatron: --data-args-path {dataset.store.url}/{layout.MIX_TRAIN_ARGS}")
-        lines.append(f"            --per-split-data-args-path {dataset.store.url}/{layout.MIX_PER_SPLIT_ARGS}")
         for format in layout.MIX_TRAINERS:  # the mix in each trainer's own terms (tokenmill.mix)
             if layout.mix_trainer_file(format, mix["split"]) in listed:
                 lines.append(f"  {format}: {dataset.store.url}/{layout.mix_trainer_file(format, mix['split'])}")
+    mixed = layout.MIX_TRAIN_ARGS in listed
+    if mixed or dataset.store.exists(layout.MEGATRON_TRAIN_ARGS):  # a single input's: beside its data (tokenmill.mix)
+        args, per_split = (
+            (layout.MIX_TRAIN_ARGS, layout.MIX_PER_SPLIT_ARGS)
+            if mixed
+            else (layout.MEGATRON_TRAIN_ARGS, layout.MEGATRON_PER_SPLIT_ARGS)
+        )
+        lines.append(f"  Megatron: --data-args-path {dataset.store.url}/{args}")
+        lines.append(f"            --per-split-data-args-path {dataset.store.url}/{per_split}")
     files = m["files"]
     lines.append(f"  {len(files)} files, {sum(f['bytes'] for f in files) / 1e6:,.1f} MB")
     if inputs := m.get("inputs"):
