@@ -153,3 +153,15 @@ def test_a_long_documents_excerpt_is_checked_against_the_stored_ids_that_cover_i
         )
         shifted = checked_excerpt(hf.tokenizer, hf.token_places, text, ids[1:], 200_000, np.random.default_rng(seed))
         assert shifted == "wrong: its stored ids do not cover its text"
+
+
+def test_an_excerpt_is_whole_lines_of_about_the_size_asked_for_whatever_the_script():
+    from tokenmill.reference import excerpt
+
+    for line in ("ascii line of code;", "日本語の行です。", "emoji 🎉 line"):
+        text = "\n".join(f"{line} {k}" for k in range(100_000))
+        for seed in range(5):
+            part = excerpt(text, 100_000, seed)
+            assert 50_000 < len(part.encode()) <= 100_000 and part in text
+            assert text.startswith(part) or text[text.index(part) - 1] == "\n"
+    assert excerpt("short", 100_000, 0) == "short"

@@ -70,11 +70,12 @@ def reference_ids(
 def excerpt(text: str, most_bytes: int, seed: int) -> str:
     """`text`, or where it is longer than `most_bytes`, a run of its whole lines of about that size from a place
     drawn with `seed` (a sample holds it as a text of its own)."""
-    if len(text) <= most_bytes // 4 or len(text.encode("utf-8", "surrogatepass")) <= most_bytes:
+    if len(text) <= most_bytes // 4 or (size := len(text.encode("utf-8", "surrogatepass"))) <= most_bytes:
         return text
-    start = int(np.random.default_rng(seed).integers(0, len(text) - most_bytes // 2))
+    chars = max(1, len(text) * most_bytes // size)  # about most_bytes of its UTF-8
+    start = int(np.random.default_rng(seed).integers(0, len(text) - chars + 1))
     start = text.find("\n", start) + 1 if start else 0  # 0 also where no line starts after it
-    end = text.rfind("\n", start, start + most_bytes) + 1 or start + most_bytes
+    end = text.rfind("\n", start, start + chars) + 1 or start + chars
     return text[start:end]
 
 
