@@ -12,6 +12,7 @@ each split's tokens are written as one slice. No Python runs per document or per
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -353,6 +354,9 @@ def verification_texts(
     spread evenly from a seeded place across a line-based piece that can be read from anywhere (enough to hold twice
     `share_bytes`, at least VERIFY_BLOCKS), of the first batches of the others."""
     wanted = max(VERIFY_BLOCKS, 2 * share_bytes // SAMPLE_BLOCK_BYTES)
+    # Bad records are the tokenize stage's to report (it names their file and line; a block read here cannot know
+    # its line numbers): the sample only leaves them out.
+    options = dataclasses.replace(options, on_invalid="quarantine")
     for piece in (shard.pieces[k] for k in rng.permutation(len(shard.pieces))):
         kind = kind_of(piece, options)
         if kind in LINE_KINDS and compression_of(piece.path) is None:
