@@ -5,9 +5,10 @@ rebuild them: unique text with the file-size distributions real corpora have.
   file: about 1.5 GB of C, headers, scripts and docs; median file 4 KB, a hundred files over 1 MB, the largest
   (generated register headers) over 20 MB.
 - `prose`: the kernel's own documentation (`Documentation/`, reStructuredText), the Python documentation's
-  sources (`python3.11-doc`), the King James Bible (`bible-kjv-text`) and the manual pages of `manpages` and
-  `manpages-dev` (groff markup kept, as a crawler would keep it), then ../shared's prose corpora (Wikipedia,
-  WikiText, web pages, multilingual) where they are there.
+  sources (`python3.11-doc`), the Debian Administrator's Handbook in its many languages and the Debian Reference
+  (their HTML pages as text), the fortunes, and the manual pages of `manpages` and `manpages-dev` (groff markup
+  kept, as a crawler would keep it), then ../shared's prose corpora (Wikipedia, WikiText, web pages) where they
+  are there.
 
 Each record is `{"id", "text", "source"}`; ids are unique, texts are not repeated. Packages are fetched with
 `apt-get download` into `--cache` (once), and nothing is installed.
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import html.parser
 import io
+import re
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -31,7 +34,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 KERNEL = "linux-source-6.1"
-PROSE_PACKAGES = ("python3.11-doc", "bible-kjv-text", "manpages", "manpages-dev")
+PROSE_PACKAGES = ("python3.11-doc", "debian-handbook", "debian-reference-en", "fortunes", "manpages", "manpages-dev")
 SHARED_PROSE = ("enwiki_slice", "wikitext", "web_scrapinghub_aeb", "web_dclm_annotated", "web_trafilatura_pages")
 
 
@@ -63,6 +66,32 @@ def text_of(data: bytes) -> str | None:
         return None
 
 
+class _Text(html.parser.HTMLParser):
+    """An HTML page's text, its scripts and styles left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts, self.skipping = [], 0
+
+    def handle_starttag(self, tag, attrs):
+        self.skipping += tag in ("script", "style")
+
+    def handle_endtag(self, tag):
+        self.skipping -= tag in ("script", "style") and self.skipping > 0
+        if tag in ("p", "div", "li", "h1", "h2", "h3", "h4", "pre", "tr", "br", "title"):
+            self.parts.append("\n")
+
+    def handle_data(self, data):
+        if not self.skipping:
+            self.parts.append(data)
+
+
+def html_text(page: str) -> str:
+    parser = _Text()
+    parser.feed(page)
+    return re.sub(r"\n\s*\n+", "\n\n", "".join(parser.parts)).strip()
+
+
 def kernel_files(cache: Path) -> Iterator[tuple[str, str]]:
     """(path, text) of every text file of the kernel's source tarball, inside the package."""
     for name, data in deb_members(downloaded(KERNEL, cache)):
@@ -89,7 +118,9 @@ def prose(cache: Path) -> Iterator[dict]:
                 data, path = gzip.decompress(data), path[:-3]
             if package == "python3.11-doc" and "/_sources/" not in path:
                 continue  # its HTML renders the same sources
-            if (text := text_of(data)) is not None and text.strip():
+            if (text := text_of(data)) is not None and path.endswith(".html"):
+                text = html_text(text)
+            if text is not None and text.strip():
                 yield {"id": f"{package}:{path}", "text": text, "source": package}
     for name in SHARED_PROSE:
         for file in sorted((SHARED / "corpora" / name).glob("*.jsonl.gz")):
