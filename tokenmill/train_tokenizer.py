@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from tokenmill import chat as chats
 from tokenmill import layout
 from tokenmill.commits import commit, committed
-from tokenmill.config import ChatConfig, TokenizerConfig, TokenmillConfig, TrainConfig
+from tokenmill.config import ChatConfig, PreferenceConfig, TokenizerConfig, TokenmillConfig, TrainConfig
 from tokenmill.formats.sample import Sampled, training_files, training_texts
 from tokenmill.pretrained import Pretrained, as_transformers_builds_it, chat_template_source, load_pretrained
 from tokenmill.storage import Store
@@ -40,7 +40,11 @@ def install_pretrained(config: TokenmillConfig) -> TokenizerInfo:
     resolve its special tokens; any problem is raised here, before a shard runs."""
     cfg = config.tokenizer
     pretrained = load_pretrained(cfg.path, cfg.hub, cfg.tiktoken)
-    chat_inputs = {name: source.chat for name, source in config.inputs().items() if source.chat is not None}
+    chat_inputs = {  # conversations and preference pairs are both rendered with a chat template
+        name: source.chat or source.preference
+        for name, source in config.inputs().items()
+        if source.chat is not None or source.preference is not None
+    }
     if chat_inputs:
         pretrained = as_transformers_builds_it(pretrained)
     info = describe_tokenizer(
@@ -56,10 +60,14 @@ def install_pretrained(config: TokenmillConfig) -> TokenizerInfo:
     return replace(info, chat=templates)
 
 
-def chat_template(pretrained: Pretrained, source: str, chat: ChatConfig, tokenizer: Tokenizer) -> chats.ChatTemplate:
-    """A chat input's template, probed for its end-of-turn (`ChatTemplate.probe`), before any shard runs."""
+def chat_template(
+    pretrained: Pretrained, source: str, chat: ChatConfig | PreferenceConfig, tokenizer: Tokenizer
+) -> chats.ChatTemplate:
+    """A chat (or preference) input's template, probed for its end-of-turn (`ChatTemplate.probe`), before any shard
+    runs."""
     name, text, tokenizer_config = chat_template_source(pretrained, chat.template)
-    where = f"sources.{source}.input.chat" if source else "input.chat"
+    section = "chat" if isinstance(chat, ChatConfig) else "preference"
+    where = f"sources.{source}.input.{section}" if source else f"input.{section}"
     if chat.date is None and "strftime_now" in text:
         raise ValueError(
             f"chat template {name} writes today's date (strftime_now), so its tokens would change every day: set "

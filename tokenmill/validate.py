@@ -164,8 +164,12 @@ def shard_chunks(table: pd.DataFrame) -> Iterator[pd.DataFrame]:
         start = end
 
 
-def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None, bos_id: int | None) -> list[str]:
+def _check_megatron(
+    store: Store, row, dtype: np.dtype, eod_id: int | None, bos_id: int | None, pairs: bool = False
+) -> list[str]:
+    """`pairs`: the split's documents are preference pairs, each two sequences (chosen, rejected)."""
     prefix = layout.megatron_prefix(row.split, row.shard_id)
+    each = 2 if pairs else 1
     files = [prefix + ".bin", prefix + ".idx"]
     if row.documents == 0:
         return [f"{prefix}.bin: exists but stats say its split has no documents"] if store.exists(files[0]) else []
@@ -179,15 +183,16 @@ def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None, bos_
         index = reader.index
         if index.dtype != dtype:
             return [f"{prefix}.idx: dtype {index.dtype}, expected {dtype}"]
-        if len(index) != row.documents:
-            return [f"{prefix}.idx: {len(index)} sequences, stats say {row.documents} documents"]
+        if len(index) != each * row.documents:
+            return [f"{prefix}.idx: {len(index)} sequences, stats say {row.documents} documents of {each}"]
         if int(index.lengths.sum(dtype=np.int64)) != row.tokens or len(reader.tokens) != row.tokens:
             return [f"{prefix}.bin: {len(reader.tokens)} tokens, index says {index.lengths.sum()}, stats {row.tokens}"]
-        if not np.array_equal(index.document_indices, np.arange(len(index) + 1)):
-            return [f"{prefix}.idx: document indices are not 0..{len(index)}"]
+        if not np.array_equal(index.document_indices, np.arange(0, len(index) + 1, each)):
+            return [f"{prefix}.idx: document indices are not 0..{len(index)}" + (" by 2 (pairs)" if pairs else "")]
         if not np.array_equal(index.pointers[1:], np.cumsum(index.lengths[:-1], dtype=np.int64) * dtype.itemsize):
             return [f"{prefix}.idx: pointers disagree with lengths"]
-        if problem := _check_documents_table(store, row, index.lengths):
+        lengths = index.lengths.astype(np.int64)
+        if problem := _check_documents_table(store, row, lengths[0::2] + lengths[1::2] if pairs else lengths):
             return [problem]
         starts = index.pointers // dtype.itemsize
         if row.supervised_tokens >= 0:  # conversations: the template placed their specials; each has its loss mask
@@ -679,6 +684,7 @@ class Checking:
     llmc_shard_tokens: int | None  # the tokens of an llm.c file; None: no llm.c files
     trainers: tuple[str, ...] = ()  # the trainers' layouts written (TRAINER_FORMATS in output.formats)
     seq_len: int = 0  # the tokens of an MDS row (pack.seq_len)
+    pairs: frozenset[str] = frozenset()  # the streams of preference pairs
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Checking:
@@ -692,6 +698,7 @@ class Checking:
             config.output.llmc_shard_tokens if "llmc" in config.output.formats else None,
             tuple(f for f in config.output.formats if f in TRAINER_FORMATS),
             config.pack.seq_len,
+            frozenset(config.pair_streams()),
         )
 
 
@@ -700,7 +707,7 @@ def check_shard(run: Checking, shard: ShardFiles) -> list[str]:
     dtype = token_dtype(run.vocab_size)
     problems = []
     for row in (SimpleNamespace(**{k: _plain(v) for k, v in r.items()}) for r in shard.rows):
-        problems += _check_megatron(run.store, row, dtype, run.eod_id, run.bos_id)
+        problems += _check_megatron(run.store, row, dtype, run.eod_id, run.bos_id, row.split in run.pairs)
         if run.pack is not None:
             problems += _check_packed(run.store, row, run.pack, run.pad_id)
         if run.llmc_shard_tokens is not None:
@@ -766,9 +773,13 @@ def _check_trainer_file(format: str, rels: list[str], paths: list, row, dtype: n
         return (
             [] if rows == expected else [f"{rel}: {rows} rows of {seq_len} tokens, {row.tokens} tokens make {expected}"]
         )
-    table = pq.read_table(path)  # conversations: TRL's rows, Megatron-Bridge's packed rows
-    column = "labels" if format == "trl" else "input_ids"
-    tokens = int(pc.sum(pc.list_value_length(table[column])).as_py() or 0)
+    table = pq.read_table(path)  # conversations: TRL's rows, Megatron-Bridge's packed rows; pairs: TRL's DPO rows
+    if "prompt_ids" in table.column_names:  # a pair's prompt is in both of its packed sequences
+        counts = [int(pc.sum(pc.list_value_length(table[c])).as_py() or 0) for c in table.column_names]
+        tokens = 2 * counts[0] + sum(counts[1:])
+    else:
+        column = "labels" if format == "trl" else "input_ids"
+        tokens = int(pc.sum(pc.list_value_length(table[column])).as_py() or 0)
     rows = len(table) if format == "megatron_bridge" else None
     if tokens != row.packed_real_tokens or rows not in (None, row.packed_rows):
         return [f"{rel}: {tokens} tokens in {len(table)} rows, stats say {row.packed_real_tokens}"]
