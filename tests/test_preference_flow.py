@@ -254,3 +254,52 @@ def test_validate_stops_on_a_planted_all_ones_mask_or_half_a_pair(run_cli, tmp_p
     with pytest.raises(ValidationFailed, match="sampled pairs are not their prompt and completions") as failed:
         validate(config, plan, tokenizer, table)
     assert "megatron/train/shard-00000.bin: pair" in str(failed.value) and said in str(failed.value)
+
+
+def test_pairs_read_from_s3_are_a_source_of_a_mixture_beside_text(run_cli, s3_server, tmp_path):
+    """HH-RLHF's pairs on S3 as one source of a mixture, Wikitext beside them, one tokenizer: the pairs are stored
+    as a local run stores them, and the mix draws each source's real tokens in its share, rows of pairs with labels
+    on their completions only."""
+    import boto3
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="pairs")
+    s3.upload_file(str(HH), "pairs", f"hh/{HH.name}")
+    wiki = Path(__file__).parents[1] / "examples" / "data" / "wikitext2_raw_test.jsonl"
+    config = {
+        "name": "dpo-mix",
+        "sources": [
+            {"name": "pairs", "input": {"paths": [f"s3://pairs/hh/{HH.name}"], "id_field": "id", "preference": {}},
+             "weight": 0.4},
+            {"name": "wiki", "input": {"paths": [str(wiki)]}, "weight": 0.6},
+        ],
+        "tokenizer": {"path": str(PHI3), "eod": "auto"},
+        "pack": {"mode": "concat", "seq_len": 4096},  # max_length 2048: no pair too long (a share counts them)
+        "output": {"path": str(tmp_path / "out")},
+    }  # fmt: skip
+    path = tmp_path / "mix.yaml"
+    path.write_text(json.dumps(config))
+    run_cli("run", str(path))
+    out = tmp_path / "out"
+    local = tmp_path / "local"
+    local.mkdir()
+    run_cli("run", str(pair_config(local, [HH], formats=("megatron", "packed"))), "--set", "split={train: 1.0}")
+    reader = MegatronReader(out / "megatron" / "pairs" / "train" / "shard-00000")
+    alone = MegatronReader(local / "out" / "megatron" / "train" / "shard-00000")
+    assert len(reader) == len(alone) == 600 and np.array_equal(reader.tokens, alone.tokens)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["splits"]["pairs/train"]["too_long"] == 0
+    shares = {name: s["share"] for name, s in manifest["mix"]["sources"].items()}
+    assert shares == pytest.approx({"pairs": 0.4, "wiki": 0.6})
+    plan = json.loads((out / "plan.json").read_text())
+    source_of = {s["shard_id"]: s["mix_source"] for s in plan["shards"]}
+    mixed, index = PackedSplit(out, "train"), np.load(out / "mix" / "packed" / "train.npy")
+    drawn = Counter()
+    for i, (shard, _) in enumerate(index):
+        _, boundaries = mixed.row(i)
+        drawn[source_of[int(shard)]] += int(boundaries[-1])
+        if source_of[int(shard)] == "pairs":
+            assert (mixed[i]["labels"] != IGNORE_INDEX).sum() < boundaries[-1]  # the completions only
+    total = sum(drawn.values())
+    for name, share in shares.items():
+        assert drawn[name] / total == pytest.approx(share, rel=0.01), drawn

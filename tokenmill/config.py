@@ -538,7 +538,8 @@ class OutputConfig(_Section):
         description="megatron: .bin/.idx per shard and split (always written: every other format is made "
         "from it); packed: packed rows as .npy (unless pack.mode is none); llmc: flat token shards as "
         "nanoGPT/llm.c read them; olmo: OLMo-core's numpy token files with their documents' .csv.gz; trl, "
-        "megatron_bridge: conversations (input.chat) as TRL's and Megatron-Bridge's Parquet (docs/chat.md); "
+        "megatron_bridge: conversations (input.chat) as TRL's and Megatron-Bridge's Parquet (docs/chat.md), trl "
+        "also preference pairs (input.preference) as TRL's tokenized DPO columns; "
         "text only: datatrove: nanotron's tokenized files (.ds, .ds.index, .ds.metadata); litdata: LitGPT's "
         "litdata chunks, a document per item; hf_parquet: Parquet of input_ids, a row per document (HF datasets); "
         "mds: MosaicML streaming shards of pack.seq_len-token rows (llm-foundry). One folder per split each.",
