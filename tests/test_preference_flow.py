@@ -8,7 +8,6 @@ what is wrong; a planted all-ones mask or half a pair stops validate."""
 from __future__ import annotations
 
 import gzip
-import itertools
 import json
 from collections import Counter
 from pathlib import Path
@@ -114,11 +113,9 @@ def test_pairs_are_stored_as_trls_dpo_preprocessing_packed_whole_and_load_in_trl
     packed = Counter()
     for split in ("train", "validation"):
         for sample in PackedSplit(out, split):
-            cu, labels = sample["cu_seqlens"].tolist(), sample["labels"]
-            real = cu[-1] if sample["input_ids"][cu[-2] :].tolist() != [PAD] * (cu[-1] - cu[-2]) else cu[-2]
-            segments = [(a, b) for a, b in itertools.pairwise(cu) if b <= real]
-            assert len(segments) % 2 == 0  # never half a pair
-            for (a, b), (c, d) in zip(segments[::2], segments[1::2], strict=True):
+            labels = sample["labels"]
+            for (a, b), (c, d) in sample["pairs"].tolist():  # never half a pair: each chosen, then its rejected
+                assert b == c
                 assert sample["position_ids"][a:b].tolist() == list(range(b - a))
                 assert sample["position_ids"][c:d].tolist() == list(range(d - c))
                 packed[(tuple(sample["input_ids"][a:b].tolist()), tuple(sample["input_ids"][c:d].tolist()))] += 1
@@ -298,8 +295,12 @@ def test_pairs_read_from_s3_are_a_source_of_a_mixture_beside_text(run_cli, s3_se
     for i, (shard, _) in enumerate(index):
         _, boundaries = mixed.row(i)
         drawn[source_of[int(shard)]] += int(boundaries[-1])
-        if source_of[int(shard)] == "pairs":
-            assert (mixed[i]["labels"] != IGNORE_INDEX).sum() < boundaries[-1]  # the completions only
+        sample = mixed[i]
+        assert ("pairs" in sample) == (source_of[int(shard)] == "pairs")
+        if "pairs" in sample:  # whole pairs, the labels on their completions only
+            assert sample["pairs"][-1, 1, 1] == boundaries[-1] and (sample["labels"] != IGNORE_INDEX).sum() < len(
+                sample["labels"][: boundaries[-1]]
+            )
     total = sum(drawn.values())
     for name, share in shares.items():
         assert drawn[name] / total == pytest.approx(share, rel=0.01), drawn
