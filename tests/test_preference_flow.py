@@ -175,6 +175,43 @@ def test_plain_text_pairs_in_parquet_with_an_implicit_prompt_are_cut_as_trls_col
     assert sum(s["too_long"] for s in manifest["splits"].values()) == cut > 0
 
 
+def test_plain_text_pairs_need_no_chat_template(run_cli, tmp_path):
+    """A base model's tokenizer without a chat template (phi3's, its template taken out): the TL;DR comparisons as
+    plain text are tokenized as TRL does with it (its EOS appended to each completion), and a conversational pair is
+    refused saying why."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    base = tmp_path / "base-tokenizer"
+    base.mkdir()
+    (base / "tokenizer.json").write_bytes((PHI3 / "tokenizer.json").read_bytes())
+    settings = json.loads((PHI3 / "tokenizer_config.json").read_text())
+    del settings["chat_template"]
+    (base / "tokenizer_config.json").write_text(json.dumps(settings))
+    records = [{k: r[k] for k in ("id", "prompt", "chosen", "rejected")} for r in read(TLDR)[:50]]
+    hh = read(HH)[0]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*records, hh]))
+    config = json.loads(pair_config(tmp_path, [path]).read_text())
+    config["tokenizer"]["path"] = str(base)
+    (tmp_path / "dpo.yaml").write_text(json.dumps(config))
+    run_cli("run", str(tmp_path / "dpo.yaml"))
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    args = DPOConfig(output_dir=str(tmp_path / "dpo"), max_length=None, report_to=[], use_cpu=True, bf16=False)
+    prepared = DPOTrainer._prepare_dataset(SimpleNamespace(_tokenizer=tokenizer), Dataset.from_list(records),
+                                           tokenizer, args, "train")  # fmt: skip
+    stored = stored_pairs(tmp_path / "out")
+    assert len(stored) == len(records)
+    for record, row in zip(records, prepared.to_list(), strict=True):
+        assert stored[record["id"]][0].tolist() == row["prompt_ids"] + row["chosen_ids"]
+        assert stored[record["id"]][2].tolist() == row["prompt_ids"] + row["rejected_ids"]
+        assert row["chosen_ids"][-1] == tokenizer.eos_token_id
+    (reject,) = [json.loads(line) for line in (tmp_path / "out" / "rejects" / "shard-00000.jsonl").open()]
+    assert reject["line"] == 51 and reject["reason"].startswith("a conversational pair needs a chat template")
+
+
 def test_bad_records_are_quarantined_saying_what_is_wrong(run_cli, tmp_path):
     good = read(HH)[0]
     user = {"role": "user", "content": "Hi"}

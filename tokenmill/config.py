@@ -224,9 +224,11 @@ class InputConfig(_Section):
             )
         return names
 
-    def read_options(self, fields: tuple[str, ...] = (), template: ChatTemplate | None = None) -> ReadOptions:
+    def read_options(
+        self, fields: tuple[str, ...] = (), template: ChatTemplate | None = None, eos_token: str | None = None
+    ) -> ReadOptions:
         """How its files are read; a chat or preference input's records are rendered with `template`
-        (`TokenizerInfo.chat`)."""
+        (`TokenizerInfo.chat`); `eos_token` is appended to a plain-text pair's completions (`TokenizerInfo`)."""
         from tokenmill.chat import ChatReading
         from tokenmill.preference import PairReading
         from tokenmill.readers import ReadOptions
@@ -234,8 +236,9 @@ class InputConfig(_Section):
         chat = pairs = None
         if self.chat is not None and template is not None:
             chat = ChatReading(self.chat.record_format(), template, self.chat.mask, self.chat.trailer)
-        if self.preference is not None and template is not None:  # TRL appends the tokenizer's EOS to plain text
-            pairs = PairReading(self.preference.pair_format(), template, template.variables.get("eos_token", ""))
+        if self.preference is not None and (template is not None or eos_token is not None):
+            eos = template.variables.get("eos_token", eos_token or "") if template is not None else eos_token
+            pairs = PairReading(self.preference.pair_format(), template, eos)  # TRL appends the EOS to plain text
         return ReadOptions(
             text_field=self.text_field,
             id_field=self.id_field,

@@ -158,7 +158,10 @@ def pair_texts(pair: Pair, chat: ChatTemplate | None, eos_token: str) -> PairTex
     to a completion that does not end with it."""
     if pair.conversational:
         if chat is None:
-            raise ChatError("a conversational pair needs a chat template")
+            raise ChatError(
+                "a conversational pair needs a chat template: the tokenizer has none (name a .jinja file in "
+                "input.preference.template)"
+            )
         prompt = _rendered(chat, pair.prompt, pair.tools, generation_prompt=True)
         chosen, rejected = (_rendered(chat, pair.prompt + side, pair.tools) for side in (pair.chosen, pair.rejected))
         return PairTexts(prompt, chosen, rejected, special=False)

@@ -23,7 +23,13 @@ from tokenmill import layout
 from tokenmill.commits import commit, committed
 from tokenmill.config import ChatConfig, PreferenceConfig, TokenizerConfig, TokenmillConfig, TrainConfig
 from tokenmill.formats.sample import Sampled, training_files, training_texts
-from tokenmill.pretrained import Pretrained, as_transformers_builds_it, chat_template_source, load_pretrained
+from tokenmill.pretrained import (
+    Pretrained,
+    TokenizerSourceError,
+    as_transformers_builds_it,
+    chat_template_source,
+    load_pretrained,
+)
 from tokenmill.storage import Store
 from tokenmill.tokenizer_info import TokenizerInfo, describe_tokenizer
 
@@ -54,10 +60,21 @@ def install_pretrained(config: TokenmillConfig) -> TokenizerInfo:
     if not chat_inputs:
         return info
     tokenizer = pretrained.parsed or Tokenizer.from_str(pretrained.data.decode())
-    templates = tuple((name, chat_template(pretrained, name, chat, tokenizer)) for name, chat in chat_inputs.items())
+    templates = []
+    for name, chat in chat_inputs.items():
+        try:
+            templates.append((name, chat_template(pretrained, name, chat, tokenizer)))
+        except TokenizerSourceError:
+            if not isinstance(chat, PreferenceConfig) or chat.template is not None:
+                raise
+            # Plain-text pairs need no template (TRL appends the tokenizer's EOS); conversational ones are refused
     for name, template in templates:  # the dataset carries what its conversations were rendered with
         config.output.store().write_bytes(layout.chat_template_file(name), template.source.encode())
-    return replace(info, chat=templates)
+    info = replace(info, chat=tuple(templates))
+    if config.has_pairs():  # the EOS TRL appends to a plain-text completion: the tokenizer's own, else tokenizer.eod
+        eod = cfg.eod if cfg.eod not in (None, "auto") else None
+        info = replace(info, eos_token=pretrained.eos or eod)
+    return info
 
 
 def chat_template(
