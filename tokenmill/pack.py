@@ -177,8 +177,9 @@ def pack_pairs_of(
         masks = np.fromfile(mask_path, dtype=np.uint8)
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.cumsum(lengths) - lengths
-    # A pair's prompt is where its chosen sequence's loss starts (its completion has a token at least)
-    prompts = np.array([np.argmax(masks[s : s + n]) for s, n in zip(starts[0::2], lengths[0::2], strict=True)])
+    # A pair's prompt ends where its chosen sequence's loss starts (its completion has a token at least)
+    ones = np.flatnonzero(masks)
+    prompts = ones[np.searchsorted(ones, starts[0::2])] - starts[0::2]
     max_length, too_long = next((m, t) for stream, m, t in run.pairs if stream == split)
     keep, kept = fit_stored(lengths, prompts, max_length, too_long)
     taken = np.repeat(starts[np.repeat(keep, 2)] - (np.cumsum(kept) - kept), kept) + np.arange(kept.sum())
