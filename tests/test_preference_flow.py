@@ -241,11 +241,21 @@ def test_bad_records_are_quarantined_saying_what_is_wrong(run_cli, tmp_path):
     assert explicit.returncode != 0 and "line 2: no 'chosen' (the chosen completion" in explicit.stderr
 
 
+@pytest.fixture(scope="module")
+def hh_run(run_cli, tmp_path_factory) -> Path:
+    """A run of HH-RLHF's pairs, left as it finished (a test copies it before changing it)."""
+    tmp_path = tmp_path_factory.mktemp("hh-run")
+    run_cli("run", str(pair_config(tmp_path, [HH])))
+    return tmp_path / "out"
+
+
 @pytest.mark.parametrize("planted", ["all ones", "half a pair"])
-def test_validate_stops_on_a_planted_all_ones_mask_or_half_a_pair(run_cli, tmp_path, planted):
+def test_validate_stops_on_a_planted_all_ones_mask_or_half_a_pair(hh_run, tmp_path, planted):
     """With the stats made to agree, only checking each sampled pair can tell: a mask of all ones (the prompt's
     tokens with loss), or a pair whose rejected sequence is another pair's (so half of each), stops validate naming
     the pair, and nothing is published."""
+    import shutil
+
     from tokenmill.config import load_config
     from tokenmill.formats.megatron import write_index
     from tokenmill.plan import Plan
@@ -253,9 +263,8 @@ def test_validate_stops_on_a_planted_all_ones_mask_or_half_a_pair(run_cli, tmp_p
     from tokenmill.train_tokenizer import install_pretrained
     from tokenmill.validate import validate
 
-    path = pair_config(tmp_path, [HH])
-    run_cli("run", str(path))
-    config = load_config(path)
+    shutil.copytree(hh_run, tmp_path / "out")
+    config = load_config(pair_config(tmp_path, [HH]))
     prefix = tmp_path / "out" / "megatron" / "train" / "shard-00000"
     table = pd.DataFrame(json.loads((tmp_path / "out" / "stats.json").read_text()))[COLUMNS]
     tokenizer, plan = install_pretrained(config), Plan.read(config.output.store())
