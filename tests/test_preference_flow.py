@@ -66,10 +66,13 @@ def trl_tokenized(records: list[dict], tmp_path: Path) -> dict[str, tuple[list, 
     return {i: (r["prompt_ids"], r["chosen_ids"], r["rejected_ids"]) for i, r in zip(ids, rows, strict=True)}
 
 
-def stored_pairs(out: Path) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """Each stored pair by id, from every split's Megatron files: (chosen sequence, its mask, rejected, its mask)."""
+def stored_pairs(
+    out: Path, under: str = "megatron"
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Each stored pair by id, from every split's Megatron files (`under` the output: a mixture source's are under
+    megatron/<source>): (chosen sequence, its mask, rejected, its mask)."""
     found = {}
-    for prefix in sorted((out / "megatron").glob("*/shard-00000.idx")):
+    for prefix in sorted((out / under).glob("*/shard-00000.idx")):
         prefix = prefix.with_suffix("")
         reader = MegatronReader(prefix)
         assert reader.index.document_indices.tolist() == list(range(0, len(reader) + 1, 2))  # a pair: two sequences
@@ -299,10 +302,10 @@ def test_validate_stops_on_a_planted_all_ones_mask_or_half_a_pair(hh_run, tmp_pa
     assert "megatron/train/shard-00000.bin: pair" in str(failed.value) and said in str(failed.value)
 
 
-def test_pairs_read_from_s3_are_a_source_of_a_mixture_beside_text(run_cli, s3_server, tmp_path):
+def test_pairs_read_from_s3_are_a_source_of_a_mixture_beside_text(run_cli, s3_server, hh_run, tmp_path):
     """HH-RLHF's pairs on S3 as one source of a mixture, Wikitext beside them, one tokenizer: the pairs are stored
-    as a local run stores them, and the mix draws each source's real tokens in its share, rows of pairs with labels
-    on their completions only."""
+    as a local run stores them (its validation pairs merged for Megatron still documents of two sequences), and the
+    mix draws each source's real tokens in its share, rows of pairs with labels on their completions only."""
     import boto3
 
     s3 = boto3.client("s3")
@@ -316,6 +319,7 @@ def test_pairs_read_from_s3_are_a_source_of_a_mixture_beside_text(run_cli, s3_se
              "weight": 0.4},
             {"name": "wiki", "input": {"paths": [str(wiki)]}, "weight": 0.6},
         ],
+        "split": {"train": 0.9, "validation": 0.1},
         "tokenizer": {"path": str(PHI3), "eod": "auto"},
         "pack": {"mode": "concat", "seq_len": 4096},  # max_length 2048: no pair too long (a share counts them)
         "output": {"path": str(tmp_path / "out")},
@@ -324,12 +328,11 @@ def test_pairs_read_from_s3_are_a_source_of_a_mixture_beside_text(run_cli, s3_se
     path.write_text(json.dumps(config))
     run_cli("run", str(path))
     out = tmp_path / "out"
-    local = tmp_path / "local"
-    local.mkdir()
-    run_cli("run", str(pair_config(local, [HH], formats=("megatron", "packed"))), "--set", "split={train: 1.0}")
-    reader = MegatronReader(out / "megatron" / "pairs" / "train" / "shard-00000")
-    alone = MegatronReader(local / "out" / "megatron" / "train" / "shard-00000")
-    assert len(reader) == len(alone) == 600 and np.array_equal(reader.tokens, alone.tokens)
+    stored, alone = stored_pairs(out, "megatron/pairs"), stored_pairs(hh_run)
+    assert stored.keys() == alone.keys() and len(stored) == 300
+    assert all(all(map(np.array_equal, stored[i], alone[i])) for i in stored)
+    merged = MegatronReader(out / "mix" / "megatron" / "validation" / "pairs")
+    assert merged.index.document_indices.tolist() == list(range(0, len(merged) + 1, 2)) and len(merged) > 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["splits"]["pairs/train"]["too_long"] == 0
     shares = {name: s["share"] for name, s in manifest["mix"]["sources"].items()}
