@@ -48,3 +48,29 @@ def test_indexed_dataset_reads_tokenmill_output(tmp_path, dtype):
     builder.finalize(ref + ".idx")
     for ext in (".bin", ".idx"):
         assert (tmp_path / f"corpus{ext}").read_bytes() == (tmp_path / f"ref{ext}").read_bytes(), ext
+
+
+def test_pairs_are_documents_of_two_sequences_as_megatron_cores_builder_writes_them(tmp_path):
+    """A preference pair's chosen and rejected sequences (`write_index(..., sequences_per_document=2)`): the same
+    bytes as megatron-core's builder writes for documents of two sequences each, read back as such."""
+    from tokenmill.formats.megatron import BinWriter, write_index
+
+    pairs = [(np.array([1, 2, 3], np.uint16), np.array([1, 2, 9, 9], np.uint16)), (np.array([5, 6], np.uint16),) * 2]
+    prefix = tmp_path / "pairs"
+    with open(f"{prefix}.bin", "wb") as f:
+        writer = BinWriter(f, np.uint16)
+        for chosen, rejected in pairs:
+            writer.add(np.concatenate([chosen, rejected]), np.array([len(chosen), len(rejected)]))
+    write_index(f"{prefix}.idx", writer.all_lengths(), np.uint16, 2)
+    ref = str(tmp_path / "ref")
+    builder = mcore.IndexedDatasetBuilder(ref + ".bin", dtype=np.uint16)
+    for chosen, rejected in pairs:
+        builder.add_document(np.concatenate([chosen, rejected]), [len(chosen), len(rejected)])
+    builder.finalize(ref + ".idx")
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"pairs{ext}").read_bytes() == (tmp_path / f"ref{ext}").read_bytes(), ext
+    ds = mcore.IndexedDataset(str(prefix))
+    assert ds.document_indices.tolist() == [0, 2, 4] and [np.array(ds[i]).tolist() for i in range(4)] == [
+        [1, 2, 3], [1, 2, 9, 9], [5, 6], [5, 6]
+    ]  # fmt: skip
+    del ds

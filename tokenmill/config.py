@@ -123,6 +123,50 @@ class ChatConfig(_Section):
         )
 
 
+class PreferenceConfig(_Section):
+    """Records that are preference pairs (DPO and its relatives): a prompt with a chosen and a rejected completion, in
+    TRL's preference formats, tokenized as TRL's DPO preprocessing tokenizes them (docs/chat.md, Preference pairs)."""
+
+    prompt_field: str = Field("prompt", description="The prompt: a list of messages, or a string.")
+    chosen_field: str = Field("chosen", description="The chosen completion: a list of messages, or a string.")
+    rejected_field: str = Field("rejected", description="The rejected completion: a list of messages, or a string.")
+    tools_field: str | None = Field(
+        None, description="The tools the template is given: a list of JSON schemas, or its JSON text."
+    )
+    form: Literal["auto", "explicit", "implicit"] = Field(
+        "auto",
+        description="auto: a record's prompt is prompt_field where it has one, else the start chosen and rejected "
+        "share (TRL's extract_prompt); explicit: every record has prompt_field; implicit: the prompt is always "
+        "extracted (prompt_field is not read).",
+    )
+    template: str | None = Field(
+        None,
+        description="A .jinja file holding the chat template that renders conversational pairs; null: the "
+        "chat_template of the tokenizer's tokenizer_config.json.",
+    )
+    date: datetime.date | None = Field(
+        None, description="The date a template that writes today's date writes (as input.chat.date)."
+    )
+    max_length: int | None = Field(
+        None,
+        ge=2,
+        description="TRL's max_length: the most tokens of a side (the prompt and one completion); null: half of "
+        "pack.seq_len, so that every pair fits a packed row. A pair whose prompt alone has max_length tokens is "
+        "dropped.",
+    )
+    too_long: Literal["drop", "truncate"] = Field(
+        "drop",
+        description="A pair with a side longer than max_length: dropped whole, or each such side cut to its first "
+        "max_length tokens (TRL's collator, keep_start); never one side only. Counted in the report either way.",
+    )
+
+    def pair_format(self):
+        """The reader's view: `tokenmill.preference.PairFormat`."""
+        from tokenmill.preference import PairFormat
+
+        return PairFormat(self.prompt_field, self.chosen_field, self.rejected_field, self.tools_field, self.form)
+
+
 class InputConfig(_Section):
     """The corpus: which files, their format, where each record keeps its text and id, and what makes a record
     invalid (docs/inputs.md)."""
@@ -157,6 +201,17 @@ class InputConfig(_Section):
         description="The records are conversations, rendered with the model's chat template, their loss mask on "
         "the assistant's turns (docs/chat.md); text_field is then not read.",
     )
+    preference: PreferenceConfig | None = Field(
+        None,
+        description="The records are preference pairs (prompt, chosen, rejected), tokenized as TRL's DPO "
+        "preprocessing tokenizes them (docs/chat.md); text_field is then not read.",
+    )
+
+    @model_validator(mode="after")
+    def _chat_or_pairs(self) -> InputConfig:
+        if self.chat is not None and self.preference is not None:
+            raise ValueError("input.chat and input.preference: records are conversations or pairs, give one")
+        return self
 
     @field_validator("metadata_fields")
     @classmethod
@@ -169,14 +224,21 @@ class InputConfig(_Section):
             )
         return names
 
-    def read_options(self, fields: tuple[str, ...] = (), template: ChatTemplate | None = None) -> ReadOptions:
-        """How its files are read; a chat input's records are rendered with `template` (`TokenizerInfo.chat`)."""
+    def read_options(
+        self, fields: tuple[str, ...] = (), template: ChatTemplate | None = None, eos_token: str | None = None
+    ) -> ReadOptions:
+        """How its files are read; a chat or preference input's records are rendered with `template`
+        (`TokenizerInfo.chat`); `eos_token` is appended to a plain-text pair's completions (`TokenizerInfo`)."""
         from tokenmill.chat import ChatReading
+        from tokenmill.preference import PairReading
         from tokenmill.readers import ReadOptions
 
-        chat = None
+        chat = pairs = None
         if self.chat is not None and template is not None:
             chat = ChatReading(self.chat.record_format(), template, self.chat.mask, self.chat.trailer)
+        if self.preference is not None and (template is not None or eos_token is not None):
+            eos = template.variables.get("eos_token", eos_token or "") if template is not None else eos_token
+            pairs = PairReading(self.preference.pair_format(), template, eos)  # TRL appends the EOS to plain text
         return ReadOptions(
             text_field=self.text_field,
             id_field=self.id_field,
@@ -187,8 +249,9 @@ class InputConfig(_Section):
             separator=self.separator,
             fields=tuple(dict.fromkeys((*fields, *self.metadata_fields))),
             storage_options=self.storage.fsspec_options(),
-            conversations=self.chat is not None,
+            conversations=self.chat is not None or self.preference is not None,
             chat=chat,
+            pairs=pairs,
         )
 
 
@@ -478,7 +541,8 @@ class OutputConfig(_Section):
         description="megatron: .bin/.idx per shard and split (always written: every other format is made "
         "from it); packed: packed rows as .npy (unless pack.mode is none); llmc: flat token shards as "
         "nanoGPT/llm.c read them; olmo: OLMo-core's numpy token files with their documents' .csv.gz; trl, "
-        "megatron_bridge: conversations (input.chat) as TRL's and Megatron-Bridge's Parquet (docs/chat.md); "
+        "megatron_bridge: conversations (input.chat) as TRL's and Megatron-Bridge's Parquet (docs/chat.md), trl "
+        "also preference pairs (input.preference) as TRL's tokenized DPO columns; "
         "text only: datatrove: nanotron's tokenized files (.ds, .ds.index, .ds.metadata); litdata: LitGPT's "
         "litdata chunks, a document per item; hf_parquet: Parquet of input_ids, a row per document (HF datasets); "
         "mds: MosaicML streaming shards of pack.seq_len-token rows (llm-foundry). One folder per split each.",
@@ -665,11 +729,38 @@ class TokenmillConfig(_Section):
             raise ValueError(
                 "partition.shuffle: not for a chat input (the packed rows' shuffle index shuffles its conversations)"
             )
+        if self.has_pairs() and (unfit := [f for f in ("megatron_bridge", "olmo") if f in self.output.formats]):
+            raise ValueError(
+                f"output.formats {', '.join(unfit)}: no layout of preference pairs (input.preference); they go to "
+                "megatron, packed and trl"
+            )
+        for name, source in self.inputs().items():
+            longest = source.preference.max_length if source.preference is not None else None
+            if longest is not None and 2 * longest > self.pack.seq_len:
+                where = f"sources.{name}.input" if name else "input"
+                raise ValueError(
+                    f"{where}.preference.max_length {longest}: a pair's two sides must fit a packed row of "
+                    f"pack.seq_len {self.pack.seq_len} (at most {self.pack.seq_len // 2}, or null)"
+                )
         return self
 
     def has_chat(self) -> bool:
-        """Some input's records are conversations (`input.chat`)."""
-        return any(source.chat is not None for source in self.inputs().values())
+        """Some input's records are conversations (`input.chat`) or preference pairs (`input.preference`): rendered
+        with the model's own template, with a loss mask."""
+        return any(source.chat is not None or source.preference is not None for source in self.inputs().values())
+
+    def has_pairs(self) -> bool:
+        """Some input's records are preference pairs (`input.preference`)."""
+        return any(source.preference is not None for source in self.inputs().values())
+
+    def pair_streams(self) -> dict[str, tuple[int, str]]:
+        """Each stream of preference pairs (`streams`) -> the max_length and too_long its pairs are fitted with."""
+        return {
+            stream: (source.preference.max_length or self.pack.seq_len // 2, source.preference.too_long)
+            for name, source in self.inputs().items()
+            if source.preference is not None
+            for stream in self.streams(name)
+        }
 
     def writes_fertility_report(self) -> bool:
         """The tokenizer report is written (`fertility.enabled`), of text: not where an input is conversations,

@@ -14,6 +14,12 @@ pieces of documents in the row, then the padding as one last segment when the ro
 `position_ids` restart at 0 at each segment. Label t is token t + 1 of the row, or -100 where that
 token is padding, beyond the row, or (with `mask_cross_document_labels`) the start of another piece, or, in
 a split of conversations, a token that carries no loss (its packed loss mask, docs/chat.md).
+
+A split of preference pairs (`input.preference`) holds whole pairs in each row: its segments come two by two, a pair's
+chosen sequence (the prompt, then the chosen completion) and then its rejected one (the prompt again, then the
+rejected completion), each a segment of its own (positions restarting, no label across it), the labels only on the
+completions' tokens. Its samples also have `pairs`: int32 `[n_pairs, 2, 2]`, each pair's chosen `(start, end)` and
+rejected `(start, end)` in the row, from which a DPO step sums each side's log-probabilities (`pair_spans`).
 """
 
 from __future__ import annotations
@@ -77,6 +83,15 @@ def training_sample(
     }
 
 
+def pair_spans(cu_seqlens: np.ndarray) -> np.ndarray:
+    """A row of preference pairs' stored boundaries (`PackedSplit.row(i)[1]`: 0, each sequence's end) as int32
+    `[n_pairs, 2, 2]`: each pair's chosen `(start, end)`, then its rejected `(start, end)`."""
+    cu = np.asarray(cu_seqlens, dtype=np.int32)
+    if (len(cu) - 1) % 2:
+        raise ValueError(f"{len(cu) - 1} sequences in a row of pairs: not two per pair")
+    return np.stack([cu[:-1], cu[1:]], axis=1).reshape(-1, 2, 2)
+
+
 class PackedSplit:
     """The packed rows of one split of a dataset directory, as training samples (`split[i]`).
 
@@ -128,6 +143,12 @@ class PackedSplit:
         self.order_file = layout.mix_packed_file(split) if self.mixed else layout.shuffle_file(split)
         self.shuffle = shuffle or self.mixed
         self._shard_position = {shard: i for i, shard in enumerate(self.shard_ids)}
+        config = manifest["config"]
+        if config.get("sources"):  # a mixture's streams are `<source>/<split>`
+            pairs = {s["name"] for s in config["sources"] if s["input"].get("preference")}
+            self.pair_streams = {stream for stream in self.streams if stream.split("/")[0] in pairs}
+        else:
+            self.pair_streams = set(self.streams) if config["input"].get("preference") else set()
         counts = [self._readers_or_open()[i].rows.shape[0] for i in range(len(self.shard_ids))]
         self._first_row = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
@@ -144,6 +165,8 @@ class PackedSplit:
         )
         if self.with_origin:
             sample["origin"] = self.origin(i)
+        if self.pair_streams and self.streams[self._position(i)[0]] in self.pair_streams:
+            sample["pairs"] = pair_spans(reader[row][1])
         return sample
 
     def origin(self, i: int) -> list[dict]:

@@ -218,16 +218,18 @@ def write_packed_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dic
 
 
 def merge_megatron(store: Store, prefixes: list[str], merged: str) -> None:
-    """Megatron files `prefixes` (each a shard's documents) as one `merged.bin/.idx`, in order."""
-    lengths, dtype = [], None
+    """Megatron files `prefixes` (each a shard's documents) as one `merged.bin/.idx`, in order; a stream of preference
+    pairs stays documents of two sequences."""
+    lengths, dtype, per_document = [], None, 1
     with store.writing(merged + ".bin") as tmp, open(tmp, "wb") as out:
         for prefix in prefixes:
             with store.local_copies(prefix + ".idx") as (idx,):
                 index = MegatronIndex(idx)
                 lengths.append(np.array(index.lengths))
                 dtype = index.dtype
+                per_document = 2 if len(index.document_indices) - 1 < len(index) else per_document
             with store.open(prefix + ".bin") as f:
                 while chunk := f.read(8 << 20):
                     out.write(chunk)
     with store.writing(merged + ".idx") as tmp:
-        write_index(tmp, np.concatenate(lengths), dtype)
+        write_index(tmp, np.concatenate(lengths), dtype, per_document)

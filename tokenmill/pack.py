@@ -34,16 +34,18 @@ from tokenmill.formats.mds import write_shard as write_mds_shard
 from tokenmill.formats.megatron import MegatronReader, token_dtype
 from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, write_packed, write_shuffle_index
 from tokenmill.formats.provenance import read_documents_table
-from tokenmill.formats.sft import olmo_documents, write_megatron_bridge, write_trl
+from tokenmill.formats.sft import olmo_documents, write_megatron_bridge, write_trl, write_trl_pairs
 from tokenmill.packers import (
     fit_conversations,
     global_shuffle_index,
     pack,
     pack_conversations,
+    pack_pairs,
     pad_id,
     padded_layout_rows,
     writes_packed,
 )
+from tokenmill.preference import fit_stored
 from tokenmill.stats import NOTHING_PACKED, Packed, Tokenized
 from tokenmill.storage import Store
 from tokenmill.tokenizer_info import TokenizerInfo
@@ -63,6 +65,7 @@ class Packing:
     trainers: tuple[str, ...] = ()  # the trainers' layouts asked for (`TRAINER_FORMATS` in output.formats)
     seq_len: int = 0  # the tokens of an MDS row (pack.seq_len)
     tokenizer_name: str = ""  # the tokenizer as nanotron loads it (`.ds.metadata`)
+    pairs: tuple[tuple[str, int, str], ...] = ()  # each stream of preference pairs, its max_length and too_long
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Packing:
@@ -77,6 +80,7 @@ class Packing:
             tuple(f for f in config.output.formats if f in TRAINER_FORMATS),
             config.pack.seq_len,
             tokenizer_name(config.tokenizer.path),
+            tuple((stream, *fit) for stream, fit in config.pair_streams().items()),
         )
 
 
@@ -99,7 +103,9 @@ def pack_shard(run: Packing, tokenized: Tokenized) -> Packed:
         with store.local_copies(source + ".bin", source + ".idx") as (bin_path, idx_path):
             reader = MegatronReader(source, bin_path=bin_path, idx_path=idx_path)
             tokens, lengths = reader.tokens, reader.index.lengths
-            if run.pack is not None and "supervised" in counts:
+            if split in {stream for stream, *_ in run.pairs}:
+                stats |= pack_pairs_of(store, split, shard_id, tokens, lengths, run, files)
+            elif run.pack is not None and "supervised" in counts:
                 stats |= pack_conversations_of(store, split, shard_id, tokens, lengths, run, files)
             elif run.pack is not None:
                 packed = pack(tokens, lengths, run.pack, run.pad_id)
@@ -158,6 +164,39 @@ def pack_conversations_of(
         "too_long": fitted.longer,
         "tokens_cut": fitted.tokens_lost,
     }
+
+
+def pack_pairs_of(
+    store: Store, split: str, shard_id: int, tokens: np.ndarray, lengths: np.ndarray, run: Packing, files: dict
+) -> dict:
+    """A split of preference pairs (each a chosen then a rejected sequence of the `.bin`, `lengths`) fitted to its
+    max_length as its too_long says (`preference.fit_stored`: TRL's max_length, never one side only), packed whole
+    (`packers.pack_pairs`) with their loss mask, and in TRL's DPO columns; its stats, the pairs dropped or cut
+    counted as `too_long`, the tokens they lost as `tokens_cut`."""
+    with store.local_copies(layout.loss_mask_file(split, shard_id)) as (mask_path,):
+        masks = np.fromfile(mask_path, dtype=np.uint8)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    # A pair's prompt ends where its chosen sequence's loss starts (its completion has a token at least)
+    ones = np.flatnonzero(masks)
+    prompts = ones[np.searchsorted(ones, starts[0::2])] - starts[0::2]
+    max_length, too_long = next((m, t) for stream, m, t in run.pairs if stream == split)
+    keep, kept = fit_stored(lengths, prompts, max_length, too_long)
+    taken = np.repeat(starts[np.repeat(keep, 2)] - (np.cumsum(kept) - kept), kept) + np.arange(kept.sum())
+    tokens, masks = np.asarray(tokens)[taken], masks[taken]
+    stats = {"too_long": int((~keep).sum() + (kept != lengths[np.repeat(keep, 2)]).reshape(-1, 2).any(1).sum())}
+    stats["tokens_cut"] = int(lengths.sum() - kept.sum())
+    if run.pack is not None:
+        packed = pack_pairs(tokens, masks, kept, run.pack.seq_len, run.pad_id)
+        write_packed_files(store, split, shard_id, packed.packed, files, packed.loss)
+        rows = packed.packed
+        stats |= {"rows": len(rows.rows), "real_tokens": rows.real_tokens, "pad_tokens": rows.pad_tokens}
+        stats["padded_layout_rows"] = int(keep.sum())  # a pair a row
+    if "trl" in run.trainers:
+        with store.writing(layout.trainer_file("trl", split, shard_id), files) as tmp:
+            write_trl_pairs(tmp, tokens, kept, prompts[keep])
+        stats["trainer_files"] = 1
+    return stats
 
 
 def write_trainer_files(

@@ -38,6 +38,9 @@ class PairFormat:
     chosen_field: str = "chosen"
     rejected_field: str = "rejected"
     tools_field: str | None = None  # the tools the template is given: a list of JSON schemas, or its JSON text
+    # auto: the prompt is `prompt_field` where a record has it, else implicit; explicit: every record has it;
+    # implicit: always extracted from chosen and rejected (a `prompt_field` in a record is not read)
+    form: Literal["auto", "explicit", "implicit"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,9 @@ def to_pair(record: dict, format: PairFormat = PairFormat()) -> Pair:
         raise ChatError(
             f"{format.chosen_field!r} is {kind_of(chosen)} but {format.rejected_field!r} is {kind_of(rejected)}"
         )
-    if record.get(format.prompt_field) is None:
+    if format.form == "explicit" and record.get(format.prompt_field) is None:
+        raise ChatError(f"no {format.prompt_field!r} (the prompt: a list of messages or a string; form: explicit)")
+    if format.form == "implicit" or record.get(format.prompt_field) is None:
         prompt, chosen, rejected = extract_prompt(chosen, rejected, format)
     else:
         prompt = _side(record[format.prompt_field], format.prompt_field)
@@ -116,26 +121,81 @@ def extract_prompt(chosen, rejected, format: PairFormat = PairFormat()) -> tuple
     return chosen[:end], chosen[end:], rejected[end:]
 
 
+@dataclass(frozen=True)
+class PairTexts:
+    """A pair as the texts its tokenization encodes (`pair_texts`): the prompt alone, the prompt with the chosen
+    completion, the prompt with the rejected one; `special`: encoded with the tokenizer's own special tokens added
+    (plain text), or not (a rendered conversation)."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+    special: bool
+
+    @property
+    def text(self) -> str:
+        """Its longest text, for what holds a document's text (a sample's size, the encoder's verification)."""
+        return max(self.chosen, self.rejected, key=len)
+
+
+@dataclass(frozen=True)
+class PairReading:
+    """How a preference input's records become pairs' texts: the reader's part of its `input.preference` config,
+    with the template the tokenizer's install probed and the EOS that TRL appends to a plain completion."""
+
+    format: PairFormat
+    template: ChatTemplate | None
+    eos_token: str
+
+    def rendered(self, record: dict) -> PairTexts:
+        """The record's pair as its texts; ChatError names what is wrong (a field, a turn, the template's refusal)."""
+        return pair_texts(to_pair(record, self.format), self.template, self.eos_token)
+
+
+def pair_texts(pair: Pair, chat: ChatTemplate | None, eos_token: str) -> PairTexts:
+    """The texts TRL's DPO preprocessing encodes for `pair`: a conversational prompt rendered with the generation
+    prompt, and followed by each completion as one conversation (`chat`); plain text as it is, `eos_token` appended
+    to a completion that does not end with it."""
+    if pair.conversational:
+        if chat is None:
+            raise ChatError(
+                "a conversational pair needs a chat template: the tokenizer has none (name a .jinja file in "
+                "input.preference.template)"
+            )
+        prompt = _rendered(chat, pair.prompt, pair.tools, generation_prompt=True)
+        chosen, rejected = (_rendered(chat, pair.prompt + side, pair.tools) for side in (pair.chosen, pair.rejected))
+        return PairTexts(prompt, chosen, rejected, special=False)
+    chosen, rejected = (c if c.endswith(eos_token) else c + eos_token for c in (pair.chosen, pair.rejected))
+    return PairTexts(pair.prompt, pair.prompt + chosen, pair.prompt + rejected, special=True)
+
+
+def tokenize_texts(tokenizer: Tokenizer, pairs: list[PairTexts]) -> list[TokenizedPair]:
+    """Each pair's ids from its texts (`pair_texts`), in two batched encodes (plain text, with the special tokens
+    added; rendered conversations, without): the prompt's ids the longest common start of the prompt's and both
+    sequences' ids, each completion's ids what follows."""
+    ids: list[list[int] | None] = [None] * (3 * len(pairs))
+    for special in (False, True):
+        chosen = [k for k, p in enumerate(pairs) if p.special == special]
+        texts = [text for k in chosen for text in (pairs[k].prompt, pairs[k].chosen, pairs[k].rejected)]
+        if not texts:
+            continue
+        encoded = tokenizer.encode_batch(texts, add_special_tokens=special)
+        for j, k in enumerate(chosen):
+            ids[3 * k : 3 * k + 3] = (e.ids for e in encoded[3 * j : 3 * j + 3])
+    tokenized = []
+    for k in range(len(pairs)):
+        prompt, chosen, rejected = ids[3 * k : 3 * k + 3]
+        shared = min(_common_start(prompt, chosen), _common_start(prompt, rejected))
+        sides = (prompt[:shared], chosen[shared:], rejected[shared:])
+        tokenized.append(TokenizedPair(*(np.asarray(side, dtype=np.int64) for side in sides)))
+    return tokenized
+
+
 def tokenize_pair(pair: Pair, tokenizer: Tokenizer, chat: ChatTemplate | None, eos_token: str) -> TokenizedPair:
     """The pair's ids as TRL's DPO preprocessing makes them with `tokenizer` (as transformers builds it) and the
     template `chat` (needed for a conversational pair). `eos_token` is appended to a plain completion that does not
     end with it."""
-    if pair.conversational:
-        if chat is None:
-            raise ChatError("a conversational pair needs a chat template")
-        texts = [
-            _rendered(chat, pair.prompt, pair.tools, generation_prompt=True),
-            _rendered(chat, pair.prompt + pair.chosen, pair.tools),
-            _rendered(chat, pair.prompt + pair.rejected, pair.tools),
-        ]
-        special = False
-    else:
-        completions = [c if c.endswith(eos_token) else c + eos_token for c in (pair.chosen, pair.rejected)]
-        texts, special = [pair.prompt, *(pair.prompt + c for c in completions)], True
-    prompt, chosen, rejected = (e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=special))
-    shared = min(_common_start(prompt, chosen), _common_start(prompt, rejected))
-    ids = (prompt[:shared], chosen[shared:], rejected[shared:])
-    return TokenizedPair(*(np.asarray(side, dtype=np.int64) for side in ids))
+    return tokenize_texts(tokenizer, [pair_texts(pair, chat, eos_token)])[0]
 
 
 def _rendered(chat: ChatTemplate, messages: list[dict], tools, generation_prompt: bool = False) -> str:
@@ -214,3 +274,16 @@ def pair_problems(
             state = "without loss" if loss[first] else "with loss"
             problems.append(f"{side}: tokens {first}:{stop} ({text[:40]!r}) are {where} but {state}")
     return problems
+
+
+def fit_stored(
+    lengths: np.ndarray, prompts: np.ndarray, max_length: int, policy: Literal["drop", "truncate"]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`fit_pair` on stored pairs at once: `lengths` each pair's chosen then rejected sequence (`pair_sequences`),
+    `prompts` each pair's prompt length. (which pairs are kept, each kept sequence's length): a kept sequence is its
+    first tokens, so cutting it is keeping fewer of them."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    chosen, rejected, prompts = lengths[0::2], lengths[1::2], np.asarray(prompts, dtype=np.int64)
+    fits = np.maximum(chosen, rejected) <= max_length
+    keep = prompts < max_length if policy == "truncate" else fits & (prompts < max_length)
+    return keep, np.minimum(lengths, max_length)[np.repeat(keep, 2)]

@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 
     import pandera.pandas as pa
 
     from tokenmill.chat import ChatReading, RenderedChat
+    from tokenmill.preference import PairReading, PairTexts
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 # What reading a truncated or corrupt compressed file raises: gzip's stream ended early or its data is not gzip's
@@ -122,8 +123,9 @@ class ReadOptions:
     separator: str | None = None  # plain text: a line that separates documents; None: one document per file
     fields: tuple[str, ...] = ()  # extra fields to carry along (e.g. for stratified sampling)
     storage_options: dict = field(default_factory=dict)
-    conversations: bool = False  # records are conversations (input.chat): read whole, rendered with `chat`
-    chat: ChatReading | None = None  # their template; needed to read them
+    conversations: bool = False  # records are conversations (input.chat) or pairs (input.preference): read whole
+    chat: ChatReading | None = None  # conversations' template; needed to read them
+    pairs: PairReading | None = None  # preference pairs' fields and template; needed to read them
 
 
 class LineIds(Sequence[str]):
@@ -154,6 +156,7 @@ class Batch:
     nbytes: int = 0
     text_array: pyarrow.Array | None = None  # the columnar fast path's texts (then `texts` stays empty)
     chats: list[RenderedChat] | None = None  # conversations: each rendered, with its spans that carry loss (`texts`)
+    pairs: list[PairTexts] | None = None  # preference pairs: each one's texts (`texts`: its longest)
     lines: int = 0  # the fast path's: the lines of the file its block spans, blank and rejected ones included
     # the fast path's: its block, as a piece of its file (read alone, it gives this batch's records again)
     block: Piece | None = None
@@ -543,14 +546,16 @@ def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tu
 
 
 def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tuple[Batch, list[Reject]]:
-    """`_checked` for conversations: each record rendered with its template (`ChatReading.rendered`); a record
-    that makes no conversation, or that the template refuses or renders so that its assistant turns cannot be
-    found, is a reject naming the field and what is wrong."""
+    """`_checked` for conversations: each record rendered with its template (`ChatReading.rendered`; a preference
+    pair's texts, `PairReading.rendered`); a record that makes no conversation or pair, or that the template refuses
+    or renders so that its assistant turns cannot be found, is a reject naming the field and what is wrong."""
     from tokenmill.chat import ChatError, SpanError
 
-    if options.chat is None:
+    reading = options.pairs or options.chat
+    if reading is None:
         raise InputError("conversations are read with their chat template (the tokenizer's install probes it)")
-    batch, rejects = Batch(extra={f: [] for f in options.fields}, chats=[]), []
+    batch = Batch(extra={f: [] for f in options.fields}, chats=None if options.pairs else [])
+    batch.pairs, rejects = [] if options.pairs else None, []
     for raw in raws:
         problem, doc_id = raw.problem, None if raw.doc_id is None else str(raw.doc_id)
         if problem is None and doc_id is None:
@@ -559,7 +564,7 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
             problem = "duplicate id in this shard"
         elif problem is None:
             try:
-                rendered = options.chat.rendered(raw.text)
+                rendered = reading.rendered(raw.text)
             except (ChatError, SpanError) as e:
                 problem = str(e)
         if problem is not None and options.on_invalid == "fail":
@@ -571,7 +576,7 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
         seen_ids.add(doc_id)
         batch.ids.append(doc_id)
         batch.texts.append(rendered.text)
-        batch.chats.append(rendered)
+        (batch.chats if batch.pairs is None else batch.pairs).append(rendered)
         batch.doc_files.append(raw.path)
         batch.doc_lines.append(raw.line)
         for f in options.fields:

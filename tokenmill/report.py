@@ -82,7 +82,9 @@ def summary_markdown(manifest: dict, run: dict | None = None, images: Iterable[s
         lines += [
             "",
             "Conversations (input.chat): the tokens that carry loss, and those longer than a packed row "
-            f"({manifest['config']['pack']['too_long']}: pack.too_long).",
+            f"({manifest['config']['pack']['too_long']}: pack.too_long). Preference pairs (input.preference): a "
+            "pair is a document (its two sequences), too long where a side is longer than its max_length "
+            "(dropped or cut as its too_long says).",
             "",
             "| split | conversations | tokens | supervised tokens | supervised share | too long | tokens cut |",
             "|---|---|---|---|---|---|---|",

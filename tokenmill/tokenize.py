@@ -25,7 +25,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tokenmill import chat, layout
+from tokenmill import chat, layout, preference
 from tokenmill.commits import PACK, TOKENIZE, check, commit, marker, shard_key, tokenize_key
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import (
@@ -131,7 +131,7 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     dtype = token_dtype(run.tokenizer.vocab_size)
     splits = run.streams[shard.mix_source]  # the split names, `<source>/<split>` in a mixture
     counts = {s: {"documents": 0, "tokens": 0, "max_token_id": -1} for s in splits}
-    if options.conversations:
+    if options.conversations:  # and pairs: their loss masks
         for c in counts.values():
             c["supervised"] = 0
     documents_in = bytes_in = 0
@@ -165,7 +165,13 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
             whole_files += [f"{r.file}: {r.reason}" for r in batch_rejects if r.line == 0]
             if not len(batch):
                 continue
-            if batch.chats is not None:
+            masks = sequences = None  # a loss mask per token; pairs: each one's two sequences' lengths
+            if batch.pairs is not None:  # tokenized as TRL does, with the reference (transformers' tokenizer)
+                ids, masks, sequences = preference.pair_sequences(
+                    preference.tokenize_texts(reference.tokenizer, batch.pairs)
+                )
+                flat, lengths = narrowed(ids, dtype), sequences[0::2] + sequences[1::2]
+            elif batch.chats is not None:
                 ids, lengths, masks = chat.encode_batch(reference.tokenizer, batch.chats, fast, reference.token_offsets)
                 flat = narrowed(ids, dtype)
             else:
@@ -185,12 +191,15 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
                     writers[split] = BinWriter(stack.enter_context(bin_file), dtype)
                 taken = slice(None) if doc_split is None else np.repeat(chosen, lengths)
                 split_tokens = flat[taken]
-                writers[split].add(split_tokens, split_lengths)
+                if sequences is None:
+                    writers[split].add(split_tokens, split_lengths)
+                else:  # a pair is a Megatron document of two sequences, chosen then rejected
+                    writers[split].add(split_tokens, sequences[slice(None) if doc_split is None else chosen.repeat(2)])
                 c = counts[split]
                 rows = split_rows(origins, None if doc_split is None else chosen, split_lengths, c["tokens"],
                                   shard.mix_source, split)  # fmt: skip
                 documents[split].append(rows)
-                if batch.chats is not None:
+                if masks is not None:
                     if split not in mask_files:
                         mask_file = store.writing_file(layout.loss_mask_file(split, shard_id), files)
                         mask_files[split] = stack.enter_context(mask_file)
@@ -203,7 +212,7 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     # The .bin files are committed; now their indexes, then the rejects, then the marker.
     for split, writer in writers.items():
         with store.writing(layout.megatron_prefix(split, shard_id) + ".idx", files) as tmp:
-            write_index(tmp, writer.all_lengths(), dtype)
+            write_index(tmp, writer.all_lengths(), dtype, 2 if options.pairs is not None else 1)
         with store.writing(layout.documents_table(split, shard_id), files) as tmp:
             write_documents_table(tmp, documents[split])
     if rejects:

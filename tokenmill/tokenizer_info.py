@@ -25,6 +25,8 @@ class TokenizerInfo:
     pad_id: int | None = None
     # Each chat input's template (by source name, "" for a single input), probed when the tokenizer is installed
     chat: tuple[tuple[str, ChatTemplate], ...] = ()
+    # The EOS token's text, where an input is preference pairs (TRL appends it to a plain-text completion)
+    eos_token: str | None = None
 
     def chat_template(self, source: str) -> ChatTemplate | None:
         return dict(self.chat).get(source)
@@ -33,7 +35,8 @@ class TokenizerInfo:
 def reading(config: TokenmillConfig, tokenizer: TokenizerInfo) -> dict[str, ReadOptions]:
     """How each source's files are read ("" for a single input), a chat input's with its probed template."""
     return {
-        name: source.read_options(template=tokenizer.chat_template(name)) for name, source in config.inputs().items()
+        name: source.read_options(template=tokenizer.chat_template(name), eos_token=tokenizer.eos_token)
+        for name, source in config.inputs().items()
     }
 
 

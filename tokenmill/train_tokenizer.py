@@ -21,9 +21,15 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from tokenmill import chat as chats
 from tokenmill import layout
 from tokenmill.commits import commit, committed
-from tokenmill.config import ChatConfig, TokenizerConfig, TokenmillConfig, TrainConfig
+from tokenmill.config import ChatConfig, PreferenceConfig, TokenizerConfig, TokenmillConfig, TrainConfig
 from tokenmill.formats.sample import Sampled, training_files, training_texts
-from tokenmill.pretrained import Pretrained, as_transformers_builds_it, chat_template_source, load_pretrained
+from tokenmill.pretrained import (
+    Pretrained,
+    TokenizerSourceError,
+    as_transformers_builds_it,
+    chat_template_source,
+    load_pretrained,
+)
 from tokenmill.storage import Store
 from tokenmill.tokenizer_info import TokenizerInfo, describe_tokenizer
 
@@ -40,7 +46,11 @@ def install_pretrained(config: TokenmillConfig) -> TokenizerInfo:
     resolve its special tokens; any problem is raised here, before a shard runs."""
     cfg = config.tokenizer
     pretrained = load_pretrained(cfg.path, cfg.hub, cfg.tiktoken)
-    chat_inputs = {name: source.chat for name, source in config.inputs().items() if source.chat is not None}
+    chat_inputs = {  # conversations and preference pairs are both rendered with a chat template
+        name: source.chat or source.preference
+        for name, source in config.inputs().items()
+        if source.chat is not None or source.preference is not None
+    }
     if chat_inputs:
         pretrained = as_transformers_builds_it(pretrained)
     info = describe_tokenizer(
@@ -50,16 +60,31 @@ def install_pretrained(config: TokenmillConfig) -> TokenizerInfo:
     if not chat_inputs:
         return info
     tokenizer = pretrained.parsed or Tokenizer.from_str(pretrained.data.decode())
-    templates = tuple((name, chat_template(pretrained, name, chat, tokenizer)) for name, chat in chat_inputs.items())
+    templates = []
+    for name, chat in chat_inputs.items():
+        try:
+            templates.append((name, chat_template(pretrained, name, chat, tokenizer)))
+        except TokenizerSourceError:
+            if not isinstance(chat, PreferenceConfig) or chat.template is not None:
+                raise
+            # Plain-text pairs need no template (TRL appends the tokenizer's EOS); conversational ones are refused
     for name, template in templates:  # the dataset carries what its conversations were rendered with
         config.output.store().write_bytes(layout.chat_template_file(name), template.source.encode())
-    return replace(info, chat=templates)
+    info = replace(info, chat=tuple(templates))
+    if config.has_pairs():  # the EOS TRL appends to a plain-text completion: the tokenizer's own, else tokenizer.eod
+        eod = cfg.eod if cfg.eod not in (None, "auto") else None
+        info = replace(info, eos_token=pretrained.eos or eod)
+    return info
 
 
-def chat_template(pretrained: Pretrained, source: str, chat: ChatConfig, tokenizer: Tokenizer) -> chats.ChatTemplate:
-    """A chat input's template, probed for its end-of-turn (`ChatTemplate.probe`), before any shard runs."""
+def chat_template(
+    pretrained: Pretrained, source: str, chat: ChatConfig | PreferenceConfig, tokenizer: Tokenizer
+) -> chats.ChatTemplate:
+    """A chat (or preference) input's template, probed for its end-of-turn (`ChatTemplate.probe`), before any shard
+    runs."""
     name, text, tokenizer_config = chat_template_source(pretrained, chat.template)
-    where = f"sources.{source}.input.chat" if source else "input.chat"
+    section = "chat" if isinstance(chat, ChatConfig) else "preference"
+    where = f"sources.{source}.input.{section}" if source else f"input.{section}"
     if chat.date is None and "strftime_now" in text:
         raise ValueError(
             f"chat template {name} writes today's date (strftime_now), so its tokens would change every day: set "

@@ -42,6 +42,7 @@ from tokenmill.hashing import assign_splits
 from tokenmill.packers import pad_id as pack_pad_id
 from tokenmill.packers import writes_packed
 from tokenmill.plan import Columns, Plan, Shard, shard_ids
+from tokenmill.preference import PairTexts, pair_problems, tokenize_texts
 from tokenmill.readers import BATCH_BYTES, Piece, ReadOptions, read_documents, schema_library
 from tokenmill.reference import Excerpt, checked_excerpt, reference_ids
 from tokenmill.stats import COLUMNS, Tokenized, ValidationFailed, all_rejected, skipped, stats_rows
@@ -164,8 +165,12 @@ def shard_chunks(table: pd.DataFrame) -> Iterator[pd.DataFrame]:
         start = end
 
 
-def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None, bos_id: int | None) -> list[str]:
+def _check_megatron(
+    store: Store, row, dtype: np.dtype, eod_id: int | None, bos_id: int | None, pairs: bool = False
+) -> list[str]:
+    """`pairs`: the split's documents are preference pairs, each two sequences (chosen, rejected)."""
     prefix = layout.megatron_prefix(row.split, row.shard_id)
+    each = 2 if pairs else 1
     files = [prefix + ".bin", prefix + ".idx"]
     if row.documents == 0:
         return [f"{prefix}.bin: exists but stats say its split has no documents"] if store.exists(files[0]) else []
@@ -179,15 +184,16 @@ def _check_megatron(store: Store, row, dtype: np.dtype, eod_id: int | None, bos_
         index = reader.index
         if index.dtype != dtype:
             return [f"{prefix}.idx: dtype {index.dtype}, expected {dtype}"]
-        if len(index) != row.documents:
-            return [f"{prefix}.idx: {len(index)} sequences, stats say {row.documents} documents"]
+        if len(index) != each * row.documents:
+            return [f"{prefix}.idx: {len(index)} sequences, stats say {row.documents} documents of {each}"]
         if int(index.lengths.sum(dtype=np.int64)) != row.tokens or len(reader.tokens) != row.tokens:
             return [f"{prefix}.bin: {len(reader.tokens)} tokens, index says {index.lengths.sum()}, stats {row.tokens}"]
-        if not np.array_equal(index.document_indices, np.arange(len(index) + 1)):
-            return [f"{prefix}.idx: document indices are not 0..{len(index)}"]
+        if not np.array_equal(index.document_indices, np.arange(0, len(index) + 1, each)):
+            return [f"{prefix}.idx: document indices are not 0..{len(index)}" + (" by 2 (pairs)" if pairs else "")]
         if not np.array_equal(index.pointers[1:], np.cumsum(index.lengths[:-1], dtype=np.int64) * dtype.itemsize):
             return [f"{prefix}.idx: pointers disagree with lengths"]
-        if problem := _check_documents_table(store, row, index.lengths):
+        lengths = index.lengths.astype(np.int64)
+        if problem := _check_documents_table(store, row, lengths[0::2] + lengths[1::2] if pairs else lengths):
             return [problem]
         starts = index.pointers // dtype.itemsize
         if row.supervised_tokens >= 0:  # conversations: the template placed their specials; each has its loss mask
@@ -466,7 +472,7 @@ def sampled_documents(run: Referencing, item: ReferenceItem) -> list[tuple[str, 
 def within_bytes(found: list[tuple], most_bytes: int, piece_bytes: int, rng: np.random.Generator) -> list[tuple]:
     """The documents of `found` (in its order) that a random order takes until their text reaches `most_bytes` (a
     long document counted as the excerpt of `piece_bytes` that is checked of it); at least one."""
-    texts = [text.text if isinstance(text, RenderedChat) else text for *_, text in found]
+    texts = [text.text if isinstance(text, RenderedChat | PairTexts) else text for *_, text in found]
     size = np.array([min(len(text), piece_bytes) for text in texts])
     order = rng.permutation(len(found))
     kept = order[: max(1, int(np.searchsorted(np.cumsum(size[order]), most_bytes, side="right")))]
@@ -526,11 +532,13 @@ def _from_shard(run: Referencing, item: ReferenceItem, rng: np.random.Generator)
         if position >= drawn_from:
             break
         splits = assign_splits(batch.ids, run.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
-        texts = batch.text_values() if batch.chats is None else batch.chats  # a conversation with its spans
+        # a conversation with its spans, a pair's texts, or a document's text
+        texts = batch.chats if batch.chats is not None else batch.pairs
+        texts = texts if texts is not None else [str(text) for text in batch.text_values()]
         for i in positions[(positions >= position) & (positions < position + len(batch))] - position:
             split = splits[i]
             index = counters[split] + np.count_nonzero(splits[:i] == split)
-            found.append((names[split], shard_id, int(index), texts[i] if batch.chats is not None else str(texts[i])))
+            found.append((names[split], shard_id, int(index), texts[i]))
         counters += np.bincount(splits, minlength=len(names))
         position += len(batch)
     return found
@@ -551,10 +559,11 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
     normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
     wrong, undecodable, masks, skipped = [], [], [], []
     checked = []  # (its name, the text checked, its stored ids, for a conversation its loss mask and the mask's name)
+    pairs = []  # (its name, its texts, its two stored sequences: ids and loss mask each)
     with ExitStack() as files:
         readers: dict[str, tuple[MegatronReader, np.ndarray | None]] = {}
         for split, shard_id, index, text in sample:
-            chat = isinstance(text, RenderedChat)
+            chat = isinstance(text, RenderedChat | PairTexts)
             prefix = layout.megatron_prefix(split, shard_id)
             if prefix not in readers:
                 bin_path, idx_path = files.enter_context(store.local_copies(prefix + ".bin", prefix + ".idx"))
@@ -564,6 +573,13 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
                     mask = np.memmap(mask_path, dtype=np.uint8, mode="r")
                 readers[prefix] = MegatronReader(prefix, bin_path=bin_path, idx_path=idx_path), mask
             reader, mask = readers[prefix]
+            if isinstance(text, PairTexts):  # a pair: the document of two sequences, chosen then rejected
+                sides = []
+                for k in (2 * index, 2 * index + 1):
+                    start = int(reader.index.pointers[k]) // reader.tokens.dtype.itemsize
+                    sides.append((reader[k], np.asarray(mask[start : start + len(reader[k])])))
+                pairs.append((f"{prefix}.bin: pair {index} (sequences {2 * index}, {2 * index + 1})", text, sides))
+                continue
             stored = reader[index]
             head, tail = (0, 0) if chat else (int(run.bos), int(run.eod))  # a template places its own specials
             ids, name = stored[head : len(stored) - tail], f"{prefix}.bin: document {index}"
@@ -579,6 +595,9 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
                 wrong.append(f"{name}: {part.removeprefix('wrong: ')}")
             else:
                 skipped.append(f"{name} ({len(text):,} characters): {part.removeprefix('skipped: ')}")
+        expected_pairs = tokenize_texts(tok, [text for _, text, _ in pairs])
+        for (name, _, sides), expected in zip(pairs, expected_pairs, strict=True):
+            masks += [f"{name}: {problem}" for problem in pair_problems(tok, expected, sides)]
         texts = [text.text if mask is not None else text for _, text, _, mask in checked]
         if any(mask is not None for *_, mask in checked):  # conversations: their masks need the reference's offsets
             encodings = [e for run_ in in_runs(texts, run.piece_bytes) for e in tok.encode_batch(texts[run_], False)]
@@ -599,8 +618,8 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
                     undecodable.append(f"{name} does not decode to its source text")
     excerpts = sum(name.endswith("(an excerpt of it)") for name, *_ in checked)
     return {
-        "documents": len(sample) - len(skipped), "excerpts": excerpts, "skipped": skipped, "wrong": wrong,
-        "undecodable": undecodable, "masks": masks,
+        "documents": len(sample) - len(skipped), "excerpts": excerpts, "pairs": len(pairs), "skipped": skipped,
+        "wrong": wrong, "undecodable": undecodable, "masks": masks,
     }  # fmt: skip
 
 
@@ -622,7 +641,10 @@ def reference_verdict(config: TokenmillConfig, checked: list[dict]) -> list[str]
     store.write_json(layout.REFERENCE_CHECK, record)
     problems = undecodable[:10]
     if masks := [m for c in checked for m in c.get("masks", ())]:  # a wrong loss mask is never allowed
-        problems += [f"{len(masks)} sampled conversations' loss masks are not their assistant turns", *masks[:10]]
+        what = "conversations' loss masks are not their assistant turns"
+        if sum(c.get("pairs", 0) for c in checked):
+            what = "pairs are not their prompt and completions, with the loss on the completions only"
+        problems += [f"{len(masks)} sampled {what}", *masks[:10]]
     if rate > allowed:
         summary = f"{len(wrong)} of {documents} documents re-encoded with hf differ (allowed rate {allowed})"
         problems += [summary, *wrong[:10]]
@@ -679,6 +701,7 @@ class Checking:
     llmc_shard_tokens: int | None  # the tokens of an llm.c file; None: no llm.c files
     trainers: tuple[str, ...] = ()  # the trainers' layouts written (TRAINER_FORMATS in output.formats)
     seq_len: int = 0  # the tokens of an MDS row (pack.seq_len)
+    pairs: frozenset[str] = frozenset()  # the streams of preference pairs
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Checking:
@@ -692,6 +715,7 @@ class Checking:
             config.output.llmc_shard_tokens if "llmc" in config.output.formats else None,
             tuple(f for f in config.output.formats if f in TRAINER_FORMATS),
             config.pack.seq_len,
+            frozenset(config.pair_streams()),
         )
 
 
@@ -700,7 +724,7 @@ def check_shard(run: Checking, shard: ShardFiles) -> list[str]:
     dtype = token_dtype(run.vocab_size)
     problems = []
     for row in (SimpleNamespace(**{k: _plain(v) for k, v in r.items()}) for r in shard.rows):
-        problems += _check_megatron(run.store, row, dtype, run.eod_id, run.bos_id)
+        problems += _check_megatron(run.store, row, dtype, run.eod_id, run.bos_id, row.split in run.pairs)
         if run.pack is not None:
             problems += _check_packed(run.store, row, run.pack, run.pad_id)
         if run.llmc_shard_tokens is not None:
@@ -766,9 +790,13 @@ def _check_trainer_file(format: str, rels: list[str], paths: list, row, dtype: n
         return (
             [] if rows == expected else [f"{rel}: {rows} rows of {seq_len} tokens, {row.tokens} tokens make {expected}"]
         )
-    table = pq.read_table(path)  # conversations: TRL's rows, Megatron-Bridge's packed rows
-    column = "labels" if format == "trl" else "input_ids"
-    tokens = int(pc.sum(pc.list_value_length(table[column])).as_py() or 0)
+    table = pq.read_table(path)  # conversations: TRL's rows, Megatron-Bridge's packed rows; pairs: TRL's DPO rows
+    if "prompt_ids" in table.column_names:  # a pair's prompt is in both of its packed sequences
+        counts = [int(pc.sum(pc.list_value_length(table[c])).as_py() or 0) for c in table.column_names]
+        tokens = 2 * counts[0] + sum(counts[1:])
+    else:
+        column = "labels" if format == "trl" else "input_ids"
+        tokens = int(pc.sum(pc.list_value_length(table[column])).as_py() or 0)
     rows = len(table) if format == "megatron_bridge" else None
     if tokens != row.packed_real_tokens or rows not in (None, row.packed_rows):
         return [f"{rel}: {tokens} tokens in {len(table)} rows, stats say {row.packed_real_tokens}"]

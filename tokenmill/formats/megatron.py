@@ -55,9 +55,12 @@ class BinWriter:
         return np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int32)
 
 
-def write_index(path: str | Path, lengths: np.ndarray, dtype: np.dtype) -> None:
+def write_index(path: str | Path, lengths: np.ndarray, dtype: np.dtype, sequences_per_document: int = 1) -> None:
+    """The `.idx` of sequences of `lengths`, each document `sequences_per_document` of them (a preference pair: its
+    chosen and its rejected sequence)."""
     lengths = np.asarray(lengths, dtype=np.int32)
     n = len(lengths)
+    documents = np.arange(0, n + 1, sequences_per_document, dtype=np.int64)
     pointers = np.zeros(n, dtype=np.int64)
     np.cumsum(lengths[:-1], out=pointers[1:])
     pointers *= np.dtype(dtype).itemsize
@@ -66,10 +69,10 @@ def write_index(path: str | Path, lengths: np.ndarray, dtype: np.dtype) -> None:
         f.write(struct.pack("<Q", VERSION))
         f.write(struct.pack("<B", DTYPE_CODES[np.dtype(dtype)]))
         f.write(struct.pack("<Q", n))
-        f.write(struct.pack("<Q", n + 1))
+        f.write(struct.pack("<Q", len(documents)))
         f.write(lengths.tobytes())
         f.write(pointers.tobytes())
-        f.write(np.arange(n + 1, dtype=np.int64).tobytes())
+        f.write(documents.tobytes())
 
 
 def write_indexed_dataset(prefix: str | Path, documents: list[np.ndarray], dtype: np.dtype) -> None:

@@ -5,6 +5,9 @@ model predicts it from the tokens before it); each layout says it the way its tr
 - TRL (`trl`): Parquet, a row per conversation: `input_ids`, `attention_mask`, and `labels`, the ids where they
   carry loss and -100 elsewhere, aligned with `input_ids` (the model shifts them), as TRL's SFTTrainer and its
   collator take them (`trl/trainer/sft_trainer.py`: a `labels` column is kept as it is).
+- TRL, preference pairs (`trl` of an `input.preference`): Parquet, a row per pair, TRL 1.16's tokenized DPO columns
+  `prompt_ids`, `chosen_ids`, `rejected_ids` (what `DPOTrainer._prepare_dataset` makes, and what its
+  `DataCollatorForPreference` reads); a trainer computes the loss on the completions' ids.
 - Megatron-Bridge (`megatron_bridge`): Parquet, a row per packed row, as its `GPTSFTPackedParquetDataset` reads
   them (`src/megatron/bridge/data/packing/parquet.py`): the row's conversations back to back, unpadded
   (`input_ids`); `seq_start_id`, where each begins; `loss_mask` already shifted to the labels (position t says
@@ -49,6 +52,22 @@ def write_trl(path: str | Path, tokens: np.ndarray, masks: np.ndarray, lengths: 
             "labels": list_array(labels, lengths, pa.int32()),
         }
     )
+    pq.write_table(table, path, compression="zstd")
+
+
+def write_trl_pairs(path: str | Path, tokens: np.ndarray, lengths: np.ndarray, prompts: np.ndarray) -> None:
+    """Preference pairs (each one's chosen then rejected sequence back to back in `tokens`, their `lengths`, and each
+    pair's prompt length `prompts`) as TRL's tokenized DPO rows: the prompt's ids once, then each completion's."""
+    tokens, lengths = np.asarray(tokens, dtype=np.int32), np.asarray(lengths, dtype=np.int64)
+    prompts = np.asarray(prompts, dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    pieces = np.stack([prompts, lengths[0::2] - prompts, lengths[1::2] - prompts], axis=1).reshape(-1)
+    # each pair's prompt (of its chosen sequence), chosen completion, rejected completion: where each lies
+    where = np.stack([starts[0::2], starts[0::2] + prompts, starts[1::2] + prompts], axis=1).reshape(-1)
+    taken = np.repeat(where - (np.cumsum(pieces) - pieces), pieces) + np.arange(pieces.sum())
+    columns = list_array(tokens[taken], pieces, pa.int32())
+    names = ("prompt_ids", "chosen_ids", "rejected_ids")
+    table = pa.table({name: columns.take(pa.array(np.arange(k, len(pieces), 3))) for k, name in enumerate(names)})
     pq.write_table(table, path, compression="zstd")
 
 

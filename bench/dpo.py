@@ -1,0 +1,169 @@
+"""tokenmill against TRL's own DPO dataset preparation, side by side on the same preference pairs (docs/chat.md,
+Preference pairs).
+
+Both turn HH-RLHF's helpful-base pairs (`../shared/corpora/preference/hh-rlhf-helpful-base`, its SOURCE.md; written
+`--repeat` times with unique ids, as plain JSONL, TRL's conversational explicit-prompt form) into phi3 token ids:
+
+- TRL: `DPOTrainer(..., train_dataset=load_dataset("json", ...))` with `dataset_num_proc` = the cores and
+  `max_length=None`, as its users run it: its `_prepare_dataset` extracts the prompt and tokenizes each pair
+  (`datasets.map`, `num_proc` processes) when the trainer is made, before any training. The model and its reference
+  are tiny Llamas built from a config. Its time is from spawn to the dataset prepared (the Arrow files in its own
+  cache, a fresh one each round); then its rows are written for the comparison, outside its time.
+- tokenmill: `tokenmill run` with its default config and `input.preference: {}`, from spawn to exit, reporting to
+  its own Prefect server (started before the rounds, as a user's is).
+
+Each round runs both from scratch, the order alternating. After each, every pair's stored chosen and rejected
+sequences are compared with TRL's prompt_ids + chosen_ids and prompt_ids + rejected_ids (they must be identical), and
+its loss mask with the completions. Then the medians, the ratio of the walls and the machine.
+
+    .venv/bin/python bench/dpo.py --rounds 4 [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+from megatron import RESERVE, Watched, checkout  # beside this file
+from throughput import tokenmill_command
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+PHI3 = REPO / "examples" / "tokenizers" / "phi3-mini"
+HH = SHARED / "corpora" / "preference" / "hh-rlhf-helpful-base" / "helpful_base_test_messages.jsonl.gz"
+
+
+def write_corpus(path: Path, repeat: int) -> int:
+    """HH-RLHF's pairs `repeat` times as JSONL, each copy's ids made unique; the pairs written."""
+    with gzip.open(HH, "rt") as f:
+        records = [json.loads(line) for line in f]
+    with open(path, "w") as out:
+        for copy in range(repeat):
+            for record in records:
+                out.write(json.dumps({**record, "id": f"{record['id']}-{copy}"}) + "\n")
+    return len(records) * repeat
+
+
+def trl_prepare(corpus: Path, out: Path, cores: int) -> None:
+    """(In the spawned process.) TRL's preparation of `corpus`; prints when it is done, then writes its rows."""
+    import transformers
+    from datasets import load_dataset
+    from trl import DPOConfig, DPOTrainer
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(PHI3))
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    )
+    dataset = load_dataset("json", data_files=str(corpus), split="train", cache_dir=str(out / "cache"))
+    args = DPOConfig(
+        output_dir=str(out / "trainer"), dataset_num_proc=cores, max_length=None, report_to=[], use_cpu=True,
+        bf16=False, save_strategy="no",
+    )  # fmt: skip
+    model, reference = (transformers.LlamaForCausalLM(config) for _ in range(2))  # built here, not from a hub name
+    trainer = DPOTrainer(model=model, ref_model=reference, args=args, train_dataset=dataset, processing_class=tokenizer)
+    print(f"prepared at {time.time()}", flush=True)
+    columns = ["prompt_ids", "chosen_ids", "rejected_ids"]
+    trainer.train_dataset.select_columns(columns).to_parquet(str(out / "rows.parquet"))
+
+
+def run_trl(corpus: Path, work: Path, cores: int, log: Path) -> dict:
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    env = os.environ | {"HF_DATASETS_CACHE": str(work / "cache"), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, __file__, "--trl-prepare", str(corpus), str(work), "--cores", str(cores)]
+    run = Watched(command, env, psutil.virtual_memory().total - RESERVE, log)
+    if run.returncode != 0:
+        raise SystemExit(f"TRL failed:\n{run.log[-3000:]}")
+    prepared = float(run.log.split("prepared at ")[1].split()[0])
+    return {"tool": "TRL", "wall_s": round(prepared - run.spawned, 2), "cpu_s": round(run.cpu, 1),
+            "peak_tree_gb": round(run.peak_tree / 1e9, 2)}  # fmt: skip
+
+
+def run_tokenmill(mill, corpus: Path, out: Path, log: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    config = out.parent / "tokenmill.yaml"
+    config.write_text(json.dumps({
+        "name": "dpo-bench", "input": {"paths": [str(corpus)], "id_field": "id", "preference": {}},
+        "tokenizer": {"path": str(PHI3), "eod": "auto"}, "output": {"path": str(out)},
+    }))  # fmt: skip
+    command = [*tokenmill_command(code=REPO), "run", str(config)]
+    run = Watched(command, mill.env, psutil.virtual_memory().total - RESERVE, log, beside=mill.server, cwd=REPO)
+    if run.returncode != 0:
+        raise SystemExit(f"tokenmill failed:\n{run.log[-3000:]}")
+    return {"tool": "tokenmill", "wall_s": round(run.wall, 2), "cpu_s": round(run.cpu, 1),
+            "peak_tree_gb": round(run.peak_tree / 1e9, 2)}  # fmt: skip
+
+
+def same_pairs(trl_rows: Path, tokenmill_out: Path, pairs: int) -> None:
+    """Every pair's two sequences identical in both, in order (each the prompt's ids and a completion's), and
+    tokenmill's loss mask on the completions' ids only."""
+    import pyarrow.parquet as pq
+
+    from tokenmill.formats.megatron import MegatronReader
+
+    theirs = pq.read_table(trl_rows).to_pylist()
+    assert len(theirs) == pairs, (len(theirs), pairs)
+    position = 0
+    for prefix in sorted((tokenmill_out / "megatron" / "train").glob("shard-*.idx")):
+        reader = MegatronReader(prefix.with_suffix(""))
+        mask = np.fromfile(prefix.with_suffix(".loss_mask.bin"), dtype=np.uint8)
+        starts = np.concatenate(([0], np.cumsum(reader.index.lengths, dtype=np.int64)))
+        for k in range(len(reader) // 2):
+            row = theirs[position]
+            for side, s in (("chosen_ids", 2 * k), ("rejected_ids", 2 * k + 1)):
+                loss = [0] * len(row["prompt_ids"]) + [1] * len(row[side])
+                stored = reader[s].tolist(), mask[starts[s] : starts[s + 1]].tolist()
+                if stored != (row["prompt_ids"] + row[side], loss):
+                    raise SystemExit(f"pair {position} ({side}) differs between TRL and tokenmill")
+            position += 1
+    assert position == pairs, (position, pairs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=1, help="HH-RLHF's pairs written this many times")
+    parser.add_argument("--cores", type=int, default=os.cpu_count(), help="TRL's dataset_num_proc")
+    parser.add_argument("--trl-prepare", nargs=2, metavar=("CORPUS", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.trl_prepare:
+        return trl_prepare(Path(args.trl_prepare[0]), Path(args.trl_prepare[1]), args.cores)
+    work = Path(tempfile.mkdtemp(prefix="tokenmill-dpo-bench-"))
+    corpus = work / "hh.jsonl"
+    pairs = write_corpus(corpus, args.repeat)
+    print(f"{pairs:,} pairs, {corpus.stat().st_size / 1e6:.1f} MB of JSONL; {args.rounds} rounds")
+    rows = []
+    with checkout("tokenmill", REPO, work / "prefect-home") as mill:
+        for round_ in range(args.rounds):
+            order = ["TRL", "tokenmill"] if round_ % 2 == 0 else ["tokenmill", "TRL"]
+            for tool in order:
+                load = os.getloadavg()[0]
+                if tool == "TRL":
+                    row = run_trl(corpus, work / "trl", args.cores, work / "trl.log")
+                else:
+                    row = run_tokenmill(mill, corpus, work / "out", work / "tokenmill.log")
+                rows.append(row | {"round": round_, "load": round(load, 2)})
+                print(json.dumps(rows[-1]), flush=True)
+            same_pairs(work / "trl" / "rows.parquet", work / "out", pairs)
+    print("ids and masks identical for every pair, in every round")
+    medians = {tool: statistics.median(r["wall_s"] for r in rows if r["tool"] == tool) for tool in ("TRL", "tokenmill")}
+    print(f"\nmedian wall: TRL {medians['TRL']:.1f} s, tokenmill {medians['tokenmill']:.1f} s: "
+          f"tokenmill/TRL = {medians['tokenmill'] / medians['TRL']:.2f}")  # fmt: skip
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+          f"{psutil.virtual_memory().total / 2**30:.0f} GiB, {time.strftime('%Y-%m-%d')}")  # fmt: skip
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
