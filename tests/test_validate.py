@@ -272,8 +272,9 @@ def test_ids_that_differ_from_the_reference_fail_naming_the_file(one_split_datas
 
 def test_the_reference_ids_of_the_verified_documents_are_not_encoded_again(one_split_dataset):
     """The encoder choice keeps the reference's ids of the documents it verified; validate compares the stored ids
-    of those with them (here every document: the corpus is smaller than the verification sample), not encoding
-    them again. Kept ids that are wrong make it fail; those of another tokenizer are not used."""
+    of those with them (here every document: the corpus is smaller than the verification sample, as a small run's
+    auto sizes are not), not encoding them again. Kept ids that are wrong make it fail; those of another tokenizer are
+    not used."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -281,6 +282,8 @@ def test_the_reference_ids_of_the_verified_documents_are_not_encoded_again(one_s
     from tokenmill.tokenize import choose_run_encoder, verification_sample
 
     config, plan, tokenizer, table = one_split_dataset
+    sizes = {"verify_bytes": 4_000_000, "check_bytes": 4_000_000}
+    config = config.model_copy(update={"tokenizer": config.tokenizer.model_copy(update=sizes)})
     choose_run_encoder(config, plan.shards, tokenizer)
     kept_path = Path(config.output.path) / layout.REFERENCE_IDS
     kept = pq.read_table(kept_path)

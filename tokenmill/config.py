@@ -392,10 +392,10 @@ class TokenizerConfig(_Section):
     )
     # Bytes as well as documents: a thousand files of a code corpus can be hundreds of MB, and hf holds ~180 bytes
     # of memory per byte it encodes at once (a 24 MB file took it 4.4 GB). 2 MB costs hf about 1 s of CPU.
-    verify_bytes: ByteSize = Field(
-        ByteSize(2_000_000),
-        description="At most this much text in the encoder's verification sample (a longer document gives an "
-        "excerpt of reference_piece_bytes).",
+    verify_bytes: ByteSize | Literal["auto"] = Field(
+        "auto",
+        description="At most this much text in the encoder's verification sample (a long document gives an "
+        "excerpt); auto: 2 MB, or 5% of a smaller run's input, at least 1 MiB.",
     )
     # hf encodes a few MB/s a core, gigatoken over 500: re-encoding 0.1% of the documents cost a 30 GB run 8 s of 89
     # (validate); 0.01% costs about 1% of the tokenize stage's CPU, with never fewer than check_min_documents.
@@ -403,10 +403,10 @@ class TokenizerConfig(_Section):
         0.0001, ge=0, le=1, description="validate: fraction of documents re-encoded with the reference and compared."
     )
     check_min_documents: int = Field(1000, ge=0, description="validate: re-encode at least this many documents.")
-    check_bytes: ByteSize = Field(
-        ByteSize(4_000_000),
+    check_bytes: ByteSize | Literal["auto"] = Field(
+        "auto",
         description="validate: re-encode at most this much text (the documents drawn until they hold it; hf "
-        "encodes a few MB a second a core).",
+        "encodes a few MB a second a core); auto: 4 MB, or 5% of a smaller run's input, at least 1 MiB.",
     )
     reference_piece_bytes: ByteSize = Field(
         ByteSize(1 << 20),

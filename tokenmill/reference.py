@@ -67,6 +67,20 @@ def reference_ids(
 # --- long documents: the reference encodes a bounded excerpt of them --------------------------------------------
 
 
+VERIFY_BYTES, CHECK_BYTES = 2_000_000, 4_000_000  # tokenizer.verify_bytes and check_bytes: auto, in a large run
+RUN_SHARE = 0.05  # auto in a smaller run: this share of its input ...
+SAMPLE_FLOOR = 1 << 20  # ... but never less than this
+
+
+def sized_to_the_run(setting: int | str, auto: int, input_bytes: int) -> int:
+    """The bytes of text a sample that hf encodes holds (`tokenizer.verify_bytes`, `check_bytes`): the setting, or
+    with `auto`, `auto` bytes, or for a smaller run RUN_SHARE of its input, at least SAMPLE_FLOOR. hf encodes a few MB
+    a second a core, the fast backends hundreds: 4 MB of a 12 MB run cost hf more CPU than tokenizing the run."""
+    if setting != "auto":
+        return int(setting)
+    return min(auto, max(SAMPLE_FLOOR, int(RUN_SHARE * input_bytes)))
+
+
 def excerpt(text: str, most_bytes: int, seed: int) -> str:
     """`text`, or where it is longer than `most_bytes`, a run of its whole lines of about that size from a place
     drawn with `seed` (a sample holds it as a text of its own)."""

@@ -54,7 +54,7 @@ from tokenmill.readers import (
     read_lines,
     sampled_blocks,
 )
-from tokenmill.reference import excerpt, keep_reference_ids
+from tokenmill.reference import VERIFY_BYTES, excerpt, keep_reference_ids, sized_to_the_run
 from tokenmill.stats import Tokenized
 from tokenmill.storage import HASH_THREADS, Store, threaded, threads_for
 from tokenmill.tokenizer_info import TokenizerInfo, reading
@@ -327,17 +327,19 @@ def verification_shards(shards: Sequence[Shard]) -> Sequence[Shard]:
 
 
 def verification_sample(config: TokenmillConfig, shards: Sequence[Shard], tokenizer: TokenizerInfo) -> list[str]:
-    """About `tokenizer.verify_documents` texts, at most `tokenizer.verify_bytes` in all, drawn across the corpus: an
-    equal share from each of `verification_shards`, from a few blocks at seeded places across each of its line-based
-    pieces (from its start where a piece is read another way), and a long document as an excerpt of its share (at
-    least VERIFY_EXCERPT_BYTES, at most `tokenizer.reference_piece_bytes`). So it costs little however large the
-    shards, how many, and however long their documents."""
+    """About `tokenizer.verify_documents` texts, at most `tokenizer.verify_bytes` in all (less in a small run:
+    `reference.sized_to_the_run`), drawn across the corpus: an equal share from each of `verification_shards`, from a
+    few blocks at seeded places across each of its line-based pieces (from its start where a piece is read another
+    way), and a long document as an excerpt of its share (at least VERIFY_EXCERPT_BYTES, at most
+    `tokenizer.reference_piece_bytes`). So it costs little however large the shards, how many, and however long
+    their documents."""
     settings, options = config.tokenizer, reading(config, tokenizer)
-    if not len(shards) or not settings.verify_documents or not settings.verify_bytes:
+    most = sized_to_the_run(settings.verify_bytes, VERIFY_BYTES, sum(shard.bytes for shard in shards))  # those sent
+    if not len(shards) or not settings.verify_documents or not most:
         return []
     shards = verification_shards(shards)
     share = max(1, -(-settings.verify_documents // len(shards)))
-    share_bytes = max(1, int(settings.verify_bytes) // len(shards))
+    share_bytes = max(1, most // len(shards))
     longest = min(int(settings.reference_piece_bytes), max(share_bytes, VERIFY_EXCERPT_BYTES))
     texts: list[str] = []
     for shard in shards:

@@ -44,7 +44,7 @@ from tokenmill.packers import writes_packed
 from tokenmill.plan import Columns, Plan, Shard, shard_ids
 from tokenmill.preference import PairTexts, pair_problems, tokenize_texts
 from tokenmill.readers import BATCH_BYTES, Piece, ReadOptions, read_documents, schema_library
-from tokenmill.reference import Excerpt, checked_excerpt, reference_ids
+from tokenmill.reference import CHECK_BYTES, Excerpt, checked_excerpt, reference_ids, sized_to_the_run
 from tokenmill.stats import COLUMNS, Tokenized, ValidationFailed, all_rejected, skipped, stats_rows
 from tokenmill.storage import STREAMED, Store
 from tokenmill.tokenizer_info import TokenizerInfo, reading
@@ -392,7 +392,8 @@ class ReferenceItem:
 def reference_items(config: TokenmillConfig, plan: Plan, table: pd.DataFrame, seed: int = 1) -> list[ReferenceItem]:
     """A random sample of at least `tokenizer.check_min_documents` and `tokenizer.check_fraction` of all
     documents, as the shards it is read from, one item each for `check_reference`, each with its share of
-    `tokenizer.check_bytes` (the documents drawn are checked until they hold it: `within_bytes`). Shards are taken in
+    `tokenizer.check_bytes` (`reference.sized_to_the_run`: less in a small run; the documents drawn are checked until
+    they hold it: `within_bytes`). Shards are taken in
     random order until they hold twice that many documents and number REFERENCE_SHARDS (or all there are), and
     each takes its share of a uniform draw from their documents."""
     cfg, rng = config.tokenizer, np.random.default_rng(seed)
@@ -415,7 +416,8 @@ def reference_items(config: TokenmillConfig, plan: Plan, table: pd.DataFrame, se
     # Each shard's share of check_bytes: as the text its drawn documents are expected to hold (tokens per document)
     tokens = table.groupby("shard_id").tokens.sum()
     expected = np.array([shares[k] * tokens[s] / max(1, per_shard[s]) for k, s in enumerate(read)], dtype=float)
-    budget = int(cfg.check_bytes) * expected / max(expected.sum(), 1e-9)
+    most = sized_to_the_run(cfg.check_bytes, CHECK_BYTES, sum(shard.bytes for shard in plan.shards))
+    budget = most * expected / max(expected.sum(), 1e-9)
     return [
         ReferenceItem(
             read_from[shard_id],
