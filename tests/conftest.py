@@ -19,18 +19,23 @@ import pytest
 from flows.server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-# All the tests need from outside the repository: the real tokenizers and corpora of ../shared (see its READMEs).
-SHARED = REPO.parent / "shared"
-TOKENIZERS = SHARED / "tokenizers"
-CORPORA = SHARED / "corpora"
+# The real tokenizers, corpora and conversations the tests read: small slices in the repository, each folder with
+# its SOURCE.md and license (tests/data/build.py made them).
+DATA = REPO / "tests" / "data"
+TOKENIZERS = DATA / "tokenizers"
+CORPORA = DATA / "corpora"
+CHAT = DATA / "chat"
 EXAMPLES = REPO / "examples"
 TOKENMILL = [str(Path(sys.executable).with_name("tokenmill"))]  # the installed command, as a user runs it
 
 
-def pytest_sessionstart(session) -> None:
-    """Without ../shared the suite stops at once, saying so in one line, instead of failing deep inside tests."""
-    if missing := " and ".join(str(path) for path in (TOKENIZERS, CORPORA) if not path.is_dir()):
-        pytest.exit(f"the tests need ../shared beside the repository (tokenizers and corpora): {missing} missing", 2)
+def maintainers_file(path: str) -> Path:
+    """A file of the maintainers' store beside the repository (../shared), for the few tests of a file whose license
+    keeps it out of the repository; where it is absent the test is skipped, saying so."""
+    file = REPO.parent / "shared" / path
+    if not file.is_file():
+        pytest.skip(f"needs ../shared/{path}, which its license keeps out of the repository (tests/data/build.py)")
+    return file
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import REPO, SHARED, TOKENMILL, api_post
+from .conftest import CORPORA, REPO, TOKENMILL, api_post
 
 OTHER = "tokenmill-other"
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "python3"
@@ -126,7 +126,7 @@ def test_during_a_run_another_user_reaches_neither_its_local_dask_cluster_nor_it
     user's client is refused at every port the cluster's process listens on, whether it speaks plain TCP or TLS
     with a certificate of its own. The Prefect server refuses that user the running flow run, the list of runs
     and a new one; its password file cannot be read. The run goes on."""
-    corpus = gzip.decompress((SHARED / "corpora/enwiki_slice/enwiki_slice.jsonl.gz").read_bytes())
+    corpus = gzip.decompress((CORPORA / "enwiki_slice/enwiki_slice.jsonl.gz").read_bytes())
     (tmp_path / "a.jsonl").write_bytes(corpus)
     (tmp_path / "b.jsonl").write_bytes(corpus)
     config = tmp_path / "long.yaml"  # with hf's encoder, a run of a minute or so: it is stopped once checked

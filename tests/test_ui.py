@@ -21,7 +21,7 @@ import pytest
 
 from flows.server import ui_url
 
-from .conftest import CORPORA, REPO, STOP_CEILING, TOKENMILL, dataset_files, served_process, stop
+from .conftest import CORPORA, REPO, STOP_CEILING, TOKENIZERS, TOKENMILL, dataset_files, served_process, stop
 from .test_operations import block, committed, deployment_named, every_page, final_state, unblock, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -146,9 +146,9 @@ def test_run_page_that_tokenmill_run_prints_shows_the_state_shard_tasks_and_summ
 
 
 def test_a_mixture_run_page_shows_its_sources_in_the_task_runs_and_the_mix_in_the_summary(run_cli, tmp_path, ui):
-    """Two sources from ../shared/corpora: the run's task runs name their sources, and its summary artifact shows
+    """Two sources from tests/data/corpora: the run's task runs name their sources, and its summary artifact shows
     the mix, a row per source, beside its plot."""
-    corpora = REPO.parent / "shared" / "corpora"
+    corpora = CORPORA
     config = {
         "name": "mix-ui",
         "sources": [
@@ -156,7 +156,7 @@ def test_a_mixture_run_page_shows_its_sources_in_the_task_runs_and_the_mix_in_th
             {"name": "web", "input": {"paths": [str(corpora / "web_dclm_annotated" / "*.jsonl.gz")]}, "weight": 1},
         ],
         "split": {"train": 0.9, "val": 0.1},
-        "tokenizer": {"path": str(REPO.parent / "shared" / "tokenizers" / "gpt2" / "tokenizer.json")},
+        "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json")},
         "output": {"path": str(tmp_path / "out")},
         "dask": {"groups_per_stage": 1},  # one task run over both sources' shards
     }
