@@ -263,6 +263,21 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGINT, log: Path | None =
         ) from None
 
 
+@contextlib.contextmanager
+def held_input(path: Path):
+    """An input file that holds a run until the test ends it: a named pipe (FIFO) at `path` (name it `*.jsonl.gz`),
+    whose reader waits in open() until a writer comes, and none does. The run stops in its partition, reading it, its
+    cluster up and its flow run Running, for as long as the test needs, however loaded the machine: a gate, where a
+    long input would only be a race. On leaving, a reader still waiting is let go with an empty file."""
+    os.mkfifo(path)
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):  # ENXIO: no reader waits
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        path.unlink()
+
+
 def alive_in_session(session: int) -> list[psutil.Process]:
     """The processes of a session (a command started with `start_new_session=True`: its pid) still running."""
     alive = []
