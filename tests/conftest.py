@@ -278,6 +278,26 @@ def held_input(path: Path):
         path.unlink()
 
 
+def local_cluster_ports(run: subprocess.Popen, timeout: float = 120) -> list[int]:
+    """The ports a run's LocalCluster listens on, once its scheduler, dashboard, a nanny and a worker at least do."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert run.poll() is None and time.monotonic() < deadline, "the run ended before its cluster was seen"
+        cluster = [p for p in psutil.Process(run.pid).children(recursive=True)
+                   if "serve_local_cluster" in " ".join(p.cmdline())]  # fmt: skip
+        processes = cluster + cluster[0].children(recursive=True) if cluster else []
+        ports = sorted({port for p in processes for port in listening_ports(p)})
+        if len(ports) >= 4:
+            return ports
+        time.sleep(0.2)
+
+
+def listening_ports(process: psutil.Process) -> list[int]:
+    with contextlib.suppress(psutil.Error):
+        return sorted({c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN})
+    return []  # a process that ended meanwhile
+
+
 def alive_in_session(session: int) -> list[psutil.Process]:
     """The processes of a session (a command started with `start_new_session=True`: its pid) still running."""
     alive = []

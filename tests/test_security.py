@@ -14,10 +14,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from .conftest import REPO, TOKENMILL, api_post, held_input
+from .conftest import REPO, TOKENMILL, api_post, held_input, local_cluster_ports
 
 OTHER = "tokenmill-other"
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "python3"
@@ -127,10 +126,6 @@ for port in sys.argv[1:]:
 RUNNING = {"flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}
 
 
-def listening_ports(process: psutil.Process) -> list[int]:
-    return sorted({c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN})
-
-
 def test_during_a_run_another_user_reaches_neither_its_local_dask_cluster_nor_its_prefect_server(
     prefect_api, other_user, tmp_path
 ):
@@ -162,16 +157,8 @@ def stopped(run: subprocess.Popen) -> None:
 
 def knock_while_held(run: subprocess.Popen, prefect_api: str) -> None:
     """Another user's knocks on the held run's cluster and on the Prefect server; the run still going after."""
+    ports = local_cluster_ports(run)
     deadline = time.monotonic() + 120
-    while True:
-        assert run.poll() is None and time.monotonic() < deadline, "the run ended before its cluster was seen"
-        cluster = [p for p in psutil.Process(run.pid).children(recursive=True)
-                   if "serve_local_cluster" in " ".join(p.cmdline())]  # fmt: skip
-        processes = cluster + cluster[0].children(recursive=True) if cluster else []
-        ports = sorted({port for p in processes for port in listening_ports(p)})
-        if len(ports) >= 4:  # the scheduler, its dashboard, a nanny and a worker at least
-            break
-        time.sleep(0.2)
     knocked = as_other(SYSTEM_PYTHON, "-c", KNOCK, *map(str, ports))
     assert knocked.returncode == 0, knocked.stderr[-3000:]
     said = dict(line.split(" ", 1) for line in knocked.stdout.splitlines())
