@@ -83,6 +83,15 @@ def printed_link(stdout: str) -> str:
     return last.removeprefix("The run in the Prefect UI: ")
 
 
+ERROR_TOASTS = ("Oops. Something went wrong", "Authentication failed", "Try it now")  # Prefect's, on a refused call
+
+
+def sign_in(page, line: str) -> None:
+    """Give tokenmill's sign-in page (flows/server.py: SIGN_IN) the line of the server's auth file."""
+    page.get_by_placeholder("tokenmill:...").fill(line)
+    page.get_by_role("button", name="Sign in").click()
+
+
 def test_the_ui_asks_for_the_servers_password_once(browser, prefect_api, tmp_path):
     """Anyone on the host can open 127.0.0.1: the local server's UI asks for the line of its auth file (readable by
     its user only), refuses a wrong one, and once given the right one shows the runs, and keeps it."""
@@ -92,24 +101,46 @@ def test_the_ui_asks_for_the_servers_password_once(browser, prefect_api, tmp_pat
     page = ui.page
     try:
         page.goto(f"{ui_url(prefect_api)}/runs")
-        password = page.get_by_placeholder("admin:pass")
-        password.wait_for()
+        page.get_by_text("tokenmill-server-auth").wait_for()  # says which file holds the line
         ui.shot("asked")
-        password.fill("tokenmill:not-the-password")
-        page.get_by_role("button", name="Login").click()
-        page.wait_for_timeout(1000)
+        sign_in(page, "tokenmill:not-the-password")
+        page.get_by_text("Refused: that is not this server's line.").wait_for()
+        ui.shot("refused")
         assert page.evaluate("window.localStorage.getItem('prefect-password')") is None  # refused, not kept
-        assert "/login" in page.url, page.url
-        page.reload()  # a fresh page: the refused attempt's toasts and failed requests gone
-        password.fill(os.environ["PREFECT_API_AUTH_STRING"])
-        page.get_by_role("button", name="Login").click()
-        page.wait_for_url(re.compile(r".*/runs.*"))
+        sign_in(page, os.environ["PREFECT_API_AUTH_STRING"])
+        page.get_by_text("Work Pools", exact=True).first.wait_for()  # the app's own menu: the runs page
         assert page.evaluate("window.localStorage.getItem('prefect-password')")  # kept
         page.goto(f"{ui_url(prefect_api)}/runs")  # a visit after signing in is not asked again
-        page.get_by_text("Work Pools", exact=True).first.wait_for()  # the app's own menu, not the sign-in page
+        page.get_by_text("Work Pools", exact=True).first.wait_for()
         page.get_by_text("Runs", exact=True).first.wait_for()
         ui.shot("signed-in")
-        assert "/login" not in page.url and password.count() == 0
+        assert page.url.endswith("/runs") and page.get_by_placeholder("tokenmill:...").count() == 0
+    finally:
+        context.close()
+
+
+def test_the_printed_link_in_a_fresh_browser_asks_once_then_shows_the_run(browser, gpt2_run, prefect_api, tmp_path):
+    """The last line `tokenmill run` prints, opened as a new user clicks it (a fresh browser, nothing kept): asked for
+    the line once, then that run's page, at that address, without Prefect's error toasts; opened again, not asked."""
+    link = printed_link((gpt2_run.parent / "stdout.txt").read_text())
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(UI_TIMEOUT_MS)
+    ui = Browsing(context, tmp_path / "screenshots")
+    page = ui.page
+    try:
+        page.goto(link)
+        page.get_by_placeholder("tokenmill:...").wait_for()
+        ui.shot("asked")
+        sign_in(page, os.environ["PREFECT_API_AUTH_STRING"])
+        page.get_by_text("corpus-to-tokens", exact=True).first.wait_for()  # the flow's run
+        page.get_by_text("Completed", exact=True).first.wait_for()
+        page.wait_for_timeout(3000)  # a toast comes with the answer to a refused call, after the page is drawn
+        ui.shot("run")
+        assert page.url == link
+        assert [toast for toast in ERROR_TOASTS if page.get_by_text(toast).count()] == []
+        page.goto(link)
+        page.get_by_text("corpus-to-tokens", exact=True).first.wait_for()
+        assert page.get_by_placeholder("tokenmill:...").count() == 0  # kept: not asked again
     finally:
         context.close()
 
