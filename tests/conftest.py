@@ -263,33 +263,56 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGINT, log: Path | None =
         ) from None
 
 
-@contextlib.contextmanager
-def held_input(path: Path):
-    """An input file that holds a run until the test ends it: a named pipe (FIFO) at `path` (name it `*.jsonl.gz`),
-    whose reader waits in open() until a writer comes, and none does. The run stops in its partition, reading it, its
-    cluster up and its flow run Running, for as long as the test needs, however loaded the machine: a gate, where a
-    long input would only be a race. On leaving, a reader still waiting is let go with an empty file."""
-    os.mkfifo(path)
-    try:
-        yield path
-    finally:
-        with contextlib.suppress(OSError):  # ENXIO: no reader waits
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        path.unlink()
+GATE_PLUGIN = REPO / "tests" / "gate"  # the gated:// filesystem (gated_fs.py), which fsspec finds on PYTHONPATH
+GATED_RUN = ["--set", "fertility.enabled=false", "--set", "tokenizer.verify_documents=0"]  # tokenize reads it first
 
 
-def local_cluster_ports(run: subprocess.Popen, timeout: float = 120) -> list[int]:
-    """The ports a run's LocalCluster listens on, once its scheduler, dashboard, a nanny and a worker at least do."""
-    deadline = time.monotonic() + timeout
-    while True:
-        assert run.poll() is None and time.monotonic() < deadline, "the run ended before its cluster was seen"
-        cluster = [p for p in psutil.Process(run.pid).children(recursive=True)
-                   if "serve_local_cluster" in " ".join(p.cmdline())]  # fmt: skip
-        processes = cluster + cluster[0].children(recursive=True) if cluster else []
-        ports = sorted({port for p in processes for port in listening_ports(p)})
-        if len(ports) >= 4:
-            return ports
-        time.sleep(0.2)
+class Gate:
+    """An input file at which a run's tokenize stage waits until the test opens the gate: a test that needs a run
+    still going (its cluster up, its shards being tokenized) holds it there, however loaded the machine, instead of
+    counting on the run's length. The run reads it as `url` (tests/gate/gated_fs.py: a reader waits while
+    `<path>.gate` exists, saying so in `<path>.waiting`), with `env(...)` and GATED_RUN's settings (no sample or
+    fertility report reads the input before the shards do). Leaving the `with` opens the gate."""
+
+    def __init__(self, path: Path):
+        self.path, self.gate, self.waiting = (
+            path,
+            path.with_name(f"{path.name}.gate"),
+            path.with_name(f"{path.name}.waiting"),
+        )
+
+    def __enter__(self) -> Gate:
+        self.gate.touch()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.open()
+
+    @property
+    def url(self) -> str:
+        return f"gated://{self.path}"
+
+    @staticmethod
+    def env(env: dict) -> dict:
+        return env | {"PYTHONPATH": os.pathsep.join(filter(None, [str(GATE_PLUGIN), env.get("PYTHONPATH")]))}
+
+    def reached(self, run: subprocess.Popen, timeout: float = 180) -> None:
+        """Wait until the run's shards wait at the gate (the run failing meanwhile fails the test)."""
+        deadline = time.monotonic() + timeout
+        while not self.waiting.exists():
+            assert run.poll() is None, f"the run ended before it reached the gate: {run.args}"
+            assert time.monotonic() < deadline, f"the run did not reach the gate in {timeout} s"
+            time.sleep(0.2)
+
+    def open(self) -> None:
+        self.gate.unlink(missing_ok=True)
+
+
+def gated_news(folder: Path) -> Gate:
+    """A gate on the bundled news sample (examples/data: 181 articles), as one plain JSONL file: one shard."""
+    path = folder / "news.jsonl"
+    path.write_bytes(gzip.decompress((EXAMPLES / "data" / "web_scrapinghub_aeb.jsonl.gz").read_bytes()))
+    return Gate(path)
 
 
 def listening_ports(process: psutil.Process) -> list[int]:

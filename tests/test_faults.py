@@ -26,15 +26,13 @@ from tokenmill.train_tokenizer import install_pretrained
 
 from .conftest import (
     EXAMPLES,
+    GATED_RUN,
     REPO,
     TOKENIZERS,
     TOKENMILL,
     alive_in_session,
-    api_post,
-    held_input,
-    local_cluster_ports,
+    gated_news,
 )
-from .test_operations import wait_for
 
 PAGE = mmap.PAGESIZE
 
@@ -309,23 +307,21 @@ def test_tokenmill_serve_exits_on_one_ctrl_c_even_where_the_runner_loses_it(runn
 
 def test_ctrl_c_mid_run_ends_the_run_and_its_cluster_at_once(prefect_api, tmp_path):
     """Ctrl-C reaches the run's whole process group: the flow's process, its LocalCluster's and the workers. The
-    run ends within seconds, marked Crashed, exit 130, leaving no process behind. The run is held by its input
-    (`held_input`) with its cluster up, not by its length. (Once, by hand, a cluster that ignored Ctrl-C left a
+    run ends within seconds, marked Crashed, exit 130, leaving no process behind. The run is held with its shards
+    waiting at a gate (`Gate`), not by its length. (Once, by hand, a cluster that ignored Ctrl-C left a
     shard group waiting on a closed Dask client and the run hung; that race did not recur to be tested here.)"""
     import signal
 
     env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"PREFECT_API_URL": prefect_api}
-    with held_input(tmp_path / "held.jsonl.gz") as held:
+    with gated_news(tmp_path) as gate:
         run = subprocess.Popen(
             [*TOKENMILL, "run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
-             "--set", f"input.paths=[{held}]"],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+             "--set", f"input.paths=[{gate.url}]", *GATED_RUN],
+            cwd=REPO, env=gate.env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's foreground job has it
         )  # fmt: skip
-        local_cluster_ports(run)  # its workers up, the run waiting on its input, its flow run Running:
-        running = {"flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}
-        wait_for(lambda: run.poll() is not None or api_post(prefect_api, "flow_runs/filter", running).json(), 120, "it")
-        assert run.poll() is None, run.communicate()[0]
+        gate.reached(run)  # its shards being tokenized, waiting at the gate
         os.killpg(run.pid, signal.SIGINT)
         started = time.monotonic()
         rest = run.communicate(timeout=60)[0]

@@ -14,9 +14,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from .conftest import REPO, TOKENMILL, api_post, held_input, local_cluster_ports
+from .conftest import GATED_RUN, REPO, TOKENMILL, api_post, gated_news, listening_ports
 
 OTHER = "tokenmill-other"
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "python3"
@@ -132,20 +133,19 @@ def test_during_a_run_another_user_reaches_neither_its_local_dask_cluster_nor_it
     """During a run: its LocalCluster speaks TLS with a key that only the run's processes hold (in memory); another
     user's client is refused at every port the cluster's process listens on, whether it speaks plain TCP or TLS
     with a certificate of its own. The Prefect server refuses that user the running flow run, the list of runs
-    and a new one; its password file cannot be read. The run goes on: its input holds it (`held_input`) until the
-    test stops it."""
+    and a new one; its password file cannot be read. The run goes on: its shards wait at a gate (`Gate`) until
+    the test stops it."""
     with contextlib.ExitStack() as stack:
-        held = stack.enter_context(held_input(tmp_path / "held.jsonl.gz"))
-        config = tmp_path / "held.yaml"
-        config.write_text(json.dumps({
-            "name": "held", "input": {"paths": [str(held)]},
-            "tokenizer": {"path": str(REPO / "examples/tokenizers/gpt2/tokenizer.json"), "eod": "<|endoftext|>"},
-            "output": {"path": str(tmp_path / "out")},
-        }))  # fmt: skip
+        gate = stack.enter_context(gated_news(tmp_path))
         env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"PREFECT_API_URL": prefect_api}
-        run = subprocess.Popen([*TOKENMILL, "run", str(config)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+        run = subprocess.Popen(
+            [*TOKENMILL, "run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
+             "--set", f"input.paths=[{gate.url}]", *GATED_RUN],
+            cwd=REPO, env=gate.env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
         stack.callback(stopped, run)
+        gate.reached(run)
         knock_while_held(run, prefect_api)
 
 
@@ -155,15 +155,31 @@ def stopped(run: subprocess.Popen) -> None:
     run.communicate(timeout=120)
 
 
+def cluster_ports(run: subprocess.Popen) -> dict[int, str]:
+    """The ports the run's LocalCluster listens on: those of its own process (the scheduler, the nannies, the
+    dashboard) as "cluster", its workers' as "worker"."""
+    cluster = [p for p in psutil.Process(run.pid).children(recursive=True)
+               if "serve_local_cluster" in " ".join(p.cmdline())]  # fmt: skip
+    assert len(cluster) == 1, cluster
+    ports = dict.fromkeys(listening_ports(cluster[0]), "cluster")
+    for worker in cluster[0].children(recursive=True):
+        ports |= dict.fromkeys(listening_ports(worker), "worker")
+    return ports
+
+
 def knock_while_held(run: subprocess.Popen, prefect_api: str) -> None:
     """Another user's knocks on the held run's cluster and on the Prefect server; the run still going after."""
-    ports = local_cluster_ports(run)
+    ports = cluster_ports(run)
     deadline = time.monotonic() + 120
     knocked = as_other(SYSTEM_PYTHON, "-c", KNOCK, *map(str, ports))
     assert knocked.returncode == 0, knocked.stderr[-3000:]
     said = dict(line.split(" ", 1) for line in knocked.stdout.splitlines())
     assert sorted(said) == sorted(map(str, ports)), knocked.stdout
-    assert list(said.values()).count("http") == 1 and set(said.values()) == {"tls-refused", "http"}, said
+    assert set(said.values()) == {"tls-refused", "http"}, said
+    http = [ports[int(port)] for port, what in said.items() if what == "http"]
+    # The dashboard, and each worker's own HTTP server (Dask's Prometheus metrics and health check, which every
+    # worker serves: no setting turns it off): pages to read, not a way to send work
+    assert http.count("cluster") == 1 and http.count("worker") == 2, (said, ports)
 
     while not (running := api_post(prefect_api, "flow_runs/filter", RUNNING).json()):
         assert run.poll() is None and time.monotonic() < deadline, "the run ended before its flow run was seen"
