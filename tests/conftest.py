@@ -272,17 +272,15 @@ class Gate:
     still going (its cluster up, its shards being tokenized) holds it there, however loaded the machine, instead of
     counting on the run's length. The run reads it as `url` (tests/gate/gated_fs.py: a reader waits while
     `<path>.gate` exists, saying so in `<path>.waiting`), with `env(...)` and GATED_RUN's settings (no sample or
-    fertility report reads the input before the shards do). Leaving the `with` opens the gate."""
+    fertility report reads the input before the shards do). It is made closed; `open`, or leaving a `with`, opens
+    it."""
 
     def __init__(self, path: Path):
-        self.path, self.gate, self.waiting = (
-            path,
-            path.with_name(f"{path.name}.gate"),
-            path.with_name(f"{path.name}.waiting"),
-        )
+        self.path, self.gate = path, path.with_name(f"{path.name}.gate")
+        self.waiting = path.with_name(f"{path.name}.waiting")
+        self.gate.touch()
 
     def __enter__(self) -> Gate:
-        self.gate.touch()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 
 from fsspec import AbstractFileSystem
@@ -42,8 +43,8 @@ class GatedFileSystem(AbstractFileSystem):
         path = self._strip_protocol(path)
         if "r" in mode and os.path.exists(f"{path}.gate"):
             waiting = f"{path}.waiting"
-            with open(waiting, "w"):
-                pass
+            with open(waiting, "w") as f:  # who waits, for the test's messages
+                f.write(f"{os.getpid()} {threading.current_thread().name}\n")
             while os.path.exists(f"{path}.gate"):
                 time.sleep(WAIT_S)
             with contextlib.suppress(FileNotFoundError):  # another reader waited too
