@@ -270,7 +270,7 @@ GATED_RUN = ["--set", "fertility.enabled=false", "--set", "tokenizer.verify_docu
 class Gate:
     """An input file at which a run's tokenize stage waits until the test opens the gate: a test that needs a run
     still going (its cluster up, its shards being tokenized) holds it there, however loaded the machine, instead of
-    counting on the run's length. The run reads it as `url` (tests/gate/gated_fs.py: a reader waits while
+    counting on the run's length. The run reads it as `url` (tests/gate/gated_fs.py: a read from its start waits while
     `<path>.gate` exists, saying so in `<path>.waiting`), with `env(...)` and GATED_RUN's settings (no sample or
     fertility report reads the input before the shards do). It is made closed; `open`, or leaving a `with`, opens
     it."""
