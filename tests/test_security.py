@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import GATED_RUN, REPO, TOKENMILL, api_post, gated_news, listening_ports
+from .conftest import GATED_RUN, REPO, TOKENMILL, api_post, gated_news
 
 OTHER = "tokenmill-other"
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "python3"
@@ -153,6 +153,12 @@ def stopped(run: subprocess.Popen) -> None:
     """Ctrl-C to the run's session, and its end waited for."""
     os.killpg(run.pid, signal.SIGINT)
     run.communicate(timeout=120)
+
+
+def listening_ports(process: psutil.Process) -> list[int]:
+    with contextlib.suppress(psutil.Error):
+        return sorted({c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN})
+    return []  # a process that ended meanwhile
 
 
 def cluster_ports(run: subprocess.Popen) -> dict[int, str]:
