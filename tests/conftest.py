@@ -203,7 +203,7 @@ def s3_server():
             os.environ[key] = value
 
 
-CORPUS = CORPORA / "web_scrapinghub_aeb" / "web_scrapinghub_aeb.jsonl.gz"
+CORPUS = EXAMPLES / "data" / "web_scrapinghub_aeb.jsonl.gz"
 
 
 @pytest.fixture

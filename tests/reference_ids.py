@@ -21,11 +21,12 @@ import orjson
 import tokenizers
 from tokenizers import Tokenizer
 
-from .conftest import CORPORA, TOKENIZERS
+from .conftest import CORPORA, EXAMPLES, TOKENIZERS
 
 RECORD = Path(__file__).with_name("reference_ids.json")
 TOKENIZER_NAMES = ["gpt2", "gpt-neox-20b", "phi3-mini", "deepseek-v3"]
-CORPUS_FILES = sorted(CORPORA.rglob("*.jsonl.gz"))  # the text corpora (records with a `text` field)
+# The text corpora (records with a `text` field): tests/data's and the examples' two web sets.
+CORPUS_FILES = sorted([*CORPORA.rglob("*.jsonl.gz"), *EXAMPLES.glob("data/*.jsonl.gz")], key=lambda p: p.name)
 BLOCK = 256  # documents per block digest
 
 

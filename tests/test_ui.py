@@ -21,7 +21,7 @@ import pytest
 from flows.server import ui_url
 
 from .conftest import (
-    CORPORA,
+    EXAMPLES,
     GATED_RUN,
     REPO,
     TOKENIZERS,
@@ -186,14 +186,14 @@ def test_run_page_that_tokenmill_run_prints_shows_the_state_shard_tasks_and_summ
 
 
 def test_a_mixture_run_page_shows_its_sources_in_the_task_runs_and_the_mix_in_the_summary(run_cli, tmp_path, ui):
-    """Two sources from tests/data/corpora: the run's task runs name their sources, and its summary artifact shows
-    the mix, a row per source, beside its plot."""
-    corpora = CORPORA
+    """Two sources from examples/data: the run's task runs name their sources, and its summary artifact shows the
+    mix, a row per source, beside its plot."""
+    corpora = EXAMPLES / "data"
     config = {
         "name": "mix-ui",
         "sources": [
-            {"name": "news", "input": {"paths": [str(corpora / "web_scrapinghub_aeb" / "*.jsonl.gz")]}, "weight": 2},
-            {"name": "web", "input": {"paths": [str(corpora / "web_dclm_annotated" / "*.jsonl.gz")]}, "weight": 1},
+            {"name": "news", "input": {"paths": [str(corpora / "web_scrapinghub_aeb.jsonl.gz")]}, "weight": 2},
+            {"name": "web", "input": {"paths": [str(corpora / "web_dclm_annotated.jsonl.gz")]}, "weight": 1},
         ],
         "split": {"train": 0.9, "val": 0.1},
         "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json")},

@@ -92,11 +92,7 @@ def tokenizers() -> None:
 
 
 def corpora() -> None:
-    root, store = HERE / "corpora", SHARED / "corpora"
-    for name in ("web_dclm_annotated", "web_scrapinghub_aeb"):
-        link(root / name / f"{name}.jsonl.gz", EXAMPLES / "data" / f"{name}.jsonl.gz")
-        link(root / name / "SOURCE.md", EXAMPLES / "data/SOURCE.md")
-
+    root, store = HERE / "corpora", SHARED / "corpora"  # web_dclm_annotated, web_scrapinghub_aeb: examples/data
     enwiki = root / "enwiki_slice"
     source(
         enwiki,
