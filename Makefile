@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup postgres chromium slurm demo test docs lint format bench faults slow trainers clean
+.PHONY: setup postgres chromium slurm demo test docs lint format bench faults slow trainers trainer-venvs trainer-tests clean
 
 $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,10 +46,12 @@ slurm:
 demo: $(DEMO_STAMP)
 	$(BIN)/tokenmill run examples/demo.yaml
 
-test: setup postgres chromium slurm
+# The whole suite: ruff, pytest, then the trainers' loader tests in their own venvs (see `trainers` below).
+test: setup postgres chromium slurm trainer-venvs
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory trainer-tests
 
 # The docs site (mkdocs.yml, docs/) into site/; strict: a broken link or anchor fails. docs/configuration.md is
 # generated: python -m tokenmill.config_reference > docs/configuration.md
@@ -87,9 +89,11 @@ slow: setup slurm
 # Their venv sees the test venv's packages (torch among them) through a .pth, behind its own; the tokenmill runs its
 # tests make are the test venv's. MosaicML streaming (marked streaming) pins numpy<2.2 and transformers<5, which
 # break datasets 5: a venv of its own, without torchvision (the tests stand in for the two names it imports).
+# `make test` runs these too (once their venvs exist: installed once, again when pyproject.toml changes).
 TRAINERS := .venv-trainers
 STREAMING := .venv-streaming
-trainers: setup
+TRAINERS_STAMP := $(STREAMING)/.installed
+$(TRAINERS_STAMP): $(TEST_STAMP)
 	for venv in $(TRAINERS) $(STREAMING); do \
 	  test -x $$venv/bin/python || $(PYTHON) -m venv $$venv; \
 	  echo "$(abspath $(VENV))/lib/python3.11/site-packages" > $$venv/lib/python3.11/site-packages/zz_tokenmill.pth; \
@@ -99,8 +103,15 @@ trainers: setup
 	$(TRAINERS)/bin/python -m pip install -q -c $(TRAINERS)/constraints.txt "ai2-olmo-core>=3.0" "litdata>=0.2.76"
 	$(STREAMING)/bin/python -m pip install -q -c $(STREAMING)/constraints.txt "mosaicml-streaming>=0.13"
 	$(STREAMING)/bin/python -m pip uninstall -q -y torchvision
+	touch $(TRAINERS_STAMP)
+
+trainer-venvs: $(TRAINERS_STAMP)
+
+trainer-tests:
 	$(TRAINERS)/bin/python -m pytest -m trainers -n 0 tests/test_chat_trainers.py tests/test_formats_trainers.py
 	$(STREAMING)/bin/python -m pytest -m streaming -n 0 tests/test_formats_trainers.py
+
+trainers: trainer-venvs trainer-tests
 
 clean:
 	rm -rf out site .pytest_cache .ruff_cache

@@ -628,4 +628,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if not SHARED.is_dir():  # the benchmarks' corpora and tokenizers; the tests read tests/data
+        raise SystemExit(f"bench/faults.py reads the corpora and tokenizers of {SHARED}, which is missing")
     sys.exit(main())

@@ -284,4 +284,6 @@ def print_table(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
+    if not SHARED.is_dir():  # the benchmarks' corpora and tokenizers; the tests read tests/data
+        raise SystemExit(f"bench/limits.py reads the corpora and tokenizers of {SHARED}, which is missing")
     main()

@@ -108,4 +108,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if not SHARED.is_dir():  # the benchmarks' corpora and tokenizers; the tests read tests/data
+        raise SystemExit(f"bench/mixture.py reads the corpora and tokenizers of {SHARED}, which is missing")
     main()

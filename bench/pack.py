@@ -110,4 +110,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if not SHARED.is_dir():  # the benchmarks' corpora and tokenizers; the tests read tests/data
+        raise SystemExit(f"bench/pack.py reads the corpora and tokenizers of {SHARED}, which is missing")
     main()

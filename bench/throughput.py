@@ -243,4 +243,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if not SHARED.is_dir():  # the benchmarks' corpora and tokenizers; the tests read tests/data
+        raise SystemExit(f"bench/throughput.py reads the corpora and tokenizers of {SHARED}, which is missing")
     main()

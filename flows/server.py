@@ -11,12 +11,18 @@ asks for credentials (basic auth) that are made on first use in a file only that
 (`$PREFECT_HOME/tokenmill-server-auth`, mode 0600, in a PREFECT_HOME of mode 0700, which also holds the
 database), which the CLI, the flow and its deployments send and the UI asks for once; CSRF protection is on and
 cross-origin requests are refused.
+
+The UI asks for that line on a page of tokenmill's own, before Prefect's app starts (`ask_before_the_app`): Prefect's
+app finds out it is not signed in only from a refused request, which shows an error toast, and on a run's page (the
+link a run prints) it shows the error and never its sign-in form.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -131,6 +137,9 @@ def start_server(port: int | None = None) -> dict:
     env.pop("PREFECT_API_URL", None)
     if not any(env.get(name) for name in UI_API_SETTINGS):
         env["PREFECT_SERVER_UI_API_URL"] = api_url
+    # The UI's files as the server serves them: a copy in the private home (not in the shared venv), which
+    # ask_before_the_app changes.
+    env.setdefault("PREFECT_UI_STATIC_DIRECTORY", str(home / "ui"))
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -142,9 +151,85 @@ def start_server(port: int | None = None) -> dict:
             process.kill()
             raise RuntimeError(f"prefect server did not start on {api_url}; see {log_path}")
         time.sleep(0.5)
+    if not given:
+        ask_before_the_app(Path(env["PREFECT_UI_STATIC_DIRECTORY"]), auth_file())
     state = {"api_url": api_url, "pid": process.pid, "log": str(log_path), "auth": "given" if given else "file"}
     _state_file().write_text(json.dumps(state))
     return state
+
+
+# Put in place of the script that starts Prefect's app: with the password kept (as Prefect's own sign-in keeps it),
+# the app starts as before; without, this form asks for it, checks it with one request the app does not see, keeps
+# it and then starts the app on the page that was opened.
+SIGN_IN = """<script>
+(function () {
+  function startApp() {
+    var app = document.createElement("script");
+    app.type = "module";
+    app.crossOrigin = "";
+    app.src = "@APP@";
+    document.head.appendChild(app);
+  }
+  if (localStorage.getItem("prefect-password")) return startApp();
+  document.addEventListener("DOMContentLoaded", function () {
+    var root = document.getElementById("app");
+    root.innerHTML = @FORM@;
+    var form = document.getElementById("tokenmill-sign-in"), said = document.getElementById("tokenmill-said");
+    form.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var password = btoa(form.elements.line.value.trim());
+      fetch("@BASE@/ui-settings").then(function (answer) { return answer.json(); }).then(function (settings) {
+        return fetch(settings.api_url + "/admin/version", {headers: {Authorization: "Basic " + password}});
+      }).then(function (answer) {
+        if (!answer.ok) {
+          said.textContent = answer.status == 401 ? "Refused: that is not this server's line."
+                                                  : "The server answered " + answer.status + ".";
+          return;
+        }
+        localStorage.setItem("prefect-password", password);
+        root.innerHTML = "";
+        startApp();
+      }, function () { said.textContent = "The server cannot be reached."; });
+    });
+  });
+})();
+</script>"""
+SIGN_IN_FORM = """<div style="min-height: 100vh; padding-top: 20vh; box-sizing: border-box; background: #1c1d21;
+  font-family: system-ui, sans-serif; color: #e5e7eb">
+ <form id="tokenmill-sign-in" style="max-width: 32rem; margin: 0 auto; padding: 2rem; background: #2b2d33;
+   border-radius: 8px">
+  <h1 style="margin: 0 0 1rem; font-size: 1.5rem">Prefect server</h1>
+  <p style="margin: 0 0 1rem; line-height: 1.5">It answers only its user. Paste the line of
+    <code>@AUTH@</code>:</p>
+  <input name="line" type="password" placeholder="tokenmill:..." autocomplete="off" autofocus required
+    style="box-sizing: border-box; width: 100%; padding: 0.5rem; font-size: 1rem; border-radius: 4px">
+  <button type="submit" style="margin-top: 1rem; padding: 0.5rem 1.5rem; font-size: 1rem; color: #fff;
+    background: #2563eb; border: 0; border-radius: 4px; cursor: pointer">Sign in</button>
+  <p id="tokenmill-said" role="alert" style="margin: 1rem 0 0; color: #f87171; min-height: 1.5em"></p>
+ </form>
+</div>"""
+APP_SCRIPT = re.compile(r'<script type="module" crossorigin src="(?P<src>[^"]+)"></script>')
+
+
+def ask_before_the_app(static_root: Path, auth: Path) -> None:
+    """Put the sign-in page (SIGN_IN) into the UI's index.html under `static_root` (PREFECT_UI_STATIC_DIRECTORY,
+    which the server filled as it started, and fills again only for another Prefect version). A page Prefect
+    lays out otherwise is left as it is, its own sign-in in place, and the log says so."""
+    import logging
+
+    for index in (static_root / "index.html", static_root / "v1" / "index.html"):
+        page = index.read_text() if index.is_file() else ""
+        if "tokenmill-sign-in" in page:
+            return
+        if found := APP_SCRIPT.search(page):
+            src = found["src"]
+            base = src.split("/assets/", 1)[0] if "/assets/" in src else ""
+            form = json.dumps(SIGN_IN_FORM.replace("@AUTH@", html.escape(str(auth))))
+            script = SIGN_IN.replace("@APP@", src).replace("@BASE@", base).replace("@FORM@", form)
+            index.write_text(page[: found.start()] + script + page[found.end() :])
+            return
+    logging.getLogger(__name__).warning("the UI under %s is not laid out as expected: it asks for the password "
+                                        "with Prefect's own sign-in page", static_root)  # fmt: skip
 
 
 def ui_url(api_url: str) -> str:

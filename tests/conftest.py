@@ -19,18 +19,23 @@ import pytest
 from flows.server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-# All the tests need from outside the repository: the real tokenizers and corpora of ../shared (see its READMEs).
-SHARED = REPO.parent / "shared"
-TOKENIZERS = SHARED / "tokenizers"
-CORPORA = SHARED / "corpora"
+# The real tokenizers, corpora and conversations the tests read: small slices in the repository, each folder with
+# its SOURCE.md and license (tests/data/build.py made them).
+DATA = REPO / "tests" / "data"
+TOKENIZERS = DATA / "tokenizers"
+CORPORA = DATA / "corpora"
+CHAT = DATA / "chat"
 EXAMPLES = REPO / "examples"
 TOKENMILL = [str(Path(sys.executable).with_name("tokenmill"))]  # the installed command, as a user runs it
 
 
-def pytest_sessionstart(session) -> None:
-    """Without ../shared the suite stops at once, saying so in one line, instead of failing deep inside tests."""
-    if missing := " and ".join(str(path) for path in (TOKENIZERS, CORPORA) if not path.is_dir()):
-        pytest.exit(f"the tests need ../shared beside the repository (tokenizers and corpora): {missing} missing", 2)
+def maintainers_file(path: str) -> Path:
+    """A file of the maintainers' store beside the repository (../shared), for the few tests of a file whose license
+    keeps it out of the repository; where it is absent the test is skipped, saying so."""
+    file = REPO.parent / "shared" / path
+    if not file.is_file():
+        pytest.skip(f"needs ../shared/{path}, which its license keeps out of the repository (tests/data/build.py)")
+    return file
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -198,7 +203,7 @@ def s3_server():
             os.environ[key] = value
 
 
-CORPUS = CORPORA / "web_scrapinghub_aeb" / "web_scrapinghub_aeb.jsonl.gz"
+CORPUS = EXAMPLES / "data" / "web_scrapinghub_aeb.jsonl.gz"
 
 
 @pytest.fixture
@@ -256,6 +261,56 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGINT, log: Path | None =
         raise AssertionError(
             f"{' '.join(map(str, process.args[:4]))} still ran {STOP_CEILING} s after {sig!r}:\n{tail}"
         ) from None
+
+
+GATE_PLUGIN = REPO / "tests" / "gate"  # the gated:// filesystem (gated_fs.py), which fsspec finds on PYTHONPATH
+GATED_RUN = ["--set", "fertility.enabled=false", "--set", "tokenizer.verify_documents=0"]  # tokenize reads it first
+
+
+class Gate:
+    """An input file at which a run's tokenize stage waits until the test opens the gate: a test that needs a run
+    still going (its cluster up, its shards being tokenized) holds it there, however loaded the machine, instead of
+    counting on the run's length. The run reads it as `url` (tests/gate/gated_fs.py: a read from its start waits while
+    `<path>.gate` exists, saying so in `<path>.waiting`), with `env(...)` and GATED_RUN's settings (no sample or
+    fertility report reads the input before the shards do). It is made closed; `open`, or leaving a `with`, opens
+    it."""
+
+    def __init__(self, path: Path):
+        self.path, self.gate = path, path.with_name(f"{path.name}.gate")
+        self.waiting = path.with_name(f"{path.name}.waiting")
+        self.gate.touch()
+
+    def __enter__(self) -> Gate:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.open()
+
+    @property
+    def url(self) -> str:
+        return f"gated://{self.path}"
+
+    @staticmethod
+    def env(env: dict) -> dict:
+        return env | {"PYTHONPATH": os.pathsep.join(filter(None, [str(GATE_PLUGIN), env.get("PYTHONPATH")]))}
+
+    def reached(self, run: subprocess.Popen, timeout: float = 180) -> None:
+        """Wait until the run's shards wait at the gate (the run failing meanwhile fails the test)."""
+        deadline = time.monotonic() + timeout
+        while not self.waiting.exists():
+            assert run.poll() is None, f"the run ended before it reached the gate: {run.args}"
+            assert time.monotonic() < deadline, f"the run did not reach the gate in {timeout} s"
+            time.sleep(0.2)
+
+    def open(self) -> None:
+        self.gate.unlink(missing_ok=True)
+
+
+def gated_news(folder: Path) -> Gate:
+    """A gate on the bundled news sample (examples/data: 181 articles, 0.9 MB), as one plain JSONL file."""
+    path = folder / "news.jsonl"
+    path.write_bytes(gzip.decompress((EXAMPLES / "data" / "web_scrapinghub_aeb.jsonl.gz").read_bytes()))
+    return Gate(path)
 
 
 def alive_in_session(session: int) -> list[psutil.Process]:

@@ -17,9 +17,9 @@ import subprocess
 import time
 from pathlib import Path
 
-# What every host sees at its own path, as hosts share an image: this repository (its code and .venv) and the
-# ../shared beside it. A clone under /tmp would be hidden by the host's /tmp, so those are bound into it first.
-CODE = (Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "shared")
+# What every host sees at its own path, as hosts share an image: this repository (its code, test data and .venv).
+# A clone under /tmp would be hidden by the host's /tmp, so it is bound into it first.
+CODE = (Path(__file__).resolve().parents[1],)
 
 
 def on_host(root: Path) -> str:

@@ -1,6 +1,6 @@
-"""The reference ids of every shared corpus under each tested tokenizer, recorded as digests.
+"""The reference ids of every corpus of tests/data under each tested tokenizer, recorded as digests.
 
-HF `tokenizers` needs about 5 minutes of this machine's 2 cores for all of `../shared/corpora` under the four
+HF `tokenizers` needs minutes of this machine's 2 cores for all of `tests/data/corpora` under the four
 tokenizers, too long to repeat in every CI run; the sha256 of its ids (per corpus, and per block of
 BLOCK documents to point at the documents that differ) is recorded once in `reference_ids.json` with the
 `tokenizers` version and the sha256 of the tokenizer and corpus files. Tests compare against the record when
@@ -21,15 +21,12 @@ import orjson
 import tokenizers
 from tokenizers import Tokenizer
 
-from .conftest import CORPORA, TOKENIZERS
+from .conftest import CORPORA, EXAMPLES, TOKENIZERS
 
 RECORD = Path(__file__).with_name("reference_ids.json")
-TOKENIZER_NAMES = ["gpt2", "gpt-neox-20b", "llama2-dolma-pii", "deepseek-v3"]
-# The text corpora (records with a `text` field); chat/ holds conversations (`messages`) and preference/ pairs, not
-# text to encode as is.
-CORPUS_FILES = sorted(
-    p for p in CORPORA.rglob("*.jsonl.gz") if p.relative_to(CORPORA).parts[0] not in ("chat", "preference")
-)
+TOKENIZER_NAMES = ["gpt2", "gpt-neox-20b", "phi3-mini", "deepseek-v3"]
+# The text corpora (records with a `text` field): tests/data's and the examples' two web sets.
+CORPUS_FILES = sorted([*CORPORA.rglob("*.jsonl.gz"), *EXAMPLES.glob("data/*.jsonl.gz")], key=lambda p: p.name)
 BLOCK = 256  # documents per block digest
 
 

@@ -16,14 +16,14 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from .conftest import CORPORA, TOKENIZERS
+from .conftest import EXAMPLES, TOKENIZERS
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89"
 GOOD = b"".join(json.dumps({"id": i, "text": f"document number {i}"}).encode() + b"\n" for i in range(20))
 
 
 def truncated_gzip() -> bytes:
-    whole = (CORPORA / "web_scrapinghub_aeb" / "web_scrapinghub_aeb.jsonl.gz").read_bytes()
+    whole = (EXAMPLES / "data" / "web_scrapinghub_aeb.jsonl.gz").read_bytes()
     return whole[: len(whole) // 2]
 
 

@@ -1,8 +1,8 @@
-"""tokenmill.chat against transformers itself: real conversations (../shared/corpora/chat) rendered with real chat
-templates (../shared/tokenizers: phi3-mini, whose template has no `{% generation %}` tags, its tagged twin from TRL,
-and Granite 3.1's) give apply_chat_template's text and ids; the assistant's spans, found without tags, give the mask
-transformers computes from the tags; validate's check passes that mask and fails an all-ones or a shifted one; a
-template whose spans cannot be told is refused by name."""
+"""tokenmill.chat against transformers itself: real conversations (tests/data/chat, examples/chat) rendered with
+real chat templates (tests/data/tokenizers: phi3-mini, whose template has no `{% generation %}` tags, its tagged twin
+from TRL, and Granite 3.1's) give apply_chat_template's text and ids; the assistant's spans, found without tags, give
+the mask transformers computes from the tags; validate's check passes that mask and fails an all-ones or a shifted
+one; a template whose spans cannot be told is refused by name."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import itertools
 import json
 import shutil
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,12 +23,11 @@ from tokenizers import Tokenizer
 from tokenmill import chat, encoders, pretrained
 from tokenmill.packers import pack_conversations
 
-from .conftest import SHARED, TOKENIZERS
+from .conftest import CHAT, EXAMPLES, TOKENIZERS
 from .test_packing import targets, unpacked_targets
 
-CHAT = SHARED / "corpora/chat"
 TODAY = datetime.date(2026, 1, 15)  # Granite's template writes the date: pinned on both sides
-PER_CORPUS = 300  # the first conversations of each corpus; every one of them: `make slow`
+PER_CORPUS = 300  # the first conversations of each corpus; every one the repository holds: `make slow`
 PHI3, GRANITE = TOKENIZERS / "phi3-mini", TOKENIZERS / "granite-3.1"
 TEMPLATES = {  # name: (tokenizer directory, template source)
     "phi3": (PHI3, json.loads((PHI3 / "tokenizer_config.json").read_text())["chat_template"]),
@@ -43,7 +43,7 @@ GSM8K = chat.RecordFormat("prompt_completion", prompt_fields=("question",), comp
 GLAIVE = dataclasses.replace(chat.SHAREGPT, tools_field="tools")
 
 
-def records(path: str, limit: int | None = None) -> list[dict]:
+def records(path: str | Path, limit: int | None = None) -> list[dict]:
     """A corpus file's first `limit` records (None: all): JSON lines, or one JSON array; gzipped or not."""
     file = CHAT / path
     with gzip.open(file, "rt") if file.suffix == ".gz" else file.open() as f:
@@ -56,7 +56,7 @@ def conversations(limit: int | None = PER_CORPUS) -> list[list[dict]]:
     """The first `limit` conversations (None: all) of the multi-turn dialogues, and of two instruction corpora as a
     user's prompt and the assistant's completion."""
     corpora = [
-        ("sgd-dialogues/sgd_train_messages.jsonl.gz", chat.RecordFormat()),
+        (EXAMPLES / "chat/sgd_dialogues_500.jsonl.gz", chat.RecordFormat()),
         ("gsm8k/train.jsonl.gz", GSM8K),
         ("gpteacher-alpaca/codegen-instruct.json.gz", ALPACA),
     ]

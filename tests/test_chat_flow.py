@@ -20,9 +20,10 @@ from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import PackedReader
 from tokenmill.loader import PackedSplit
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-PHI3, GRANITE = SHARED / "tokenizers" / "phi3-mini", SHARED / "tokenizers" / "granite-3.1"
-SGD = SHARED / "corpora" / "chat" / "sgd-dialogues" / "sgd_train_messages.jsonl.gz"
+from .conftest import EXAMPLES, TOKENIZERS
+
+PHI3, GRANITE = TOKENIZERS / "phi3-mini", TOKENIZERS / "granite-3.1"
+SGD = EXAMPLES / "chat" / "sgd_dialogues_500.jsonl.gz"  # the first 500 of sgd-dialogues (its SOURCE.md)
 CONVERSATIONS = 150
 TODAY = date(2026, 1, 15)
 

@@ -14,10 +14,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import CHAT
 from tests.docs_blocks import page_blocks, run_python
-from tests.test_chat_flow import PHI3, SHARED, documents, packed_conversations
+from tests.test_chat_flow import PHI3, documents, packed_conversations
 
-GSM8K = SHARED / "corpora" / "chat" / "gsm8k" / "test.jsonl.gz"
+GSM8K = CHAT / "gsm8k" / "test.jsonl.gz"
 RECORDS = 300
 SEQ_LEN = 512
 

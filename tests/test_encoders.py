@@ -1,6 +1,6 @@
 """Encoder backends against the reference: the encoding tokenmill chooses gives, for every document of every
-shared corpus and each of the GPT-2, GPT-NeoX, Llama-2-style and DeepSeek-V3 tokenizers, exactly the ids of
-`tokenizers.Tokenizer.encode(text, add_special_tokens=False)`.
+corpus of tests/data and each of the GPT-2, GPT-NeoX, Phi-3 (Llama-2-style) and DeepSeek-V3 tokenizers, exactly the
+ids of `tokenizers.Tokenizer.encode(text, add_special_tokens=False)`.
 
 The full reference costs minutes of HF time, so its digests are recorded in `reference_ids.json` (see
 `tests/reference_ids.py`); every run also re-encodes one document in SPOT_CHECK of each corpus with HF live
@@ -108,7 +108,7 @@ def test_auto_prefers_gigatoken_and_explains_the_others(chosen):
     for name in TOKENIZER_NAMES:
         choice, report = chosen[name]
         assert choice.backend == "gigatoken", (name, report)
-        if name != "llama2-dolma-pii":  # a SentencePiece model splits on no Unicode property
+        if name != "phi3-mini":  # a SentencePiece model splits on no Unicode property
             assert choice.unsafe, "gigatoken's Unicode 17 letters must be routed to hf"
         assert report["gigatoken"].startswith("chosen: identical to hf")
     assert set(report) == {"gigatoken"}, "auto stops at the first exact backend"
@@ -116,7 +116,7 @@ def test_auto_prefers_gigatoken_and_explains_the_others(chosen):
 
 @pytest.mark.parametrize(
     "name, why",
-    [("gpt-neox-20b", "normalizer"), ("llama2-dolma-pii", "SentencePiece"), ("deepseek-v3", "normalizer|one regex")],
+    [("gpt-neox-20b", "normalizer"), ("phi3-mini", "SentencePiece"), ("deepseek-v3", "normalizer|one regex")],
 )
 def test_tiktoken_says_why_it_cannot_represent_a_tokenizer(name, why):
     with pytest.raises(encoders.NotRepresentable, match=why):

@@ -24,7 +24,15 @@ from tokenmill.storage import StorageError, Store, UncachedFile
 from tokenmill.tokenize import Tokenizing, tokenize_shard
 from tokenmill.train_tokenizer import install_pretrained
 
-from .conftest import CORPORA, EXAMPLES, REPO, TOKENIZERS, TOKENMILL, alive_in_session
+from .conftest import (
+    EXAMPLES,
+    GATED_RUN,
+    REPO,
+    TOKENIZERS,
+    TOKENMILL,
+    alive_in_session,
+    gated_news,
+)
 
 PAGE = mmap.PAGESIZE
 
@@ -299,29 +307,25 @@ def test_tokenmill_serve_exits_on_one_ctrl_c_even_where_the_runner_loses_it(runn
 
 def test_ctrl_c_mid_run_ends_the_run_and_its_cluster_at_once(prefect_api, tmp_path):
     """Ctrl-C reaches the run's whole process group: the flow's process, its LocalCluster's and the workers. The
-    run ends within seconds, marked Crashed, exit 130, leaving no process behind. (Once, by hand, a cluster that
-    ignored Ctrl-C left a shard group waiting on a closed Dask client and the run hung; that race did not recur
-    to be tested here.)"""
+    run ends within seconds, marked Crashed, exit 130, leaving no process behind. The run is held with its shards
+    waiting at a gate (`Gate`), not by its length. (Once, by hand, a cluster that ignored Ctrl-C left a
+    shard group waiting on a closed Dask client and the run hung; that race did not recur to be tested here.)"""
     import signal
 
-    corpus = CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz"
     env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"PREFECT_API_URL": prefect_api}
-    run = subprocess.Popen(
-        [*TOKENMILL, "run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
-         "--set", f"input.paths=[{corpus}]", "--set", "partition.shard_size=4MB"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's foreground job has it
-    )  # fmt: skip
-    seen = []
-    for line in run.stdout:  # interrupted once the shards are being tokenized
-        seen.append(line)
-        if "encoder: " in line:
-            break
-    assert run.poll() is None, "".join(seen)
-    os.killpg(run.pid, signal.SIGINT)
-    started = time.monotonic()
-    rest = run.communicate(timeout=60)[0]
-    assert run.returncode == 130 and time.monotonic() - started < 30, "".join(seen) + rest
+    with gated_news(tmp_path) as gate:
+        run = subprocess.Popen(
+            [*TOKENMILL, "run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
+             "--set", f"input.paths=[{gate.url}]", *GATED_RUN],
+            cwd=REPO, env=gate.env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's foreground job has it
+        )  # fmt: skip
+        gate.reached(run)  # its shards being tokenized, waiting at the gate
+        os.killpg(run.pid, signal.SIGINT)
+        started = time.monotonic()
+        rest = run.communicate(timeout=60)[0]
+    assert run.returncode == 130 and time.monotonic() - started < 30, rest
     assert "Execution was aborted by an interrupt signal" in rest
     time.sleep(2)
     assert not alive_in_session(run.pid)

@@ -97,7 +97,7 @@ def test_the_report_counts_and_compares_with_the_baseline(reports):
 
 def test_the_runs_encoder_counts_exactly_what_hf_counts(tmp_path):
     # The flow counts the dataset's tokens with the encoder it chose (gigatoken here), verified against hf.
-    write_corpus(tmp_path / "mixed.jsonl.gz", 1_000_000, 300_000)
+    write_corpus(tmp_path / "mixed.jsonl.gz", 1_000_000, 500_000)  # a dozen source files: some held out
     config = TokenmillConfig.model_validate({
         "name": "mixed",
         "input": {"paths": [str(tmp_path / "mixed.jsonl.gz")], "id_field": "id"},

@@ -22,7 +22,7 @@ from tokenmill.mix import resolve
 from tokenmill.partition import list_inputs
 from tokenmill.shares import MixError
 
-from .conftest import CORPORA, TOKENIZERS
+from .conftest import CORPORA, EXAMPLES, TOKENIZERS
 
 SEQ_LEN = 256
 
@@ -127,7 +127,7 @@ def rows_drawn(root, plan: dict) -> dict[str, float]:
 def test_a_mix_of_three_sources_is_drawn_by_megatron_in_its_resolved_shares(run_cli, prefect_client, tmp_path):
     news = tmp_path / "news"
     news.mkdir()
-    shutil.copy(CORPORA / "web_scrapinghub_aeb" / "web_scrapinghub_aeb.jsonl.gz", news)
+    shutil.copy(EXAMPLES / "data" / "web_scrapinghub_aeb.jsonl.gz", news)
     config = mixture(tmp_path, three_sources(news))
     first = run_mix(run_cli, tmp_path, config)
     report = first["root"] / "report"  # the mix's plot, drawn on a worker with the others
@@ -172,7 +172,7 @@ def test_a_mix_of_three_sources_is_drawn_by_megatron_in_its_resolved_shares(run_
     assert sorted(d.dataset.index.sequence_lengths.size for d in validation) == val_documents
 
     # news grows by a file: only its new shard is made, the mix follows the new counts, the old version verifies
-    shutil.copy(CORPORA / "web_dclm_annotated" / "web_dclm_annotated.jsonl.gz", news)
+    shutil.copy(EXAMPLES / "data" / "web_dclm_annotated.jsonl.gz", news)
     third = run_mix(run_cli, tmp_path, config)
     plan = json.loads((build / "plan.json").read_text())
     after = made_times(build, plan)
@@ -295,8 +295,8 @@ def test_the_tokenizer_of_a_mix_is_trained_on_a_sample_in_the_mix_shares(tmp_pat
     from tokenmill.partition import plan_shards
 
     sources = [
-        {"name": "code", "input": {"paths": [str(CORPORA / "code" / "*.jsonl.gz")]}, "weight": 0.1},
-        {"name": "multilingual", "input": {"paths": [str(CORPORA / "multilingual" / "*.jsonl.gz")]}, "weight": 0.6},
+        {"name": "code", "input": {"paths": [str(CORPORA / "code" / "*.jsonl.gz")]}, "weight": 0.6},
+        {"name": "multilingual", "input": {"paths": [str(CORPORA / "multilingual" / "*.jsonl.gz")]}, "weight": 0.1},
         {"name": "web", "input": {"paths": [str(CORPORA / "web_trafilatura_pages" / "*.jsonl.gz")]}, "weight": 0.3},
     ]
     config = mixture(tmp_path, sources)
@@ -315,7 +315,7 @@ def test_the_tokenizer_of_a_mix_is_trained_on_a_sample_in_the_mix_shares(tmp_pat
     corpus = collections.Counter()
     for shard in plan.shards:
         corpus[shard.mix_source] += shard.bytes
-    assert corpus["code"] / corpus.total() > 0.4  # the largest source by far, a tenth of the mix
+    assert corpus["multilingual"] / corpus.total() > 0.4  # the largest source by far, a tenth of the mix
     for source in sources:
         assert trained_on[source["name"]] / trained_on.total() == pytest.approx(source["weight"], rel=0.1), trained_on
     assert trained_on.total() == pytest.approx(3_000_000, rel=0.1)

@@ -18,7 +18,7 @@ import pytest
 
 from flows.server import free_port
 
-from .conftest import REPO, TOKENMILL, api_post, dataset_files, served_process, stop
+from .conftest import GATED_RUN, REPO, TOKENMILL, api_post, dataset_files, gated_news, served_process, stop
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -374,7 +374,8 @@ def test_workers_of_an_external_cluster_load_the_installed_tokenizers_encoders_a
 def test_prefect_server_on_postgresql(tmp_path):
     """A whole run against a Prefect server backed by PostgreSQL (Debian's server, started here), the server
     SIGKILLed once the run's first shard has committed and restarted on the same port and database 3 s later
-    (a pod rescheduled): the run completes, recorded as Completed in PostgreSQL."""
+    (a pod rescheduled): the run completes, recorded as Completed in PostgreSQL. Shards of one input wait at a gate
+    (`Gate`) until the server is back: work is left when it goes, however fast the rest."""
     binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
     if not binaries:
         pytest.skip("PostgreSQL server not installed (make setup installs Debian's postgresql)")
@@ -419,17 +420,22 @@ def test_prefect_server_on_postgresql(tmp_path):
         api = f"http://127.0.0.1:{api_port}/api"
         wait_for(lambda: healthy(api), 120, "prefect server on PostgreSQL")
         out = tmp_path / "out"
+        gate = gated_news(tmp_path)
+        inputs = f"[examples/data/wikitext2_raw_test.jsonl, {gate.url}]"
         run = subprocess.Popen(
-            [*TOKENMILL, "run", "examples/gpt2.yaml", "--set", f"output.path={out}",
-             "--set", "partition.shard_size=64KB"],  # 22 shards: work left when the server goes
-            cwd=REPO, env={**env, "PREFECT_API_URL": api}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [*TOKENMILL, "run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", f"input.paths={inputs}",
+             "--set", "partition.shard_size=128KB", *GATED_RUN],  # 18 shards, 8 of them the news's
+            cwd=REPO, env=gate.env({**env, "PREFECT_API_URL": api}), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
         )  # fmt: skip
+        gate.reached(run)
         wait_for(lambda: any((out / "_commits" / "tokenize").glob("*.json")) or run.poll() is not None, 300, "a shard")
         assert run.poll() is None, run.communicate()[0]  # the server goes mid-run
         os.killpg(prefect_server.pid, signal.SIGKILL)
         prefect_server.wait(30)
         time.sleep(3)
         prefect_server = start_server()
+        gate.open()
         log = run.communicate(timeout=600)[0]
         assert run.returncode == 0, log
         planned = int(re.search(r"planned (\d+) shards", log)[1])

@@ -3,7 +3,9 @@ on plain JSONL it reads a few percent of the corpus, the same whatever the shard
 
 from __future__ import annotations
 
+import gzip
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -16,13 +18,32 @@ from tokenmill.partition import plan_shards
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
 
-INPUTS = [str(CORPORA / "multilingual" / "*.jsonl.gz"), str(CORPORA / "enwiki_slice" / "*.jsonl.gz")]
+ENWIKI_COPIES = 4  # the repository's 8,000 articles, 4 times: the 54 MB of English these tests are sized for
 
 
-def make_config(out, sample_size="1MB", holdout_size="500KB", **train) -> TokenmillConfig:
+def write_enwiki(path: Path, opener=open) -> Path:
+    """enwiki_slice written ENWIKI_COPIES times, each copy's ids and texts marked apart (` [k]` after the text): a
+    corpus of many distinct documents (the sample and the held-out part are told apart by their texts)."""
+    articles = read_jsonl(CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz")
+    with opener(path, "wb") as f:
+        for k in range(ENWIKI_COPIES):
+            copy = ({**d, "id": f"{d['id']}-{k}", "text": f"{d['text']} [{k}]"} if k else d for d in articles)
+            f.writelines(orjson.dumps(d) + b"\n" for d in copy)
+    return path
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> list[str]:
+    """The multilingual corpora (10.6 MB: XQuAD, the UDHR and a Japanese novel) and the English one (54 MB)."""
+    english = tmp_path_factory.mktemp("english") / "enwiki.jsonl.gz"
+    write_enwiki(english, lambda path, mode: gzip.open(path, mode, compresslevel=1))
+    return [str(CORPORA / "multilingual" / "*.jsonl.gz"), str(english)]
+
+
+def make_config(out, inputs: list[str], sample_size="1MB", holdout_size="500KB", **train) -> TokenmillConfig:
     return TokenmillConfig.model_validate({
         "name": "sample-test",
-        "input": {"paths": INPUTS, "id_field": "id"},
+        "input": {"paths": inputs, "id_field": "id"},
         "partition": {"shard_size": "8MB"},
         "tokenizer": {"train": {"sample_size": sample_size, "vocab_size": 1000, **train}},
         "fertility": {"holdout_size": holdout_size, "group_by": ["source"]},
@@ -38,17 +59,17 @@ def run_sample(config: TokenmillConfig) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def corpus_bytes_by_source() -> Counter:
+def corpus_bytes_by_source(inputs) -> Counter:
     sizes = Counter()
-    for path in sorted(CORPORA.glob("multilingual/*.jsonl.gz")) + sorted(CORPORA.glob("enwiki_slice/*.jsonl.gz")):
+    for path in sorted(CORPORA.glob("multilingual/*.jsonl.gz")) + [Path(inputs[1])]:
         for doc in read_jsonl(path):
             sizes[doc["source"]] += len(doc["text"].encode())
     return sizes
 
 
 @pytest.fixture(scope="module")
-def sampled(tmp_path_factory):
-    config = make_config(tmp_path_factory.mktemp("sample"))
+def sampled(tmp_path_factory, inputs):
+    config = make_config(tmp_path_factory.mktemp("sample"), inputs)
     return config, run_sample(config)
 
 
@@ -81,10 +102,10 @@ def test_holdout_is_disjoint_from_the_training_sample(sampled):
     assert all("source" in r for r in sample_files.holdout_records(config, samples))
 
 
-def test_same_seed_gives_the_same_sample_and_another_seed_another(tmp_path, sampled):
+def test_same_seed_gives_the_same_sample_and_another_seed_another(tmp_path, sampled, inputs):
     config, samples = sampled
-    again = make_config(tmp_path / "again")
-    other = make_config(tmp_path / "other", seed=1)
+    again = make_config(tmp_path / "again", inputs)
+    other = make_config(tmp_path / "other", inputs, seed=1)
     assert list(sample_files.training_texts(again, run_sample(again))) == list(
         sample_files.training_texts(config, samples)
     )
@@ -93,13 +114,14 @@ def test_same_seed_gives_the_same_sample_and_another_seed_another(tmp_path, samp
     )
 
 
-def test_stratification_represents_a_group_the_proportional_sample_misses(tmp_path):
-    # The Japanese novel is one document of 1.1 MB in 68 MB: a 300 KB proportional sample takes it with
+def test_stratification_represents_a_group_the_proportional_sample_misses(tmp_path, inputs):
+    # The Japanese novel is one document of 1.1 MB in 65 MB: a 300 KB proportional sample takes it with
     # probability ~0.5%; stratified by source, every source gets at least min_group_size. It is longer (in UTF-8)
     # than tokenizer.reference_piece_bytes: the sample holds an excerpt of it, whole lines of about 1 MiB.
     novel = "aozora-bunko via google/sentencepiece data/"
-    plain = make_config(tmp_path / "plain", sample_size="300KB")
-    stratified = make_config(tmp_path / "strat", sample_size="300KB", stratify_by="source", min_group_size="64KB")
+    plain = make_config(tmp_path / "plain", inputs, sample_size="300KB")
+    stratified = make_config(tmp_path / "strat", inputs, sample_size="300KB", stratify_by="source",
+                             min_group_size="64KB")  # fmt: skip
     plain_texts = list(sample_files.training_texts(plain, run_sample(plain)))
     samples = run_sample(stratified)
     texts = list(sample_files.training_texts(stratified, samples))
@@ -116,11 +138,8 @@ def test_stratification_represents_a_group_the_proportional_sample_misses(tmp_pa
 
 @pytest.fixture(scope="module")
 def plain_enwiki(tmp_path_factory):
-    """enwiki_slice as one plain JSONL file (60 MB): the input that the sample reads in blocks."""
-    path = tmp_path_factory.mktemp("plain") / "enwiki.jsonl"
-    with open(path, "wb") as f:
-        f.writelines(orjson.dumps(d) + b"\n" for d in read_jsonl(CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz"))
-    return path
+    """The English corpus as one plain JSONL file (54 MB): the input that the sample reads in blocks."""
+    return write_enwiki(tmp_path_factory.mktemp("plain") / "enwiki.jsonl")
 
 
 def held_out(out, path, shard_size: str, id_field: str | None) -> tuple[list[dict], list[str]]:
@@ -144,7 +163,7 @@ def test_held_out_sample_of_plain_jsonl_reads_a_few_percent_the_same_whatever_th
     corpus = plain_enwiki.stat().st_size
     small, small_texts = held_out(tmp_path / "small", plain_enwiki, "8MB", id_field)
     large, large_texts = held_out(tmp_path / "large", plain_enwiki, "25MB", id_field)
-    assert len(small) == 8 and len(large) == 3
+    assert len(small) == 7 and len(large) == 3  # 54 MB in shards of 8 MB and of 25 MB
     for samples in (small, large):
         assert sum(s.bytes_read for s in samples) < 0.05 * corpus  # 1 block of 64 KiB in 30 (+ line ends)
         assert all(s.holdout_documents > 0 for s in samples)  # every shard contributes

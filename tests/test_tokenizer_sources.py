@@ -1,4 +1,4 @@
-"""Pretrained sources load offline from ../shared/tokenizers and give the ids the reference gives: HF
+"""Pretrained sources load offline from tests/data/tokenizers and give the ids the reference gives: HF
 `tokenizers` for tokenizer.json files and directories, `tiktoken` for rank files (converted to tokenizer.json).
 EOD/BOS are the configured tokens or the tokenizer's own, and a missing one is an error naming the key."""
 
@@ -19,7 +19,7 @@ from tokenmill.pretrained import TokenizerSourceError, load_pretrained
 from tokenmill.tiktoken_convert import PRESETS, parse_ranks
 from tokenmill.tokenizer_info import describe_tokenizer, encode
 
-from .conftest import CORPORA, TOKENIZERS, read_jsonl
+from .conftest import CORPORA, TOKENIZERS, maintainers_file, read_jsonl
 
 tiktoken = pytest.importorskip("tiktoken")
 
@@ -50,7 +50,7 @@ def ids(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
     return [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
 
 
-@pytest.mark.parametrize("name", ["gpt2", "gpt-neox-20b", "deepseek-v3", "llama2-dolma-pii"])
+@pytest.mark.parametrize("name", ["gpt2", "gpt-neox-20b", "deepseek-v3", "phi3-mini"])
 def test_tokenizer_json_file_gives_the_reference_ids(name, texts):
     reference = Tokenizer.from_file(str(TOKENIZERS / name / "tokenizer.json"))
     tok, _ = tokenizer_of(TOKENIZERS / name / "tokenizer.json")
@@ -67,8 +67,10 @@ def test_tokenizer_json_file_gives_the_reference_ids(name, texts):
     ],  # fmt: skip
 )
 def test_tiktoken_rank_file_converts_to_the_same_ids(rank_file, texts):
-    data = (TOKENIZERS / rank_file).read_bytes()
-    tok, pretrained = tokenizer_of(TOKENIZERS / rank_file)
+    llama3 = rank_file.startswith("llama3")  # Meta's license keeps it out of the repository
+    path = maintainers_file("tokenizers/llama3/tokenizer.model") if llama3 else TOKENIZERS / rank_file
+    data = path.read_bytes()
+    tok, pretrained = tokenizer_of(path)
     preset = PRESETS[hashlib.sha256(data).hexdigest()]
     reference = tiktoken.Encoding(preset.name, pat_str=preset.pattern, mergeable_ranks=parse_ranks(data, rank_file),
                                   special_tokens=preset.special_tokens)  # fmt: skip
@@ -85,8 +87,9 @@ def test_tiktoken_rank_file_converts_to_the_same_ids(rank_file, texts):
 
 
 def test_llama3_own_eos_and_bos(tmp_path):
-    _, pretrained = tokenizer_of(TOKENIZERS / "llama3" / "tokenizer.model")
-    assert load_pretrained(str(TOKENIZERS / "llama3" / "tokenizer.model")).data == pretrained.data  # deterministic
+    llama3 = maintainers_file("tokenizers/llama3/tokenizer.model")
+    _, pretrained = tokenizer_of(llama3)
+    assert load_pretrained(str(llama3)).data == pretrained.data  # deterministic
     info = describe_tokenizer(pretrained.data, TokenizerConfig(path="x", eod="auto", bos="auto"), False,
                               pretrained.eos, pretrained.bos)  # fmt: skip
     assert (pretrained.eos, pretrained.bos, info.eod_id, info.bos_id) == ("<|end_of_text|>", "<|begin_of_text|>",
@@ -113,17 +116,17 @@ def test_unknown_rank_file_needs_a_pattern(tmp_path):
 
 
 def test_hf_directory_names_its_own_eos_and_bos(tmp_path, texts):
-    directory = tmp_path / "llama2"
+    directory = tmp_path / "phi3"
     directory.mkdir()
-    shutil.copy(TOKENIZERS / "llama2-dolma-pii" / "tokenizer.json", directory)
+    shutil.copy(TOKENIZERS / "phi3-mini" / "tokenizer.json", directory)
     (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "</s>"}, "bos_token": "<s>"}))
     tok, pretrained = tokenizer_of(directory)
     assert (pretrained.eos, pretrained.bos) == ("</s>", "<s>")
-    reference = Tokenizer.from_file(str(TOKENIZERS / "llama2-dolma-pii" / "tokenizer.json"))
+    reference = Tokenizer.from_file(str(TOKENIZERS / "phi3-mini" / "tokenizer.json"))
     assert ids(tok, texts) == ids(reference, texts)
-    # without the config files: BOS from the post-processor template, EOS by its conventional name
-    bare = load_pretrained(str(TOKENIZERS / "llama2-dolma-pii" / "tokenizer.json"))
-    assert (bare.eos, bare.bos) == ("</s>", "<s>")
+    # without the config files: EOS and BOS by their conventional names
+    bare = load_pretrained(str(TOKENIZERS / "phi3-mini" / "tokenizer.json"))
+    assert (bare.eos, bare.bos) == ("<|endoftext|>", "<s>")
     (tmp_path / "empty").mkdir()
     with pytest.raises(TokenizerSourceError, match="has no tokenizer.json"):
         load_pretrained(str(tmp_path / "empty"))
@@ -139,7 +142,7 @@ def test_missing_special_tokens_are_clear_errors():
     with pytest.raises(TokenizerSourceError, match="no such file"):
         load_pretrained("/nonexistent/tokenizer.json")
     with pytest.raises(TokenizerSourceError, match="neither a tokenizer.json nor a tiktoken rank file"):
-        load_pretrained(str(CORPORA / "README.md"))
+        load_pretrained(str(CORPORA / "dna" / "SOURCE.md"))
 
 
 def test_hub_id_without_network_fails_at_once_saying_to_pass_a_local_path(tmp_path):

@@ -180,9 +180,8 @@ def library_dataset(tmp_path, lines: list[bytes], **config) -> tuple:
 
 
 def corpus_lines() -> list[bytes]:
-    from .conftest import CORPORA
 
-    path = CORPORA / "web_dclm_annotated" / "web_dclm_annotated.jsonl.gz"
+    path = EXAMPLES / "data" / "web_dclm_annotated.jsonl.gz"
     return [orjson.dumps({"id": d["id"], "text": d["text"]}) for d in read_jsonl(path)]
 
 
