@@ -1,4 +1,4 @@
-"""tokenmill.preference against TRL itself: every pair of ../shared/corpora/preference (HH-RLHF's conversations,
+"""tokenmill.preference against TRL itself: every pair of tests/data/preference (HH-RLHF's conversations,
 the TL;DR summaries' plain text), in each of TRL's preference formats (explicit prompt, implicit prompt), gives the
 prompt, chosen and rejected ids that TRL's own DPO preprocessing (`DPOTrainer._prepare_dataset`, run here on a
 `datasets.Dataset`) gives with the same tokenizer and template; a pair longer than `max_length` is dropped or cut
@@ -19,12 +19,12 @@ import pytest
 from tokenmill import chat, packers, preference
 from tokenmill.preference import PairFormat
 
-from .conftest import SHARED
+from .conftest import DATA
 from .test_chat import GRANITE, PHI3, TEMPLATES, TODAY, ours
 
-PREFERENCE = SHARED / "corpora/preference"
-HH = PREFERENCE / "hh-rlhf-helpful-base/helpful_base_test_messages.jsonl.gz"
-TLDR = PREFERENCE / "summarize-from-feedback-tldr/tldr_comparisons.jsonl.gz"
+PREFERENCE = DATA / "preference"  # slices of ../shared/corpora/preference (their SOURCE.md)
+HH = PREFERENCE / "hh-rlhf-helpful-base/helpful_base_test_messages.first300.jsonl.gz"
+TLDR = PREFERENCE / "summarize-from-feedback-tldr/tldr_comparisons.first200.jsonl.gz"
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def assert_same(theirs: list[dict], ours: list[preference.TokenizedPair], record
 @pytest.mark.parametrize("form", [explicit, implicit])
 @pytest.mark.parametrize("name", ["phi3", "granite"])
 def test_every_conversational_pair_tokenizes_as_trls_dpo_preprocessing(name, form, reference, tmp_path):
-    """HH-RLHF's 2,339 pairs (multi-turn prompts, empty and identical replies among them), as message lists with
+    """HH-RLHF's first 300 pairs (multi-turn prompts, empty and identical replies among them), as message lists with
     the prompt given or implicit, rendered with phi3's or Granite's template."""
     records = form(read(HH))
     theirs = trl_tokenized(records, name, reference, tmp_path)
@@ -101,7 +101,7 @@ def test_every_conversational_pair_tokenizes_as_trls_dpo_preprocessing(name, for
 @pytest.mark.parametrize("form", [explicit, implicit])
 @pytest.mark.parametrize("name", ["phi3", "granite"])
 def test_every_plain_text_pair_tokenizes_as_trls_dpo_preprocessing(name, form, reference, tmp_path):
-    """The TL;DR comparisons' 1,771 pairs as plain text (each summary starting with a space): the tokenizer's own
+    """The TL;DR comparisons' first 200 pairs as plain text (each summary starting with a space): the tokenizer's own
     special tokens added, the EOS appended to each completion; with the prompt implicit, TRL's prompt is the
     characters the two share, less a space it ends with."""
     records = form(read(TLDR))
