@@ -87,14 +87,21 @@ def cut_points(
     by seeking; with `count_lines` the line endings before each are counted a range per thread (file reads and
     numpy release the GIL): a pass over the whole file, on every core. Without, the line numbers are None."""
     fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
-    with fs.open(path, "rb") as f:
-        offsets = sorted({line_start(f, size * k // n_pieces) for k in range(1, n_pieces)} - {size})
+    offsets = cut_offsets(url, size, n_pieces, storage_options)
     if not offsets or not count_lines:
         return [(offset, None) for offset in offsets]
     starts = [0, *offsets[:-1]]
     with ThreadPoolExecutor(min(len(offsets), os.cpu_count() or 1)) as pool:
         counts = pool.map(lambda start, end: _newlines(fs, path, start, end), starts, offsets)
         return [(offset, lines + 1) for offset, lines in zip(offsets, itertools.accumulate(counts), strict=True)]
+
+
+def cut_offsets(url: str, size: int, n_pieces: int, storage_options: dict) -> list[int]:
+    """The byte offsets of the first line at or after each of n_pieces - 1 even cuts, found by seeking (a read of a
+    line or so at each)."""
+    fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+    with fs.open(path, "rb") as f:
+        return sorted({line_start(f, size * k // n_pieces) for k in range(1, n_pieces)} - {size})
 
 
 def _newlines(fs, path: str, start: int, end: int) -> int:
@@ -172,6 +179,7 @@ def plan_shards(
         count_lines = counts_lines(config, config.inputs()[name])
         for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, count_lines, cuts):
             shards.append(Shard(len(shards), tuple(pieces), nbytes, _source_of(pieces, current), name))
+    check_covers(files, shards)
     return Plan(
         key=plan_key(config, files),
         config_key=config.section_hash("input", "partition"),
@@ -181,6 +189,36 @@ def plan_shards(
         files=files,
         shards=Shards(shards),
     )
+
+
+def check_covers(files: list[dict], shards: list[Shard]) -> None:
+    """Every byte (or row group) of every input file in exactly one shard's pieces, so every document is in exactly
+    one shard: a file whole in one piece, or cut into byte ranges that follow one another from its start to its end,
+    or into runs of row groups that together take each of them once. Raises naming the file otherwise."""
+    pieces: dict[str, list[Piece]] = {f["path"]: [] for f in files}
+    for shard in shards:
+        for piece in shard.pieces:
+            if piece.path not in pieces:
+                raise RuntimeError(f"the plan's shard {shard.shard_id:05d} reads {piece.path}, no input file")
+            pieces[piece.path].append(piece)
+    for f in files:
+        of_file = pieces[f["path"]]
+        if len(of_file) == 1 and (of_file[0].start, of_file[0].end, of_file[0].row_groups) == (0, None, None):
+            continue
+        groups = sorted(g for piece in of_file for g in piece.row_groups or ())
+        ranges = sorted((piece.start, piece.end) for piece in of_file)
+        if not of_file:
+            whole = False
+        elif all(piece.row_groups for piece in of_file):
+            whole = groups == list(range(len(groups)))
+        else:
+            ends = [end for _, end in ranges]
+            whole = ranges[0][0] == 0 and ends[-1] in (None, f["bytes"]) and ends[:-1] == [s for s, _ in ranges[1:]]
+        if not whole:
+            raise RuntimeError(
+                f"the plan reads {f['path']} in pieces that do not take each of its documents once "
+                f"({ranges if not groups else groups}): a tokenmill bug; nothing was run"
+            )
 
 
 def list_inputs(config: TokenmillConfig) -> list[dict]:
@@ -244,9 +282,31 @@ def _cut_into_shards(
             continue
         shards += _group(small, shard_size)
         small = []
-        pieces = cuts.get(url) or _split_large_file(url, size, shard_size, options, count_lines) or [(Piece(url), size)]
+        known = _checked_cuts(url, size, shard_size, options, cuts.get(url))
+        pieces = known or _split_large_file(url, size, shard_size, options, count_lines) or [(Piece(url), size)]
         shards += [([piece], nbytes) for piece, nbytes in pieces]
     return shards + _group(small, shard_size)
+
+
+def _checked_cuts(
+    url: str, size: int, shard_size: int, options: dict, stored: list[tuple[Piece, int]] | None
+) -> list[tuple[Piece, int]] | None:
+    """An earlier plan's pieces of an unchanged JSONL file if they are the cut this plan makes, found again by seeking
+    (a read at each cut), so that only the count of the lines before each cut is saved; else None (cut it again).
+    plan.json is data in the output location: pieces cut elsewhere (a planted plan, whose shards would drop or repeat
+    documents) are never taken. Parquet files are cut again: their row groups are read from the footer alone."""
+    if not stored or format_of(url) != "jsonl" or compression_of(url) is not None:
+        return None
+    offsets = cut_offsets(url, size, math.ceil(size / shard_size), options)
+    bounds = list(zip([0, *offsets], [*offsets, size], strict=True))
+    first, *lines = [piece.first_line for piece, _ in stored]  # the first piece's is 1; the others' counted or None
+    counted = all(isinstance(line, int) and line > 1 for line in lines) and lines == sorted(set(lines))
+    numbered = first == 1 and (counted or all(line is None for line in lines))
+    same = [(piece.path, piece.start, piece.end, piece.row_groups, piece.format) for piece, _ in stored] == [
+        (url, start, end, None, None) for start, end in bounds
+    ]
+    sizes = [nbytes for _, nbytes in stored] == [end - start for start, end in bounds]
+    return stored if same and sizes and numbered else None
 
 
 def _group(files: list[tuple[Piece, int]], shard_size: int) -> list[tuple[list[Piece], int]]:

@@ -26,7 +26,7 @@ def open_dataset(path: str, storage_options: dict | None = None) -> Dataset:
     """The dataset at `path`: a directory holding `manifest.json`, or one holding `LATEST`."""
     store = Store(path, storage_options)
     if not store.exists(layout.MANIFEST) and store.exists(layout.LATEST):
-        version = store.read_bytes(layout.LATEST).decode().strip()
+        version = store.stored_name(store.read_bytes(layout.LATEST).decode().strip(), layout.LATEST)
         store = Store(f"{store.url}/{version}", storage_options)
     if not store.exists(layout.MANIFEST):
         raise NotADataset(f"{path}: no {layout.MANIFEST} (not a dataset, or its publish did not complete)")
