@@ -1,0 +1,200 @@
+"""The bucket is data: whoever can write the output location (a group-writable project directory, a shared bucket)
+can plant files there, and the owner's next run must neither delete nor overwrite a file outside it, nor publish a
+file because it lies there, nor drop or repeat a document because a stored plan says so. Each case plants what the
+issue found, runs what the owner runs next, and checks the victim, the secret and the documents; locally and, where
+the case is about the bucket, on the S3 server (moto)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import boto3
+import pytest
+
+from .conftest import REPO
+
+SECRET = b"a secret of whoever runs tokenmill next, never to be published\n"
+
+
+def run_args(out: str, *more: str) -> list[str]:
+    """gpt2_run's config (examples/gpt2.yaml in four shards) with its output at `out`."""
+    return ["run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB", *more]
+
+
+def plant_shard_naming(plan: dict, files: dict) -> tuple[dict, dict]:
+    """plan.json with one more shard, and that shard's tokenize marker listing `files`: the next run's plan has no such
+    shard, so it discards what the marker lists."""
+    extra = {**plan["shards"][-1], "shard_id": len(plan["shards"]), "source": "planted"}
+    marker = {"key": "planted", "result": {}, "files": files}
+    return {**plan, "shards": [*plan["shards"], extra]}, marker
+
+
+def test_a_marker_naming_a_file_outside_the_output_removes_nothing_and_stops_the_run_naming_it(
+    gpt2_run, run_cli, tmp_path
+):
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    shutil.copytree(gpt2_run, out)
+    victim.write_bytes(SECRET)
+    plan, marker = plant_shard_naming(json.loads((out / "plan.json").read_text()), {"../victim": {"bytes": 1}})
+    (out / "plan.json").write_text(json.dumps(plan))
+    planted = out / "_commits/tokenize/shard-00004.json"
+    planted.write_text(json.dumps(marker))
+
+    refused = run_cli(*run_args(str(out)), check=False)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and victim.read_bytes() == SECRET, said
+    assert f"{planted} names '../victim', a path outside {out}" in said and "Nothing to do" not in said, said
+    assert "Traceback" not in refused.stdout, refused.stdout
+    # Another file of the dataset listed as the shard's (its config, removed by the discard) is refused the same way
+    planted.write_text(json.dumps({**marker, "files": {"_work/config.json": {"bytes": 1}}}))
+    refused = run_cli(*run_args(str(out)), check=False)
+    assert refused.returncode == 1 and "'_work/config.json', which is not a file of shard 00004" in refused.stdout
+    assert (out / "_work/config.json").exists()
+
+
+def test_on_s3_a_marker_naming_an_object_outside_the_output_removes_nothing(gpt2_run, run_cli, s3_server):
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="shared")
+    for path in gpt2_run.rglob("*"):
+        if path.is_file():
+            s3.upload_file(str(path), "shared", f"team/out/{path.relative_to(gpt2_run)}")
+    s3.put_object(Bucket="shared", Key="team/victim", Body=SECRET)
+    plan = json.loads((gpt2_run / "plan.json").read_text())
+    plan, marker = plant_shard_naming(plan, {"../victim": {"bytes": 1}})
+    s3.put_object(Bucket="shared", Key="team/out/plan.json", Body=json.dumps(plan).encode())
+    s3.put_object(Bucket="shared", Key="team/out/_commits/tokenize/shard-00004.json", Body=json.dumps(marker).encode())
+
+    refused = run_cli(*run_args("s3://shared/team/out"), check=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "s3://shared/team/out/_commits/tokenize/shard-00004.json names '../victim'" in refused.stdout
+    assert s3.get_object(Bucket="shared", Key="team/victim")["Body"].read() == SECRET
+
+
+def test_a_directory_link_planted_in_the_output_is_never_written_through(gpt2_run, run_cli, tmp_path):
+    """`megatron/train` replaced by a link to another dataset's directory: the rerun of a shard refuses it, naming
+    it, and the other dataset's files are as they were."""
+    out, other = tmp_path / "out", tmp_path / "other"
+    shutil.copytree(gpt2_run, out)
+    shutil.copytree(gpt2_run, other)
+    (other / "megatron/train/shard-00000.bin").write_bytes(SECRET)
+    before = {p: p.read_bytes() for p in (other / "megatron/train").iterdir()}
+    shutil.rmtree(out / "megatron/train")
+    (out / "megatron/train").symlink_to(other / "megatron/train")
+    given = tmp_path / "given.yaml"
+    given.write_text((REPO / "examples/gpt2.yaml").read_text().replace("shard_size: 64MB", "shard_size: 1MB"))
+
+    refused = run_cli("rerun", str(out), "--config", str(given), "--shard", "0", check=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"{out}/megatron/train is a symbolic link, where tokenmill keeps a directory of its own" in refused.stdout
+    assert {p: p.read_bytes() for p in (other / "megatron/train").iterdir()} == before
+
+
+def test_a_link_in_place_of_a_committed_file_is_replaced_never_followed(gpt2_run, run_cli, tmp_path):
+    """A committed shard's `.bin` replaced by a link to a file of the owner's: the shard is redone (the run says
+    why), its file written in place of the link; the linked file is untouched."""
+    out, secret = tmp_path / "out", tmp_path / "secret"
+    shutil.copytree(gpt2_run, out)
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    bin_file = out / "megatron/train/shard-00001.bin"
+    honest = bin_file.read_bytes()
+    bin_file.unlink()
+    bin_file.symlink_to(secret)
+
+    result = run_cli(*run_args(str(out), "--set", f"output.publish.path={tmp_path / 'published'}"))
+    assert "megatron/train/shard-00001.bin was replaced by a link or a special file" in result.stdout, result.stdout
+    assert not bin_file.is_symlink() and bin_file.read_bytes() == honest
+    assert secret.read_bytes() == SECRET
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_only_what_the_run_made_is_published(gpt2_run, run_cli, s3_server, tmp_path, where):
+    """Links to the owner's secret planted as `mix/leak.txt` and `tokenizer/leak.jinja`, and a regular
+    `mix/megatron/train.args` naming another prefix, in a run that is no mixture: the published version holds exactly
+    the files the run made, the manifest lists those, and the secret's bytes are nowhere in it."""
+    out, secret = tmp_path / "out", tmp_path / "secret"
+    shutil.copytree(gpt2_run, out)
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    (out / "mix/megatron").mkdir(parents=True)
+    (out / "mix/leak.txt").symlink_to(secret)
+    (out / "tokenizer/leak.jinja").symlink_to(secret)
+    (out / "mix/megatron/train.args").write_text("1.0 s3://elsewhere/their-data\n")
+    root = str(tmp_path / "published") if where == "local" else f"s3://datasets/planted-{tmp_path.name}"
+    if where == "s3":
+        boto3.client("s3").create_bucket(Bucket="datasets")
+
+    run_cli(*run_args(str(out), "--set", f"output.publish.path={root}"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    listed = {f["path"] for f in manifest["files"]}
+    assert not [p for p in listed if "leak" in p or p.startswith("mix/")], sorted(listed)
+    assert listed == {f["path"] for f in json.loads((gpt2_run / "manifest.json").read_text())["files"]}
+    version = f"demo-gpt2/{manifest['version']}"
+    if where == "local":
+        published = {str(p.relative_to(Path(root) / version)): p for p in (Path(root) / version).rglob("*")}
+        files = {rel: p.read_bytes() for rel, p in published.items() if p.is_file() or p.is_symlink()}
+        assert not any(p.is_symlink() for p in published.values())
+    else:
+        s3, prefix = boto3.client("s3"), f"{root.removeprefix('s3://datasets/')}/{version}/"
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="datasets", Prefix=prefix)["Contents"]]
+        files = {k.removeprefix(prefix): s3.get_object(Bucket="datasets", Key=k)["Body"].read() for k in keys}
+    report = {p for p in files if p == "report.md" or (p.startswith("report/") and p not in listed)}  # not data
+    assert set(files) - {"manifest.json"} - report == listed
+    assert not [rel for rel, data in files.items() if SECRET.strip() in data]
+    verified = run_cli("inspect", f"{root}/demo-gpt2", "--verify")
+    assert "Traceback" not in verified.stdout
+
+
+def test_a_planted_plan_that_cuts_a_file_elsewhere_drops_and_repeats_no_document(gpt2_run, run_cli, tmp_path):
+    """plan.json rewritten with its key kept and the cut of the one file larger than a shard moved (the first piece
+    ending early, so a run that took it would lose the documents between): the run cuts the file again, as its
+    config's inputs give it, and every document is in the dataset once."""
+    out = tmp_path / "out"
+    shutil.copytree(gpt2_run, out)
+    honest = json.loads((out / "plan.json").read_text())
+    planted = json.loads(json.dumps(honest))
+    cut = [s for s in planted["shards"] if s["pieces"][0]["end"] is not None]
+    assert len(cut) == 2, planted["shards"]  # wikitext2_raw_test.jsonl (1.3 MB) in two pieces
+    cut[0]["pieces"][0]["end"] //= 2
+    cut[0]["bytes"] = cut[0]["pieces"][0]["end"]
+    (out / "plan.json").write_text(json.dumps(planted))
+    shutil.rmtree(out / "_commits")  # nothing committed: every shard is made from the plan the run takes
+
+    run_cli(*run_args(str(out), "--set", f"output.publish.path={tmp_path / 'published'}"))
+    assert json.loads((out / "plan.json").read_text()) == honest
+    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    assert counts == json.loads((gpt2_run / "manifest.json").read_text())["counts"]
+
+
+def test_the_store_keeps_every_path_inside_and_follows_no_link(tmp_path):
+    """The library's part: `Store.path` refuses a path out of the store, `stored_path` and `stored_name` name the file
+    a path was read from, and a local store neither reads through a link nor removes what one points at."""
+    from tokenmill.storage import Planted, Store
+
+    store, victim = Store(tmp_path / "out"), tmp_path / "victim"
+    victim.write_bytes(SECRET)
+    for rel in ("../victim", "/etc/passwd", "a/../../victim", "", ".", "a\\..\\b"):
+        with pytest.raises(Planted):
+            store.path(rel)
+    assert store.path("a/./b//c") == f"{tmp_path}/out/a/b/c"
+    with pytest.raises(Planted, match=r"out/LATEST names '\.\./x', which is no version"):
+        store.stored_name("../x", "LATEST")
+    with pytest.raises(Planted, match=r"out/_commits/x.json names '\.\./victim', a path outside"):
+        store.stored_path("../victim", "_commits/x.json")
+    store.write_bytes("mine/file", b"mine")
+    (tmp_path / "out/link").symlink_to(victim)
+    with pytest.raises(Planted, match="is a symbolic link, where tokenmill keeps a file of its own"):
+        store.read_bytes("link")
+    os.mkfifo(tmp_path / "out/fifo")
+    with pytest.raises(Planted, match="is not a regular file"):
+        store.read_bytes("fifo")  # refused at once, not a read that waits for a writer
+    store.write_bytes("link", b"written in place of the link")
+    assert victim.read_bytes() == SECRET and (tmp_path / "out/link").read_bytes() == b"written in place of the link"
+    (tmp_path / "out/dir").symlink_to(tmp_path)
+    with pytest.raises(Planted, match="out/dir is a symbolic link"):
+        store.write_bytes("dir/victim", b"overwritten")
+    store.remove_tree("dir")
+    assert victim.read_bytes() == SECRET and not (tmp_path / "out/dir").exists()
