@@ -537,7 +537,7 @@ def certs(
 
     try:
         written = make_certificates(directory, host, days)
-    except FileExistsError as e:
+    except (FileExistsError, PermissionError) as e:
         raise _fail(str(e)) from None
     console.print(f"wrote {', '.join(p.name for p in written)} in {directory}", highlight=False)
     for line in usage(directory):

@@ -6,15 +6,21 @@ the case is about the bucket, on the S3 server (moto)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import boto3
+import httpx
 import pytest
 
 from .conftest import REPO
+from .test_security import other_user  # noqa: F401 (a fixture)
 
 SECRET = b"a secret of whoever runs tokenmill next, never to be published\n"
 
@@ -198,3 +204,102 @@ def test_the_store_keeps_every_path_inside_and_follows_no_link(tmp_path):
         store.write_bytes("dir/victim", b"overwritten")
     store.remove_tree("dir")
     assert victim.read_bytes() == SECRET and not (tmp_path / "out/dir").exists()
+
+
+# Run by the other user with Debian's Python: an HTTP server on the port given that answers 200 to everything (as a
+# Prefect server's health check does) and writes down each request's Authorization header.
+SQUATTER = """
+import http.server, sys
+
+class Answer(http.server.BaseHTTPRequestHandler):
+    def answer(self):
+        with open(sys.argv[2], "a") as log:
+            log.write(f"{self.command} {self.path} {self.headers.get('Authorization')}\\n")
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"true")
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = answer
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
+"""
+
+
+def test_a_user_listening_on_the_recorded_port_of_the_local_server_gets_no_password(other_user, tmp_path):  # noqa: F811
+    """The local server tokenmill started has stopped; another user of the host listens on the port it recorded, and
+    answers its health check. The next `tokenmill run` sends nothing there: it starts its own server, on another
+    port, with a new secret."""
+    from flows.server import free_port
+
+    from .conftest import TOKENMILL, run_or_show_stacks
+    from .test_security import SYSTEM_PYTHON
+
+    home, shared = tmp_path / "prefect-home", Path(f"/tmp/tokenmill-squat-{tmp_path.name}")
+    home.mkdir(mode=0o700)
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    port, heard = free_port(), shared / "heard"
+    squatter = subprocess.Popen(["runuser", "-u", other_user, "--", SYSTEM_PYTHON, "-c", SQUATTER, str(port),
+                                 str(heard)], start_new_session=True)  # fmt: skip
+    try:
+        api = f"http://127.0.0.1:{port}/api"
+        deadline = time.monotonic() + 30
+        while not heard.exists():
+            assert time.monotonic() < deadline and squatter.poll() is None, "the other user's server did not start"
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(f"{api}/health", timeout=1)
+            time.sleep(0.2)
+        heard.unlink()
+        old = "tokenmill:the-secret-of-the-server-that-stopped"
+        (home / "tokenmill-server-auth").write_text(old + "\n")
+        (home / "tokenmill-server-auth").chmod(0o600)
+        (home / "tokenmill-server.json").write_text(json.dumps({"api_url": api, "pid": squatter.pid, "auth": "file"}))
+        config = tmp_path / "nothing.yaml"  # a run that fails at its first stage: the server is what is looked at
+        config.write_text(json.dumps({"name": "nothing", "input": {"paths": [str(tmp_path / "none-*.jsonl")]},
+                                      "tokenizer": {"path": str(REPO / "examples/tokenizers/gpt2/tokenizer.json")},
+                                      "output": {"path": str(tmp_path / "out")}}))  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_DASK"))}
+        env["PREFECT_HOME"] = str(home)
+        ran = run_or_show_stacks([*TOKENMILL, "run", str(config)], env)
+        try:
+            assert "matches no file" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
+            assert f":{port}" not in ran.stdout.splitlines()[0], ran.stdout
+            assert not heard.exists() or "Basic" not in heard.read_text(), heard.read_text()
+            assert (home / "tokenmill-server-auth").read_text().strip() != old
+        finally:
+            run_or_show_stacks([*TOKENMILL, "server", "stop"], env)
+    finally:
+        os.killpg(squatter.pid, signal.SIGTERM)
+        squatter.wait(30)
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_certs_refuses_a_directory_of_another_users_and_replaces_no_file(other_user, tmp_path):  # noqa: F811
+    """`tokenmill certs DIR` into a directory another user made, with a 0666 `ca-key.pem` of theirs waiting there: it
+    refuses, writing nothing; in a directory of one's own, a link planted under a key's name is not written through;
+    keys are made in a directory of mode 0700."""
+    from .conftest import TOKENMILL
+
+    theirs = Path(f"/tmp/tokenmill-certs-{tmp_path.name}")
+    for command in (["mkdir", "-m", "777", str(theirs)], ["touch", str(theirs / "ca-key.pem")],
+                    ["chmod", "666", str(theirs / "ca-key.pem")]):  # fmt: skip
+        subprocess.run(["runuser", "-u", other_user, "--", *command], check=True)
+    try:
+        refused = subprocess.run([*TOKENMILL, "certs", str(theirs)], capture_output=True, text=True)
+        assert refused.returncode == 1 and f"{theirs} belongs to another user" in refused.stdout, refused
+        assert (theirs / "ca-key.pem").read_bytes() == b"" and sorted(os.listdir(theirs)) == ["ca-key.pem"]
+    finally:
+        shutil.rmtree(theirs)
+    mine, victim = tmp_path / "certs", tmp_path / "victim"
+    victim.write_bytes(SECRET)
+    mine.mkdir(mode=0o755)
+    (mine / "worker-key.pem").symlink_to(victim)
+    refused = subprocess.run([*TOKENMILL, "certs", str(mine)], capture_output=True, text=True)
+    assert refused.returncode == 1 and "worker-key.pem exists already" in refused.stdout, refused
+    assert victim.read_bytes() == SECRET and (mine.stat().st_mode & 0o777) == 0o700
+    made = subprocess.run([*TOKENMILL, "certs", str(tmp_path / "new")], capture_output=True, text=True)
+    assert made.returncode == 0 and ((tmp_path / "new").stat().st_mode & 0o777) == 0o700, made
