@@ -303,3 +303,29 @@ def test_certs_refuses_a_directory_of_another_users_and_replaces_no_file(other_u
     assert victim.read_bytes() == SECRET and (mine.stat().st_mode & 0o777) == 0o700
     made = subprocess.run([*TOKENMILL, "certs", str(tmp_path / "new")], capture_output=True, text=True)
     assert made.returncode == 0 and ((tmp_path / "new").stat().st_mode & 0o777) == 0o700, made
+
+
+def test_a_scratch_link_another_user_planted_truncates_nothing(other_user, prefect_api, tmp_path):  # noqa: F811
+    """Dask's scratch space is by default a fixed name in the temporary directory, which any user of the host can make
+    first: another user's `dask-scratch-space/global.lock` linked to a 0600 file of the run's user. A run on a
+    LocalCluster keeps its scratch in a directory of its own (mode 0700, removed after the run): the file is intact,
+    and nothing of the run is left there."""
+    from .conftest import TOKENMILL, run_or_show_stacks
+
+    shared_tmp, victim = Path(f"/tmp/tokenmill-tmp-{tmp_path.name}"), tmp_path / "victim"
+    victim.write_bytes(SECRET)
+    victim.chmod(0o600)
+    shared_tmp.mkdir(mode=0o1777)
+    shared_tmp.chmod(0o1777)
+    try:
+        for command in (["mkdir", "-m", "777", str(shared_tmp / "dask-scratch-space")],
+                        ["ln", "-s", str(victim), str(shared_tmp / "dask-scratch-space/global.lock")]):  # fmt: skip
+            subprocess.run(["runuser", "-u", other_user, "--", *command], check=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENMILL_DASK", "DASK_TEMPORARY"))}
+        env |= {"PREFECT_API_URL": prefect_api, "TMPDIR": str(shared_tmp)}
+        ran = run_or_show_stacks([*TOKENMILL, *run_args(str(tmp_path / "out"), "--set", "dask.n_workers=2")], env)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert victim.read_bytes() == SECRET
+        assert [p.name for p in shared_tmp.iterdir() if p.stat().st_uid == os.getuid()] == []  # its scratch went
+    finally:
+        shutil.rmtree(shared_tmp, ignore_errors=True)

@@ -113,6 +113,15 @@ for port in sys.argv[1:]:
 
 
 RUNNING = {"flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}
+UPGRADE = ("Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Version: 13",
+           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")  # fmt: skip
+
+
+def websocket_status_for_other(url: str, origin: str | None = None) -> str:
+    """The HTTP status another user's websocket handshake at `url` gets (101: switching protocols, taken)."""
+    headers = [arg for header in (*UPGRADE, *([f"Origin: {origin}"] if origin else [])) for arg in ("-H", header)]
+    asked = as_other("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "3", *headers, url)
+    return asked.stdout
 
 
 def listening_ports(process: psutil.Process) -> list[int]:
@@ -155,6 +164,12 @@ def test_during_a_run_another_user_reaches_neither_its_local_dask_cluster_nor_it
         said = dict(line.split(" ", 1) for line in knocked.stdout.splitlines())
         assert sorted(said) == sorted(map(str, ports)), knocked.stdout
         assert list(said.values()).count("http") == 1 and set(said.values()) == {"tls-refused", "http"}, said
+        # The dashboard: read-only pages; no `/eventstream` (its websocket added a plugin to the scheduler for anyone),
+        # and its own websockets refuse a page of another origin
+        dashboard = f"http://127.0.0.1:{next(port for port, what in said.items() if what == 'http')}"
+        assert websocket_status_for_other(f"{dashboard}/eventstream") == "404"
+        assert websocket_status_for_other(f"{dashboard}/status/ws", "http://evil.example") == "403"
+        assert websocket_status_for_other(f"{dashboard}/status/ws", dashboard) == "101"  # so the route is there
 
         while not (running := api_post(prefect_api, "flow_runs/filter", RUNNING).json()):
             assert run.poll() is None and time.monotonic() < deadline, "the run ended before its flow run was seen"
