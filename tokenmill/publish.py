@@ -37,7 +37,7 @@ def shard_file_counts(table: pd.DataFrame) -> pd.Series:
     return per_row.groupby(table.shard_id).sum() + (table.rejected.groupby(table.shard_id).first() > 0)
 
 
-def other_files(store: Store, table: pd.DataFrame, tokenizer: TokenizerInfo, mix: bool) -> list[str]:
+def other_files(store: Store, table: pd.DataFrame, tokenizer: TokenizerInfo | None, mix: bool) -> list[str]:
     """The dataset's files that are no shard's: the plan, the tokenizer (and the chat templates its conversations
     were rendered with), the stats, each split's shuffle index where it has packed rows, the `index.json` of
     litdata's and MDS's layouts where they were written, the fertility report where there is one, and in a mixture
@@ -48,7 +48,7 @@ def other_files(store: Store, table: pd.DataFrame, tokenizer: TokenizerInfo, mix
     indexes = [layout.trainer_index(format, split) for format in layout.INDEXED_TRAINERS for split in splits]
     indexes = filter(store.exists, indexes)
     fertility = filter(store.exists, layout.FERTILITY_REPORT)
-    templates = [layout.chat_template_file(source) for source, _ in tokenizer.chat]
+    templates = [layout.chat_template_file(source) for source, _ in tokenizer.chat] if tokenizer else []
     others = [layout.PLAN, layout.TOKENIZER, *templates, layout.STATS, *shuffles, *indexes, *fertility]
     return [*others, *store.list(layout.MIX)] if mix else others
 
@@ -236,12 +236,15 @@ def latest_version(root: Store) -> str | None:
     return root.stored_name(root.read_bytes(layout.LATEST).decode().strip(), layout.LATEST) or None
 
 
-def spool_files(store: Store, table: pd.DataFrame, files: Files, tokenizer: TokenizerInfo, mix: bool) -> None:
+def spool_files(
+    store: Store, table: pd.DataFrame, files: Files, tokenizer: TokenizerInfo | None = None, mix: bool = False
+) -> None:
     """Add the manifest's files to `files`, with their sizes and sha256: each shard's as its tokenize and pack commit
     markers recorded them (hashed as they were written, and checked again whenever a marker is reused: publish need
     not read the dataset's bytes again, which on a grown input would be all of them every night), which must be as
     many as the validated stats name, and the dataset's other files (`other_files`), hashed here. The shards are
-    read in the order of their names, so that each directory's files come in path order."""
+    read in the order of their names, so that each directory's files come in path order. `tokenizer`: the run's (its
+    chat templates are published); `mix`: whether the run is a mixture (its `mix/` is published)."""
     shards = shard_file_counts(table)
     shards = shards.iloc[np.argsort([layout.shard_name(i) for i in shards.index], kind="stable")]
     stages = ("tokenize", "pack")

@@ -179,6 +179,8 @@ class Store:
     def path(self, rel: str) -> str:
         """The store's path of `rel`, which must stay inside it (`inside`). Locally, every directory between the
         root and the file must be a directory, not a link to one elsewhere (`Planted`)."""
+        if rel == "":
+            return f"{self.root}/"  # the root itself, to list
         normal = inside(rel)
         if normal is None:
             raise Planted(f"{rel!r} is no path inside {self.url}; nothing was read, written or removed there")
