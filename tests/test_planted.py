@@ -329,3 +329,25 @@ def test_a_scratch_link_another_user_planted_truncates_nothing(other_user, prefe
         assert [p.name for p in shared_tmp.iterdir() if p.stat().st_uid == os.getuid()] == []  # its scratch went
     finally:
         shutil.rmtree(shared_tmp, ignore_errors=True)
+
+
+def test_a_planted_run_config_is_not_taken_by_a_rerun_without_its_config(gpt2_run, run_cli, tmp_path):
+    """`_work/config.json` rewritten (its signature kept) so that the input is a 0600 file of whoever reruns, as plain
+    text: a rerun given only the output refuses it, naming it; the secret is nowhere under the output and LATEST
+    stays. The run's own stored config, signed by the run, is taken."""
+    out, secret = tmp_path / "out", tmp_path / "secret.txt"
+    shutil.copytree(gpt2_run, out)
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    stored = json.loads((out / "_work/config.json").read_text())
+    assert (out / "_work/config.json.hmac").exists()  # the run signed what it stored
+    stored["input"]["paths"], stored["input"]["format"] = [str(secret)], "auto"
+    (out / "_work/config.json").write_text(json.dumps(stored))
+    latest = (out / "demo-gpt2/LATEST").read_bytes()
+
+    refused = run_cli("rerun", str(out), "--shard", "1", check=False)
+    assert refused.returncode == 1 and "_work/config.json is not signed with your tokenmill key" in refused.stdout
+    assert not [p for p in out.rglob("*") if p.is_file() and SECRET.strip() in p.read_bytes()]
+    assert (out / "demo-gpt2/LATEST").read_bytes() == latest
+    shutil.copy(gpt2_run / "_work/config.json", out / "_work/config.json")
+    assert "4 shards (3 reused)" in run_cli("rerun", str(out), "--shard", "1").stdout

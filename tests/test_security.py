@@ -210,10 +210,12 @@ def test_a_plain_tcp_scheduler_on_another_host_is_refused_unless_allowed(run_cli
 def test_a_rerun_takes_no_cluster_endpoint_or_token_from_the_output_location(gpt2_run, run_cli, tmp_path):
     """Whoever can write the output location could plant a cluster in the run config stored there (SLURM jobs whose
     `setup` lines run as you; `dask.address` of their own scheduler, whose results the flow unpickles), endpoints that
-    get your S3 credentials, or a hub token variable: a rerun takes none of them, says what it took from there, and
-    runs as the stored config says otherwise."""
+    get your S3 credentials, or a hub token variable: a rerun refuses a config not signed with its user's key; one
+    signed, it takes none of them, says what it took from there, and runs as the stored config says otherwise."""
     from tokenmill.config import DaskConfig, HubConfig, StorageConfig
     from tokenmill.runs import load_run_config
+    from tokenmill.signing import write_signed
+    from tokenmill.storage import Store
 
     out, ran = tmp_path / "out", tmp_path / "planted-setup-ran"
     shutil.copytree(gpt2_run, out)
@@ -223,7 +225,13 @@ def test_a_rerun_takes_no_cluster_endpoint_or_token_from_the_output_location(gpt
     stored["input"]["storage"] = stored["output"]["storage"] = stored["output"]["publish"]["storage"] = planted
     stored["tokenizer"]["hub"]["token_env"] = "AWS_SECRET_ACCESS_KEY"
     (out / "_work/config.json").write_text(json.dumps(stored))
+    # Not signed with the user's key (tokenmill.signing): refused, naming the file, before anything runs
+    refused = run_cli("rerun", str(out), "--shard", "1", check=False)
+    assert refused.returncode == 1 and not ran.exists(), refused.stdout
+    assert f"{out}/_work/config.json is not signed with your tokenmill key" in refused.stdout, refused.stdout
 
+    # One the user's key signed (their own edit, an older run's) still gives no cluster, endpoint or token variable
+    write_signed(Store(out), "_work/config.json", (out / "_work/config.json").read_bytes())
     config, taken = load_run_config(str(out))
     assert config.dask == DaskConfig()  # a LocalCluster, or the one $TOKENMILL_DASK_ADDRESS names
     assert config.input.storage == config.output.storage == config.output.publish.storage == StorageConfig()
