@@ -485,12 +485,13 @@ def inspect(
 ) -> None:
     """Print what a published dataset holds; with --verify, check it against its manifest; with --doc, one
     document's origin and text."""
+    from tokenmill.storage import Planted
     from tokenmill.verify import NotADataset, document_lines, find_documents, open_dataset, summary_lines
     from tokenmill.verify import verify as check
 
     try:
         dataset = open_dataset(path)
-    except NotADataset as e:
+    except (NotADataset, Planted) as e:
         raise _fail(str(e)) from None
     if doc is not None:
         if not (found := find_documents(dataset, doc)):

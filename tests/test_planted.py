@@ -152,6 +152,11 @@ def test_only_what_the_run_made_is_published(gpt2_run, run_cli, s3_server, tmp_p
     assert not [rel for rel, data in files.items() if SECRET.strip() in data]
     verified = run_cli("inspect", f"{root}/demo-gpt2", "--verify")
     assert "Traceback" not in verified.stdout
+    if where == "local":  # a link put in a published file's place is no file published, whatever it points at
+        (Path(root) / version / "stats.json").unlink()
+        (Path(root) / version / "stats.json").symlink_to(out / "stats.json")
+        refused = run_cli("inspect", f"{root}/demo-gpt2", "--verify", check=False)
+        assert refused.returncode == 1 and "stats.json: a link or special file" in refused.stdout, refused.stdout
 
 
 def test_a_planted_plan_that_cuts_a_file_elsewhere_drops_and_repeats_no_document(gpt2_run, run_cli, tmp_path):
