@@ -188,23 +188,29 @@ def test_during_a_run_another_user_reaches_neither_its_local_dask_cluster_nor_it
         run.communicate(timeout=120)
 
 
-def test_a_plain_tcp_scheduler_on_another_host_is_refused_unless_allowed(run_cli, tmp_path, caplog):
-    """`tcp://` to another host carries the shards' traffic unencrypted and lets anyone on the network between
-    send the scheduler code: the run stops before any work, saying how to get certificates; loopback is taken;
-    `dask.allow_plaintext: true` takes it too, and the log says so."""
-    from flows.clusters import external
+def test_a_plain_tcp_scheduler_is_refused_unless_allowed(run_cli, tmp_path, caplog, monkeypatch):
+    """`tcp://` carries the shards' traffic unencrypted and lets whoever reaches the scheduler send it code: on
+    another host anyone on the network between, on loopback every user of the host. The run stops before any work,
+    saying how to get certificates; `dask.allow_plaintext: true` (or TOKENMILL_DASK_ALLOW_PLAINTEXT=1, as this
+    suite's own tcp:// cluster has) takes it, and the log says so."""
+    from flows.clusters import ClusterStartError, external
     from tokenmill.config import DaskConfig
 
+    monkeypatch.delenv("TOKENMILL_DASK_ALLOW_PLAINTEXT", raising=False)
     refused = run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
                       "--set", "dask.address=tcp://192.0.2.1:8786", check=False)  # fmt: skip
     said = refused.stdout + refused.stderr
     assert refused.returncode == 1 and "Traceback" not in said, said
     assert "plain TCP on another host (192.0.2.1)" in said and "tokenmill certs" in said, said
     assert not (tmp_path / "out" / "_commits").exists()
-    with external.start(DaskConfig(address="tcp://127.0.0.1:8786")) as running:
-        assert running.address == "tcp://127.0.0.1:8786"
+    with pytest.raises(ClusterStartError, match="plain TCP on this host's loopback, which every user of the host"):
+        with external.start(DaskConfig(address="tcp://127.0.0.1:8786")):
+            pass
     with caplog.at_level("WARNING"), external.start(DaskConfig(address="tcp://192.0.2.1:8786", allow_plaintext=True)):
         assert "reached over plain TCP, unencrypted and unauthenticated" in caplog.text
+    monkeypatch.setenv("TOKENMILL_DASK_ALLOW_PLAINTEXT", "1")
+    with external.start(DaskConfig(address="tcp://127.0.0.1:8786")) as running:
+        assert running.address == "tcp://127.0.0.1:8786"
 
 
 def test_a_rerun_takes_no_cluster_endpoint_or_token_from_the_output_location(gpt2_run, run_cli, tmp_path):
