@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import fsspec
+import orjson
 import pyarrow.parquet as pq
 import zstandard
 
@@ -37,7 +38,8 @@ from tokenmill.config import InputConfig, TokenmillConfig
 from tokenmill.hashing import unit_interval
 from tokenmill.plan import Plan, Shard, Shards
 from tokenmill.readers import Piece, compression_of, count_newlines, fast_path_applies, format_of, line_start
-from tokenmill.storage import list_files, options_for
+from tokenmill.signing import signed, write_signed
+from tokenmill.storage import JSON_OPTIONS, list_files, options_for
 
 # The line count reads into one buffer of this size, reused: 16 MB reads were each a fresh allocation, paged in
 # anew (40% slower over a 1.2 GB file).
@@ -151,14 +153,19 @@ def auto_shard_size(total_bytes: int, cluster_threads: int) -> int:
 
 
 def plan_shards(
-    config: TokenmillConfig, cluster_threads: int = 1, shard_size: int | None = None, earlier: Plan | None = None
+    config: TokenmillConfig,
+    cluster_threads: int = 1,
+    shard_size: int | None = None,
+    earlier: Plan | None = None,
+    own: bool = False,
 ) -> Plan:
     """The plan: every input file as it is now (with its fingerprint), and the shards in input order, each a
     list of pieces with its size and `source` (a hash of its pieces and their files' fingerprints: what its
     output is made from). `shard_size` overrides the config's (an earlier plan's resolved `auto`).
 
     `earlier` (a plan of the same input and partition config over an input that has changed since) saves
-    reading: an unchanged file's uncompressed size and cut points are taken from it."""
+    reading: an unchanged file's uncompressed size and cut points are taken from it; its cuts are found again by
+    seeking (`_checked_cuts`) unless it is `own`: signed with this user's key (`signing`), written by their run."""
     files = list_inputs(config)
     known = {f["path"]: f for f in earlier.files} if earlier else {}
     options_of = {name: source_input.storage.fsspec_options() for name, source_input in config.inputs().items()}
@@ -177,7 +184,7 @@ def plan_shards(
     for name, options in options_of.items():  # a source's shards hold its files only
         of_source = [f for f in files if f.get("mix_source", "") == name]
         count_lines = counts_lines(config, config.inputs()[name])
-        for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, count_lines, cuts):
+        for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, count_lines, cuts, own):
             shards.append(Shard(len(shards), tuple(pieces), nbytes, _source_of(pieces, current), name))
     check_covers(files, shards)
     return Plan(
@@ -268,7 +275,12 @@ def _cuts_of(earlier: Plan, unchanged: set[str]) -> dict[str, list[tuple[Piece, 
 
 
 def _cut_into_shards(
-    files: list[dict], shard_size: int, options: dict, count_lines: bool, cuts: dict[str, list[tuple[Piece, int]]]
+    files: list[dict],
+    shard_size: int,
+    options: dict,
+    count_lines: bool,
+    cuts: dict[str, list[tuple[Piece, int]]],
+    own: bool = False,
 ) -> list[tuple[list[Piece], int]]:
     """Files in order, cut into shards of about shard_size: a file larger than a shard into pieces where it can
     be cut (`cuts`: pieces already known; `count_lines`: see `counts_lines`), each alone in its shard, and each run
@@ -282,7 +294,7 @@ def _cut_into_shards(
             continue
         shards += _group(small, shard_size)
         small = []
-        known = _checked_cuts(url, size, shard_size, options, cuts.get(url))
+        known = cuts.get(url) if own else _checked_cuts(url, size, shard_size, options, cuts.get(url))
         pieces = known or _split_large_file(url, size, shard_size, options, count_lines) or [(Piece(url), size)]
         shards += [([piece], nbytes) for piece, nbytes in pieces]
     return shards + _group(small, shard_size)
@@ -411,10 +423,13 @@ def load_or_plan(
 
 def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[Plan, dict | None]:
     store = config.output.store()
-    earlier = Plan.read(store)
+    earlier, own = None, False
+    if store.exists(layout.PLAN):
+        text = store.read_bytes(layout.PLAN)
+        earlier, own = Plan.from_json(orjson.loads(text)), signed(store, layout.PLAN, text)
     sticky = earlier.shard_size if earlier and config.partition.shard_size == "auto" else None
     same_config = earlier is not None and _made_alike(earlier, config)
-    plan = plan_shards(config, cluster_threads, sticky, earlier if same_config else None)
+    plan = plan_shards(config, cluster_threads, sticky, earlier if same_config else None, own)
     # The input as the earlier plan saw it: every shard kept. Its shards as this plan cuts them too: a plan.json
     # planted with the right key and pieces of other files (secrets of whoever reruns) is not read.
     if same_config and plan.key == earlier.key and plan.shards == earlier.shards:
@@ -425,7 +440,7 @@ def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[Plan, 
         discard(store, [s.shard_id for s in earlier.shards if s.source not in ids_now])
         moves = {s.shard_id: ids_now[s.source] for s in earlier.shards if s.source in ids_now}
         moved = lift(store, {old: new for old, new in moves.items() if old != new})
-    store.write_json(layout.PLAN, plan.to_json())
+    write_signed(store, layout.PLAN, orjson.dumps(plan.to_json(), option=JSON_OPTIONS | orjson.OPT_APPEND_NEWLINE))
     land(store, moved)  # after the plan: a run killed before this finds those shards uncommitted, and redoes them
     return plan, change_between(earlier, plan) if same_config else {}
 

@@ -3,7 +3,9 @@ bytes under a key that only that user (or the team that shares it) can read, bes
 
 The output location is data others may write (a group-writable project directory, a shared bucket). A rerun given
 only that location takes the run's config from there (`tokenmill.runs`): unsigned, or signed with another key, it
-is refused, naming the file, so a planted config cannot make a rerun read the user's files into the bucket.
+is refused, naming the file, so a planted config cannot make a rerun read the user's files into the bucket. The
+plan's cuts of large files are reused as they are only from a plan so signed (`tokenmill.partition`); others' are
+found again first.
 
 The key: `$TOKENMILL_HOME/state-key` (default `~/.tokenmill/state-key`), 32 random bytes made on first use (mode
 0600, in a directory of mode 0700). A team that reruns each other's outputs shares one: a file its group can read,
