@@ -159,24 +159,40 @@ def test_only_what_the_run_made_is_published(gpt2_run, run_cli, s3_server, tmp_p
         assert refused.returncode == 1 and "stats.json: a link or special file" in refused.stdout, refused.stdout
 
 
-def test_a_planted_plan_that_cuts_a_file_elsewhere_drops_and_repeats_no_document(gpt2_run, run_cli, tmp_path):
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_planted_plan_that_cuts_a_file_elsewhere_drops_and_repeats_no_document(
+    gpt2_run, run_cli, s3_server, tmp_path, where
+):
     """plan.json rewritten with its key kept and the cut of the one file larger than a shard moved (the first piece
     ending early, so a run that took it would lose the documents between): the run cuts the file again, as its
     config's inputs give it, and every document is in the dataset once."""
-    out = tmp_path / "out"
-    shutil.copytree(gpt2_run, out)
-    honest = json.loads((out / "plan.json").read_text())
+    honest = json.loads((gpt2_run / "plan.json").read_text())
     planted = json.loads(json.dumps(honest))
     cut = [s for s in planted["shards"] if s["pieces"][0]["end"] is not None]
     assert len(cut) == 2, planted["shards"]  # wikitext2_raw_test.jsonl (1.3 MB) in two pieces
     cut[0]["pieces"][0]["end"] //= 2
     cut[0]["bytes"] = cut[0]["pieces"][0]["end"]
-    (out / "plan.json").write_text(json.dumps(planted))
-    shutil.rmtree(out / "_commits")  # nothing committed: every shard is made from the plan the run takes
+    # nothing committed: every shard is made from the plan the run takes
+    kept = [p for p in gpt2_run.rglob("*") if p.is_file() and "_commits" not in p.parts]
+    if where == "local":
+        out = str(tmp_path / "out")
+        for path in kept:
+            (Path(out) / path.relative_to(gpt2_run)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, Path(out) / path.relative_to(gpt2_run))
+        (Path(out) / "plan.json").write_text(json.dumps(planted))
+    else:
+        s3, out = boto3.client("s3"), f"s3://shared/{tmp_path.name}/out"
+        s3.create_bucket(Bucket="shared")
+        for path in kept:
+            s3.upload_file(str(path), "shared", f"{tmp_path.name}/out/{path.relative_to(gpt2_run)}")
+        s3.put_object(Bucket="shared", Key=f"{tmp_path.name}/out/plan.json", Body=json.dumps(planted).encode())
 
-    run_cli(*run_args(str(out), "--set", f"output.publish.path={tmp_path / 'published'}"))
-    assert json.loads((out / "plan.json").read_text()) == honest
-    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    run_cli(*run_args(out, "--set", f"output.publish.path={tmp_path / 'published'}"))
+    read = (lambda rel: (Path(out) / rel).read_bytes()) if where == "local" else (
+        lambda rel: s3.get_object(Bucket="shared", Key=f"{tmp_path.name}/out/{rel}")["Body"].read()
+    )  # fmt: skip
+    assert json.loads(read("plan.json")) == honest
+    counts = json.loads(read("manifest.json"))["counts"]
     assert counts == json.loads((gpt2_run / "manifest.json").read_text())["counts"]
 
 
