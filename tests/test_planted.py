@@ -372,3 +372,24 @@ def test_a_planted_run_config_is_not_taken_by_a_rerun_without_its_config(gpt2_ru
     assert (out / "demo-gpt2/LATEST").read_bytes() == latest
     shutil.copy(gpt2_run / "_work/config.json", out / "_work/config.json")
     assert "4 shards (3 reused)" in run_cli("rerun", str(out), "--shard", "1").stdout
+
+
+def test_a_previous_version_naming_a_directory_outside_is_not_pruned(gpt2_run, run_cli, tmp_path):
+    """`keep_versions` deletes the versions of LATEST's lineage past the newest N, as each manifest names the one
+    before it: a published manifest rewritten to name `../../victim` as its previous version stops the run, naming
+    the manifest, and the directory there (a dataset's look-alike) is intact."""
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    shutil.copytree(gpt2_run, out)
+    victim.mkdir()
+    (victim / "manifest.json").write_text("{}")
+    (victim / "data.bin").write_bytes(SECRET)
+    version = (out / "demo-gpt2/LATEST").read_text().strip()
+    manifest = out / "demo-gpt2" / version / "manifest.json"
+    published = json.loads(manifest.read_text())
+    published["lineage"]["previous_version"] = "../../victim"
+    manifest.write_text(json.dumps(published))
+
+    refused = run_cli(*run_args(str(out), "--set", "output.publish.keep_versions=1"), check=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"{manifest} names '../../victim', which is no version" in refused.stdout, refused.stdout
+    assert (victim / "data.bin").read_bytes() == SECRET
