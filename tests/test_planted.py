@@ -393,3 +393,22 @@ def test_a_previous_version_naming_a_directory_outside_is_not_pruned(gpt2_run, r
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert f"{manifest} names '../../victim', which is no version" in refused.stdout, refused.stdout
     assert (victim / "data.bin").read_bytes() == SECRET
+
+
+def test_a_version_directory_linked_elsewhere_in_the_publish_location_is_never_written_through(
+    gpt2_run, run_cli, tmp_path
+):
+    """The version a run publishes has a name known in advance (a hash of what it holds): planted in a shared publish
+    location as a link to another directory, the publish refuses it, naming it, and that directory is untouched."""
+    out, published, other = tmp_path / "out", tmp_path / "published", tmp_path / "other"
+    shutil.copytree(gpt2_run, out)
+    other.mkdir()
+    (other / "stats.json").write_bytes(SECRET)
+    version = (gpt2_run / "demo-gpt2/LATEST").read_text().strip()
+    (published / "demo-gpt2").mkdir(parents=True)
+    (published / "demo-gpt2" / version).symlink_to(other)
+
+    refused = run_cli(*run_args(str(out), "--set", f"output.publish.path={published}"), check=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"{published}/demo-gpt2/{version} is a symbolic link" in refused.stdout, refused.stdout
+    assert sorted(os.listdir(other)) == ["stats.json"] and (other / "stats.json").read_bytes() == SECRET

@@ -337,6 +337,7 @@ def publish_version(config: TokenmillConfig, manifest: dict, files: Files, extra
     Locally files are hard-linked where possible; between two object stores they are copied server-side.
     """
     source, root = config.output.store(), config.publish_root()
+    own_directories(config, manifest["version"])
     target = version_store(config, manifest["version"])
     target.remove_unfinished()  # a publish killed mid-copy leaves a temporary file beside the ones it finished
 
@@ -356,8 +357,16 @@ def publish_version(config: TokenmillConfig, manifest: dict, files: Files, extra
     return {"url": target.url, "version": manifest["version"], "copied": copied, "skipped": skipped, "deleted": deleted}
 
 
+def own_directories(config: TokenmillConfig, version: str) -> None:
+    """The dataset's directory and its version's, in a publish location others may write, made where missing and
+    checked: never a link planted there (`Planted`), which would have the version written elsewhere."""
+    base = Store(config.output.publish.path or config.output.path, config.output.publish.storage.fsspec_options())
+    base.make_directories(f"{config.name}/{version}")
+
+
 def point_latest_at(config: TokenmillConfig, manifest: dict) -> dict:
     """A version already published complete: make LATEST name it (if it does not already), copying nothing."""
+    own_directories(config, manifest["version"])
     root = config.publish_root()
     if not root.exists(layout.LATEST) or root.read_bytes(layout.LATEST).decode().strip() != manifest["version"]:
         root.write_bytes(layout.LATEST, f"{manifest['version']}\n".encode())

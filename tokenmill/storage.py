@@ -219,6 +219,13 @@ class Store:
                           f"{PLANTED_HINT}")  # fmt: skip
         self._directories.add(directory)
 
+    def make_directories(self, rel: str) -> None:
+        """Locally, the directory `rel` and those above it under the root, made where missing, never through a link
+        (`Planted`); nothing on object stores, which have no directories."""
+        if self.is_local:
+            self.path(rel)  # inside the store (else `Planted`)
+            self._make_directories(inside(rel))
+
     def _make_directories(self, directory: str) -> None:
         """Make the local directory `directory` (relative) and those above it that are missing, never through a
         link (a link or a file in the way: `Planted`). The root is made as its path says (the user chose it)."""
