@@ -486,12 +486,13 @@ def inspect(
 ) -> None:
     """Print what a published dataset holds; with --verify, check it against its manifest; with --doc, one
     document's origin and text."""
+    from tokenmill.storage import Planted
     from tokenmill.verify import NotADataset, document_lines, find_documents, open_dataset, summary_lines
     from tokenmill.verify import verify as check
 
     try:
         dataset = open_dataset(path)
-    except NotADataset as e:
+    except (NotADataset, Planted) as e:
         raise _fail(str(e)) from None
     if doc is not None:
         if not (found := find_documents(dataset, doc)):
@@ -538,7 +539,7 @@ def certs(
 
     try:
         written = make_certificates(directory, host, days)
-    except FileExistsError as e:
+    except (FileExistsError, PermissionError) as e:
         raise _fail(str(e)) from None
     console.print(f"wrote {', '.join(p.name for p in written)} in {directory}", highlight=False)
     for line in usage(directory):

@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -69,22 +70,24 @@ def auth_file() -> Path:
     return prefect_home() / AUTH_FILE
 
 
-def server_auth() -> str:
+def server_auth(renew: bool = False) -> str:
     """The local server's credentials, `tokenmill:<secret>`: read from the auth file, made there on first use
-    (written whole, then linked into place, so that two processes starting at once agree on one)."""
+    (written whole, then linked into place, so that two processes starting at once agree on one). `renew`: a new
+    secret in its place (each server start), so that one that reached someone else once is good for no later
+    server."""
     private_home()
     path = auth_file()
-    if not path.exists():
-        made = path.with_name(f".{AUTH_FILE}.{os.getpid()}")
-        descriptor = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if renew or not path.exists():
+        made = path.with_name(f".{AUTH_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+        descriptor = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(descriptor, "w") as f:
             f.write(f"{AUTH_USER}:{secrets.token_urlsafe(32)}\n")
         try:
-            os.link(made, path)
+            os.replace(made, path) if renew else os.link(made, path)
         except FileExistsError:  # another process made it first: its secret is the one
             pass
         finally:
-            made.unlink()
+            made.unlink(missing_ok=True)
     if path.stat().st_mode & 0o077:
         raise PermissionError(
             f"{path} can be read by other users: remove it (tokenmill makes a new one, and the server started with "
@@ -102,14 +105,37 @@ def healthy(api_url: str) -> bool:
 
 def running_server() -> dict | None:
     """The server tokenmill started earlier, if it still answers. One started without credentials (by a tokenmill
-    before they were asked for) answers anyone on the host: it is stopped, and a run starts another."""
+    before they were asked for) answers anyone on the host: it is stopped, and a run starts another. Nothing is
+    sent to the recorded port, not even a health check, unless the server tokenmill started listens there
+    (`listening_as_recorded`)."""
     state = _recorded()
-    if state is None or not healthy(state["api_url"]):
+    if state is None or not listening_as_recorded(state) or not healthy(state["api_url"]):
         return None
     if not state.get("auth"):
         stop_server()
         return None
     return state
+
+
+def listening_as_recorded(state: dict) -> bool:
+    """Whether the recorded server still listens at its recorded port: the process recorded is this user's `prefect
+    server` (pids are reused), and it or a process it started holds the listening socket. Once it has stopped, any
+    user of the host can listen on that port, and would be sent the password with the next call."""
+    process = _server_process(state["pid"])
+    port = urlsplit(state["api_url"]).port
+    try:
+        if process is None or process.uids().real != os.getuid():
+            return False
+        processes = [process, *process.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for each in processes:
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in each.net_connections("tcp")):
+                return True
+        except psutil.Error:
+            continue
+    return False
 
 
 def free_port() -> int:
@@ -119,8 +145,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int | None = None) -> dict:
-    """Start `prefect server start` on 127.0.0.1 in the background and wait until it is healthy."""
+def start_server(port: int | None = None, new_secret: bool = True) -> dict:
+    """Start `prefect server start` on 127.0.0.1 in the background and wait until it is healthy; with a new
+    secret unless told to keep the last one (`supervised` restarting one its run's processes hold the secret of)."""
     home = private_home()
     port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
@@ -130,7 +157,7 @@ def start_server(port: int | None = None) -> dict:
     env = {
         **os.environ,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_API_AUTH_STRING": given or server_auth(),
+        "PREFECT_SERVER_API_AUTH_STRING": given or server_auth(renew=new_secret),
         "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "true",
         "PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS": ui_url(api_url),  # its own UI's pages only
     }
@@ -146,7 +173,7 @@ def start_server(port: int | None = None) -> dict:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )  # fmt: skip
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not healthy(api_url):
+    while not (healthy(api_url) and listening_as_recorded({"pid": process.pid, "api_url": api_url})):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             raise RuntimeError(f"prefect server did not start on {api_url}; see {log_path}")
@@ -291,7 +318,12 @@ def ensure_api() -> str:
     started by another's (a test's, a benchmark's) may carry that one's. A server the user gave credentials
     (PREFECT_SERVER_API_AUTH_STRING) takes the clients' the user gives them."""
     if url := os.environ.get("PREFECT_API_URL"):
-        if (state := _recorded()) and state["api_url"] == url and state.get("auth") == "file":
+        if (
+            (state := _recorded())
+            and state["api_url"] == url
+            and state.get("auth") == "file"
+            and (listening_as_recorded(state))
+        ):
             os.environ["PREFECT_API_AUTH_STRING"] = server_auth()
         return url
     state = running_server() or start_server()
@@ -342,7 +374,7 @@ def supervised(api_url: str) -> Iterator[None]:
             if state and _alive(state["pid"]) or healthy(api_url):
                 continue
             try:
-                start_server(port)
+                start_server(port, new_secret=False)  # the run's processes hold its secret
             except RuntimeError:
                 pass  # tried again at the next check; the run's own calls report the outage
 

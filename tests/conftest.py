@@ -109,6 +109,7 @@ def dask_cluster(s3_server):
     processes += [subprocess.Popen(worker, cwd=REPO, env=os.environ | WORKER_ENVIRONMENT, **quiet) for _ in range(2)]
     with Client(address, timeout=120) as client:
         client.wait_for_workers(2, timeout=120)
+    os.environ["TOKENMILL_DASK_ALLOW_PLAINTEXT"] = "1"  # tcp:// on loopback, refused unless allowed (docs/security.md)
     yield address
     for process in reversed(processes):
         os.killpg(process.pid, signal.SIGTERM)

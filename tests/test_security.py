@@ -125,6 +125,15 @@ for port in sys.argv[1:]:
 
 
 RUNNING = {"flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}
+UPGRADE = ("Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Version: 13",
+           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")  # fmt: skip
+
+
+def websocket_status_for_other(url: str, origin: str | None = None) -> str:
+    """The HTTP status another user's websocket handshake at `url` gets (101: switching protocols, taken)."""
+    headers = [arg for header in (*UPGRADE, *([f"Origin: {origin}"] if origin else [])) for arg in ("-H", header)]
+    asked = as_other("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "3", *headers, url)
+    return asked.stdout
 
 
 def test_during_a_run_another_user_reaches_neither_its_local_dask_cluster_nor_its_prefect_server(
@@ -186,6 +195,13 @@ def knock_while_held(run: subprocess.Popen, prefect_api: str) -> None:
     # The dashboard, and each worker's own HTTP server (Dask's Prometheus metrics and health check, which every
     # worker serves: no setting turns it off): pages to read, not a way to send work
     assert http.count("cluster") == 1 and http.count("worker") == 2, (said, ports)
+    # The dashboard: read-only pages; no `/eventstream` (its websocket added a plugin to the scheduler for anyone),
+    # and its own websockets refuse a page of another origin
+    port = next(port for port, what in said.items() if what == "http" and ports[int(port)] == "cluster")
+    dashboard = f"http://127.0.0.1:{port}"
+    assert websocket_status_for_other(f"{dashboard}/eventstream") == "404"
+    assert websocket_status_for_other(f"{dashboard}/status/ws", "http://evil.example") == "403"
+    assert websocket_status_for_other(f"{dashboard}/status/ws", dashboard) == "101"  # so the route is there
 
     while not (running := api_post(prefect_api, "flow_runs/filter", RUNNING).json()):
         assert run.poll() is None and time.monotonic() < deadline, "the run ended before its flow run was seen"
@@ -201,32 +217,40 @@ def knock_while_held(run: subprocess.Popen, prefect_api: str) -> None:
     assert run.poll() is None  # the run went on meanwhile
 
 
-def test_a_plain_tcp_scheduler_on_another_host_is_refused_unless_allowed(run_cli, tmp_path, caplog):
-    """`tcp://` to another host carries the shards' traffic unencrypted and lets anyone on the network between
-    send the scheduler code: the run stops before any work, saying how to get certificates; loopback is taken;
-    `dask.allow_plaintext: true` takes it too, and the log says so."""
-    from flows.clusters import external
+def test_a_plain_tcp_scheduler_is_refused_unless_allowed(run_cli, tmp_path, caplog, monkeypatch):
+    """`tcp://` carries the shards' traffic unencrypted and lets whoever reaches the scheduler send it code: on
+    another host anyone on the network between, on loopback every user of the host. The run stops before any work,
+    saying how to get certificates; `dask.allow_plaintext: true` (or TOKENMILL_DASK_ALLOW_PLAINTEXT=1, as this
+    suite's own tcp:// cluster has) takes it, and the log says so."""
+    from flows.clusters import ClusterStartError, external
     from tokenmill.config import DaskConfig
 
+    monkeypatch.delenv("TOKENMILL_DASK_ALLOW_PLAINTEXT", raising=False)
     refused = run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
                       "--set", "dask.address=tcp://192.0.2.1:8786", check=False)  # fmt: skip
     said = refused.stdout + refused.stderr
     assert refused.returncode == 1 and "Traceback" not in said, said
     assert "plain TCP on another host (192.0.2.1)" in said and "tokenmill certs" in said, said
     assert not (tmp_path / "out" / "_commits").exists()
-    with external.start(DaskConfig(address="tcp://127.0.0.1:8786")) as running:
-        assert running.address == "tcp://127.0.0.1:8786"
+    with pytest.raises(ClusterStartError, match="plain TCP on this host's loopback, which every user of the host"):
+        with external.start(DaskConfig(address="tcp://127.0.0.1:8786")):
+            pass
     with caplog.at_level("WARNING"), external.start(DaskConfig(address="tcp://192.0.2.1:8786", allow_plaintext=True)):
         assert "reached over plain TCP, unencrypted and unauthenticated" in caplog.text
+    monkeypatch.setenv("TOKENMILL_DASK_ALLOW_PLAINTEXT", "1")
+    with external.start(DaskConfig(address="tcp://127.0.0.1:8786")) as running:
+        assert running.address == "tcp://127.0.0.1:8786"
 
 
 def test_a_rerun_takes_no_cluster_endpoint_or_token_from_the_output_location(gpt2_run, run_cli, tmp_path):
     """Whoever can write the output location could plant a cluster in the run config stored there (SLURM jobs whose
     `setup` lines run as you; `dask.address` of their own scheduler, whose results the flow unpickles), endpoints that
-    get your S3 credentials, or a hub token variable: a rerun takes none of them, says what it took from there, and
-    runs as the stored config says otherwise."""
+    get your S3 credentials, or a hub token variable: a rerun refuses a config not signed with its user's key; one
+    signed, it takes none of them, says what it took from there, and runs as the stored config says otherwise."""
     from tokenmill.config import DaskConfig, HubConfig, StorageConfig
     from tokenmill.runs import load_run_config
+    from tokenmill.signing import write_signed
+    from tokenmill.storage import Store
 
     out, ran = tmp_path / "out", tmp_path / "planted-setup-ran"
     shutil.copytree(gpt2_run, out)
@@ -236,7 +260,13 @@ def test_a_rerun_takes_no_cluster_endpoint_or_token_from_the_output_location(gpt
     stored["input"]["storage"] = stored["output"]["storage"] = stored["output"]["publish"]["storage"] = planted
     stored["tokenizer"]["hub"]["token_env"] = "AWS_SECRET_ACCESS_KEY"
     (out / "_work/config.json").write_text(json.dumps(stored))
+    # Not signed with the user's key (tokenmill.signing): refused, naming the file, before anything runs
+    refused = run_cli("rerun", str(out), "--shard", "1", check=False)
+    assert refused.returncode == 1 and not ran.exists(), refused.stdout
+    assert f"{out}/_work/config.json is not signed with your tokenmill key" in refused.stdout, refused.stdout
 
+    # One the user's key signed (their own edit, an older run's) still gives no cluster, endpoint or token variable
+    write_signed(Store(out), "_work/config.json", (out / "_work/config.json").read_bytes())
     config, taken = load_run_config(str(out))
     assert config.dask == DaskConfig()  # a LocalCluster, or the one $TOKENMILL_DASK_ADDRESS names
     assert config.input.storage == config.output.storage == config.output.publish.storage == StorageConfig()

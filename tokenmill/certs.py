@@ -30,11 +30,36 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    data = key.private_bytes(
+def _key_bytes(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+
+
+def _private_directory(directory: Path) -> int:
+    """`directory` (made mode 0700 where missing) open, once checked to be this user's and closed to others: a
+    directory another user made could hold their file or link under a key's name, or let them read the keys. One of
+    this user's that others can enter is closed (chmod 0700)."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    found = os.fstat(descriptor)
+    if found.st_uid != os.getuid():
+        os.close(descriptor)
+        raise PermissionError(
+            f"{directory} belongs to another user (uid {found.st_uid}): its owner could read or replace the keys; "
+            "give a directory of your own (a new one is made, mode 0700)"
+        )
+    if found.st_mode & 0o077:
+        os.fchmod(descriptor, 0o700)
+    return descriptor
+
+
+def _write(directory: int, name: str, data: bytes) -> None:
+    """A new file `name` in the open directory, mode 0600: never one already there, never through a link."""
+    try:
+        descriptor = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=directory)
+    except FileExistsError:
+        raise FileExistsError(f"{name} exists already: give a new directory (nothing there was replaced)") from None
     with os.fdopen(descriptor, "wb") as f:
         f.write(data)
 
@@ -55,10 +80,22 @@ def make_certificates(
     """A new authority and a certificate per role (ROLES) signed by it, valid `days` days for `hosts` (and
     localhost), written into `directory`; the files written. Without `keep_authority_key` the authority's key is
     never written (a run's own certificates, on storage the nodes share: none can sign another). Refuses to
-    replace an existing authority: the certificates it signed would stop working."""
-    directory.mkdir(parents=True, exist_ok=True)
+    replace an existing authority (the certificates it signed would stop working) or any file: each is made anew
+    (`O_EXCL|O_NOFOLLOW`), mode 0600, in a directory of this user's closed to others (`_private_directory`)."""
     if (directory / "ca.pem").exists():
         raise FileExistsError(f"{directory / 'ca.pem'} exists: give another directory, or remove it to start over")
+    opened = _private_directory(directory)
+    try:
+        return _make_certificates(directory, opened, hosts, days, keep_authority_key)
+    except FileExistsError as e:
+        raise FileExistsError(f"{directory}/{e}") from None
+    finally:
+        os.close(opened)
+
+
+def _make_certificates(
+    directory: Path, opened: int, hosts: list[str], days: int, keep_authority_key: bool
+) -> list[Path]:
     now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -88,10 +125,10 @@ def make_certificates(
         .sign(ca_key, hashes.SHA256())
     )
     written = [directory / "ca.pem"]
-    written[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _write(opened, "ca.pem", ca.public_bytes(serialization.Encoding.PEM))
     if keep_authority_key:
         written.append(directory / "ca-key.pem")
-        _write_key(written[1], ca_key)
+        _write(opened, "ca-key.pem", _key_bytes(ca_key))
     both = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
     for role in ROLES:  # the scheduler and the workers connect and are connected to; the client only connects
         usages = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]) if role == "client" else both
@@ -109,10 +146,9 @@ def make_certificates(
             .add_extension(usages, critical=False)
             .sign(ca_key, hashes.SHA256())
         )
-        cert_path, key_path = directory / f"{role}.pem", directory / f"{role}-key.pem"
-        cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-        _write_key(key_path, key)
-        written += [cert_path, key_path]
+        _write(opened, f"{role}.pem", certificate.public_bytes(serialization.Encoding.PEM))
+        _write(opened, f"{role}-key.pem", _key_bytes(key))
+        written += [directory / f"{role}.pem", directory / f"{role}-key.pem"]
     return written
 
 

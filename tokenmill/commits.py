@@ -15,7 +15,7 @@ import json
 
 from tokenmill import __version__, layout
 from tokenmill.config import TokenmillConfig
-from tokenmill.storage import Store
+from tokenmill.storage import PLANTED_HINT, Planted, Store
 from tokenmill.tokenizer_info import TokenizerInfo
 
 # The stages that commit per shard.
@@ -34,13 +34,33 @@ class Commit:
         self.result, self.redone = result, redone
 
 
+def read_marker(store: Store, stage: str, shard_id: int) -> dict | None:
+    """The shard's marker of `stage` as committed, None if there is none. Every file it lists must be one of this
+    shard's own files (named after it, in the dataset's layout) inside the output: tokenmill never writes another, so
+    one that names a file elsewhere (`../victim`) or another file of the dataset (its config, its plan) was planted
+    by a writer of the output location, and stops the run naming it (`Planted`) before anything is read, removed or
+    published through it."""
+    rel = marker(stage, shard_id)
+    if not store.exists(rel):
+        return None
+    done = store.read_json(rel)
+    files = done.get("files", {}) if isinstance(done, dict) else None
+    if not isinstance(files, dict):
+        raise Planted(f"{store.url_of(rel)} is not a commit marker tokenmill wrote (no file list): {PLANTED_HINT}")
+    for path in files:
+        if store.stored_path(path, rel) != path or layout.describe(path)["shard"] != shard_id:
+            raise Planted(
+                f"{store.url_of(rel)} names {path!r}, which is not a file of shard {shard_id:05d}: {PLANTED_HINT}"
+            )
+    return done
+
+
 def check(store: Store, stage: str, shard_id: int, key: str) -> Commit:
     """The committed result of `stage` for this shard if it was made with `key` and its files are intact;
     else `redone` says what changed (None when there was no usable marker at all)."""
-    rel = marker(stage, shard_id)
-    if not store.exists(rel):
+    done = read_marker(store, stage, shard_id)
+    if done is None:
         return Commit()
-    done = store.read_json(rel)
     if done.get("key") != key:
         return Commit()
     for path, recorded in sorted(done.get("files", {}).items()):
@@ -51,9 +71,12 @@ def check(store: Store, stage: str, shard_id: int, key: str) -> Commit:
 
 def changed(store: Store, path: str, recorded: dict) -> str | None:
     """How a committed file differs from its record: missing, another size, other bytes; None if intact.
-    The size is compared first (a metadata call); the sha256 then reads the file (~1 GB/s locally)."""
+    The size is compared first (a metadata call); the sha256 then reads the file (~1 GB/s locally). A link or a
+    special file put in its place is a change (the shard is made again, its file written in place of the link)."""
     if not store.exists(path):
         return "was deleted"
+    if store.is_local and not store.is_regular(path):
+        return "was replaced by a link or a special file"
     if (size := store.size(path)) != recorded["bytes"]:
         return f"changed size ({size} bytes, {recorded['bytes']} committed)"
     if store.sha256(path) != recorded["sha256"]:
@@ -78,11 +101,10 @@ def discard(store: Store, shard_ids: list[int]) -> None:
     shards (or none), and a reader of the build directory must not find an old shard's file beside them."""
     for stage in STAGES:
         for shard_id in shard_ids:
-            rel = marker(stage, shard_id)
-            if store.exists(rel):
-                for path in store.read_json(rel).get("files", {}):
+            if (done := read_marker(store, stage, shard_id)) is not None:
+                for path in done["files"]:
                     store.remove(path)
-                store.remove(rel)
+                store.remove(marker(stage, shard_id))
 
 
 def lift(store: Store, moves: dict[int, int]) -> list[tuple[str, int, int, dict]]:
@@ -92,11 +114,10 @@ def lift(store: Store, moves: dict[int, int]) -> list[tuple[str, int, int, dict]
     lifted = []
     for stage in STAGES:
         for old, new in moves.items():
-            rel = marker(stage, old)
-            if store.exists(rel):
+            if (done := read_marker(store, stage, old)) is not None:
                 if stage in MOVABLE:
-                    lifted.append((stage, old, new, store.read_json(rel)))
-                store.remove(rel)
+                    lifted.append((stage, old, new, done))
+                store.remove(marker(stage, old))
     return lifted
 
 

@@ -634,14 +634,13 @@ class DaskConfig(_Section):
 
     address: str | None = Field(
         None,
-        description="Scheduler address; null starts a LocalCluster here. On another host it must be tls:// (see "
-        "allow_plaintext).",
+        description="Scheduler address; null starts a LocalCluster here. It must be tls:// (see allow_plaintext).",
     )
     allow_plaintext: bool = Field(
         False,
-        description="Accept a tcp:// scheduler address on another host: its traffic unencrypted, and anyone on the "
-        "network between able to send the scheduler code to run as you. Only on a network you trust; the run's log "
-        "says so.",
+        description="Accept a tcp:// scheduler address (TOKENMILL_DASK_ALLOW_PLAINTEXT=1 too): its traffic "
+        "unencrypted, and anyone who reaches it (on loopback, every user of the host) able to send the scheduler code "
+        "to run as you. Only where no one else can reach it; the run's log says so.",
     )
     n_workers: int | None = Field(None, ge=1, description="LocalCluster worker processes; null: one per core.")
     adaptive: AdaptiveConfig | None = Field(

@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import fsspec
+import orjson
 import pyarrow.parquet as pq
 import zstandard
 
@@ -37,7 +38,8 @@ from tokenmill.config import InputConfig, TokenmillConfig
 from tokenmill.hashing import unit_interval
 from tokenmill.plan import Plan, Shard, Shards
 from tokenmill.readers import Piece, compression_of, count_newlines, fast_path_applies, format_of, line_start
-from tokenmill.storage import list_files, options_for
+from tokenmill.signing import signed, write_signed
+from tokenmill.storage import JSON_OPTIONS, list_files, options_for
 
 # The line count reads into one buffer of this size, reused: 16 MB reads were each a fresh allocation, paged in
 # anew (40% slower over a 1.2 GB file).
@@ -87,14 +89,21 @@ def cut_points(
     by seeking; with `count_lines` the line endings before each are counted a range per thread (file reads and
     numpy release the GIL): a pass over the whole file, on every core. Without, the line numbers are None."""
     fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
-    with fs.open(path, "rb") as f:
-        offsets = sorted({line_start(f, size * k // n_pieces) for k in range(1, n_pieces)} - {size})
+    offsets = cut_offsets(url, size, n_pieces, storage_options)
     if not offsets or not count_lines:
         return [(offset, None) for offset in offsets]
     starts = [0, *offsets[:-1]]
     with ThreadPoolExecutor(min(len(offsets), os.cpu_count() or 1)) as pool:
         counts = pool.map(lambda start, end: _newlines(fs, path, start, end), starts, offsets)
         return [(offset, lines + 1) for offset, lines in zip(offsets, itertools.accumulate(counts), strict=True)]
+
+
+def cut_offsets(url: str, size: int, n_pieces: int, storage_options: dict) -> list[int]:
+    """The byte offsets of the first line at or after each of n_pieces - 1 even cuts, found by seeking (a read of a
+    line or so at each)."""
+    fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+    with fs.open(path, "rb") as f:
+        return sorted({line_start(f, size * k // n_pieces) for k in range(1, n_pieces)} - {size})
 
 
 def _newlines(fs, path: str, start: int, end: int) -> int:
@@ -144,14 +153,19 @@ def auto_shard_size(total_bytes: int, cluster_threads: int) -> int:
 
 
 def plan_shards(
-    config: TokenmillConfig, cluster_threads: int = 1, shard_size: int | None = None, earlier: Plan | None = None
+    config: TokenmillConfig,
+    cluster_threads: int = 1,
+    shard_size: int | None = None,
+    earlier: Plan | None = None,
+    own: bool = False,
 ) -> Plan:
     """The plan: every input file as it is now (with its fingerprint), and the shards in input order, each a
     list of pieces with its size and `source` (a hash of its pieces and their files' fingerprints: what its
     output is made from). `shard_size` overrides the config's (an earlier plan's resolved `auto`).
 
     `earlier` (a plan of the same input and partition config over an input that has changed since) saves
-    reading: an unchanged file's uncompressed size and cut points are taken from it."""
+    reading: an unchanged file's uncompressed size and cut points are taken from it; its cuts are found again by
+    seeking (`_checked_cuts`) unless it is `own`: signed with this user's key (`signing`), written by their run."""
     files = list_inputs(config)
     known = {f["path"]: f for f in earlier.files} if earlier else {}
     options_of = {name: source_input.storage.fsspec_options() for name, source_input in config.inputs().items()}
@@ -170,8 +184,9 @@ def plan_shards(
     for name, options in options_of.items():  # a source's shards hold its files only
         of_source = [f for f in files if f.get("mix_source", "") == name]
         count_lines = counts_lines(config, config.inputs()[name])
-        for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, count_lines, cuts):
+        for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, count_lines, cuts, own):
             shards.append(Shard(len(shards), tuple(pieces), nbytes, _source_of(pieces, current), name))
+    check_covers(files, shards)
     return Plan(
         key=plan_key(config, files),
         config_key=config.section_hash("input", "partition"),
@@ -181,6 +196,36 @@ def plan_shards(
         files=files,
         shards=Shards(shards),
     )
+
+
+def check_covers(files: list[dict], shards: list[Shard]) -> None:
+    """Every byte (or row group) of every input file in exactly one shard's pieces, so every document is in exactly
+    one shard: a file whole in one piece, or cut into byte ranges that follow one another from its start to its end,
+    or into runs of row groups that together take each of them once. Raises naming the file otherwise."""
+    pieces: dict[str, list[Piece]] = {f["path"]: [] for f in files}
+    for shard in shards:
+        for piece in shard.pieces:
+            if piece.path not in pieces:
+                raise RuntimeError(f"the plan's shard {shard.shard_id:05d} reads {piece.path}, no input file")
+            pieces[piece.path].append(piece)
+    for f in files:
+        of_file = pieces[f["path"]]
+        if len(of_file) == 1 and (of_file[0].start, of_file[0].end, of_file[0].row_groups) == (0, None, None):
+            continue
+        groups = sorted(g for piece in of_file for g in piece.row_groups or ())
+        ranges = sorted((piece.start, piece.end) for piece in of_file)
+        if not of_file:
+            whole = False
+        elif all(piece.row_groups for piece in of_file):
+            whole = groups == list(range(len(groups)))
+        else:
+            ends = [end for _, end in ranges]
+            whole = ranges[0][0] == 0 and ends[-1] in (None, f["bytes"]) and ends[:-1] == [s for s, _ in ranges[1:]]
+        if not whole:
+            raise RuntimeError(
+                f"the plan reads {f['path']} in pieces that do not take each of its documents once "
+                f"({ranges if not groups else groups}): a tokenmill bug; nothing was run"
+            )
 
 
 def list_inputs(config: TokenmillConfig) -> list[dict]:
@@ -230,7 +275,12 @@ def _cuts_of(earlier: Plan, unchanged: set[str]) -> dict[str, list[tuple[Piece, 
 
 
 def _cut_into_shards(
-    files: list[dict], shard_size: int, options: dict, count_lines: bool, cuts: dict[str, list[tuple[Piece, int]]]
+    files: list[dict],
+    shard_size: int,
+    options: dict,
+    count_lines: bool,
+    cuts: dict[str, list[tuple[Piece, int]]],
+    own: bool = False,
 ) -> list[tuple[list[Piece], int]]:
     """Files in order, cut into shards of about shard_size: a file larger than a shard into pieces where it can
     be cut (`cuts`: pieces already known; `count_lines`: see `counts_lines`), each alone in its shard, and each run
@@ -244,9 +294,31 @@ def _cut_into_shards(
             continue
         shards += _group(small, shard_size)
         small = []
-        pieces = cuts.get(url) or _split_large_file(url, size, shard_size, options, count_lines) or [(Piece(url), size)]
+        known = cuts.get(url) if own else _checked_cuts(url, size, shard_size, options, cuts.get(url))
+        pieces = known or _split_large_file(url, size, shard_size, options, count_lines) or [(Piece(url), size)]
         shards += [([piece], nbytes) for piece, nbytes in pieces]
     return shards + _group(small, shard_size)
+
+
+def _checked_cuts(
+    url: str, size: int, shard_size: int, options: dict, stored: list[tuple[Piece, int]] | None
+) -> list[tuple[Piece, int]] | None:
+    """An earlier plan's pieces of an unchanged JSONL file if they are the cut this plan makes, found again by seeking
+    (a read at each cut), so that only the count of the lines before each cut is saved; else None (cut it again).
+    plan.json is data in the output location: pieces cut elsewhere (a planted plan, whose shards would drop or repeat
+    documents) are never taken. Parquet files are cut again: their row groups are read from the footer alone."""
+    if not stored or format_of(url) != "jsonl" or compression_of(url) is not None:
+        return None
+    offsets = cut_offsets(url, size, math.ceil(size / shard_size), options)
+    bounds = list(zip([0, *offsets], [*offsets, size], strict=True))
+    first, *lines = [piece.first_line for piece, _ in stored]  # the first piece's is 1; the others' counted or None
+    counted = all(isinstance(line, int) and line > 1 for line in lines) and lines == sorted(set(lines))
+    numbered = first == 1 and (counted or all(line is None for line in lines))
+    same = [(piece.path, piece.start, piece.end, piece.row_groups, piece.format) for piece, _ in stored] == [
+        (url, start, end, None, None) for start, end in bounds
+    ]
+    sizes = [nbytes for _, nbytes in stored] == [end - start for start, end in bounds]
+    return stored if same and sizes and numbered else None
 
 
 def _group(files: list[tuple[Piece, int]], shard_size: int) -> list[tuple[list[Piece], int]]:
@@ -351,10 +423,13 @@ def load_or_plan(
 
 def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[Plan, dict | None]:
     store = config.output.store()
-    earlier = Plan.read(store)
+    earlier, own = None, False
+    if store.exists(layout.PLAN):
+        text = store.read_bytes(layout.PLAN)
+        earlier, own = Plan.from_json(orjson.loads(text)), signed(store, layout.PLAN, text)
     sticky = earlier.shard_size if earlier and config.partition.shard_size == "auto" else None
     same_config = earlier is not None and _made_alike(earlier, config)
-    plan = plan_shards(config, cluster_threads, sticky, earlier if same_config else None)
+    plan = plan_shards(config, cluster_threads, sticky, earlier if same_config else None, own)
     # The input as the earlier plan saw it: every shard kept. Its shards as this plan cuts them too: a plan.json
     # planted with the right key and pieces of other files (secrets of whoever reruns) is not read.
     if same_config and plan.key == earlier.key and plan.shards == earlier.shards:
@@ -365,7 +440,7 @@ def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[Plan, 
         discard(store, [s.shard_id for s in earlier.shards if s.source not in ids_now])
         moves = {s.shard_id: ids_now[s.source] for s in earlier.shards if s.source in ids_now}
         moved = lift(store, {old: new for old, new in moves.items() if old != new})
-    store.write_json(layout.PLAN, plan.to_json())
+    write_signed(store, layout.PLAN, orjson.dumps(plan.to_json(), option=JSON_OPTIONS | orjson.OPT_APPEND_NEWLINE))
     land(store, moved)  # after the plan: a run killed before this finds those shards uncommitted, and redoes them
     return plan, change_between(earlier, plan) if same_config else {}
 

@@ -16,7 +16,7 @@ import orjson
 import pandas as pd
 
 from tokenmill import __version__, layout
-from tokenmill.commits import marker
+from tokenmill.commits import read_marker
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import token_dtype
 from tokenmill.formats.packed import SUFFIXES
@@ -37,19 +37,20 @@ def shard_file_counts(table: pd.DataFrame) -> pd.Series:
     return per_row.groupby(table.shard_id).sum() + (table.rejected.groupby(table.shard_id).first() > 0)
 
 
-def other_files(store: Store, table: pd.DataFrame) -> list[str]:
+def other_files(store: Store, table: pd.DataFrame, tokenizer: TokenizerInfo | None, mix: bool) -> list[str]:
     """The dataset's files that are no shard's: the plan, the tokenizer (and the chat templates its conversations
     were rendered with), the stats, each split's shuffle index where it has packed rows, the `index.json` of
-    litdata's and MDS's layouts where they were written, the fertility report where there is one, and a mixture's
-    files for the trainers."""
+    litdata's and MDS's layouts where they were written, the fertility report where there is one, and in a mixture
+    (`mix`) its files for the trainers, which its mix stage wrote anew. Each by its name: a file is never published
+    because it lies in the output (a planted `mix/` or `tokenizer/*.jinja`)."""
     shuffles = [layout.shuffle_file(split) for split, rows in table.groupby("split").packed_rows.sum().items() if rows]
     splits = table.split.unique().tolist()
     indexes = [layout.trainer_index(format, split) for format in layout.INDEXED_TRAINERS for split in splits]
     indexes = filter(store.exists, indexes)
     fertility = filter(store.exists, layout.FERTILITY_REPORT)
-    templates = [rel for rel in store.list("tokenizer") if rel.endswith(".jinja")]
+    templates = [layout.chat_template_file(source) for source, _ in tokenizer.chat] if tokenizer else []
     others = [layout.PLAN, layout.TOKENIZER, *templates, layout.STATS, *shuffles, *indexes, *fertility]
-    return [*others, *store.list(layout.MIX)]
+    return [*others, *store.list(layout.MIX)] if mix else others
 
 
 def chat_templates(tokenizer: TokenizerInfo) -> dict:
@@ -157,7 +158,7 @@ def lineage(config: TokenmillConfig, version: str, inputs: list[dict], sources: 
     the same file versions, so their files are the same) or made anew. Derived from the two versions' contents,
     so it is the same however many retries or reruns made the new one."""
     root = config.publish_root()
-    previous = root.read_bytes(layout.LATEST).decode().strip() if root.exists(layout.LATEST) else None
+    previous = latest_version(root)
     before = version_store(config, previous) if previous and previous != version else None
     if before is None or not before.exists(layout.MANIFEST):
         return {"previous_version": None, "shards_kept": 0, "shards_made": len(sources)}
@@ -227,21 +228,33 @@ class Files:
         self.directory.cleanup()
 
 
-def spool_files(store: Store, table: pd.DataFrame, files: Files) -> None:
+def latest_version(root: Store) -> str | None:
+    """The version LATEST names, if any (a name of a directory beside it: a planted LATEST naming a path elsewhere
+    stops the run, `Planted`)."""
+    if not root.exists(layout.LATEST):
+        return None
+    return root.stored_name(root.read_bytes(layout.LATEST).decode().strip(), layout.LATEST) or None
+
+
+def spool_files(
+    store: Store, table: pd.DataFrame, files: Files, tokenizer: TokenizerInfo | None = None, mix: bool = False
+) -> None:
     """Add the manifest's files to `files`, with their sizes and sha256: each shard's as its tokenize and pack commit
     markers recorded them (hashed as they were written, and checked again whenever a marker is reused: publish need
     not read the dataset's bytes again, which on a grown input would be all of them every night), which must be as
     many as the validated stats name, and the dataset's other files (`other_files`), hashed here. The shards are
-    read in the order of their names, so that each directory's files come in path order."""
+    read in the order of their names, so that each directory's files come in path order. `tokenizer`: the run's (its
+    chat templates are published); `mix`: whether the run is a mixture (its `mix/` is published)."""
     shards = shard_file_counts(table)
     shards = shards.iloc[np.argsort([layout.shard_name(i) for i in shards.index], kind="stable")]
     stages = ("tokenize", "pack")
 
-    def recorded(rel: str) -> dict:
-        return store.read_json(rel).get("files", {}) if store.exists(rel) else {}
+    def recorded(stage_and_shard: tuple[str, int]) -> dict:
+        done = read_marker(store, *stage_and_shard)
+        return {} if done is None else done["files"]
 
     counts = np.zeros(len(shards), np.int64)
-    markers = (marker(stage, shard_id) for shard_id in shards.index for stage in stages)
+    markers = ((stage, shard_id) for shard_id in shards.index for stage in stages)
     for index, recorded_files in enumerate(threaded(recorded, markers, threads_for(store))):
         for rel, digest in sorted(recorded_files.items()):
             files.add(os.path.dirname(rel), rel, digest)
@@ -253,7 +266,7 @@ def spool_files(store: Store, table: pd.DataFrame, files: Files) -> None:
             f"the commit markers of {len(wrong)} shards do not list the files the validated stats name: {named}; "
             "nothing was published; `tokenmill rerun OUTPUT --shard N` redoes a shard"
         )
-    others = sorted(other_files(store, table))
+    others = sorted(other_files(store, table, tokenizer, mix))
     for rel, digest in zip(others, threaded(store.digest, others), strict=True):  # hashlib releases the GIL
         files.add("", rel, digest)
 
@@ -277,7 +290,7 @@ def publish(
     shard); return the manifest without that list. `mix`: a mixture's, resolved (tokenmill.mix)."""
     store = config.output.store()
     shard_rows = table.drop_duplicates("shard_id")
-    spool_files(store, table, files)
+    spool_files(store, table, files, tokenizer, mix is not None)
     version = dataset_version(config, plan, tokenizer)
     sources = {str(s.shard_id): s.source for s in plan.shards}
     manifest = {
@@ -324,6 +337,7 @@ def publish_version(config: TokenmillConfig, manifest: dict, files: Files, extra
     Locally files are hard-linked where possible; between two object stores they are copied server-side.
     """
     source, root = config.output.store(), config.publish_root()
+    own_directories(config, manifest["version"])
     target = version_store(config, manifest["version"])
     target.remove_unfinished()  # a publish killed mid-copy leaves a temporary file beside the ones it finished
 
@@ -343,8 +357,16 @@ def publish_version(config: TokenmillConfig, manifest: dict, files: Files, extra
     return {"url": target.url, "version": manifest["version"], "copied": copied, "skipped": skipped, "deleted": deleted}
 
 
+def own_directories(config: TokenmillConfig, version: str) -> None:
+    """The dataset's directory and its version's, in a publish location others may write, made where missing and
+    checked: never a link planted there (`Planted`), which would have the version written elsewhere."""
+    base = Store(config.output.publish.path or config.output.path, config.output.publish.storage.fsspec_options())
+    base.make_directories(f"{config.name}/{version}")
+
+
 def point_latest_at(config: TokenmillConfig, manifest: dict) -> dict:
     """A version already published complete: make LATEST name it (if it does not already), copying nothing."""
+    own_directories(config, manifest["version"])
     root = config.publish_root()
     if not root.exists(layout.LATEST) or root.read_bytes(layout.LATEST).decode().strip() != manifest["version"]:
         root.write_bytes(layout.LATEST, f"{manifest['version']}\n".encode())
@@ -356,10 +378,12 @@ def point_latest_at(config: TokenmillConfig, manifest: dict) -> dict:
 def versions_in_lineage(root: Store) -> list[str]:
     """LATEST's version, the one it was built from, and so on back (newest first), as their manifests say."""
     chain: list[str] = []
-    version = root.read_bytes(layout.LATEST).decode().strip() if root.exists(layout.LATEST) else None
+    version = latest_version(root)
     while version and version not in chain and root.exists(f"{version}/{layout.MANIFEST}"):
         chain.append(version)
-        version = root.read_json(f"{version}/{layout.MANIFEST}").get("lineage", {}).get("previous_version")
+        manifest = f"{version}/{layout.MANIFEST}"
+        version = root.read_json(manifest).get("lineage", {}).get("previous_version")
+        version = version and root.stored_name(version, manifest)
     return chain
 
 
@@ -381,9 +405,11 @@ def prune_versions(config: TokenmillConfig) -> list[str]:
 
 def _already_there(source: Store, target: Store, entry: dict) -> bool:
     rel = entry["path"]
+    if target.is_local and not target.is_regular(rel):  # missing, or a link planted there: replaced by the copy
+        return False
     if not target.exists(rel) or target.size(rel) != entry["bytes"]:
         return False
-    if source.is_local and target.is_local and os.path.samefile(source.path(rel), target.path(rel)):
+    if source.is_local and target.is_local and os.path.samefile(source.regular(rel), target.regular(rel)):
         return True
     return target.sha256(rel) == entry["sha256"]
 
@@ -391,7 +417,7 @@ def _already_there(source: Store, target: Store, entry: dict) -> bool:
 def _copy(source: Store, target: Store, rel: str) -> None:
     if source.is_local and target.is_local:
         with target.writing(rel) as tmp:
-            link_or_copy(source.path(rel), tmp)
+            link_or_copy(source.regular(rel), tmp)  # a link planted in its place is refused, never published
     elif type(source.fs) is type(target.fs) and source.storage_options == target.storage_options:
         target.fs.copy(source.path(rel), target.path(rel))  # server-side, nothing through this process
     else:

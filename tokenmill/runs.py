@@ -3,10 +3,13 @@ targeted rerun removes to redo chosen shards."""
 
 from __future__ import annotations
 
+import orjson
+
 from tokenmill.commits import marker
 from tokenmill.config import TokenmillConfig
 from tokenmill.plan import Plan
-from tokenmill.storage import Store
+from tokenmill.signing import key_path, signed, write_signed
+from tokenmill.storage import JSON_OPTIONS, Store
 
 RUN_CONFIG = "_work/config.json"
 SHARD_STAGES = ("tokenize", "pack")  # the per-shard stages a rerun redoes (sample and shuffle feed others)
@@ -24,11 +27,16 @@ NOT_STORED = (
 
 
 def save_run_config(config: TokenmillConfig) -> None:
-    """Record the run's full config in its output (secrets masked), if it is not recorded already: a run that finds
-    nothing to do writes nothing."""
-    store, recorded = config.output.store(), config.model_dump(mode="json")
-    if not store.exists(RUN_CONFIG) or store.read_json(RUN_CONFIG) != recorded:
-        store.write_json(RUN_CONFIG, recorded)
+    """Record the run's full config in its output (secrets masked), signed with this user's key (`signing`), if it
+    is not recorded so already: a run that finds nothing to do writes nothing."""
+    store = config.output.store()
+    recorded = orjson.dumps(config.model_dump(mode="json"), option=JSON_OPTIONS | orjson.OPT_APPEND_NEWLINE)
+    if (
+        not store.exists(RUN_CONFIG)
+        or (data := store.read_bytes(RUN_CONFIG)) != recorded
+        or not signed(store, RUN_CONFIG, data)
+    ):
+        write_signed(store, RUN_CONFIG, recorded)
 
 
 def load_run_config(output: str, given: TokenmillConfig | None = None) -> tuple[TokenmillConfig, list[str]]:
@@ -42,7 +50,14 @@ def load_run_config(output: str, given: TokenmillConfig | None = None) -> tuple[
     store = Store(output, given.output.storage.fsspec_options() if given else {})
     if not store.exists(RUN_CONFIG):
         raise FileNotFoundError(f"{output}: no {RUN_CONFIG}; is this the output of a tokenmill run?")
-    data = store.read_json(RUN_CONFIG)
+    text = store.read_bytes(RUN_CONFIG)
+    if given is None and not signed(store, RUN_CONFIG, text):
+        raise ValueError(
+            f"{store.url_of(RUN_CONFIG)} is not signed with your tokenmill key ({key_path()}): someone who can write "
+            f"{output} may have put it there, and a rerun would read what it names. Nothing was run. Give the run's "
+            f"config: tokenmill rerun {output} --config CONFIG (a run of it signs what it stores)"
+        )
+    data = orjson.loads(text)
     stored = _as_rerun(data, output)
     if given is None:
         return stored, [key for key, value in data.items() if isinstance(value, dict | list)]

@@ -17,7 +17,9 @@ import fcntl
 import hashlib
 import mmap
 import os
+import posixpath
 import shutil
+import stat
 import tempfile
 import uuid
 from collections import deque
@@ -92,6 +94,29 @@ class StorageError(OSError):
     the file or object and the cause."""
 
 
+class Planted(StorageError):
+    """Something in the output location that tokenmill did not make and will not follow: a path read from a file
+    there that leads outside it, or a link or special file where tokenmill keeps its own files. The message names it;
+    nothing was read, written or removed through it."""
+
+
+PLANTED_HINT = (
+    "tokenmill never writes this: someone who can write the output location put it there. Nothing was read, written "
+    "or removed through it; look at who else writes there, remove it, and run again"
+)
+
+
+def inside(rel: str) -> str | None:
+    """`rel` normalised (no `.`, `..` or doubled `/`), or None where it is no path inside a directory: absolute,
+    empty, the directory itself, or leading out of it (`..`)."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel or "\\" in rel:
+        return None
+    normal = posixpath.normpath(rel)
+    if normal in (".", "..") or normal.startswith("../"):
+        return None
+    return normal
+
+
 DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}  # a local write that no retry would fix
 
 
@@ -149,9 +174,86 @@ class Store:
         self.storage_options = options_for(self.url, storage_options)
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.storage_options)
         self.is_local = isinstance(self.fs, LocalFileSystem)
+        self._directories: set[str] = set()  # local directories under the root found to be directories, not links
 
     def path(self, rel: str) -> str:
-        return f"{self.root}/{rel}"
+        """The store's path of `rel`, which must stay inside it (`inside`). Locally, every directory between the
+        root and the file must be a directory, not a link to one elsewhere (`Planted`)."""
+        if rel == "":
+            return f"{self.root}/"  # the root itself, to list
+        normal = inside(rel)
+        if normal is None:
+            raise Planted(f"{rel!r} is no path inside {self.url}; nothing was read, written or removed there")
+        if self.is_local:
+            self._no_linked_directory(posixpath.dirname(normal))
+        return f"{self.root}/{normal}"
+
+    def stored_path(self, rel, named_in: str) -> str:
+        """A path read from the store's file `named_in` (a commit marker's file list, a manifest, LATEST), normalised,
+        if it stays inside the store; else `Planted` naming that file."""
+        normal = inside(rel)
+        if normal is None:
+            raise Planted(f"{self.url_of(named_in)} names {rel!r}, a path outside {self.url}: {PLANTED_HINT}")
+        return normal
+
+    def stored_name(self, name, named_in: str) -> str:
+        """A name read from the store's file `named_in` (LATEST, a manifest's previous version) of a directory right
+        under the store; else `Planted` naming that file."""
+        if not isinstance(name, str) or inside(name) != name or "/" in name:
+            raise Planted(f"{self.url_of(named_in)} names {name!r}, which is no version in {self.url}: {PLANTED_HINT}")
+        return name
+
+    def _no_linked_directory(self, directory: str) -> None:
+        """Raise `Planted` where a directory on the way from the root to `directory` is a link or not a directory
+        (a missing one is made by whoever writes there: `_make_directories`)."""
+        if not directory or directory in self._directories:
+            return
+        self._no_linked_directory(posixpath.dirname(directory))
+        try:
+            mode = os.lstat(f"{self.root}/{directory}").st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(mode):
+            what = "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+            raise Planted(f"{self.root}/{directory} is {what}, where tokenmill keeps a directory of its own: "
+                          f"{PLANTED_HINT}")  # fmt: skip
+        self._directories.add(directory)
+
+    def make_directories(self, rel: str) -> None:
+        """Locally, the directory `rel` and those above it under the root, made where missing, never through a link
+        (`Planted`); nothing on object stores, which have no directories."""
+        if self.is_local:
+            self.path(rel)  # inside the store (else `Planted`)
+            self._make_directories(inside(rel))
+
+    def _make_directories(self, directory: str) -> None:
+        """Make the local directory `directory` (relative) and those above it that are missing, never through a
+        link (a link or a file in the way: `Planted`). The root is made as its path says (the user chose it)."""
+        if directory in self._directories:
+            return
+        if not directory:
+            os.makedirs(self.root, exist_ok=True)
+            self._directories.add(directory)
+            return
+        self._make_directories(posixpath.dirname(directory))
+        try:
+            os.mkdir(f"{self.root}/{directory}")
+        except FileExistsError:
+            pass
+        self._no_linked_directory(directory)
+
+    def regular(self, rel: str) -> str:
+        """The local path of `rel`, which must be a regular file where it exists (a link or a special file where
+        tokenmill keeps its own: `Planted`)."""
+        path = self.path(rel)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return path
+        if not stat.S_ISREG(mode):
+            what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+            raise Planted(f"{path} is {what}, where tokenmill keeps a file of its own: {PLANTED_HINT}")
+        return path
 
     def url_of(self, rel: str) -> str:
         """A URL for `rel` that any process can open with fsspec (absolute path when local)."""
@@ -177,15 +279,33 @@ class Store:
         return not self.is_local and type(error).__module__.split(".")[0] in ("botocore", "aiohttp", "aiobotocore")
 
     def exists(self, rel: str) -> bool:
+        """Whether `rel` is there (locally: a link counts, whatever it points at, so that reading it is refused)."""
         with self.failing_as("checking", rel):
-            return self.fs.exists(self.path(rel))
+            return os.path.lexists(self.path(rel)) if self.is_local else self.fs.exists(self.path(rel))
+
+    def is_regular(self, rel: str) -> bool:
+        """Whether the local file `rel` is a regular file (not a link, a directory, a FIFO...)."""
+        try:
+            return stat.S_ISREG(os.lstat(self.path(rel)).st_mode)
+        except FileNotFoundError:
+            return False
 
     def size(self, rel: str) -> int:
         with self.failing_as("reading the size of", rel):
-            return self.fs.size(self.path(rel))
+            return os.lstat(self.regular(rel)).st_size if self.is_local else self.fs.size(self.path(rel))
 
     def open(self, rel: str, mode: str = "rb"):
-        return self.fs.open(self.path(rel), mode)
+        """`rel` open for reading (or, with another mode, as fsspec opens it); locally never through a link, and
+        only a regular file (a FIFO would block the reader)."""
+        if not self.is_local or mode != "rb":
+            return self.fs.open(self.path(rel), mode)
+        fd = os.open(self.regular(rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # made between the check and the open
+            os.close(fd)
+            raise Planted(f"{self.path(rel)} is not a regular file, where tokenmill keeps a file of its own: "
+                          f"{PLANTED_HINT}")  # fmt: skip
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
 
     def list(self, prefix: str = "") -> list[str]:
         """Relative paths of all files under `prefix`, sorted."""
@@ -202,9 +322,9 @@ class Store:
         it is committed: see `commits`). A full or failing disk raises `StorageError` naming `rel`, and
         nothing of the file is left under its name."""
         if self.is_local:
-            final = Path(self.path(rel))
+            final = Path(self.path(rel))  # replaced by the rename below where it is a link: never written through
             with self._disk_errors(rel):
-                final.parent.mkdir(parents=True, exist_ok=True)
+                self._make_directories(posixpath.dirname(inside(rel)))
             tmp = final.with_name(f".{final.name}{UNFINISHED}{uuid.uuid4().hex[:8]}")
             try:
                 with self._disk_errors(rel):
@@ -250,7 +370,7 @@ class Store:
     def local_copies(self, *rels: str) -> Iterator[list[Path]]:
         """Local paths holding `rels` for reading (the files themselves when the store is local)."""
         if self.is_local:
-            yield [Path(self.path(rel)) for rel in rels]
+            yield [Path(self.regular(rel)) for rel in rels]
             return
         with tempfile.TemporaryDirectory(prefix="tokenmill-") as tmpdir:
             paths = [Path(tmpdir) / f"{i}-{Path(rel).name}" for i, rel in enumerate(rels)]
@@ -304,7 +424,7 @@ class Store:
         the store, server-side, on an object store."""
         if self.is_local:
             with self.writing(rel) as tmp:
-                link_or_copy(self.path(source), tmp)
+                link_or_copy(self.regular(source), tmp)
         else:
             with self.failing_as("copying", rel):
                 self.fs.copy(self.path(source), self.path(rel))
@@ -319,14 +439,15 @@ class Store:
         return {"bytes": self.size(rel), "sha256": self.sha256(rel)}
 
     def remove(self, rel: str) -> None:
+        """Remove the file `rel` (locally a link there is removed itself, not what it points at)."""
         if self.exists(rel):
             with self.failing_as("removing", rel):
-                self.fs.rm(self.path(rel))
+                os.unlink(self.path(rel)) if self.is_local else self.fs.rm(self.path(rel))
 
     def move(self, rel: str, to: str) -> None:
         with self.failing_as("moving", rel):
             if self.is_local:
-                Path(self.path(to)).parent.mkdir(parents=True, exist_ok=True)
+                self._make_directories(posixpath.dirname(inside(to) or ""))
                 os.replace(self.path(rel), self.path(to))
             else:
                 self.fs.mv(self.path(rel), self.path(to))  # a copy inside the store, then a delete
@@ -359,7 +480,13 @@ class Store:
         """Remove every file under `prefix`."""
         if self.exists(prefix):
             with self.failing_as("removing", prefix):
-                self.fs.rm(self.path(prefix), recursive=True)
+                path = self.path(prefix)
+                if not self.is_local:
+                    self.fs.rm(path, recursive=True)
+                elif stat.S_ISDIR(os.lstat(path).st_mode):
+                    shutil.rmtree(path)  # removes the links inside, never what they point at
+                else:
+                    os.unlink(path)
 
 
 def sha256_of(f) -> str:

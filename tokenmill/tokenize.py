@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokenmill import chat, layout, preference
-from tokenmill.commits import PACK, TOKENIZE, check, commit, marker, shard_key, tokenize_key
+from tokenmill.commits import PACK, TOKENIZE, check, commit, read_marker, shard_key, tokenize_key
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import (
     EncoderChoice,
@@ -256,7 +256,7 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
         if last := max((k + 1 for k, (_, shard_id) in enumerate(file) if shard_id in wanted), default=0):
             pieces.append(file[:last])
     ids = [shard_id for file in pieces for _, shard_id in file]
-    markers = threaded(lambda i: store.read_json(marker(TOKENIZE, i)), ids, threads_for(store))
+    markers = threaded(lambda i: read_marker(store, TOKENIZE, i), ids, threads_for(store))
     done = dict(zip(ids, markers, strict=True))
     first_lines = {}
     for file in pieces:
@@ -299,9 +299,8 @@ def number_olmo_documents(store: Store, shard_id: int, numbered: dict[str, pa.Ta
     """OLMo's `.csv.gz` of a shard the pack stage wrote before its lines were numbered (`number_lines`): made again
     from its split's documents table as numbered now (`numbered`), then the pack's marker with their new sizes and
     sha256."""
-    if not numbered or not store.exists(marker(PACK, shard_id)):
+    if not numbered or (done := read_marker(store, PACK, shard_id)) is None:
         return
-    done = store.read_json(marker(PACK, shard_id))
     files = done["files"]
     written = [
         (table, rel)

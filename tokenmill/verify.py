@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokenmill import layout
-from tokenmill.storage import Store
+from tokenmill.storage import Store, inside
 
 
 class NotADataset(Exception):
@@ -26,7 +26,7 @@ def open_dataset(path: str, storage_options: dict | None = None) -> Dataset:
     """The dataset at `path`: a directory holding `manifest.json`, or one holding `LATEST`."""
     store = Store(path, storage_options)
     if not store.exists(layout.MANIFEST) and store.exists(layout.LATEST):
-        version = store.read_bytes(layout.LATEST).decode().strip()
+        version = store.stored_name(store.read_bytes(layout.LATEST).decode().strip(), layout.LATEST)
         store = Store(f"{store.url}/{version}", storage_options)
     if not store.exists(layout.MANIFEST):
         raise NotADataset(f"{path}: no {layout.MANIFEST} (not a dataset, or its publish did not complete)")
@@ -119,12 +119,17 @@ def diff_lines(old: Dataset, new: Dataset) -> list[str]:
 
 
 def verify(dataset: Dataset) -> list[str]:
-    """One message per listed file that is missing or differs in size or sha256 (empty: all intact)."""
+    """One message per listed file that is missing or differs in size or sha256 (empty: all intact), or is no file
+    of the dataset: a path leading out of it, or (locally) a link or special file in a file's place."""
     problems = []
     for entry in dataset.manifest["files"]:
         rel = entry["path"]
-        if not dataset.store.exists(rel):
+        if inside(rel) != rel:
+            problems.append(f"{rel}: not a path inside the dataset (named by its manifest)")
+        elif not dataset.store.exists(rel):
             problems.append(f"{rel}: missing")
+        elif dataset.store.is_local and not dataset.store.is_regular(rel):
+            problems.append(f"{rel}: a link or special file, not the file published")
         elif (size := dataset.store.size(rel)) != entry["bytes"]:
             problems.append(f"{rel}: {size} bytes, the manifest says {entry['bytes']}")
         elif dataset.store.sha256(rel) != entry["sha256"]:

@@ -43,3 +43,14 @@ STARTED_TLS: dict[str, Security] = {}
 
 class ClusterStartError(RuntimeError):
     """The run's cluster did not start."""
+
+
+# The HTTP routes of the schedulers tokenmill starts (Dask's `distributed.scheduler.http.routes`): its read-only pages,
+# without `/eventstream` and the proxy (`flows.clusters.dashboard_routes`).
+DASHBOARD_ROUTES = [
+    "distributed.http.scheduler.prometheus",
+    "flows.clusters.dashboard_routes",
+    "distributed.http.scheduler.json",
+    "distributed.http.health",
+    "distributed.http.statics",
+]

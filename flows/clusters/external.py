@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -26,16 +27,22 @@ def threads(dask_config: DaskConfig) -> int:
     return 1  # the workers the scheduler has are the client's to count
 
 
+PLAINTEXT_ENV = "TOKENMILL_DASK_ALLOW_PLAINTEXT"  # the environment's dask.allow_plaintext (a deployment's, a test's)
+
+
 @contextlib.contextmanager
 def start(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> Iterator[Running]:
     address = dask_config.scheduler()
-    if host := plaintext_elsewhere(address):
-        if not dask_config.allow_plaintext:
+    if host := plaintext_host(address):
+        if not (dask_config.allow_plaintext or os.environ.get(PLAINTEXT_ENV, "") not in ("", "0", "false")):
+            where = "on this host's loopback, which every user of the host reaches" if loopback(host) else (
+                f"on another host ({host}), which anyone on the network between reaches"
+            )  # fmt: skip
             raise ClusterStartError(
-                f"the Dask scheduler at {address} would be reached over plain TCP on another host ({host}): anyone on "
-                "the network between could read the shards' traffic and send the scheduler code to run as you. Use a "
-                "tls:// address with certificates (`tokenmill certs DIR` makes them and prints the settings), or set "
-                "dask.allow_plaintext: true on a network you trust; nothing was run"
+                f"the Dask scheduler at {address} would be reached over plain TCP {where}: they could read the "
+                "shards' traffic and send the scheduler code to run as you. Use a tls:// address with certificates "
+                "(`tokenmill certs DIR` makes them and prints the settings), a LocalCluster (dask.address: null), or "
+                f"set dask.allow_plaintext: true (or {PLAINTEXT_ENV}=1) where no one else can reach it; nothing was run"
             )
         logging.getLogger(__name__).warning(
             "the Dask scheduler at %s is reached over plain TCP, unencrypted and unauthenticated "
@@ -45,16 +52,19 @@ def start(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> 
     yield Running(address, STARTED_TLS.get(address))
 
 
-def plaintext_elsewhere(address: str) -> str | None:
-    """The host of a scheduler address that Dask would reach over plain TCP on another host; None for TLS (or
-    another protocol) and for loopback (`localhost`, 127.0.0.0/8, ::1). A host name is taken to be another host."""
+def plaintext_host(address: str) -> str | None:
+    """The host of a scheduler address that Dask would reach over plain TCP; None for TLS (or another protocol)."""
     scheme, _, rest = address.rpartition("://")
     if (scheme or "tcp") != "tcp":
         return None
-    host = rest.rsplit(":", 1)[0].strip("[]") if rest.count(":") else rest
+    return rest.rsplit(":", 1)[0].strip("[]") if rest.count(":") else rest
+
+
+def loopback(host: str) -> bool:
+    """`localhost`, 127.0.0.0/8 or ::1 (a host name is taken to be another host)."""
     if host == "localhost":
-        return None
+        return True
     try:
-        return None if ipaddress.ip_address(host).is_loopback else host
-    except ValueError:  # a name
-        return host
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

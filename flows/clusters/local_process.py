@@ -10,7 +10,9 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -18,13 +20,16 @@ import dask
 from distributed import LocalCluster
 from distributed.comm.core import CommClosedError
 
-from flows.clusters import ClusterStartError
+from flows.clusters import DASHBOARD_ROUTES, ClusterStartError
 from flows.dask_settings import WORKER_LOG_LENGTH
 from flows.startup import without_collector
 
 # LocalCluster closes a dead worker's slot for good after 15 s, and Prefect then waits forever on
 # "Lost all workers"; a long timeout lets the nanny bring the worker back instead.
 dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"})
+# The scheduler's HTTP server serves read-only pages only (`flows.clusters.dashboard_routes`): not Dask's
+# `/eventstream`, whose websocket adds a plugin to the scheduler for whoever opens it, nor its proxy to other ports.
+dask.config.set({"distributed.scheduler.http.routes": DASHBOARD_ROUTES})
 
 BOKEH_CONNECTION = ("bokeh", "server", "connection.py")
 
@@ -79,10 +84,17 @@ def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
 
     It speaks TLS with a key and certificate made for it now, in memory (`Security.temporary`): on a shared host
     anyone can connect to 127.0.0.1, and a client of the scheduler runs code as the run's user; only the run's own
-    processes hold the key."""
+    processes hold the key.
+
+    Its scratch space (the scheduler's and the workers' `dask-scratch-space`, their lock files) is in a directory made
+    for the run, mode 0700 under a name no one can take first (`scratch_directory`): Dask's default, a fixed name under
+    /tmp, is anyone's to make, and a link another user planted there as `global.lock` had a run truncate the file it
+    pointed at."""
     from distributed.security import Security
 
+    scratch = scratch_directory()
     kwargs = kwargs | {
+        "local_directory": scratch,
         "scheduler_kwargs": {"dashboard": False},
         "config": WORKER_LOG_LENGTH,  # the workers' config
         "security": Security.temporary(),
@@ -103,6 +115,23 @@ def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
     return cluster
 
 
+def scratch_directory() -> str:
+    """A new directory of mode 0700 for the run's Dask scratch space, in Dask's `temporary-directory` (else the
+    system's), made Dask's `temporary-directory` in this process (the scheduler's); removed as the process ends."""
+    scratch = tempfile.mkdtemp(prefix="tokenmill-dask-", dir=dask.config.get("temporary-directory", None))
+    dask.config.set({"temporary-directory": scratch})
+    SCRATCH.append(scratch)
+    return scratch
+
+
+SCRATCH: list[str] = []  # the directories scratch_directory made in this process
+
+
+def remove_scratch() -> None:
+    for scratch in SCRATCH:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def attach_dashboard(cluster: LocalCluster) -> None:
     """Add the dashboard's pages (bokeh) to the running scheduler's HTTP server, as Dask does when it starts one
     with a dashboard. Importing bokeh and building its applications took 0.45 s of CPU as the cluster started, on
@@ -115,7 +144,12 @@ def attach_dashboard(cluster: LocalCluster) -> None:
     async def attach() -> None:
         distributed.dashboard.scheduler.connect(scheduler.http_application, scheduler.http_server, scheduler, "/")
 
-    cluster.sync(attach)
+    # Its websockets take pages from its own address only (Dask's default: any page of any site a browser on the host
+    # shows); reached through `ssh -L`, forward the same port.
+    port = scheduler.http_server.port
+    origins = [f"127.0.0.1:{port}", f"localhost:{port}"]
+    with dask.config.set({"distributed.scheduler.dashboard.bokeh-application.allow_websocket_origin": origins}):
+        cluster.sync(attach)
 
 
 DASHBOARD_CLOSE_S = 5.0  # the most a run's end waits for its dashboard's tabs to let go (they take milliseconds)
@@ -175,6 +209,7 @@ def run_local_cluster(spec: str) -> None:
                 cluster = start_local_cluster(spec["cluster"], spec["adapt"])
         except ClusterStartError as e:
             print(json.dumps({"error": str(e)}), file=answer, flush=True)
+            remove_scratch()
             sys.exit(1)
         tls = cluster.security  # the client's credentials, for the flow's process only (this pipe is its own)
         said = {"address": cluster.scheduler_address, "tls": [tls.tls_ca_file, tls.tls_client_cert, tls.tls_client_key]}
@@ -188,5 +223,7 @@ def run_local_cluster(spec: str) -> None:
         close_dashboard(cluster)
         cluster.close()
     except KeyboardInterrupt:
+        remove_scratch()
         os._exit(130)  # the flow's process reports the interruption; the workers got the same signal
+    remove_scratch()
     gc.freeze()  # as the workers (QuickExit): no collector passes over the heap at exit

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import dask
 
-from flows.clusters import ClusterStartError, Running
+from flows.clusters import DASHBOARD_ROUTES, ClusterStartError, Running
 from flows.dask_settings import WORKER_ENVIRONMENT
 
 if TYPE_CHECKING:
@@ -35,6 +35,14 @@ RELEASE_CEILING_S = 60  # the longest a release waits for scancel (a job not can
 DASHBOARD = "127.0.0.1:0"
 ROLES = "flows.clusters.roles"  # a worker's certificate cannot act as a client (that module says why)
 WORKER_GUARDS = ("--dashboard-address", DASHBOARD, "--preload", ROLES, "--preload-nanny", ROLES)
+
+
+# Each job's Dask scratch space: a new directory of mode 0700 (mktemp's) on the node, removed as the job's script exits.
+# Dask's default is a fixed name under /tmp that any user of the node can make first, and plant links in.
+SCRATCH = (
+    'TOKENMILL_SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/tokenmill-dask-XXXXXXXX")" && '
+    "trap 'rm -rf \"$TOKENMILL_SCRATCH\"' EXIT"
+)
 
 
 def walltime_seconds(walltime: str) -> int:
@@ -119,7 +127,8 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
     host = slurm.scheduler_host or socket.gethostname()
     shared = Path(slurm.shared_directory or Path.home() / ".tokenmill" / "slurm").expanduser()
     shared.mkdir(mode=0o700, parents=True, exist_ok=True)  # the jobs read their certificate and key there
-    with tempfile.TemporaryDirectory(prefix="run-", dir=shared) as certs:
+    read_only = dask.config.set({"distributed.scheduler.http.routes": DASHBOARD_ROUTES})  # its dashboard's pages
+    with tempfile.TemporaryDirectory(prefix="run-", dir=shared) as certs, read_only:
         environment = job_environment(Path(certs), slurm.environment)
         try:
             cluster = SLURMCluster(
@@ -132,7 +141,13 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
                 memory=slurm.memory,
                 python=slurm.python or sys.executable,
                 job_extra_directives=["--export=NONE", *slurm.directives],  # none of this environment: `environment`
-                job_script_prologue=[f"set -a; . {shlex.quote(str(environment))}; set +a", *exports, *slurm.setup],
+                job_script_prologue=[
+                    f"set -a; . {shlex.quote(str(environment))}; set +a",
+                    SCRATCH,
+                    *exports,
+                    *slurm.setup,
+                ],
+                local_directory='"$TOKENMILL_SCRATCH"',  # expanded by the job's shell
                 worker_extra_args=[
                     *("--lifetime", f"{lifetime}s", "--lifetime-stagger", f"{min(60, lifetime // 10)}s"),
                     *WORKER_GUARDS,

@@ -1,0 +1,414 @@
+"""The bucket is data: whoever can write the output location (a group-writable project directory, a shared bucket)
+can plant files there, and the owner's next run must neither delete nor overwrite a file outside it, nor publish a
+file because it lies there, nor drop or repeat a document because a stored plan says so. Each case plants what the
+issue found, runs what the owner runs next, and checks the victim, the secret and the documents; locally and, where
+the case is about the bucket, on the S3 server (moto)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import boto3
+import httpx
+import pytest
+
+from .conftest import REPO
+from .test_security import other_user  # noqa: F401 (a fixture)
+
+SECRET = b"a secret of whoever runs tokenmill next, never to be published\n"
+
+
+def run_args(out: str, *more: str) -> list[str]:
+    """gpt2_run's config (examples/gpt2.yaml in four shards) with its output at `out`."""
+    return ["run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", "partition.shard_size=1MB", *more]
+
+
+def plant_shard_naming(plan: dict, files: dict) -> tuple[dict, dict]:
+    """plan.json with one more shard, and that shard's tokenize marker listing `files`: the next run's plan has no such
+    shard, so it discards what the marker lists."""
+    extra = {**plan["shards"][-1], "shard_id": len(plan["shards"]), "source": "planted"}
+    marker = {"key": "planted", "result": {}, "files": files}
+    return {**plan, "shards": [*plan["shards"], extra]}, marker
+
+
+def test_a_marker_naming_a_file_outside_the_output_removes_nothing_and_stops_the_run_naming_it(
+    gpt2_run, run_cli, tmp_path
+):
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    shutil.copytree(gpt2_run, out)
+    victim.write_bytes(SECRET)
+    plan, marker = plant_shard_naming(json.loads((out / "plan.json").read_text()), {"../victim": {"bytes": 1}})
+    (out / "plan.json").write_text(json.dumps(plan))
+    planted = out / "_commits/tokenize/shard-00004.json"
+    planted.write_text(json.dumps(marker))
+
+    refused = run_cli(*run_args(str(out)), check=False)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and victim.read_bytes() == SECRET, said
+    assert f"{planted} names '../victim', a path outside {out}" in said and "Nothing to do" not in said, said
+    assert "Traceback" not in refused.stdout, refused.stdout
+    # Another file of the dataset listed as the shard's (its config, removed by the discard) is refused the same way
+    planted.write_text(json.dumps({**marker, "files": {"_work/config.json": {"bytes": 1}}}))
+    refused = run_cli(*run_args(str(out)), check=False)
+    assert refused.returncode == 1 and "'_work/config.json', which is not a file of shard 00004" in refused.stdout
+    assert (out / "_work/config.json").exists()
+
+
+def test_on_s3_a_marker_naming_an_object_outside_the_output_removes_nothing(gpt2_run, run_cli, s3_server):
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="shared")
+    for path in gpt2_run.rglob("*"):
+        if path.is_file():
+            s3.upload_file(str(path), "shared", f"team/out/{path.relative_to(gpt2_run)}")
+    s3.put_object(Bucket="shared", Key="team/victim", Body=SECRET)
+    plan = json.loads((gpt2_run / "plan.json").read_text())
+    plan, marker = plant_shard_naming(plan, {"../victim": {"bytes": 1}})
+    s3.put_object(Bucket="shared", Key="team/out/plan.json", Body=json.dumps(plan).encode())
+    s3.put_object(Bucket="shared", Key="team/out/_commits/tokenize/shard-00004.json", Body=json.dumps(marker).encode())
+
+    refused = run_cli(*run_args("s3://shared/team/out"), check=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "s3://shared/team/out/_commits/tokenize/shard-00004.json names '../victim'" in refused.stdout
+    assert s3.get_object(Bucket="shared", Key="team/victim")["Body"].read() == SECRET
+
+
+def test_a_directory_link_planted_in_the_output_is_never_written_through(gpt2_run, run_cli, tmp_path):
+    """`megatron/train` replaced by a link to another dataset's directory: the rerun of a shard refuses it, naming
+    it, and the other dataset's files are as they were."""
+    out, other = tmp_path / "out", tmp_path / "other"
+    shutil.copytree(gpt2_run, out)
+    shutil.copytree(gpt2_run, other)
+    (other / "megatron/train/shard-00000.bin").write_bytes(SECRET)
+    before = {p: p.read_bytes() for p in (other / "megatron/train").iterdir()}
+    shutil.rmtree(out / "megatron/train")
+    (out / "megatron/train").symlink_to(other / "megatron/train")
+    given = tmp_path / "given.yaml"
+    given.write_text((REPO / "examples/gpt2.yaml").read_text().replace("shard_size: 64MB", "shard_size: 1MB"))
+
+    refused = run_cli("rerun", str(out), "--config", str(given), "--shard", "0", check=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"{out}/megatron/train is a symbolic link, where tokenmill keeps a directory of its own" in refused.stdout
+    assert {p: p.read_bytes() for p in (other / "megatron/train").iterdir()} == before
+
+
+def test_a_link_in_place_of_a_committed_file_is_replaced_never_followed(gpt2_run, run_cli, tmp_path):
+    """A committed shard's `.bin` replaced by a link to a file of the owner's: the shard is redone (the run says
+    why), its file written in place of the link; the linked file is untouched."""
+    out, secret = tmp_path / "out", tmp_path / "secret"
+    shutil.copytree(gpt2_run, out)
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    bin_file = out / "megatron/train/shard-00001.bin"
+    honest = bin_file.read_bytes()
+    bin_file.unlink()
+    bin_file.symlink_to(secret)
+
+    result = run_cli(*run_args(str(out), "--set", f"output.publish.path={tmp_path / 'published'}"))
+    assert "megatron/train/shard-00001.bin was replaced by a link or a special file" in result.stdout, result.stdout
+    assert not bin_file.is_symlink() and bin_file.read_bytes() == honest
+    assert secret.read_bytes() == SECRET
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_only_what_the_run_made_is_published(gpt2_run, run_cli, s3_server, tmp_path, where):
+    """Links to the owner's secret planted as `mix/leak.txt` and `tokenizer/leak.jinja`, and a regular
+    `mix/megatron/train.args` naming another prefix, in a run that is no mixture: the published version holds exactly
+    the files the run made, the manifest lists those, and the secret's bytes are nowhere in it."""
+    out, secret = tmp_path / "out", tmp_path / "secret"
+    shutil.copytree(gpt2_run, out)
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    (out / "mix/megatron").mkdir(parents=True)
+    (out / "mix/leak.txt").symlink_to(secret)
+    (out / "tokenizer/leak.jinja").symlink_to(secret)
+    (out / "mix/megatron/train.args").write_text("1.0 s3://elsewhere/their-data\n")
+    root = str(tmp_path / "published") if where == "local" else f"s3://datasets/planted-{tmp_path.name}"
+    if where == "s3":
+        boto3.client("s3").create_bucket(Bucket="datasets")
+
+    run_cli(*run_args(str(out), "--set", f"output.publish.path={root}"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    listed = {f["path"] for f in manifest["files"]}
+    assert not [p for p in listed if "leak" in p or p.startswith("mix/")], sorted(listed)
+    assert listed == {f["path"] for f in json.loads((gpt2_run / "manifest.json").read_text())["files"]}
+    version = f"demo-gpt2/{manifest['version']}"
+    if where == "local":
+        published = {str(p.relative_to(Path(root) / version)): p for p in (Path(root) / version).rglob("*")}
+        files = {rel: p.read_bytes() for rel, p in published.items() if p.is_file() or p.is_symlink()}
+        assert not any(p.is_symlink() for p in published.values())
+    else:
+        s3, prefix = boto3.client("s3"), f"{root.removeprefix('s3://datasets/')}/{version}/"
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="datasets", Prefix=prefix)["Contents"]]
+        files = {k.removeprefix(prefix): s3.get_object(Bucket="datasets", Key=k)["Body"].read() for k in keys}
+    report = {p for p in files if p == "report.md" or (p.startswith("report/") and p not in listed)}  # not data
+    assert set(files) - {"manifest.json"} - report == listed
+    assert not [rel for rel, data in files.items() if SECRET.strip() in data]
+    verified = run_cli("inspect", f"{root}/demo-gpt2", "--verify")
+    assert "Traceback" not in verified.stdout
+    if where == "local":  # a link put in a published file's place is no file published, whatever it points at
+        (Path(root) / version / "stats.json").unlink()
+        (Path(root) / version / "stats.json").symlink_to(out / "stats.json")
+        refused = run_cli("inspect", f"{root}/demo-gpt2", "--verify", check=False)
+        assert refused.returncode == 1 and "stats.json: a link or special file" in refused.stdout, refused.stdout
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_planted_plan_that_cuts_a_file_elsewhere_drops_and_repeats_no_document(
+    gpt2_run, run_cli, s3_server, tmp_path, where
+):
+    """plan.json rewritten with its key kept and the cut of the one file larger than a shard moved (the first piece
+    ending early, so a run that took it would lose the documents between): the run cuts the file again, as its
+    config's inputs give it, and every document is in the dataset once."""
+    honest = json.loads((gpt2_run / "plan.json").read_text())
+    planted = json.loads(json.dumps(honest))
+    cut = [s for s in planted["shards"] if s["pieces"][0]["end"] is not None]
+    assert len(cut) == 2, planted["shards"]  # wikitext2_raw_test.jsonl (1.3 MB) in two pieces
+    cut[0]["pieces"][0]["end"] //= 2
+    cut[0]["bytes"] = cut[0]["pieces"][0]["end"]
+    # nothing committed: every shard is made from the plan the run takes
+    kept = [p for p in gpt2_run.rglob("*") if p.is_file() and "_commits" not in p.parts]
+    if where == "local":
+        out = str(tmp_path / "out")
+        for path in kept:
+            (Path(out) / path.relative_to(gpt2_run)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, Path(out) / path.relative_to(gpt2_run))
+        (Path(out) / "plan.json").write_text(json.dumps(planted))
+    else:
+        s3, out = boto3.client("s3"), f"s3://shared/{tmp_path.name}/out"
+        s3.create_bucket(Bucket="shared")
+        for path in kept:
+            s3.upload_file(str(path), "shared", f"{tmp_path.name}/out/{path.relative_to(gpt2_run)}")
+        s3.put_object(Bucket="shared", Key=f"{tmp_path.name}/out/plan.json", Body=json.dumps(planted).encode())
+
+    run_cli(*run_args(out, "--set", f"output.publish.path={tmp_path / 'published'}"))
+    read = (lambda rel: (Path(out) / rel).read_bytes()) if where == "local" else (
+        lambda rel: s3.get_object(Bucket="shared", Key=f"{tmp_path.name}/out/{rel}")["Body"].read()
+    )  # fmt: skip
+    assert json.loads(read("plan.json")) == honest
+    counts = json.loads(read("manifest.json"))["counts"]
+    assert counts == json.loads((gpt2_run / "manifest.json").read_text())["counts"]
+
+
+def test_the_store_keeps_every_path_inside_and_follows_no_link(tmp_path):
+    """The library's part: `Store.path` refuses a path out of the store, `stored_path` and `stored_name` name the file
+    a path was read from, and a local store neither reads through a link nor removes what one points at."""
+    from tokenmill.storage import Planted, Store
+
+    store, victim = Store(tmp_path / "out"), tmp_path / "victim"
+    victim.write_bytes(SECRET)
+    for rel in ("../victim", "/etc/passwd", "a/../../victim", ".", "a/..", "a\\..\\b"):
+        with pytest.raises(Planted):
+            store.path(rel)
+    assert store.path("a/./b//c") == f"{tmp_path}/out/a/b/c"
+    with pytest.raises(Planted, match=r"out/LATEST names '\.\./x', which is no version"):
+        store.stored_name("../x", "LATEST")
+    with pytest.raises(Planted, match=r"out/_commits/x.json names '\.\./victim', a path outside"):
+        store.stored_path("../victim", "_commits/x.json")
+    store.write_bytes("mine/file", b"mine")
+    (tmp_path / "out/link").symlink_to(victim)
+    with pytest.raises(Planted, match="is a symbolic link, where tokenmill keeps a file of its own"):
+        store.read_bytes("link")
+    os.mkfifo(tmp_path / "out/fifo")
+    with pytest.raises(Planted, match="is not a regular file"):
+        store.read_bytes("fifo")  # refused at once, not a read that waits for a writer
+    store.write_bytes("link", b"written in place of the link")
+    assert victim.read_bytes() == SECRET and (tmp_path / "out/link").read_bytes() == b"written in place of the link"
+    (tmp_path / "out/dir").symlink_to(tmp_path)
+    with pytest.raises(Planted, match="out/dir is a symbolic link"):
+        store.write_bytes("dir/victim", b"overwritten")
+    store.remove_tree("dir")
+    assert victim.read_bytes() == SECRET and not (tmp_path / "out/dir").exists()
+
+
+# Run by the other user with Debian's Python: an HTTP server on the port given that answers 200 to everything (as a
+# Prefect server's health check does) and writes down each request's Authorization header.
+SQUATTER = """
+import http.server, sys
+
+class Answer(http.server.BaseHTTPRequestHandler):
+    def answer(self):
+        with open(sys.argv[2], "a") as log:
+            log.write(f"{self.command} {self.path} {self.headers.get('Authorization')}\\n")
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"true")
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = answer
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
+"""
+
+
+def test_a_user_listening_on_the_recorded_port_of_the_local_server_gets_no_password(other_user, tmp_path):  # noqa: F811
+    """The local server tokenmill started has stopped; another user of the host listens on the port it recorded, and
+    answers its health check. The next `tokenmill run` sends nothing there: it starts its own server, on another
+    port, with a new secret."""
+    from flows.server import free_port
+
+    from .conftest import TOKENMILL, run_or_show_stacks
+    from .test_security import SYSTEM_PYTHON
+
+    home, shared = tmp_path / "prefect-home", Path(f"/tmp/tokenmill-squat-{tmp_path.name}")
+    home.mkdir(mode=0o700)
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    port, heard = free_port(), shared / "heard"
+    squatter = subprocess.Popen(["runuser", "-u", other_user, "--", SYSTEM_PYTHON, "-c", SQUATTER, str(port),
+                                 str(heard)], start_new_session=True)  # fmt: skip
+    try:
+        api = f"http://127.0.0.1:{port}/api"
+        deadline = time.monotonic() + 30
+        while not heard.exists():
+            assert time.monotonic() < deadline and squatter.poll() is None, "the other user's server did not start"
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(f"{api}/health", timeout=1)
+            time.sleep(0.2)
+        heard.unlink()
+        old = "tokenmill:the-secret-of-the-server-that-stopped"
+        (home / "tokenmill-server-auth").write_text(old + "\n")
+        (home / "tokenmill-server-auth").chmod(0o600)
+        (home / "tokenmill-server.json").write_text(json.dumps({"api_url": api, "pid": squatter.pid, "auth": "file"}))
+        config = tmp_path / "nothing.yaml"  # a run that fails at its first stage: the server is what is looked at
+        config.write_text(json.dumps({"name": "nothing", "input": {"paths": [str(tmp_path / "none-*.jsonl")]},
+                                      "tokenizer": {"path": str(REPO / "examples/tokenizers/gpt2/tokenizer.json")},
+                                      "output": {"path": str(tmp_path / "out")}}))  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_DASK"))}
+        env["PREFECT_HOME"] = str(home)
+        ran = run_or_show_stacks([*TOKENMILL, "run", str(config)], env)
+        try:
+            assert "matches no file" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
+            assert f":{port}" not in ran.stdout.splitlines()[0], ran.stdout
+            assert not heard.exists() or "Basic" not in heard.read_text(), heard.read_text()
+            assert (home / "tokenmill-server-auth").read_text().strip() != old
+        finally:
+            run_or_show_stacks([*TOKENMILL, "server", "stop"], env)
+    finally:
+        os.killpg(squatter.pid, signal.SIGTERM)
+        squatter.wait(30)
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_certs_refuses_a_directory_of_another_users_and_replaces_no_file(other_user, tmp_path):  # noqa: F811
+    """`tokenmill certs DIR` into a directory another user made, with a 0666 `ca-key.pem` of theirs waiting there: it
+    refuses, writing nothing; in a directory of one's own, a link planted under a key's name is not written through;
+    keys are made in a directory of mode 0700."""
+    from .conftest import TOKENMILL
+
+    theirs = Path(f"/tmp/tokenmill-certs-{tmp_path.name}")
+    for command in (["mkdir", "-m", "777", str(theirs)], ["touch", str(theirs / "ca-key.pem")],
+                    ["chmod", "666", str(theirs / "ca-key.pem")]):  # fmt: skip
+        subprocess.run(["runuser", "-u", other_user, "--", *command], check=True)
+    try:
+        refused = subprocess.run([*TOKENMILL, "certs", str(theirs)], capture_output=True, text=True)
+        assert refused.returncode == 1 and f"{theirs} belongs to another user" in refused.stdout, refused
+        assert (theirs / "ca-key.pem").read_bytes() == b"" and sorted(os.listdir(theirs)) == ["ca-key.pem"]
+    finally:
+        shutil.rmtree(theirs)
+    mine, victim = tmp_path / "certs", tmp_path / "victim"
+    victim.write_bytes(SECRET)
+    mine.mkdir(mode=0o755)
+    (mine / "worker-key.pem").symlink_to(victim)
+    refused = subprocess.run([*TOKENMILL, "certs", str(mine)], capture_output=True, text=True)
+    assert refused.returncode == 1 and "worker-key.pem exists already" in refused.stdout, refused
+    assert victim.read_bytes() == SECRET and (mine.stat().st_mode & 0o777) == 0o700
+    made = subprocess.run([*TOKENMILL, "certs", str(tmp_path / "new")], capture_output=True, text=True)
+    assert made.returncode == 0 and ((tmp_path / "new").stat().st_mode & 0o777) == 0o700, made
+
+
+def test_a_scratch_link_another_user_planted_truncates_nothing(other_user, prefect_api, tmp_path):  # noqa: F811
+    """Dask's scratch space is by default a fixed name in the temporary directory, which any user of the host can make
+    first: another user's `dask-scratch-space/global.lock` linked to a 0600 file of the run's user. A run on a
+    LocalCluster keeps its scratch in a directory of its own (mode 0700, removed after the run): the file is intact,
+    and nothing of the run is left there."""
+    from .conftest import TOKENMILL, run_or_show_stacks
+
+    shared_tmp, victim = Path(f"/tmp/tokenmill-tmp-{tmp_path.name}"), tmp_path / "victim"
+    victim.write_bytes(SECRET)
+    victim.chmod(0o600)
+    shared_tmp.mkdir(mode=0o1777)
+    shared_tmp.chmod(0o1777)
+    try:
+        for command in (["mkdir", "-m", "777", str(shared_tmp / "dask-scratch-space")],
+                        ["ln", "-s", str(victim), str(shared_tmp / "dask-scratch-space/global.lock")]):  # fmt: skip
+            subprocess.run(["runuser", "-u", other_user, "--", *command], check=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENMILL_DASK", "DASK_TEMPORARY"))}
+        env |= {"PREFECT_API_URL": prefect_api, "TMPDIR": str(shared_tmp)}
+        ran = run_or_show_stacks([*TOKENMILL, *run_args(str(tmp_path / "out"), "--set", "dask.n_workers=2")], env)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert victim.read_bytes() == SECRET
+        assert [p.name for p in shared_tmp.iterdir() if p.stat().st_uid == os.getuid()] == []  # its scratch went
+    finally:
+        shutil.rmtree(shared_tmp, ignore_errors=True)
+
+
+def test_a_planted_run_config_is_not_taken_by_a_rerun_without_its_config(gpt2_run, run_cli, tmp_path):
+    """`_work/config.json` rewritten (its signature kept) so that the input is a 0600 file of whoever reruns, as plain
+    text: a rerun given only the output refuses it, naming it; the secret is nowhere under the output and LATEST
+    stays. The run's own stored config, signed by the run, is taken."""
+    out, secret = tmp_path / "out", tmp_path / "secret.txt"
+    shutil.copytree(gpt2_run, out)
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    stored = json.loads((out / "_work/config.json").read_text())
+    assert (out / "_work/config.json.hmac").exists()  # the run signed what it stored
+    stored["input"]["paths"], stored["input"]["format"] = [str(secret)], "auto"
+    (out / "_work/config.json").write_text(json.dumps(stored))
+    latest = (out / "demo-gpt2/LATEST").read_bytes()
+
+    refused = run_cli("rerun", str(out), "--shard", "1", check=False)
+    assert refused.returncode == 1 and "_work/config.json is not signed with your tokenmill key" in refused.stdout
+    assert not [p for p in out.rglob("*") if p.is_file() and SECRET.strip() in p.read_bytes()]
+    assert (out / "demo-gpt2/LATEST").read_bytes() == latest
+    shutil.copy(gpt2_run / "_work/config.json", out / "_work/config.json")
+    assert "4 shards (3 reused)" in run_cli("rerun", str(out), "--shard", "1").stdout
+
+
+def test_a_previous_version_naming_a_directory_outside_is_not_pruned(gpt2_run, run_cli, tmp_path):
+    """`keep_versions` deletes the versions of LATEST's lineage past the newest N, as each manifest names the one
+    before it: a published manifest rewritten to name `../../victim` as its previous version stops the run, naming
+    the manifest, and the directory there (a dataset's look-alike) is intact."""
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    shutil.copytree(gpt2_run, out)
+    victim.mkdir()
+    (victim / "manifest.json").write_text("{}")
+    (victim / "data.bin").write_bytes(SECRET)
+    version = (out / "demo-gpt2/LATEST").read_text().strip()
+    manifest = out / "demo-gpt2" / version / "manifest.json"
+    published = json.loads(manifest.read_text())
+    published["lineage"]["previous_version"] = "../../victim"
+    manifest.write_text(json.dumps(published))
+
+    refused = run_cli(*run_args(str(out), "--set", "output.publish.keep_versions=1"), check=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"{manifest} names '../../victim', which is no version" in refused.stdout, refused.stdout
+    assert (victim / "data.bin").read_bytes() == SECRET
+
+
+def test_a_version_directory_linked_elsewhere_in_the_publish_location_is_never_written_through(
+    gpt2_run, run_cli, tmp_path
+):
+    """The version a run publishes has a name known in advance (a hash of what it holds): planted in a shared publish
+    location as a link to another directory, the publish refuses it, naming it, and that directory is untouched."""
+    out, published, other = tmp_path / "out", tmp_path / "published", tmp_path / "other"
+    shutil.copytree(gpt2_run, out)
+    other.mkdir()
+    (other / "stats.json").write_bytes(SECRET)
+    version = (gpt2_run / "demo-gpt2/LATEST").read_text().strip()
+    (published / "demo-gpt2").mkdir(parents=True)
+    (published / "demo-gpt2" / version).symlink_to(other)
+
+    refused = run_cli(*run_args(str(out), "--set", f"output.publish.path={published}"), check=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"{published}/demo-gpt2/{version} is a symbolic link" in refused.stdout, refused.stdout
+    assert sorted(os.listdir(other)) == ["stats.json"] and (other / "stats.json").read_bytes() == SECRET
