@@ -79,11 +79,12 @@ def trl_prepare(corpus: Path, out: Path, cores: int) -> None:
     trainer.train_dataset.select_columns(["input_ids", "labels"]).to_parquet(str(out / "rows.parquet"))
 
 
-def run_trl(corpus: Path, work: Path, cores: int, log: Path) -> dict:
+def run_trl(corpus: Path, work: Path, cores: int, log: Path, script: str = __file__) -> dict:
+    """TRL's preparation of `corpus`, by `script --trl-prepare` (this file's, or bench/dpo.py's), timed."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     env = os.environ | {"HF_DATASETS_CACHE": str(work / "cache"), "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, __file__, "--trl-prepare", str(corpus), str(work), "--cores", str(cores)]
+    command = [sys.executable, script, "--trl-prepare", str(corpus), str(work), "--cores", str(cores)]
     run = Watched(command, env, psutil.virtual_memory().total - RESERVE, log)
     if run.returncode != 0:
         raise SystemExit(f"TRL failed:\n{run.log[-3000:]}")
@@ -92,11 +93,12 @@ def run_trl(corpus: Path, work: Path, cores: int, log: Path) -> dict:
             "peak_tree_gb": round(run.peak_tree / 1e9, 2)}  # fmt: skip
 
 
-def run_tokenmill(mill, corpus: Path, out: Path, log: Path) -> dict:
+def run_tokenmill(mill, corpus: Path, out: Path, log: Path, kind: str = "chat") -> dict:
+    """`tokenmill run` on `corpus` read as `input.<kind>` (chat, preference), timed."""
     shutil.rmtree(out, ignore_errors=True)
     config = out.parent / "tokenmill.yaml"
     config.write_text(json.dumps({
-        "name": "chat-bench", "input": {"paths": [str(corpus)], "id_field": "id", "chat": {}},
+        "name": f"{kind}-bench", "input": {"paths": [str(corpus)], "id_field": "id", kind: {}},
         "tokenizer": {"path": str(PHI3), "eod": "auto"}, "output": {"path": str(out)},
     }))  # fmt: skip
     command = [*tokenmill_command(code=REPO), "run", str(config)]
@@ -131,18 +133,34 @@ def same_rows(trl_rows: Path, tokenmill_out: Path, conversations: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=1, help="sgd-dialogues written this many times")
-    parser.add_argument("--cores", type=int, default=os.cpu_count(), help="TRL's dataset_num_proc")
-    parser.add_argument("--trl-prepare", nargs=2, metavar=("CORPUS", "OUT"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = arguments(__doc__, "sgd-dialogues written this many times")
     if args.trl_prepare:
         return trl_prepare(Path(args.trl_prepare[0]), Path(args.trl_prepare[1]), args.cores)
     work = Path(tempfile.mkdtemp(prefix="tokenmill-chat-bench-"))
     corpus = work / "sgd.jsonl"
     conversations = write_corpus(corpus, args.repeat)
-    print(f"{conversations:,} conversations, {corpus.stat().st_size / 1e6:.1f} MB of JSONL; {args.rounds} rounds")
+    side_by_side(args, work, corpus, f"{conversations:,} conversations",
+                 lambda rows, out: same_rows(rows, out, conversations),
+                 "ids and labels identical for every conversation, in every round")  # fmt: skip
+
+
+def arguments(doc: str, repeat: str) -> argparse.Namespace:
+    """The options of this benchmark and bench/dpo.py."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=1, help=repeat)
+    parser.add_argument("--cores", type=int, default=os.cpu_count(), help="TRL's dataset_num_proc")
+    parser.add_argument("--trl-prepare", nargs=2, metavar=("CORPUS", "OUT"), help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def side_by_side(
+    args, work: Path, corpus: Path, what: str, same, identical: str, kind: str = "chat", script: str = __file__
+) -> None:
+    """`args.rounds` rounds of TRL's preparation and `tokenmill run` on `corpus` (read as `input.<kind>`), the order
+    alternating, their outputs compared after each (`same(TRL's rows, tokenmill's output)`, which says `identical`);
+    then the medians and their ratio, and the machine. `script` prepares TRL's side (`--trl-prepare`)."""
+    print(f"{what}, {corpus.stat().st_size / 1e6:.1f} MB of JSONL; {args.rounds} rounds")
     rows = []
     with checkout("tokenmill", REPO, work / "prefect-home") as mill:
         for round_ in range(args.rounds):
@@ -150,13 +168,13 @@ def main() -> None:
             for tool in order:
                 load = os.getloadavg()[0]
                 if tool == "TRL":
-                    row = run_trl(corpus, work / "trl", args.cores, work / "trl.log")
+                    row = run_trl(corpus, work / "trl", args.cores, work / "trl.log", script)
                 else:
-                    row = run_tokenmill(mill, corpus, work / "out", work / "tokenmill.log")
+                    row = run_tokenmill(mill, corpus, work / "out", work / "tokenmill.log", kind)
                 rows.append(row | {"round": round_, "load": round(load, 2)})
                 print(json.dumps(rows[-1]), flush=True)
-            same_rows(work / "trl" / "rows.parquet", work / "out", conversations)
-    print("ids and labels identical for every conversation, in every round")
+            same(work / "trl" / "rows.parquet", work / "out")
+    print(identical)
     medians = {tool: statistics.median(r["wall_s"] for r in rows if r["tool"] == tool) for tool in ("TRL", "tokenmill")}
     print(f"\nmedian wall: TRL {medians['TRL']:.1f} s, tokenmill {medians['tokenmill']:.1f} s: "
           f"tokenmill/TRL = {medians['tokenmill'] / medians['TRL']:.2f}")  # fmt: skip

@@ -21,22 +21,14 @@ its loss mask with the completions. Then the medians, the ratio of the walls and
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
-import os
-import platform
-import shutil
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import psutil
-from megatron import RESERVE, Watched, checkout  # beside this file
-from throughput import tokenmill_command
+from chat import arguments, side_by_side  # beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -77,34 +69,6 @@ def trl_prepare(corpus: Path, out: Path, cores: int) -> None:
     trainer.train_dataset.select_columns(columns).to_parquet(str(out / "rows.parquet"))
 
 
-def run_trl(corpus: Path, work: Path, cores: int, log: Path) -> dict:
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    env = os.environ | {"HF_DATASETS_CACHE": str(work / "cache"), "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, __file__, "--trl-prepare", str(corpus), str(work), "--cores", str(cores)]
-    run = Watched(command, env, psutil.virtual_memory().total - RESERVE, log)
-    if run.returncode != 0:
-        raise SystemExit(f"TRL failed:\n{run.log[-3000:]}")
-    prepared = float(run.log.split("prepared at ")[1].split()[0])
-    return {"tool": "TRL", "wall_s": round(prepared - run.spawned, 2), "cpu_s": round(run.cpu, 1),
-            "peak_tree_gb": round(run.peak_tree / 1e9, 2)}  # fmt: skip
-
-
-def run_tokenmill(mill, corpus: Path, out: Path, log: Path) -> dict:
-    shutil.rmtree(out, ignore_errors=True)
-    config = out.parent / "tokenmill.yaml"
-    config.write_text(json.dumps({
-        "name": "dpo-bench", "input": {"paths": [str(corpus)], "id_field": "id", "preference": {}},
-        "tokenizer": {"path": str(PHI3), "eod": "auto"}, "output": {"path": str(out)},
-    }))  # fmt: skip
-    command = [*tokenmill_command(code=REPO), "run", str(config)]
-    run = Watched(command, mill.env, psutil.virtual_memory().total - RESERVE, log, beside=mill.server, cwd=REPO)
-    if run.returncode != 0:
-        raise SystemExit(f"tokenmill failed:\n{run.log[-3000:]}")
-    return {"tool": "tokenmill", "wall_s": round(run.wall, 2), "cpu_s": round(run.cpu, 1),
-            "peak_tree_gb": round(run.peak_tree / 1e9, 2)}  # fmt: skip
-
-
 def same_pairs(trl_rows: Path, tokenmill_out: Path, pairs: int) -> None:
     """Every pair's two sequences identical in both, in order (each the prompt's ids and a completion's), and
     tokenmill's loss mask on the completions' ids only."""
@@ -131,39 +95,17 @@ def same_pairs(trl_rows: Path, tokenmill_out: Path, pairs: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=1, help="HH-RLHF's pairs written this many times")
-    parser.add_argument("--cores", type=int, default=os.cpu_count(), help="TRL's dataset_num_proc")
-    parser.add_argument("--trl-prepare", nargs=2, metavar=("CORPUS", "OUT"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = arguments(__doc__, "HH-RLHF's pairs written this many times")
     if args.trl_prepare:
         return trl_prepare(Path(args.trl_prepare[0]), Path(args.trl_prepare[1]), args.cores)
     work = Path(tempfile.mkdtemp(prefix="tokenmill-dpo-bench-"))
     corpus = work / "hh.jsonl"
     pairs = write_corpus(corpus, args.repeat)
-    print(f"{pairs:,} pairs, {corpus.stat().st_size / 1e6:.1f} MB of JSONL; {args.rounds} rounds")
-    rows = []
-    with checkout("tokenmill", REPO, work / "prefect-home") as mill:
-        for round_ in range(args.rounds):
-            order = ["TRL", "tokenmill"] if round_ % 2 == 0 else ["tokenmill", "TRL"]
-            for tool in order:
-                load = os.getloadavg()[0]
-                if tool == "TRL":
-                    row = run_trl(corpus, work / "trl", args.cores, work / "trl.log")
-                else:
-                    row = run_tokenmill(mill, corpus, work / "out", work / "tokenmill.log")
-                rows.append(row | {"round": round_, "load": round(load, 2)})
-                print(json.dumps(rows[-1]), flush=True)
-            same_pairs(work / "trl" / "rows.parquet", work / "out", pairs)
-    print("ids and masks identical for every pair, in every round")
-    medians = {tool: statistics.median(r["wall_s"] for r in rows if r["tool"] == tool) for tool in ("TRL", "tokenmill")}
-    print(f"\nmedian wall: TRL {medians['TRL']:.1f} s, tokenmill {medians['tokenmill']:.1f} s: "
-          f"tokenmill/TRL = {medians['tokenmill'] / medians['TRL']:.2f}")  # fmt: skip
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
-          f"{psutil.virtual_memory().total / 2**30:.0f} GiB, {time.strftime('%Y-%m-%d')}")  # fmt: skip
-    shutil.rmtree(work, ignore_errors=True)
+    side_by_side(args, work, corpus, f"{pairs:,} pairs", lambda rows, out: same_pairs(rows, out, pairs),
+                 "ids and masks identical for every pair, in every round", "preference", __file__)  # fmt: skip
 
 
 if __name__ == "__main__":
+    if not SHARED.is_dir():  # the benchmark's pairs; the tests read tests/data
+        raise SystemExit(f"bench/dpo.py reads the preference pairs of {SHARED}, which is missing")
     main()
