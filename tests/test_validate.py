@@ -211,6 +211,8 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     monkeypatch.setattr(tokenize, "read_documents", partial(read_documents, batch_bytes=20_000))
     config, plan, tokenizer, table = library_dataset(tmp_path, lines, split={"train": 0.7, "val": 0.3})
     assert int(table.groupby("shard_id").rejected.first().sum()) == 1
+    # every document drawn is checked (auto would bound this small run's check to 256 KiB of text)
+    config = config.model_copy(update={"tokenizer": config.tokenizer.model_copy(update={"check_bytes": 4_000_000})})
 
     markers = sorted((Path(config.output.path) / "_commits/tokenize").iterdir())
     blocks = [json.loads(marker.read_text())["result"]["blocks"] for marker in markers]

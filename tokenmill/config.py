@@ -395,7 +395,7 @@ class TokenizerConfig(_Section):
     verify_bytes: ByteSize | Literal["auto"] = Field(
         "auto",
         description="At most this much text in the encoder's verification sample (a long document gives an "
-        "excerpt); auto: 2 MB, or 5% of a smaller run's input, at least 1 MiB.",
+        "excerpt); auto: 2 MB, or 2% of a smaller run's input, at least 256 KiB.",
     )
     # hf encodes a few MB/s a core, gigatoken over 500: re-encoding 0.1% of the documents cost a 30 GB run 8 s of 89
     # (validate); 0.01% costs about 1% of the tokenize stage's CPU, with never fewer than check_min_documents.
@@ -406,7 +406,7 @@ class TokenizerConfig(_Section):
     check_bytes: ByteSize | Literal["auto"] = Field(
         "auto",
         description="validate: re-encode at most this much text (the documents drawn until they hold it; hf "
-        "encodes a few MB a second a core); auto: 4 MB, or 5% of a smaller run's input, at least 1 MiB.",
+        "encodes a few MB a second a core); auto: 4 MB, or 2% of a smaller run's input, at least 256 KiB.",
     )
     reference_piece_bytes: ByteSize = Field(
         ByteSize(1 << 20),

@@ -68,8 +68,8 @@ def reference_ids(
 
 
 VERIFY_BYTES, CHECK_BYTES = 2_000_000, 4_000_000  # tokenizer.verify_bytes and check_bytes: auto, in a large run
-RUN_SHARE = 0.05  # auto in a smaller run: this share of its input ...
-SAMPLE_FLOOR = 1 << 20  # ... but never less than this
+RUN_SHARE = 0.02  # auto in a smaller run: this share of its input ...
+SAMPLE_FLOOR = 256 << 10  # ... but never less than this
 
 
 def sized_to_the_run(setting: int | str, auto: int, input_bytes: int) -> int:
