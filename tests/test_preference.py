@@ -220,7 +220,7 @@ def test_pairs_packed_keep_each_pair_whole_in_one_row_with_the_objective_unpacke
             loss[0] = 0  # the first token is never a target
             sides += [tuple(np.concatenate([pair.prompt, completion]).tolist()), tuple(loss)]
         unpacked[tuple(sides)] += 1
-    assert packed == unpacked and sum(packed.values()) == len(fitted) > 2000
+    assert packed == unpacked and sum(packed.values()) == len(fitted) > 250  # of the 300 pairs
     assert rows.packed.real_tokens == lengths.sum() and rows.packed.real_tokens / rows.packed.rows.size > 0.9
     pad = np.arange(seq_len) >= rows.packed.real_lengths[:, None]
     assert not rows.loss[pad].any() and not rows.positions[pad].any()

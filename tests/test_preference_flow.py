@@ -23,6 +23,8 @@ from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.provenance import read_documents_table, write_documents_table
 from tokenmill.loader import IGNORE_INDEX, PackedSplit
 
+from .docs_blocks import page_blocks, run_python
+
 DATA = Path(__file__).parent / "data" / "preference"
 HH = DATA / "hh-rlhf-helpful-base" / "helpful_base_test_messages.first300.jsonl.gz"
 TLDR = DATA / "summarize-from-feedback-tldr" / "tldr_comparisons.first200.jsonl.gz"
@@ -142,6 +144,8 @@ def test_pairs_are_stored_as_trls_dpo_preprocessing_packed_whole_and_load_in_trl
             assert batch["completion_mask"][at][: len(sequence)].tolist() == [0] * len(row["prompt_ids"]) + [1] * len(
                 row[side]
             )
+    (block,) = [b for b in page_blocks("docs/chat.md") if "DataCollatorForPreference" in b.code]  # docs/chat.md's
+    assert len(run_python(block, {"out/dpo/<version>": str(out)})["batch"]["input_ids"]) == 16  # 8 pairs, 2 sides
 
 
 def test_plain_text_pairs_in_parquet_with_an_implicit_prompt_are_cut_as_trls_collator_cuts(run_cli, tmp_path):

@@ -17,15 +17,15 @@ from tokenmill.formats import sample as sample_files
 from tokenmill.train_tokenizer import special_tokens, train_from_texts, train_on_sample
 
 from .conftest import REPO
-from .test_sampling import make_config, run_sample
+from .test_sampling import inputs, make_config, run_sample  # noqa: F401 (inputs: a fixture)
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, inputs):  # noqa: F811 (the fixture imported above)
     """bpe trained on a 1 MB sample of multilingual + enwiki_slice, with BOS and PAD and an extra token."""
-    config = make_config(tmp_path_factory.mktemp("train"), special_tokens=["<|user|>"], vocab_size=2000).model_copy(
-        deep=True
-    )
+    config = make_config(
+        tmp_path_factory.mktemp("train"), inputs, special_tokens=["<|user|>"], vocab_size=2000
+    ).model_copy(deep=True)
     config.tokenizer.bos, config.tokenizer.pad = "<|begin_of_text|>", "<|pad|>"
     samples = run_sample(config)
     info = train_on_sample(config, samples)
