@@ -15,6 +15,7 @@ Each record is `{"id", "text", "source"}`; ids are unique, texts are not repeate
 
     python bench/corpora.py code  /tmp/corpora/code.jsonl
     python bench/corpora.py prose /tmp/corpora/prose.jsonl
+    python bench/corpora.py code /tmp/corpora/code-12mb.jsonl --most-mb 12   # a small run's: its first 12 MB
 """
 
 from __future__ import annotations
@@ -130,17 +131,20 @@ def prose(cache: Path) -> Iterator[dict]:
                     yield {"id": f"{name}:{record['id']}", "text": record["text"], "source": name}
 
 
-def write(records: Iterator[dict], target: Path) -> tuple[int, int]:
-    """The records as JSONL at `target`, each text once; (documents, bytes)."""
-    seen, documents = set(), 0
+def write(records: Iterator[dict], target: Path, most_bytes: float = float("inf")) -> tuple[int, int]:
+    """The records as JSONL at `target`, each text once, the first of them up to `most_bytes`; (documents, bytes)."""
+    seen, documents, size = set(), 0, 0
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "wb") as f:
         for record in records:
             if (digest := hash(record["text"])) in seen:
                 continue
             seen.add(digest)
-            f.write(orjson.dumps(record) + b"\n")
-            documents += 1
+            line = orjson.dumps(record) + b"\n"
+            if size + len(line) > most_bytes:
+                break
+            f.write(line)
+            documents, size = documents + 1, size + len(line)
     return documents, target.stat().st_size
 
 
@@ -149,8 +153,10 @@ def main() -> None:
     parser.add_argument("kind", choices=("code", "prose"))
     parser.add_argument("target", type=Path)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/tokenmill-bench-debs"))
+    parser.add_argument("--most-mb", type=float, default=float("inf"), help="only the first records up to this size")
     args = parser.parse_args()
-    documents, size = write({"code": code, "prose": prose}[args.kind](args.cache), args.target)
+    made = {"code": code, "prose": prose}[args.kind](args.cache)
+    documents, size = write(made, args.target, args.most_mb * 1e6)
     print(f"{args.target}: {documents:,} documents, {size / 1e9:.2f} GB")
 
 
