@@ -527,3 +527,18 @@ def test_the_flows_columnar_shards_read_as_the_plans_list(tmp_path):
     with pytest.raises(IndexError):
         shards[len(listed)]
     assert shards.table.nbytes < 200 * len(listed)
+
+
+def test_an_input_file_that_is_a_link_is_listed_by_a_glob_and_by_its_name(tmp_path):
+    """A corpus kept elsewhere and linked into the input directory: a glob's listing describes the link itself, which
+    is not a regular file; the input is the file it names, with that file's size."""
+    from tokenmill.storage import list_files
+
+    elsewhere = tmp_path / "elsewhere" / "real.jsonl"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(b'{"text": "linked"}\n' * 3)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "linked.jsonl").symlink_to(elsewhere)
+    for pattern in (str(tmp_path / "corpus" / "*.jsonl"), str(tmp_path / "corpus" / "linked.jsonl")):
+        (listed,) = list_files([pattern])
+        assert listed["path"].endswith("linked.jsonl") and listed["size"] == elsewhere.stat().st_size

@@ -147,6 +147,8 @@ def list_files(patterns: list[str], storage_options: dict | None = None) -> list
                 matches = {pattern: fs.info(pattern)}
             except FileNotFoundError:
                 matches = {}
+        # A local glob describes a link itself ("other"): an input file may be a link to one (not in the output)
+        matches = {m: fs.info(m) if info.get("islink") else info for m, info in matches.items()}
         matches = {m: info for m, info in matches.items() if info.get("type") == "file"}
         if not matches:
             raise FileNotFoundError(f"input path {pattern!r} matches no file")
