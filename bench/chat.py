@@ -45,9 +45,10 @@ PHI3 = SHARED / "tokenizers" / "phi3-mini"
 SGD = SHARED / "corpora" / "chat" / "sgd-dialogues" / "sgd_train_messages.jsonl.gz"
 
 
-def write_corpus(path: Path, repeat: int) -> int:
-    """sgd-dialogues `repeat` times as JSONL, each copy's ids made unique; the conversations written."""
-    with gzip.open(SGD, "rt") as f:
+def write_corpus(path: Path, repeat: int, source: Path = SGD) -> int:
+    """`source`'s records (sgd-dialogues' conversations) `repeat` times as JSONL, each copy's ids made unique; the
+    records written."""
+    with gzip.open(source, "rt") as f:
         records = [json.loads(line) for line in f]
     with open(path, "w") as out:
         for copy in range(repeat):

@@ -21,30 +21,17 @@ its loss mask with the completions. Then the medians, the ratio of the walls and
 
 from __future__ import annotations
 
-import gzip
-import json
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from chat import arguments, side_by_side  # beside this file
+from chat import arguments, side_by_side, write_corpus  # beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 PHI3 = REPO / "examples" / "tokenizers" / "phi3-mini"
 HH = SHARED / "corpora" / "preference" / "hh-rlhf-helpful-base" / "helpful_base_test_messages.jsonl.gz"
-
-
-def write_corpus(path: Path, repeat: int) -> int:
-    """HH-RLHF's pairs `repeat` times as JSONL, each copy's ids made unique; the pairs written."""
-    with gzip.open(HH, "rt") as f:
-        records = [json.loads(line) for line in f]
-    with open(path, "w") as out:
-        for copy in range(repeat):
-            for record in records:
-                out.write(json.dumps({**record, "id": f"{record['id']}-{copy}"}) + "\n")
-    return len(records) * repeat
 
 
 def trl_prepare(corpus: Path, out: Path, cores: int) -> None:
@@ -100,7 +87,7 @@ def main() -> None:
         return trl_prepare(Path(args.trl_prepare[0]), Path(args.trl_prepare[1]), args.cores)
     work = Path(tempfile.mkdtemp(prefix="tokenmill-dpo-bench-"))
     corpus = work / "hh.jsonl"
-    pairs = write_corpus(corpus, args.repeat)
+    pairs = write_corpus(corpus, args.repeat, HH)
     side_by_side(args, work, corpus, f"{pairs:,} pairs", lambda rows, out: same_pairs(rows, out, pairs),
                  "ids and masks identical for every pair, in every round", "preference", __file__)  # fmt: skip
 

@@ -20,7 +20,8 @@ from tokenmill import chat, packers, preference
 from tokenmill.preference import PairFormat
 
 from .conftest import DATA
-from .test_chat import GRANITE, PHI3, TEMPLATES, TODAY, ours
+from .test_chat import TEMPLATES, ours
+from .test_chat_flow import transformers_tokenizers  # noqa: F401 (a fixture)
 
 PREFERENCE = DATA / "preference"  # slices of ../shared/corpora/preference (their SOURCE.md)
 HH = PREFERENCE / "hh-rlhf-helpful-base/helpful_base_test_messages.first300.jsonl.gz"
@@ -28,19 +29,9 @@ TLDR = PREFERENCE / "summarize-from-feedback-tldr/tldr_comparisons.first200.json
 
 
 @pytest.fixture(scope="module")
-def reference():
+def reference(transformers_tokenizers):  # noqa: F811 (the fixture imported above)
     """transformers' tokenizers (AutoTokenizer, as a trainer loads them), the date templates write pinned to TODAY."""
-    from transformers import AutoTokenizer
-    from transformers.utils import chat_template_utils as rendering
-
-    class _Today(rendering.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return cls(TODAY.year, TODAY.month, TODAY.day)
-
-    clock, rendering.datetime = rendering.datetime, _Today  # strftime_now reads `datetime` when it runs
-    yield {directory: AutoTokenizer.from_pretrained(str(directory)) for directory in (PHI3, GRANITE)}
-    rendering.datetime = clock
+    return transformers_tokenizers
 
 
 def read(path, limit: int | None = None) -> list[dict]:
