@@ -587,6 +587,14 @@ def _in_bytes(rendered: RenderedChat, text: bytes) -> list[tuple[int, int]]:
     return [(at(start), at(end)) for start, end in rendered.spans]
 
 
+def wrong_runs(mask: np.ndarray, expected: np.ndarray) -> list[tuple[int, int]]:
+    """(first, stop) of each run of consecutive tokens whose mask differs from `expected`, all masked in or all masked
+    out where they should not be."""
+    wrong = np.flatnonzero(np.asarray(mask) != expected)
+    breaks = np.flatnonzero((np.diff(wrong) != 1) | (np.diff(np.asarray(expected)[wrong].astype(np.int8)) != 0)) + 1
+    return [(int(run[0]), int(run[-1]) + 1) for run in np.split(wrong, breaks)] if len(wrong) else []
+
+
 def mask_problems(
     tokenizer: Tokenizer, chat: RenderedChat, ids: np.ndarray, offsets: np.ndarray, mask: np.ndarray
 ) -> list[str]:
@@ -600,12 +608,8 @@ def mask_problems(
     if len(mask) != len(ids):
         return [f"{len(mask)} mask bytes for {len(ids)} tokens"]
     expected = token_mask(np.asarray(offsets, dtype=np.int64).reshape(-1, 2), chat.spans)
-    wrong = np.flatnonzero(mask != expected)
-    # runs of consecutive wrong tokens that are all masked in, or all masked out, where they should not be
-    breaks = np.flatnonzero((np.diff(wrong) != 1) | (np.diff(mask[wrong].astype(np.int8)) != 0)) + 1
     problems = []
-    for run in np.split(wrong, breaks) if len(wrong) else []:
-        first, stop = int(run[0]), int(run[-1]) + 1
+    for first, stop in wrong_runs(mask, expected):
         text = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
         where = "outside every span that carries loss" if mask[first] else "in a span that carries loss"
         state = "masked in" if mask[first] else "masked out"

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from tokenizers import Tokenizer
 
-from tokenmill.chat import ChatError, ChatTemplate, kind_of, render, tools_of, valid_turns
+from tokenmill.chat import ChatError, ChatTemplate, kind_of, render, tools_of, valid_turns, wrong_runs
 
 
 @dataclass(frozen=True)
@@ -265,10 +265,7 @@ def pair_problems(
             continue
         loss = np.repeat(np.uint8([0, 1]), [len(expected.prompt), len(completion)])
         loss[:1] = 0
-        wrong = np.flatnonzero(np.asarray(mask) != loss)
-        breaks = np.flatnonzero((np.diff(wrong) != 1) | (np.diff(loss[wrong].astype(np.int8)) != 0)) + 1
-        for run in np.split(wrong, breaks) if len(wrong) else []:
-            first, stop = int(run[0]), int(run[-1]) + 1
+        for first, stop in wrong_runs(mask, loss):
             text = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
             where = "in the completion" if loss[first] else "outside the completion (the prompt)"
             state = "without loss" if loss[first] else "with loss"
