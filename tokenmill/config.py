@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Literal
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from tokenmill.formats.table import CHAT, FORMATS, NAMES, PAIRS, TEXT, TRAINERS
+
 # Imported where used: with pyarrow and fsspec, importing the config was half the time `tokenmill run` took to
 # start its cluster's process.
 if TYPE_CHECKING:
@@ -532,20 +534,10 @@ class OutputConfig(_Section):
     path: str = Field(description="Local directory or s3://bucket/prefix where the run builds the dataset.")
     storage: StorageConfig = Field(StorageConfig(), description="Credentials and endpoint for an s3:// output path.")
     publish: PublishConfig = Field(PublishConfig(), description="Where the finished dataset is published, versioned.")
-    formats: list[
-        Literal[
-            "megatron", "packed", "llmc", "trl", "megatron_bridge", "olmo", "datatrove", "litdata", "hf_parquet", "mds"
-        ]
-    ] = Field(
+    formats: list[Literal[NAMES]] = Field(
         default_factory=lambda: ["megatron", "packed"],
-        description="megatron: .bin/.idx per shard and split (always written: every other format is made "
-        "from it); packed: packed rows as .npy (unless pack.mode is none); llmc: flat token shards as "
-        "nanoGPT/llm.c read them; olmo: OLMo-core's numpy token files with their documents' .csv.gz; trl, "
-        "megatron_bridge: conversations (input.chat) as TRL's and Megatron-Bridge's Parquet (docs/chat.md), trl "
-        "also preference pairs (input.preference) as TRL's tokenized DPO columns; "
-        "text only: datatrove: nanotron's tokenized files (.ds, .ds.index, .ds.metadata); litdata: LitGPT's "
-        "litdata chunks, a document per item; hf_parquet: Parquet of input_ids, a row per document (HF datasets); "
-        "mds: MosaicML streaming shards of pack.seq_len-token rows (llm-foundry). One folder per split each.",
+        description="; ".join(f"{name}: {format.description}" for name, format in FORMATS.items())
+        + ". One folder per split each (docs/outputs.md).",
     )
     llmc_shard_tokens: int = Field(
         100_000_000, ge=1, lt=2**31, description="Most tokens per llm.c file (its header counts them in an int32)."
@@ -568,18 +560,27 @@ class OutputConfig(_Section):
     def _megatron_always(cls, formats: list[str]) -> list[str]:
         if "megatron" not in formats:
             raise ValueError("output.formats must include megatron: the pack stage makes every other format from it")
-        if {"trl", "megatron_bridge"} & set(formats) and "packed" not in formats:
+        if (packing := made_while_packing(formats)) and "packed" not in formats:
             raise ValueError(
-                "output.formats trl and megatron_bridge are made while conversations are packed: add packed"
+                f"output.formats {' and '.join(packing)} are made while conversations are packed: add packed"
             )
         return sorted(set(formats), key=formats.index)
 
+    def trainers(self) -> tuple[str, ...]:
+        """The trainers' own layouts asked for (`formats.table.TRAINERS`)."""
+        return tuple(name for name in self.formats if name in TRAINERS)
 
-# output.formats written in a trainer's own layout (tokenmill.layout.TRAINER_SUFFIXES); those of text only; those
-# made of a split's documents as they are (the others, of conversations, are made as they are packed)
-TRAINER_FORMATS = ("trl", "megatron_bridge", "olmo", "datatrove", "litdata", "hf_parquet", "mds")
-TEXT_TRAINER_FORMATS = ("datatrove", "litdata", "hf_parquet", "mds")
-DOCUMENT_TRAINER_FORMATS = ("olmo", *TEXT_TRAINER_FORMATS)
+
+NOT_HELD = {  # why a format cannot hold what an input is
+    TEXT: "hold conversations or preference pairs: they need an input.chat or input.preference",
+    CHAT: "hold text without a loss mask: not for an input.chat (its conversations go to trl, megatron_bridge or olmo)",
+    PAIRS: "hold no preference pairs (input.preference): they go to megatron, packed and trl",
+}
+
+
+def made_while_packing(formats: list[str]) -> list[str]:
+    """Those of `formats` that conversations or pairs are written in as they are packed (`formats.table`)."""
+    return [name for name in formats if FORMATS[name].made_from == "packing"]
 
 
 class AdaptiveConfig(_Section):
@@ -715,23 +716,14 @@ class TokenmillConfig(_Section):
             raise ValueError("partition.shuffle shuffles one corpus; a mixture is shuffled by its mix (mix.seed)")
         if self.has_chat() and self.tokenizer.train is not None:
             raise ValueError("a chat input is rendered with the model's own chat template: give tokenizer.path")
-        if {"trl", "megatron_bridge"} & set(self.output.formats) and not self.has_chat():
-            raise ValueError("output.formats trl and megatron_bridge hold conversations: they need an input.chat")
-        if (text_only := [f for f in self.output.formats if f in TEXT_TRAINER_FORMATS]) and self.has_chat():
-            raise ValueError(
-                f"output.formats {', '.join(text_only)} hold text without a loss mask: not for an input.chat "
-                "(its conversations go to trl, megatron_bridge or olmo)"
-            )
+        for what in self.holds():
+            if unfit := [f for f in self.output.formats if what not in FORMATS[f].holds]:
+                raise ValueError(f"output.formats {', '.join(unfit)} {NOT_HELD[what]}")
         if self.has_chat() and self.pack.mode == "none" and "packed" in self.output.formats:
             raise ValueError("a chat input's conversations are packed whole: set pack.mode (any but none) for seq_len")
         if self.has_chat() and self.partition.shuffle:
             raise ValueError(
                 "partition.shuffle: not for a chat input (the packed rows' shuffle index shuffles its conversations)"
-            )
-        if self.has_pairs() and (unfit := [f for f in ("megatron_bridge", "olmo") if f in self.output.formats]):
-            raise ValueError(
-                f"output.formats {', '.join(unfit)}: no layout of preference pairs (input.preference); they go to "
-                "megatron, packed and trl"
             )
         for name, source in self.inputs().items():
             longest = source.preference.max_length if source.preference is not None else None
@@ -747,6 +739,11 @@ class TokenmillConfig(_Section):
         """Some input's records are conversations (`input.chat`) or preference pairs (`input.preference`): rendered
         with the model's own template, with a loss mask."""
         return any(source.chat is not None or source.preference is not None for source in self.inputs().values())
+
+    def holds(self) -> set[str]:
+        """What the inputs' records are (`formats.table`): text, conversations (`input.chat`), preference pairs
+        (`input.preference`)."""
+        return {PAIRS if s.preference else CHAT if s.chat else TEXT for s in self.inputs().values()}
 
     def has_pairs(self) -> bool:
         """Some input's records are preference pairs (`input.preference`)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from tokenmill.formats.table import FORMATS, TRAINERS
+
 PLAN = "plan.json"
 TOKENIZER = "tokenizer/tokenizer.json"
 FERTILITY_REPORT = ("report/fertility.md", "report/fertility.json")  # see tokenmill.fertility
@@ -59,20 +61,12 @@ def packed_prefix(split: str, shard_id: int) -> str:
     return f"packed/{split}/{shard_name(shard_id)}"
 
 
-# Each trainer's layout (output.formats, TRAINER_FORMATS): the files of a shard's split, by their suffixes, the
-# first its token file. Conversations (`formats.sft`): `trl/`, `megatron_bridge/` Parquet. Text or conversations:
-# `olmo/` tokens and documents. Text: `datatrove/` (nanotron), `litdata/` (LitGPT), `hf_parquet/` (HF datasets),
-# `mds/` (llm-foundry) files, the last two read through each split's `index.json` (`trainer_index`).
-TRAINER_SUFFIXES = {
-    "trl": (".parquet",),
-    "megatron_bridge": (".parquet",),
-    "olmo": (".npy", ".csv.gz"),
-    "datatrove": (".ds", ".ds.index", ".ds.metadata"),
-    "litdata": (".bin",),
-    "hf_parquet": (".parquet",),
-    "mds": (".mds",),
-}
-INDEXED_TRAINERS = ("litdata", "mds")  # read through an index.json per split that lists every shard's file
+# Each trainer's layout (`formats.table`): the files of a shard's split, `<format>/<split>/shard-NNNNN<suffix>`, the
+# token file first; those read through each split's `index.json` (`trainer_index`); those a mixture's mix is
+# written for (`mix_trainer_file`).
+TRAINER_SUFFIXES = {name: FORMATS[name].suffixes for name in TRAINERS}
+INDEXED_TRAINERS = tuple(name for name in TRAINERS if FORMATS[name].indexed)
+MIX_TRAINERS = tuple(name for name in TRAINERS if FORMATS[name].mixable)
 
 
 def trainer_files(format: str, split: str, shard_id: int) -> list[str]:
@@ -86,16 +80,13 @@ def trainer_file(format: str, split: str, shard_id: int) -> str:
 
 
 def trainer_index(format: str, split: str) -> str:
-    """A split's `index.json` for litdata's or streaming's reader (INDEXED_TRAINERS): every shard's file in it."""
+    """A split's `index.json` for the reader of an indexed layout (INDEXED_TRAINERS): every shard's file in it."""
     return f"{format}/{split}/index.json"
 
 
 def mix_merged_prefix(split: str, source: str) -> str:
     """A mixture source's documents of a (validation or test) split as one Megatron dataset."""
     return f"mix/megatron/{split}/{source}"
-
-
-MIX_TRAINERS = ("olmo", "datatrove", "litdata", "mds", "hf_parquet")  # the layouts a mixture's mix is written for
 
 
 def mix_trainer_file(format: str, split: str) -> str:
@@ -149,10 +140,10 @@ _SHARD_FILE = re.compile(
     r"^(?P<family>megatron|packed)/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)\.(?P<ext>bin|idx|docs\.parquet|loss_mask\.bin|tokens\.npy|cu_seqlens\.npy|row_offsets\.npy|loss\.npy)$"
 )
 _TRAINER_FILE = re.compile(
-    r"^(?P<format>trl|megatron_bridge|olmo|datatrove|litdata|hf_parquet|mds)/(?P<split>(?:[^/]+/)?[^/]+)/"
-    r"shard-(?P<shard>\d+)\.(?P<ext>parquet|npy|csv\.gz|ds|ds\.index|ds\.metadata|bin|mds)$"
+    rf"^(?P<format>{'|'.join(TRAINERS)})/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)(?P<suffix>\.[a-z.]+)$"
 )
-_TRAINER_KINDS = {  # (format, suffix) -> kind where it is not the format's name
+_TRAINER_KINDS = {(name, suffix): kind for name in TRAINERS for suffix, kind in FORMATS[name].files}
+_KINDS = {  # (format, suffix) -> kind where it is not the format's name
     ("olmo", "npy"): "olmo-tokens",
     ("olmo", "csv.gz"): "olmo-documents",
     ("datatrove", "ds"): "datatrove-tokens",
@@ -177,10 +168,9 @@ def describe(rel: str) -> dict:
         return {"kind": _KINDS[m["ext"]], "split": m["split"], "shard": int(m["shard"])}
     if m := re.match(r"^llmc/(?P<split>(?:[^/]+/)?[^/]+)/shard-(?P<shard>\d+)-\d+\.bin$", rel):
         return {"kind": "llmc", "split": m["split"], "shard": int(m["shard"])}
-    if m := _TRAINER_FILE.match(rel):
-        kind = _TRAINER_KINDS.get((m["format"], m["ext"]), m["format"].replace("_", "-"))
+    if (m := _TRAINER_FILE.match(rel)) and (kind := _TRAINER_KINDS.get((m["format"], m["suffix"]))):
         return {"kind": kind, "split": m["split"], "shard": int(m["shard"])}
-    if m := re.match(r"^(?P<format>litdata|mds)/(?P<split>(?:[^/]+/)?[^/]+)/index\.json$", rel):
+    if m := re.match(rf"^(?P<format>{'|'.join(INDEXED_TRAINERS)})/(?P<split>(?:[^/]+/)?[^/]+)/index\.json$", rel):
         return {"kind": f"{m['format']}-index", "split": m["split"], "shard": None}
     if m := re.match(r"^packed/(?P<split>(?:[^/]+/)?[^/]+)/shuffle\.npy$", rel):
         return {"kind": "packed-shuffle", "split": m["split"], "shard": None}

@@ -15,7 +15,8 @@ per source. Prefixes name the published version's files. A single input has the 
 (`write_megatron_args`), its shards weighted by their tokens, outside its manifest (`layout.MEGATRON_TRAIN_ARGS`).
 
 Each trainer's layout in `output.formats`: `mix/<format>/<split>.json`, its sources' folders of the training split
-in the version and what that trainer takes to draw them in their shares (`layout.MIX_TRAINERS`): OLMo-core's source
+in the version and what that trainer takes to draw them in their shares (each `formats/<format>.py`'s `mix`, for
+those the table marks mixable, `layout.MIX_TRAINERS`): OLMo-core's source
 mixture (`target_ratio` and the source's files), nanotron's `dataset_folder` and `dataset_weights`, litdata's
 `CombinedStreamingDataset` weights, streaming's per-stream `proportion`, and `datasets.interleave_datasets`'
 `probabilities`. Those trainers draw samples of one length (all but HF datasets), so a source's share of samples is
@@ -37,6 +38,7 @@ from tokenmill import layout
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.megatron import MegatronIndex, write_index
 from tokenmill.formats.packed import write_shuffle_index
+from tokenmill.formats.table import FORMATS, Mixing
 from tokenmill.packers import global_shuffle_index, writes_packed
 from tokenmill.shares import MixError, draw
 from tokenmill.stats import all_rejected
@@ -169,34 +171,25 @@ def write_megatron_blends(store: Store, blends: dict[str, list[str]], train_args
 def write_trainer_mix(
     config: TokenmillConfig, table: pd.DataFrame, resolved: dict, published: str, format: str
 ) -> None:
-    """`mix/<format>/<train split>.json`: the training split's mix in the terms of the trainer of `format` (module
-    docstring), its folders and files under `published` (the version's URL)."""
+    """`mix/<format>/<train split>.json`: the training split's mix in the terms of the trainer of `format`, written by
+    its module (`formats.table`), its folders and files under `published` (the version's URL)."""
     train, sources = resolved["split"], resolved["sources"]
-    folders = {name: f"{published}/{format}/{name}/{train}" for name in sources}
-    shares = {name: source["share"] for name, source in sources.items()}
-    if format == "olmo":  # OLMo-core's SourceMixtureList
-        shard_ids = {name: stream_shards(table, f"{name}/{train}").shard_id.tolist() for name in sources}
-        files = {name: [f"{published}/{layout.trainer_file(format, f'{name}/{train}', i)}" for i in ids]
-                 for name, ids in shard_ids.items()}  # fmt: skip
-        mixture = [
-            {"source_name": name, "target_ratio": shares[name], "paths": files[name],
-             "max_repetition_ratio": max(1.0, source["epochs"])}
-            for name, source in sources.items()
-        ]  # fmt: skip
-        mix = {"sources": mixture}  # SourceMixtureList's; the run chooses requested_tokens
-    elif format == "datatrove":  # nanotron's data stage
-        mix = {"dataset_folder": list(folders.values()), "dataset_weights": list(shares.values())}
-    elif format == "litdata":  # CombinedStreamingDataset over a StreamingDataset per folder
-        mix = {"input_dirs": list(folders.values()), "weights": list(shares.values())}
-    elif format == "mds":  # llm-foundry's streams
-        where = "remote" if "://" in published else "local"
-        mix = {"streams": {name: {where: folders[name], "proportion": shares[name]} for name in sources}}
-    else:  # hf_parquet: interleave_datasets draws rows, documents
-        made = {name: source["splits"][train] for name, source in sources.items()}
-        per_document = {name: shares[name] * made[name]["documents"] / made[name]["tokens"] for name in sources}
-        total = sum(per_document.values())
-        mix = {"data_dirs": list(folders.values()), "probabilities": [p / total for p in per_document.values()]}
-    config.output.store().write_json(layout.mix_trainer_file(format, train), mix)
+    streams = {name: f"{name}/{train}" for name in sources}
+    token_files = {
+        name: [
+            f"{published}/{layout.trainer_file(format, stream, int(i))}" for i in stream_shards(table, stream).shard_id
+        ]
+        for name, stream in streams.items()
+    }
+    mixing = Mixing(
+        folders={name: f"{published}/{format}/{stream}" for name, stream in streams.items()},
+        shares={name: source["share"] for name, source in sources.items()},
+        epochs={name: source["epochs"] for name, source in sources.items()},
+        made={name: source["splits"][train] for name, source in sources.items()},
+        token_files=token_files,
+        remote="://" in published,
+    )
+    config.output.store().write_json(layout.mix_trainer_file(format, train), FORMATS[format].module().mix(mixing))
 
 
 def write_packed_mix(config: TokenmillConfig, table: pd.DataFrame, resolved: dict) -> None:

@@ -3,15 +3,17 @@
 pack[shard]: each split's Megatron documents packed as `pack.mode` says into
 `packed/<split>/shard-NNNNN.{tokens,cu_seqlens,row_offsets}.npy` (see `formats/packed.py`), and, when
 `output.formats` has `llmc`, the same token stream as llm.c files `llmc/<split>/shard-NNNNN-PPPP.bin`
-(see `formats/llmc.py`), and the trainers' layouts it asks for (`layout.trainer_files`). Stats per split: rows,
-real and pad tokens, the rows a padded one-document-per-row layout would take, llm.c files, trainers' files.
+(see `formats/llmc.py`), and the trainers' layouts it asks for (`formats.table`: each written by its module).
+Stats per split: rows, real and pad tokens, the rows a padded one-document-per-row layout would take, llm.c files,
+trainers' files.
 
 split indexes: once every shard is packed, each split's global shuffle index `packed/<split>/shuffle.npy`, and
-the `index.json` of litdata's and MDS's layouts.
+the `index.json` of the indexed trainers' layouts (litdata's, MDS's).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -22,19 +24,13 @@ import pandas as pd
 
 from tokenmill import layout
 from tokenmill.commits import PACK, TOKENIZE, check, commit, marker, pack_key, shard_key, tokenize_key
-from tokenmill.config import DOCUMENT_TRAINER_FORMATS, TRAINER_FORMATS, PackConfig, TokenmillConfig
-from tokenmill.formats.datatrove import sidecars, tokenizer_name
-from tokenmill.formats.hf_parquet import write_parquet
-from tokenmill.formats.litdata import index as litdata_index
-from tokenmill.formats.litdata import write_chunk
+from tokenmill.config import PackConfig, TokenmillConfig
+from tokenmill.formats.datatrove import tokenizer_name
 from tokenmill.formats.llmc import llmc_dtype, shard_bounds, write_llmc
-from tokenmill.formats.mds import index as mds_index
-from tokenmill.formats.mds import rows_of as mds_rows_of
-from tokenmill.formats.mds import write_shard as write_mds_shard
 from tokenmill.formats.megatron import MegatronReader, token_dtype
 from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, write_packed, write_shuffle_index
 from tokenmill.formats.provenance import read_documents_table
-from tokenmill.formats.sft import olmo_documents, write_megatron_bridge, write_trl, write_trl_pairs
+from tokenmill.formats.table import FORMATS, SplitOut
 from tokenmill.packers import (
     fit_conversations,
     global_shuffle_index,
@@ -62,7 +58,7 @@ class Packing:
     pad_id: int
     llmc_shard_tokens: int | None  # the tokens of an llm.c file; None: no llm.c files are written
     vocab_size: int
-    trainers: tuple[str, ...] = ()  # the trainers' layouts asked for (`TRAINER_FORMATS` in output.formats)
+    trainers: tuple[str, ...] = ()  # the trainers' layouts asked for (`OutputConfig.trainers`)
     seq_len: int = 0  # the tokens of an MDS row (pack.seq_len)
     tokenizer_name: str = ""  # the tokenizer as nanotron loads it (`.ds.metadata`)
     pairs: tuple[tuple[str, int, str], ...] = ()  # each stream of preference pairs, its max_length and too_long
@@ -77,7 +73,7 @@ class Packing:
             pad_id(config, tokenizer),
             config.output.llmc_shard_tokens if "llmc" in config.output.formats else None,
             tokenizer.vocab_size,
-            tuple(f for f in config.output.formats if f in TRAINER_FORMATS),
+            config.output.trainers(),
             config.pack.seq_len,
             tokenizer_name(config.tokenizer.path),
             tuple((stream, *fit) for stream, fit in config.pair_streams().items()),
@@ -149,14 +145,10 @@ def pack_conversations_of(
     packed = pack_conversations(fitted.tokens, fitted.masks, fitted.lengths, seq_len, run.pad_id)
     write_packed_files(store, split, shard_id, packed.packed, files, packed.loss)
     rows = packed.packed
-    if "trl" in run.trainers:
-        with store.writing(layout.trainer_file("trl", split, shard_id), files) as tmp:
-            write_trl(tmp, fitted.tokens, fitted.masks, fitted.lengths)
-    if "megatron_bridge" in run.trainers:
-        with store.writing(layout.trainer_file("megatron_bridge", split, shard_id), files) as tmp:
-            write_megatron_bridge(tmp, rows.rows, rows.cu_seqlens, rows.row_offsets, packed.loss)
+    written = write_layouts(run, "packing", store, split, shard_id, files, tokens=fitted.tokens, lengths=fitted.lengths,
+                            masks=fitted.masks, packed=rows, loss=packed.loss)  # fmt: skip
     return {
-        "trainer_files": sum(f in run.trainers for f in ("trl", "megatron_bridge")),
+        "trainer_files": written,
         "rows": len(rows.rows),
         "real_tokens": rows.real_tokens,
         "pad_tokens": rows.pad_tokens,
@@ -192,43 +184,40 @@ def pack_pairs_of(
         rows = packed.packed
         stats |= {"rows": len(rows.rows), "real_tokens": rows.real_tokens, "pad_tokens": rows.pad_tokens}
         stats["padded_layout_rows"] = int(keep.sum())  # a pair a row
-    if "trl" in run.trainers:
-        with store.writing(layout.trainer_file("trl", split, shard_id), files) as tmp:
-            write_trl_pairs(tmp, tokens, kept, prompts[keep])
-        stats["trainer_files"] = 1
+    stats["trainer_files"] = write_layouts(
+        run, "packing", store, split, shard_id, files, tokens=tokens, lengths=kept, masks=masks, prompts=prompts[keep]
+    )
     return stats
 
 
 def write_trainer_files(
     store: Store, split: str, shard_id: int, tokens: np.ndarray, lengths: np.ndarray, run: Packing, files: dict
 ) -> int:
-    """A split's documents in each trainer's layout asked for that takes them as they are (`layout.trainer_files`;
-    trl and megatron_bridge are made as conversations are packed): the `.bin`'s ids (`tokens`), with each layout's
-    header or index made from the documents' `lengths`. OLMo's and datatrove's token files are the `.bin` itself,
-    copied by the store (`Store.copy`: a hard link locally), with the size and sha256 the tokenize commit recorded.
-    How many files it wrote."""
-    written, bin_rel = 0, layout.megatron_prefix(split, shard_id) + ".bin"
-    if {"olmo", "datatrove"} & set(run.trainers):  # their token file is the .bin
-        bin_digest = store.read_json(marker(TOKENIZE, shard_id))["files"][bin_rel]
-    for format in (f for f in run.trainers if f in DOCUMENT_TRAINER_FORMATS):
-        rels = layout.trainer_files(format, split, shard_id)
-        if format in ("olmo", "datatrove"):
-            store.copy(bin_rel, rels[0], bin_digest, files)
-            if format == "olmo":
-                with store.local_copies(layout.documents_table(split, shard_id)) as (path,):
-                    documents = read_documents_table(path, ["id", "file", "line"])
-                store.write_bytes(rels[1], olmo_documents(lengths, documents), files)
-            else:
-                for rel, data in zip(rels[1:], sidecars(tokens, lengths, run.tokenizer_name), strict=True):
-                    store.write_bytes(rel, data, files)
-        else:  # one file each, hashed as it is written
-            with store.writing_file(rels[0], files, read_again=False) as file:
-                if format == "litdata":
-                    write_chunk(file, tokens, lengths, name=rels[0])
-                elif format == "mds":
-                    write_mds_shard(file, tokens, run.seq_len, name=rels[0])
-                else:
-                    write_parquet(file, tokens, lengths, run.vocab_size)
+    """A split's documents in each trainer's layout asked for that takes them as the `.bin` holds them (`formats.table`:
+    made from documents; the others are made as conversations are packed): its ids (`tokens`) and its documents'
+    `lengths`. How many files it wrote."""
+    bin_rel = layout.megatron_prefix(split, shard_id) + ".bin"
+
+    @functools.cache
+    def bin_digest() -> dict:  # the size and sha256 its tokenize recorded, for a layout whose token file it is
+        return store.read_json(marker(TOKENIZE, shard_id))["files"][bin_rel]
+
+    def documents(columns: list[str]):
+        with store.local_copies(layout.documents_table(split, shard_id)) as (path,):
+            return read_documents_table(path, columns)
+
+    return write_layouts(run, "documents", store, split, shard_id, files, tokens=tokens, lengths=lengths,
+                         bin_rel=bin_rel, bin_digest=bin_digest, documents=documents)  # fmt: skip
+
+
+def write_layouts(run: Packing, made_from: str, store: Store, split: str, shard_id: int, files: dict, **data) -> int:
+    """Each trainer's layout asked for that is made from `made_from` (`formats.table`), of a shard's split, written by
+    its module from `data` (`SplitOut`'s fields); how many files they are."""
+    written = 0
+    for format in (FORMATS[name] for name in run.trainers if FORMATS[name].made_from == made_from):
+        rels = layout.trainer_files(format.name, split, shard_id)
+        common = {"vocab_size": run.vocab_size, "seq_len": run.seq_len, "tokenizer_name": run.tokenizer_name}
+        format.module().write(SplitOut(store, rels, files, **common, **data))
         written += len(rels)
     return written
 
@@ -248,14 +237,11 @@ def write_split_indexes(config: TokenmillConfig, tokenizer: TokenizerInfo, table
                 store.remove(layout.trainer_index(format, split))
                 continue
             files = [Path(layout.trainer_file(format, split, i)).name for i in shards.shard_id.tolist()]
-            if format == "litdata":
-                chunks = zip(files, shards.documents.tolist(), shards.tokens.tolist(), strict=True)
-                index = litdata_index([{"filename": f, "documents": d, "tokens": t} for f, d, t in chunks], dtype)
-            else:  # a shard of fewer tokens than a row has no sample, which streaming's index cannot list
-                counts = [mds_rows_of(t, seq_len) for t in shards.tokens.tolist()]
-                listed = [{"filename": f, "rows": n} for f, n in zip(files, counts, strict=True) if n]
-                index = mds_index(listed, dtype, seq_len)
-            store.write_json(layout.trainer_index(format, split), index)
+            listed = zip(files, shards.documents.tolist(), shards.tokens.tolist(), strict=True)
+            index = [{"filename": f, "documents": d, "tokens": t} for f, d, t in listed]
+            store.write_json(
+                layout.trainer_index(format, split), FORMATS[format].module().split_index(index, dtype, seq_len)
+            )
     return rows
 
 

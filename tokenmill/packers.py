@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenmill.config import TRAINER_FORMATS, PackConfig, TokenmillConfig
+from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.tokenizer_info import TokenizerInfo
 
 
@@ -421,7 +421,7 @@ def writes_files(config: TokenmillConfig) -> bool:
     """The pack stage has something to write (packed rows, llm.c files, a trainer's layout); without it the stage
     is skipped."""
     formats = config.output.formats
-    return writes_packed(config) or "llmc" in formats or any(f in TRAINER_FORMATS for f in formats)
+    return writes_packed(config) or "llmc" in formats or bool(config.output.trainers())
 
 
 def pad_id(config: TokenmillConfig, tokenizer: TokenizerInfo) -> int:

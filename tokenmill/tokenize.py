@@ -36,8 +36,8 @@ from tokenmill.encoders import (
     preload_backends,
 )
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
+from tokenmill.formats.olmo import documents_csv as olmo_documents
 from tokenmill.formats.provenance import batch_origins, read_documents_table, split_rows, write_documents_table
-from tokenmill.formats.sft import olmo_documents
 from tokenmill.hashing import assign_splits
 from tokenmill.plan import Shard
 from tokenmill.readers import (

@@ -10,7 +10,6 @@ decode back to their text.
 
 from __future__ import annotations
 
-import gzip
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -26,18 +25,13 @@ import pyarrow as pa
 from tokenmill import layout
 from tokenmill.chat import RenderedChat, mask_problems
 from tokenmill.commits import TOKENIZE, marker
-from tokenmill.config import DOCUMENT_TRAINER_FORMATS, TRAINER_FORMATS, PackConfig, TokenmillConfig
+from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.encoders import in_runs, loaded_backend
-from tokenmill.formats.datatrove import read_index as read_datatrove_index
-from tokenmill.formats.datatrove import token_size as datatrove_token_size
-from tokenmill.formats.litdata import CorruptChunk, read_chunk
 from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
-from tokenmill.formats.mds import CorruptShard
-from tokenmill.formats.mds import read_rows as read_mds_rows
-from tokenmill.formats.mds import rows_of as mds_rows_of
 from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
 from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, PackedReader, read_shuffle_index
 from tokenmill.formats.provenance import read_documents_table, tiling_problem
+from tokenmill.formats.table import FORMATS, SplitFound
 from tokenmill.hashing import assign_splits
 from tokenmill.packers import pad_id as pack_pad_id
 from tokenmill.packers import writes_packed
@@ -701,7 +695,7 @@ class Checking:
     pack: PackConfig | None  # how rows were packed; None: no packed rows
     pad_id: int
     llmc_shard_tokens: int | None  # the tokens of an llm.c file; None: no llm.c files
-    trainers: tuple[str, ...] = ()  # the trainers' layouts written (TRAINER_FORMATS in output.formats)
+    trainers: tuple[str, ...] = ()  # the trainers' layouts written (`OutputConfig.trainers`)
     seq_len: int = 0  # the tokens of an MDS row (pack.seq_len)
     pairs: frozenset[str] = frozenset()  # the streams of preference pairs
 
@@ -715,7 +709,7 @@ class Checking:
             config.pack if writes_packed(config) else None,
             pack_pad_id(config, tokenizer),
             config.output.llmc_shard_tokens if "llmc" in config.output.formats else None,
-            tuple(f for f in config.output.formats if f in TRAINER_FORMATS),
+            config.output.trainers(),
             config.pack.seq_len,
             frozenset(config.pair_streams()),
         )
@@ -737,72 +731,23 @@ def check_shard(run: Checking, shard: ShardFiles) -> list[str]:
 
 
 def _check_trainer_files(store: Store, row, trainers: tuple[str, ...], dtype: np.dtype, seq_len: int) -> list[str]:
-    """The trainers' layouts of a shard's split against its stats: those of its documents (`formats/`: OLMo's,
-    datatrove's, litdata's, the Parquet of documents, MDS rows of `seq_len`) hold its tokens and documents, TRL's
-    rows the conversations the packed rows hold, Megatron-Bridge's the packed rows, each with the packed tokens and
-    their loss."""
-    conversations = row.supervised_tokens >= 0
-    wanted = [f for f in trainers if f in DOCUMENT_TRAINER_FORMATS or (conversations and row.packed_rows > 0)]
-    if sum(len(layout.TRAINER_SUFFIXES[f]) for f in wanted) != row.trainer_files:
-        return [f"{layout.shard_name(row.shard_id)} {row.split}: {row.trainer_files} trainer files, not {wanted}"]
+    """The trainers' layouts of a shard's split against its stats, each checked by its module (`formats.table`):
+    those made from its documents hold its tokens and documents; those made as conversations or pairs are packed,
+    where the split's packed rows hold any, what the packed rows hold."""
+    packing = row.supervised_tokens >= 0 and row.packed_rows > 0
+    wanted = [FORMATS[f] for f in trainers if FORMATS[f].made_from == "documents" or packing]
+    if sum(len(format.files) for format in wanted) != row.trainer_files:
+        names = [format.name for format in wanted]
+        return [f"{layout.shard_name(row.shard_id)} {row.split}: {row.trainer_files} trainer files, not {names}"]
     problems = []
     for format in wanted:
-        rels = layout.trainer_files(format, row.split, row.shard_id)
+        rels = layout.trainer_files(format.name, row.split, row.shard_id)
         if missing := [rel for rel in rels if not store.exists(rel)]:
             problems += [f"{rel}: missing" for rel in missing]
             continue
         with store.local_copies(*rels) as paths:
-            try:
-                problems += _check_trainer_file(format, rels, paths, row, dtype, seq_len)
-            except (CorruptChunk, CorruptShard) as e:
-                problems.append(str(e))
+            problems += format.module().check(SplitFound(rels, paths, row, dtype, seq_len))
     return problems
-
-
-def _check_trainer_file(format: str, rels: list[str], paths: list, row, dtype: np.dtype, seq_len: int) -> list[str]:
-    """One layout's files (`rels`, read from their local `paths`) of a shard's split against its stats."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    rel, path = rels[0], paths[0]
-    wrong = f"{rel}: not the split's {row.tokens} {dtype} tokens and {row.documents} documents"
-    if format in ("olmo", "datatrove") and path.stat().st_size != row.tokens * dtype.itemsize:
-        return [f"{rel}: {path.stat().st_size} bytes, not the split's {row.tokens} {dtype} tokens"]
-    if format == "olmo":
-        lines = gzip.decompress(paths[1].read_bytes()).count(b"\n")
-        return [] if lines == row.documents else [f"{rels[1]}: {lines} lines, stats say {row.documents} documents"]
-    if format == "datatrove":
-        ends = read_datatrove_index(paths[1]).astype(np.int64)
-        if len(ends) != row.documents or ends[-1] != row.tokens or not np.all(np.diff(ends) > 0):
-            return [f"{rels[1]}: not the ends of {row.documents} documents of {row.tokens} tokens in all"]
-        meta = paths[2].read_bytes().decode(errors="replace").split("\n")
-        if not meta[0].endswith(f"|{datatrove_token_size(dtype)}") or meta[1:2] != [str(row.tokens)]:
-            return [f"{rels[2]}: not a token size of {datatrove_token_size(dtype)} and {row.tokens} tokens"]
-        return []
-    if format == "litdata":
-        tokens, lengths = read_chunk(path, dtype, name=rel)
-        return [wrong] if len(tokens) != row.tokens or len(lengths) != row.documents else []
-    if format == "hf_parquet":
-        meta = pq.ParquetFile(path).metadata
-        tokens = sum(meta.row_group(i).column(0).num_values for i in range(meta.num_row_groups))
-        type_ok = pq.read_schema(path).field("input_ids").type.value_type == pa.from_numpy_dtype(dtype)
-        return [wrong] if meta.num_rows != row.documents or tokens != row.tokens or not type_ok else []
-    if format == "mds":
-        rows, expected = len(read_mds_rows(path, dtype, seq_len, name=rel)), mds_rows_of(row.tokens, seq_len)
-        return (
-            [] if rows == expected else [f"{rel}: {rows} rows of {seq_len} tokens, {row.tokens} tokens make {expected}"]
-        )
-    table = pq.read_table(path)  # conversations: TRL's rows, Megatron-Bridge's packed rows; pairs: TRL's DPO rows
-    if "prompt_ids" in table.column_names:  # a pair's prompt is in both of its packed sequences
-        counts = [int(pc.sum(pc.list_value_length(table[c])).as_py() or 0) for c in table.column_names]
-        tokens = 2 * counts[0] + sum(counts[1:])
-    else:
-        column = "labels" if format == "trl" else "input_ids"
-        tokens = int(pc.sum(pc.list_value_length(table[column])).as_py() or 0)
-    rows = len(table) if format == "megatron_bridge" else None
-    if tokens != row.packed_real_tokens or rows not in (None, row.packed_rows):
-        return [f"{rel}: {tokens} tokens in {len(table)} rows, stats say {row.packed_real_tokens}"]
-    return []
 
 
 def check_written(run: Checking, results: tuple) -> list[str]:

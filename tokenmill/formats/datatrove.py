@@ -15,7 +15,36 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenmill.formats.table import Mixing, SplitFound, SplitOut
+
 INDEX_DTYPE = np.dtype("<u8")
+
+
+def write(out: SplitOut) -> None:
+    out.store.copy(
+        out.bin_rel, out.rels[0], out.bin_digest(), out.files
+    )  # the `.ds` is the `.bin`: a hard link locally
+    for rel, data in zip(out.rels[1:], sidecars(out.tokens, out.lengths, out.tokenizer_name), strict=True):
+        out.store.write_bytes(rel, data, out.files)
+
+
+def check(found: SplitFound) -> list[str]:
+    """The split's tokens, each document's end, and the token size and count its metadata says."""
+    row, dtype, size = found.row, found.dtype, found.paths[0].stat().st_size
+    if size != row.tokens * dtype.itemsize:
+        return [f"{found.rels[0]}: {size} bytes, not the split's {row.tokens} {dtype} tokens"]
+    ends = read_index(found.paths[1]).astype(np.int64)
+    if len(ends) != row.documents or ends[-1] != row.tokens or not np.all(np.diff(ends) > 0):
+        return [f"{found.rels[1]}: not the ends of {row.documents} documents of {row.tokens} tokens in all"]
+    meta = found.paths[2].read_bytes().decode(errors="replace").split("\n")
+    if not meta[0].endswith(f"|{token_size(dtype)}") or meta[1:2] != [str(row.tokens)]:
+        return [f"{found.rels[2]}: not a token size of {token_size(dtype)} and {row.tokens} tokens"]
+    return []
+
+
+def mix(mixing: Mixing) -> dict:
+    """nanotron's data stage: its folders and their weights."""
+    return {"dataset_folder": list(mixing.folders.values()), "dataset_weights": list(mixing.shares.values())}
 
 
 def token_size(dtype: np.dtype) -> int:

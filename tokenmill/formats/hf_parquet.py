@@ -23,8 +23,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from tokenmill.formats.table import Mixing, SplitFound, SplitOut
 
 COLUMN = "input_ids"
 ROW_GROUP_DOCUMENTS = 65_536
@@ -37,6 +40,34 @@ PLAIN, RLE, RLE_DICTIONARY = 0, 3, 8
 DATA_PAGE, DICTIONARY_PAGE = 0, 2
 # Thrift's compact protocol: the type of each field
 BOOL_TRUE, BOOL_FALSE, I8, I32, I64, BINARY, THRIFT_LIST, STRUCT = 1, 2, 3, 5, 6, 8, 9, 12
+
+
+def write(out: SplitOut) -> None:
+    with out.store.writing_file(out.rels[0], out.files, read_again=False) as file:
+        write_parquet(file, out.tokens, out.lengths, out.vocab_size)
+
+
+def check(found: SplitFound) -> list[str]:
+    """A row per document of the split, its tokens, of the `.bin`'s dtype."""
+    meta = pq.ParquetFile(found.paths[0]).metadata
+    tokens = sum(meta.row_group(i).column(0).num_values for i in range(meta.num_row_groups))
+    type_ok = pq.read_schema(found.paths[0]).field(COLUMN).type.value_type == pa.from_numpy_dtype(found.dtype)
+    return (
+        []
+        if meta.num_rows == found.row.documents and tokens == found.row.tokens and type_ok
+        else [found.not_the_split()]
+    )
+
+
+def mix(mixing: Mixing) -> dict:
+    """`interleave_datasets` draws rows, which are documents: each folder's probability is its share of the tokens
+    over its documents' mean length."""
+    made = mixing.made
+    per_document = {
+        name: share * made[name]["documents"] / made[name]["tokens"] for name, share in mixing.shares.items()
+    }
+    total = sum(per_document.values())
+    return {"data_dirs": list(mixing.folders.values()), "probabilities": [p / total for p in per_document.values()]}
 
 
 def write_parquet(file: str | Path | BinaryIO, tokens: np.ndarray, lengths: np.ndarray, vocab_size: int) -> None:

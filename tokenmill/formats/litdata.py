@@ -18,6 +18,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from tokenmill.formats.table import Mixing, SplitFound, SplitOut
+
 # litdata.constants._NUMPY_DTYPES_MAPPING: the code of each dtype in `data_format`
 NUMPY_DTYPE_CODES = {
     np.dtype(name): code
@@ -30,6 +32,31 @@ MAX_CHUNK_BYTES = 2**32 - 1
 
 class CorruptChunk(ValueError):
     """A chunk that is not what its split's stats say (message names the file)."""
+
+
+def write(out: SplitOut) -> None:
+    with out.store.writing_file(out.rels[0], out.files, read_again=False) as file:
+        write_chunk(file, out.tokens, out.lengths, name=out.rels[0])
+
+
+def check(found: SplitFound) -> list[str]:
+    """The split's tokens and documents, the chunk's offsets checked against its size."""
+    try:
+        tokens, lengths = read_chunk(found.paths[0], found.dtype, name=found.rels[0])
+    except CorruptChunk as e:
+        return [str(e)]
+    wrong = len(tokens) != found.row.tokens or len(lengths) != found.row.documents
+    return [found.not_the_split()] if wrong else []
+
+
+def split_index(shards: list[dict], dtype: np.dtype, seq_len: int) -> dict:
+    """The folder's `index.json` over its shards' chunks (`filename`, `documents`, `tokens` each)."""
+    return index(shards, dtype)
+
+
+def mix(mixing: Mixing) -> dict:
+    """A `CombinedStreamingDataset` over a `StreamingDataset` per folder, and their weights."""
+    return {"input_dirs": list(mixing.folders.values()), "weights": list(mixing.shares.values())}
 
 
 def header_bytes(documents: int) -> int:

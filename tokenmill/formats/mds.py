@@ -18,12 +18,45 @@ from typing import BinaryIO
 
 import numpy as np
 
+from tokenmill.formats.table import Mixing, SplitFound, SplitOut
+
 MAX_SHARD_BYTES = 2**32 - 1
 COLUMN = "tokens"  # llm-foundry's
 
 
 class CorruptShard(ValueError):
     """An MDS shard that is not what its split's stats say (message names the file)."""
+
+
+def write(out: SplitOut) -> None:
+    with out.store.writing_file(out.rels[0], out.files, read_again=False) as file:
+        write_shard(file, out.tokens, out.seq_len, name=out.rels[0])
+
+
+def check(found: SplitFound) -> list[str]:
+    """The rows of `seq_len` tokens that the split's tokens make."""
+    try:
+        rows = len(read_rows(found.paths[0], found.dtype, found.seq_len, name=found.rels[0]))
+    except CorruptShard as e:
+        return [str(e)]
+    if rows != (expected := rows_of(found.row.tokens, found.seq_len)):
+        return [f"{found.rels[0]}: {rows} rows of {found.seq_len} tokens, {found.row.tokens} tokens make {expected}"]
+    return []
+
+
+def split_index(shards: list[dict], dtype: np.dtype, seq_len: int) -> dict:
+    """The folder's `index.json` over its shards (`filename`, `tokens` each). A shard of fewer tokens than a row has
+    no sample, which streaming's index cannot list."""
+    rows = [(s["filename"], rows_of(s["tokens"], seq_len)) for s in shards]
+    return index([{"filename": name, "rows": n} for name, n in rows if n], dtype, seq_len)
+
+
+def mix(mixing: Mixing) -> dict:
+    """llm-foundry's streams, each a folder and its proportion."""
+    where = "remote" if mixing.remote else "local"
+    return {
+        "streams": {name: {where: folder, "proportion": mixing.shares[name]} for name, folder in mixing.folders.items()}
+    }
 
 
 def config(dtype: np.dtype, seq_len: int) -> dict:
