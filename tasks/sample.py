@@ -3,7 +3,6 @@
 from prefect import task
 
 from tasks.shards import GROUP_TASK, Stage, run_on_dask
-from tokenmill import sampling
 from tokenmill.config import TokenmillConfig
 from tokenmill.formats.sample import Sampled
 from tokenmill.plan import Shard
@@ -14,7 +13,7 @@ def sample_shards(
     config: TokenmillConfig, items: list[Shard], train_fraction: float, holdout_fraction: float
 ) -> list[Sampled]:
     """Each shard's sample files and sizes (training the tokenizer reads them all)."""
-    stage = Stage("sample", sampling.sample_shard, sampling.Sampling.of(config, train_fraction, holdout_fraction))
+    stage = Stage.of("sample", config, train_fraction, holdout_fraction)
     return [r[0] for r in run_on_dask(items, [stage])]
 
 
@@ -23,5 +22,5 @@ def holdout_shards(config: TokenmillConfig, items: list[Shard], train_fraction: 
     """As `sample_shards`, for the tokenizer report alone (no tokenizer to train): the shards' held-out files are
     named by their shard ids (`tokenmill.formats.sample.holdout_records`), so the group keeps nothing of their
     results (about 0.75 KB a shard, held until the group ended); the number of shards sampled."""
-    stage = Stage("sample", sampling.sample_shard, sampling.Sampling.of(config, train_fraction, holdout_fraction))
+    stage = Stage.of("sample", config, train_fraction, holdout_fraction)
     return len(run_on_dask(items, [stage], keep=lambda _: None))

@@ -32,6 +32,7 @@ from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
 from tokenmill.plan import mix_sources
 from tokenmill.readers import largest_records
+from tokenmill.stages import STAGES
 from tokenmill.tries import (
     ALIVE_CHECK_S,
     SHARD_RETRIES,
@@ -75,6 +76,13 @@ class Stage:
     context: object
     args: tuple = ()
     whole_chain: bool = False
+
+    @classmethod
+    def of(cls, name: str, *made_from, args: tuple = ()) -> Stage:
+        """The shard stage `name` as its record declares it (`tokenmill.stages`), its context made from `made_from`
+        (the config, and what else its context's `of` takes)."""
+        record = STAGES[name]
+        return cls(name, record.function(), record.context_of(*made_from), args, record.whole_chain)
 
 
 def stage_groups(config: TokenmillConfig, cluster_threads: int) -> int:

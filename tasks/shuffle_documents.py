@@ -3,7 +3,6 @@
 from prefect import task
 
 from tasks.shards import GROUP_TASK, Stage, run_on_dask
-from tokenmill import shuffle_documents
 from tokenmill.config import TokenmillConfig
 from tokenmill.plan import Shard
 from tokenmill.shuffle_documents import Moved
@@ -11,11 +10,11 @@ from tokenmill.shuffle_documents import Moved
 
 @task(name="scatter", **GROUP_TASK)
 def scatter_shards(config: TokenmillConfig, items: list[Shard], n_outputs: int) -> list[Moved]:
-    stage = Stage("scatter", shuffle_documents.scatter_shard, shuffle_documents.Shuffling.of(config), (n_outputs,))
+    stage = Stage.of("scatter", config, args=(n_outputs,))
     return [r[0] for r in run_on_dask(items, [stage])]
 
 
 @task(name="gather", **GROUP_TASK)
 def gather_shards(config: TokenmillConfig, items: list[int], sources: list[int], plan_key: str) -> list[Moved]:
-    stage = Stage("gather", shuffle_documents.gather_shard, shuffle_documents.Shuffling.of(config), (sources, plan_key))
+    stage = Stage.of("gather", config, args=(sources, plan_key))
     return [r[0] for r in run_on_dask(items, [stage])]

@@ -13,12 +13,11 @@ from prefect import get_run_logger, task
 
 from tasks import UNCACHED
 from tasks.shards import GROUP_TASK, Stage, group_label, on_a_worker, run_on_dask, shard_id
-from tokenmill import layout, pack, packers, stats, tokenize
+from tokenmill import layout, packers, stats, tokenize
 from tokenmill.config import TokenmillConfig
 from tokenmill.encoders import EncoderChoice
 from tokenmill.stats import Packed, StatsColumns, Tokenized, stats_rows
 from tokenmill.tokenizer_info import TokenizerInfo
-from tokenmill.validate import Checking, check_written
 
 
 @task(name="choose_encoder", **UNCACHED)
@@ -97,10 +96,10 @@ def tokenize_shards(
     """The group's stats table (a row per shard and split), its row of the stage's table artifact and its totals:
     the flow keeps no per-shard objects. Each shard's files are checked as its last step, while they are fresh
     (`check_written`): validate gets what was found."""
-    stages = [Stage("tokenize", tokenize.tokenize_shard, tokenize.Tokenizing.of(config, tokenizer, encoder))]
+    stages = [Stage.of("tokenize", config, tokenizer, encoder)]
     if packers.writes_files(config):
-        stages.append(Stage("pack", pack.pack_shard, pack.Packing.of(config, tokenizer)))
-    stages.append(Stage("check", check_written, Checking.of(config, tokenizer), whole_chain=True))
+        stages.append(Stage.of("pack", config, tokenizer))
+    stages.append(Stage.of("check", config, tokenizer))
     kept = Kept()
     run_on_dask(items, stages, keep=kept)
     table = kept.rows.table()

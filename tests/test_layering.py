@@ -10,19 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tokenmill.stages import STAGE_MODULES
+
 from .conftest import REPO
 
 APPLICATION = ("flows", "tasks")
 ORCHESTRATORS = ("prefect", "dask", "distributed")
 # The library's DAG stages (docs/architecture.md): each imports the base alone. Every other library module is the
 # base, which imports no stage, except the tools that read what the stages made (TOOLS).
-STAGES = {
-    f"tokenmill.{name}"
-    for name in (
-        "partition", "sampling", "train_tokenizer", "tokenize", "pack", "shuffle_documents", "validate", "mix",
-        "publish", "report", "fertility",
-    )
-}  # fmt: skip
+STAGES = set(STAGE_MODULES)
 TOOLS = {"tokenmill.verify"}  # `tokenmill inspect` and `diff`: read published datasets as publish wrote them
 
 

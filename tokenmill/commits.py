@@ -15,12 +15,14 @@ import json
 
 from tokenmill import __version__, layout
 from tokenmill.config import TokenmillConfig
+from tokenmill.stages import COMMITTING
+from tokenmill.stages import STAGES as ALL_STAGES
 from tokenmill.storage import PLANTED_HINT, Planted, Store
 from tokenmill.tokenizer_info import TokenizerInfo
 
-# The stages that commit per shard.
-STAGES = (SCATTER, GATHER, SAMPLE, TOKENIZE, PACK) = ("scatter", "gather", "sample", "tokenize", "pack")
-MOVABLE = (TOKENIZE, PACK)  # their markers list every file they wrote, so a shard's output can change id
+# The stages that commit per shard (`tokenmill.stages`), in the order they run
+STAGES = (SCATTER, GATHER, SAMPLE, TOKENIZE, PACK) = COMMITTING
+MOVABLE = tuple(name for name in STAGES if ALL_STAGES[name].movable)  # a shard's output can change id
 
 
 def marker(stage: str, shard_id: int) -> str:

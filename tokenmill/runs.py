@@ -9,10 +9,11 @@ from tokenmill.commits import marker
 from tokenmill.config import TokenmillConfig
 from tokenmill.plan import Plan
 from tokenmill.signing import key_path, signed, write_signed
+from tokenmill.stages import STAGES
 from tokenmill.storage import JSON_OPTIONS, Store
 
 RUN_CONFIG = "_work/config.json"
-SHARD_STAGES = ("tokenize", "pack")  # the per-shard stages a rerun redoes (sample and shuffle feed others)
+SHARD_STAGES = tuple(name for name, stage in STAGES.items() if stage.rerun)  # sample and shuffle feed others
 # What a rerun never takes from the output location, whose writers must not choose where the shards' code runs
 # (`dask`: a scheduler's address, SLURM jobs and the shell lines they run first), which endpoints get the
 # credentials of the rerun's environment, or which of its variables is sent to the hub as a token.
