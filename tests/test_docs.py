@@ -517,3 +517,14 @@ def _sections(markdown: str) -> list[str]:
             sections.append([])
         sections[-1].append(line)
     return ["\n".join(lines) for lines in sections if lines]
+
+
+def test_the_tests_data_is_as_its_readme_says():
+    """tests/data/README.md: every folder of data has its SOURCE.md, every file is under 5 MB, and the whole stays
+    tens of MB (what a clone carries for its tests)."""
+    data = ROOT / "tests" / "data"
+    folders = [folder for kind in data.iterdir() if kind.is_dir() for folder in kind.iterdir() if folder.is_dir()]
+    assert [f.relative_to(data) for f in folders if not (f / "SOURCE.md").is_file()] == []
+    files = [f for f in data.rglob("*") if f.is_file()]
+    assert [(f.relative_to(data), f.stat().st_size) for f in files if f.stat().st_size >= 5_000_000] == []
+    assert sum(f.stat().st_size for f in files if not f.is_symlink()) < 100_000_000
