@@ -1,8 +1,9 @@
 """The docs cannot drift: the site builds strictly, the configuration reference is the model's, the README's
 links resolve; every example on a page is checked or run (YAML configs by the config model, command lines against
 the command line's own options, the Python snippets against a dataset made by running the flow from Python as
-docs/index.md shows), every message troubleshooting.md quotes is in the code, and every table of figures names its
-command, machine and date. Under a minute."""
+docs/index.md shows), every message troubleshooting.md quotes is in the code, every table of figures names its
+command, machine and date, every benchmark command a page quotes has the options it gives, and tests/data is as
+its README says. Under a minute."""
 
 from __future__ import annotations
 
@@ -168,6 +169,18 @@ def test_every_tokenmill_command_quoted_in_the_text_exists_with_its_options():
             if _command(args) is None or not getattr(_command(args), "commands", None):
                 if problem := _tokenmill_problem(args):
                     wrong.append(f"{page.relative_to(ROOT)}: `{span}`: {problem}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_benchmark_command_quoted_in_the_text_exists_with_its_options():
+    """`bench/x.py --option ...` in a code span of a page's text (how a figure says what produced it): a script of
+    bench/ and options it has (`[...]` marks an optional part)."""
+    wrong = []
+    for page in PAGES:
+        spans = re.findall(r"`(?:(?:\.venv/bin/)?python )?(bench/\w+\.py[^`]*)`", _without_fences(page.read_text()))
+        for span in spans:
+            if problem := _command_problem(["python", *shlex.split(span.replace("[", "").replace("]", ""))]):
+                wrong.append(f"{page.relative_to(ROOT)}: `{span}`: {problem}")
     assert not wrong, "\n".join(wrong)
 
 
