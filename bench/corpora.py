@@ -26,6 +26,7 @@ import html.parser
 import io
 import re
 import subprocess
+import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,6 +124,8 @@ def prose(cache: Path) -> Iterator[dict]:
                 text = html_text(text)
             if text is not None and text.strip():
                 yield {"id": f"{package}:{path}", "text": text, "source": package}
+    if not (SHARED / "corpora").is_dir():
+        print(f"bench/corpora.py: no {SHARED / 'corpora'}: the prose corpus is the packages' alone", file=sys.stderr)
     for name in SHARED_PROSE:
         for file in sorted((SHARED / "corpora" / name).glob("*.jsonl.gz")):
             with gzip.open(file) as f:

@@ -230,7 +230,7 @@ def test_the_mask_check_names_the_tokens_that_are_wrong_and_what_they_decode_to(
 
 
 def every_conversation():
-    """Every record of ../shared/corpora/chat as a conversation (messages, tools), with its corpus's name."""
+    """Every record of tests/data/chat's slices as a conversation (messages, tools), with its corpus's name."""
     formats = {
         "sgd-dialogues/sgd_train_messages.jsonl.gz": chat.RecordFormat(),
         "gsm8k/train.jsonl.gz": GSM8K,

@@ -1,7 +1,9 @@
 """The docs cannot drift: the site builds strictly, the configuration reference is the model's, the README's
 links resolve; every example on a page is checked or run (YAML configs by the config model, command lines against
 the command line's own options, the Python snippets against a dataset made by running the flow from Python as
-docs/index.md shows), and every message troubleshooting.md quotes is in the code. Under a minute."""
+docs/index.md shows), every message troubleshooting.md quotes is in the code, every table of figures names its
+command, machine and date, every benchmark command a page quotes has the options it gives, and tests/data is as
+its README says. Under a minute."""
 
 from __future__ import annotations
 
@@ -167,6 +169,18 @@ def test_every_tokenmill_command_quoted_in_the_text_exists_with_its_options():
             if _command(args) is None or not getattr(_command(args), "commands", None):
                 if problem := _tokenmill_problem(args):
                     wrong.append(f"{page.relative_to(ROOT)}: `{span}`: {problem}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_benchmark_command_quoted_in_the_text_exists_with_its_options():
+    """`bench/x.py --option ...` in a code span of a page's text (how a figure says what produced it): a script of
+    bench/ and options it has (`[...]` marks an optional part)."""
+    wrong = []
+    for page in PAGES:
+        spans = re.findall(r"`(?:(?:\.venv/bin/)?python )?(bench/\w+\.py[^`]*)`", _without_fences(page.read_text()))
+        for span in spans:
+            if problem := _command_problem(["python", *shlex.split(span.replace("[", "").replace("]", ""))]):
+                wrong.append(f"{page.relative_to(ROOT)}: `{span}`: {problem}")
     assert not wrong, "\n".join(wrong)
 
 
@@ -479,3 +493,51 @@ def _italic_messages(page: Path) -> list[str]:
     """The messages a page's table rows give in italics (`*...*`, at least a few words)."""
     rows = [line for line in _without_fences(page.read_text()).splitlines() if line.startswith("|")]
     return [m for row in rows for m in re.findall(r"(?<![*\w])\*([^*|]{20,}?)\*(?![*\w])", row)]
+
+
+FIGURE_CELL = re.compile(r"^\**[\d.,]+(\s*-\s*[\d.,]+)?\s*(ms|s|min|h|MB/s|GB/s|KB|MB|GB|GiB|MiB|Mtokens/s|%|x)?\**$")
+PROVENANCE = {
+    "a date": re.compile(r"\b20\d\d-\d\d-\d\d\b"),
+    "a command": re.compile(r"bench/\w+\.py|`tokenmill \w+|`make \w+`|by hand|no bench script"),
+    "a machine": re.compile(r"\b2-core\b|\b2 cores\b|machine of \[Performance\]"),
+}
+
+
+def test_every_table_of_figures_names_its_command_machine_and_date():
+    """A table with a cell that is a figure alone (`6.7 s`, `0.58`, `99.99%`, `330 MB/s`) is a measurement: its
+    section (heading to heading) must give a date, the command (a bench/ script, a tokenmill or make command, or
+    `by hand`/`no bench script` for a one-off) and the machine. Figures in prose are not checked here: the pages
+    give theirs beside them. configuration.md, generated from the model, has defaults, not figures."""
+    missing = []
+    for page in (p for p in PAGES if p.name != "configuration.md"):
+        for section in _sections(page.read_text()):
+            rows = [row for row in section.splitlines() if row.startswith("|")]
+            cells = [cell.strip() for row in rows for cell in row.strip("|").split("|")]
+            if not any(FIGURE_CELL.match(c) and re.search(r"\d", c) for c in cells):
+                continue
+            lacks = [what for what, pattern in PROVENANCE.items() if not pattern.search(section)]
+            if lacks:
+                missing.append(f"{page.relative_to(ROOT)}, {section.splitlines()[0]!r}: lacks {', '.join(lacks)}")
+    assert not missing, "tables of figures without their provenance:\n" + "\n".join(missing)
+
+
+def _sections(markdown: str) -> list[str]:
+    """The page cut at its headings (a `#` inside a fenced block is a shell comment, not a heading)."""
+    sections, fenced = [[]], False
+    for line in markdown.splitlines():
+        fenced ^= line.lstrip().startswith(("```", "~~~"))
+        if line.startswith("#") and not fenced:
+            sections.append([])
+        sections[-1].append(line)
+    return ["\n".join(lines) for lines in sections if lines]
+
+
+def test_the_tests_data_is_as_its_readme_says():
+    """tests/data/README.md: every folder of data has its SOURCE.md, every file is under 5 MB, and the whole stays
+    tens of MB (what a clone carries for its tests)."""
+    data = ROOT / "tests" / "data"
+    folders = [folder for kind in data.iterdir() if kind.is_dir() for folder in kind.iterdir() if folder.is_dir()]
+    assert [f.relative_to(data) for f in folders if not (f / "SOURCE.md").is_file()] == []
+    files = [f for f in data.rglob("*") if f.is_file()]
+    assert [(f.relative_to(data), f.stat().st_size) for f in files if f.stat().st_size >= 5_000_000] == []
+    assert sum(f.stat().st_size for f in files if not f.is_symlink()) < 100_000_000

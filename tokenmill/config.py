@@ -658,7 +658,8 @@ class DaskConfig(_Section):
         ge=1,
         description="Most Prefect task runs per shard stage, each over a group of shards (every shard still runs "
         "as its own Dask task); null: one per cluster thread, at most 32. A task run costs ~50 ms of CPU in the "
-        "flow and the Prefect server; a Dask task ~2 ms.",
+        "flow and the Prefect server (docs/production.md), a shard's Dask task and files under 5 ms in all "
+        "(docs/performance.md, orchestration).",
     )
 
     def scheduler(self) -> str | None:
