@@ -39,6 +39,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from flows.cluster import dask_client, kind, largest_process, on_every_worker, prepare_cluster
 from flows.server import retry_refused_connections
+from flows.summary import published_summary, unchanged_summary
 from tasks.mix import resolve_mix
 from tasks.partition import partition
 from tasks.publish import already_published, publish
@@ -216,31 +217,7 @@ def build_dataset(
     }
     after = [numbering] if numbering is not None else None  # the UI's graph then draws number_lines -> publish
     published = publish(config, quoted_plan, tokenizer, stats, run, quote(plots), mix, wait_for=after)
-    manifest = published["manifest"]
-    summary = {
-        "output": config.output.path,
-        "published": published["published"],
-        "shards": len(shards),
-        "shards_reused": totals.reused,
-        "shards_redone": list(totals.redone),
-        "files_rejected": list(totals.files_rejected),
-        **manifest["counts"],
-        "splits": manifest["splits"],
-        "packing": manifest["packing"],
-        "mix": manifest.get("mix"),
-        **run,
-    }
-    logger.info(
-        "published %s (%d files copied, %d already there): %d documents in, %d tokenized, %d rejected, "
-        "%d tokens, %d shards in %.1f s",
-        published["published"]["url"], published["published"]["copied"], published["published"]["skipped"],
-        summary["documents_in"], summary["documents_out"], summary["documents_rejected"], summary["tokens"],
-        len(shards), summary["flow_seconds"],
-    )  # fmt: skip
-    if deleted := published["published"]["deleted"]:
-        logger.info("deleted %d old versions (output.publish.keep_versions): %s", len(deleted), ", ".join(deleted))
-    create_markdown_artifact(published["report"], key="tokenmill-summary", description="Run summary")
-    return summary
+    return published_summary(config, len(shards), totals, run, published)
 
 
 def preload_installed(config: TokenmillConfig, installed) -> None:
@@ -278,25 +255,3 @@ def import_while_waiting() -> None:
     most of a second of imports that came after the tokenize stage, on every run's critical path, and then
     delayed the start of its shards (they compete for this process)."""
     threading.Thread(target=load_pandera, name="tokenmill-imports", daemon=True).start()
-
-
-def unchanged_summary(config: TokenmillConfig, done: dict, seconds: float) -> dict:
-    """The summary of a run over an input and config that an already published version was made from."""
-    manifest, published = done["manifest"], done["published"]
-    get_run_logger().info(
-        "nothing to do: version %s at %s was made from this input (%d files), config and tokenizer; LATEST names it",
-        manifest["version"], published["url"], len(manifest["inputs"]["files"]),
-    )  # fmt: skip
-    return {
-        "output": config.output.path,
-        "published": published,
-        "unchanged": True,
-        "shards": manifest["shards"],
-        "shards_reused": manifest["shards"],
-        "shards_redone": [],
-        **manifest["counts"],
-        "splits": manifest["splits"],
-        "packing": manifest["packing"],
-        "mix": manifest.get("mix"),
-        "flow_seconds": round(seconds, 2),
-    }
