@@ -54,7 +54,7 @@ test: setup postgres chromium slurm trainer-venvs
 	$(MAKE) --no-print-directory trainer-tests
 
 # The docs site (mkdocs.yml, docs/) into site/; strict: a broken link or anchor fails. docs/configuration.md is
-# generated: python -m tokenmill.config_reference > docs/configuration.md
+# generated: python -m tokenmill.commands.config_reference > docs/configuration.md
 docs: setup
 	$(BIN)/mkdocs build --strict
 

@@ -81,8 +81,8 @@ def _measure(corpus: str, tokenizer: str, limit: int, copy: int) -> dict[str, fl
     import pyarrow
     import pyarrow.json as pj
 
-    from tokenmill.encoders import build_encoder, choose_encoder
-    from tokenmill.readers import BATCH_BYTES, Piece, ReadOptions, read_documents
+    from tokenmill.io.readers import BATCH_BYTES, Piece, ReadOptions, read_documents
+    from tokenmill.tokenizers.encoders import build_encoder, choose_encoder
 
     data = _prefix(Path(corpus), limit)
     size = len(data)

@@ -39,7 +39,7 @@ import orjson
 import psutil
 from throughput import tokenmill_command  # beside this file
 
-from tokenmill.layout import ENCODER_CHOICE
+from tokenmill.core.layout import ENCODER_CHOICE
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -67,7 +67,7 @@ def make_corpus(target: Path, doc_chars: int) -> tuple[int, int]:
 
 def encoder_alone_seconds(corpus: Path, tokenizer: Path) -> float:
     """gigatoken over every text of the corpus, in memory, in one process (as the flow's encoder choice takes)."""
-    from tokenmill.encoders import new_backend
+    from tokenmill.tokenizers.encoders import new_backend
 
     texts = [orjson.loads(line)["text"] for line in open(corpus, "rb")]
     encoder = new_backend("gigatoken", tokenizer.read_bytes())

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from tokenmill.config import PackConfig
+from tokenmill.core.packers import best_fit_decreasing, document_pieces, pack, pack_bfd, padded_layout_rows
 from tokenmill.formats.packed import SUFFIXES, write_packed
-from tokenmill.packers import best_fit_decreasing, document_pieces, pack, pack_bfd, padded_layout_rows
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 

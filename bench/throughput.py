@@ -88,7 +88,7 @@ def read_texts(corpus: Path, limit: int | None) -> tuple[list[str], int]:
 def _raw_encoder(args) -> tuple[str, float, int, int, float]:
     """One encoder alone over texts in memory (run in a fresh process, so its peak RSS is its own)."""
     backend, corpus, tokenizer, limit = args
-    from tokenmill.encoders import new_backend
+    from tokenmill.tokenizers.encoders import new_backend
 
     texts, size = read_texts(corpus, limit)
     encoder = new_backend(backend, Path(tokenizer).read_bytes())
@@ -128,16 +128,16 @@ def per_document_baseline(corpus: Path, tokenizer: str, limit: int, workers: int
 
 
 def _tokenize_one(args) -> tuple:
-    from tokenmill.tokenize import Tokenizing, tokenize_shard
+    from tokenmill.stages.tokenize import Tokenizing, tokenize_shard
 
     config, shard, info, choice = args
     return tokenize_shard(Tokenizing.of(config, info, choice), shard), peak_rss_mb()
 
 
 def tokenize_stage(config, workers: int) -> tuple[float, int, float, str]:
-    from tokenmill.partition import plan_shards
-    from tokenmill.tokenize import choose_run_encoder
-    from tokenmill.train_tokenizer import install_pretrained
+    from tokenmill.stages.partition import plan_shards
+    from tokenmill.stages.tokenize import choose_run_encoder
+    from tokenmill.stages.train_tokenizer import install_pretrained
 
     plan = plan_shards(config)
     info = install_pretrained(config)
@@ -164,7 +164,7 @@ def main() -> None:
     os.environ["RAYON_NUM_THREADS"] = "1"  # one core per process, as in the flow's workers
 
     from tokenmill.config import TokenmillConfig
-    from tokenmill.encoders import BACKENDS, new_backend
+    from tokenmill.tokenizers.encoders import BACKENDS, new_backend
 
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-") as tmp:
         corpus = Path(tmp) / "corpus.jsonl"

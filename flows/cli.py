@@ -90,7 +90,7 @@ def progress_bars(output: str):
     """Bars of committed shards per stage on a terminal; nothing in CI or when piped."""
     if not _interactive():
         return contextlib.nullcontext()
-    from tokenmill.progress import ShardProgress
+    from tokenmill.commands.progress import ShardProgress
 
     return ShardProgress(output, console)
 
@@ -141,7 +141,7 @@ def run(config: Path, overrides: SetOption = [], debug: DebugOption = False) -> 
     # finds the Prefect server and imports Prefect (its workers run library code only, never Prefect's).
     with ends_promptly(), local.local_cluster_started_early(cfg.dask, cfg.tokenizer) as connect:
         from flows.server import ensure_api, supervised, ui_url
-        from tokenmill.partition import PlanAhead
+        from tokenmill.stages.partition import PlanAhead
 
         api_url = ensure_api()
         scheduler = cfg.dask.scheduler() or ("SLURM jobs" if cfg.dask.slurm else "LocalCluster")
@@ -301,7 +301,7 @@ def print_summary(summary: dict, link: str | None) -> None:
     for why in summary.get("files_rejected", []):
         console.print(f"[yellow]quarantined:[/yellow] {why}", highlight=False)
     if mix := summary.get("mix"):  # a row per source; the splits of all of them below
-        from tokenmill.report import summary_rows
+        from tokenmill.stages.report import summary_rows
 
         rows = summary_rows(mix)
         table = Table(*rows[0], title=f"the mix: {mix['total_tokens']:,} {mix['split']} tokens drawn")
@@ -368,7 +368,7 @@ def rerun(
     choose where code runs or where credentials go. With --config, nothing is taken from OUTPUT."""
     from flows.server import ensure_api
     from flows.startup import without_collector
-    from tokenmill.runs import load_run_config, taken_from
+    from tokenmill.commands.runs import load_run_config, taken_from
 
     given = _load(config, []) if config else None
     try:
@@ -486,9 +486,9 @@ def inspect(
 ) -> None:
     """Print what a published dataset holds; with --verify, check it against its manifest; with --doc, one
     document's origin and text."""
-    from tokenmill.storage import Planted
-    from tokenmill.verify import NotADataset, document_lines, find_documents, open_dataset, summary_lines
-    from tokenmill.verify import verify as check
+    from tokenmill.commands.verify import NotADataset, document_lines, find_documents, open_dataset, summary_lines
+    from tokenmill.commands.verify import verify as check
+    from tokenmill.io.storage import Planted
 
     try:
         dataset = open_dataset(path)
@@ -515,7 +515,7 @@ def diff(
     new: Annotated[str, typer.Argument(help="Another published version, local or s3://.")],
 ) -> None:
     """List the input files added, changed and removed between two published versions, and the counts' change."""
-    from tokenmill.verify import NotADataset, diff_lines, open_dataset
+    from tokenmill.commands.verify import NotADataset, diff_lines, open_dataset
 
     try:
         lines = diff_lines(open_dataset(old), open_dataset(new))
@@ -535,7 +535,7 @@ def certs(
 ) -> None:
     """Make the certificates of a Dask cluster that only tokenmill's processes can use (mutual TLS): an authority,
     and a certificate for the scheduler, the workers and the flow's client, each signed by it."""
-    from tokenmill.certs import make_certificates, usage
+    from tokenmill.commands.certs import make_certificates, usage
 
     try:
         written = make_certificates(directory, host, days)

@@ -51,16 +51,16 @@ from tasks.tokenize import TokenizeTotals, choose_run_encoder, number_lines, tok
 from tasks.tokenizer_report import tokenizer_report
 from tasks.train_tokenizer import pretrained_tokenizer, train_tokenizer
 from tasks.validate import validate
+from tokenmill.commands.runs import save_run_config
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import PlanAhead
-from tokenmill.plan import Plan, Shards, shard_ids
-from tokenmill.report import plots as report_plots
-from tokenmill.runs import save_run_config
-from tokenmill.sampling import fractions as sample_fractions
-from tokenmill.shuffle_documents import check_counts, shuffled_shards
-from tokenmill.tokenize import preload_encoder
-from tokenmill.tokenizer_info import TokenizerInfo
-from tokenmill.validate import load_pandera
+from tokenmill.core.plan import Plan, Shards, shard_ids
+from tokenmill.stages.partition import PlanAhead
+from tokenmill.stages.report import plots as report_plots
+from tokenmill.stages.sampling import fractions as sample_fractions
+from tokenmill.stages.shuffle_documents import check_counts, shuffled_shards
+from tokenmill.stages.tokenize import preload_encoder
+from tokenmill.stages.validate import load_pandera
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 # Before any flow run is created (the CLI's, a deployment's): that first call, too, waits out a server restart.
 retry_refused_connections()

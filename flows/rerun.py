@@ -1,16 +1,16 @@
 """rerun_shards: redo chosen shards of an earlier run (or every shard that did not commit), then validate and
 publish again. The earlier run's config is read back from its output, but for its cluster, endpoints and
 credentials, which are the rerun's own: whoever can write the output location must not choose where the shards'
-code runs, nor where the credentials go (tokenmill.runs.NOT_STORED). Given a config, the rerun takes nothing from
-the output location: it checks that the config defines the dataset stored there, and runs it."""
+code runs, nor where the credentials go (tokenmill.commands.runs.NOT_STORED). Given a config, the rerun takes nothing
+from the output location: it checks that the config defines the dataset stored there, and runs it."""
 
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
 from flows.main import corpus_to_tokens
+from tokenmill.commands.runs import forget_shards, load_run_config, taken_from
 from tokenmill.config import DaskConfig, TokenmillConfig
-from tokenmill.runs import forget_shards, load_run_config, taken_from
 
 
 @flow(name="rerun-shards")

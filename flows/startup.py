@@ -14,7 +14,7 @@ from tokenmill.stages import PRELOADED
 
 # The library modules of the work the flow sends the cluster (workers run them without Prefect): how a shard is
 # tried, and the stages' (`tokenmill.stages`, a leaf of the standard library alone)
-STAGE_MODULES = ("tokenmill.tries", *PRELOADED)
+STAGE_MODULES = ("tokenmill.core.tries", *PRELOADED)
 # What every worker imports, loaded once by the forkserver the workers fork from, instead of by each worker
 # (about 3 s of CPU per worker): the stages, the encoders (optional: may be missing) and Dask's worker.
 WORKER_MODULES = [*STAGE_MODULES, "gigatoken", "awkward", "tiktoken", "distributed.nanny"]

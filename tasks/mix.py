@@ -1,15 +1,16 @@
 """mix: a mixture's sources resolved into the mix a trainer draws, from the validated tokens, and the files that
-say it: Megatron's data-args files for the version being published, and the packed loader's mix (tokenmill.mix)."""
+say it: Megatron's data-args files for the version being published, and the packed loader's mix
+(tokenmill.stages.mix)."""
 
 import pandas as pd
 from prefect import task
 
 from tasks import UNCACHED
-from tokenmill import mix as library
 from tokenmill.config import TokenmillConfig
-from tokenmill.plan import Plan
-from tokenmill.publish import dataset_version, version_store
-from tokenmill.tokenizer_info import TokenizerInfo
+from tokenmill.core.plan import Plan
+from tokenmill.stages import mix as library
+from tokenmill.stages.publish import dataset_version, version_store
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 
 @task(name="mix", **UNCACHED)

@@ -5,8 +5,8 @@ from prefect import get_run_logger, task
 
 from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import PlanAhead, load_or_plan
-from tokenmill.plan import Plan
+from tokenmill.core.plan import Plan
+from tokenmill.stages.partition import PlanAhead, load_or_plan
 
 
 @task(name="partition", **UNCACHED)

@@ -5,12 +5,12 @@ import pandas as pd
 from prefect import task
 
 from tasks import UNCACHED
-from tokenmill import publish as library
-from tokenmill import report
 from tokenmill.config import TokenmillConfig
-from tokenmill.mix import write_megatron_args
-from tokenmill.plan import Plan
-from tokenmill.tokenizer_info import TokenizerInfo
+from tokenmill.core.plan import Plan
+from tokenmill.stages import publish as library
+from tokenmill.stages import report
+from tokenmill.stages.mix import write_megatron_args
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 
 @task(name="already_published", **UNCACHED)

@@ -4,8 +4,8 @@ from prefect import task
 
 from tasks.shards import GROUP_TASK, Stage, run_on_dask
 from tokenmill.config import TokenmillConfig
-from tokenmill.formats.sample import Sampled
-from tokenmill.plan import Shard
+from tokenmill.core.plan import Shard
+from tokenmill.core.samples import Sampled
 
 
 @task(name="sample", **GROUP_TASK)
@@ -20,7 +20,7 @@ def sample_shards(
 @task(name="sample", **GROUP_TASK)
 def holdout_shards(config: TokenmillConfig, items: list[Shard], train_fraction: float, holdout_fraction: float) -> int:
     """As `sample_shards`, for the tokenizer report alone (no tokenizer to train): the shards' held-out files are
-    named by their shard ids (`tokenmill.formats.sample.holdout_records`), so the group keeps nothing of their
+    named by their shard ids (`tokenmill.core.samples.holdout_records`), so the group keeps nothing of their
     results (about 0.75 KB a shard, held until the group ended); the number of shards sampled."""
     stage = Stage.of("sample", config, train_fraction, holdout_fraction)
     return len(run_on_dask(items, [stage], keep=lambda _: None))

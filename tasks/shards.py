@@ -8,7 +8,7 @@ sends its shards to the cluster as Dask tasks of the library's shard functions, 
 id)` (the Dask dashboard shows `<stage>-shard`), small shards bundled into one task (`bundles`), a bounded window at
 a time; consecutive stages chain per shard on the cluster (a shard's pack starts when its tokenize ends, and the
 result goes from worker to worker). Each shard is tried on its own, with retries, on its worker
-(`tokenmill.tries`, which the workers and the scheduler import: it stays free of Prefect and of this module), and
+(`tokenmill.core.tries`, which the workers and the scheduler import: it stays free of Prefect and of this module), and
 each Dask task is retried if its worker dies. The workers run library code only, so shard work never talks to the
 Prefect server. A group fails naming every shard of it that failed and the stage it failed in; the others are
 committed (their markers), so Retry redoes only the failed ones.
@@ -30,10 +30,8 @@ from prefect.utilities.annotations import quote
 
 from tasks import UNCACHED
 from tokenmill.config import TokenmillConfig
-from tokenmill.plan import mix_sources
-from tokenmill.readers import largest_records
-from tokenmill.stages import STAGES
-from tokenmill.tries import (
+from tokenmill.core.plan import mix_sources
+from tokenmill.core.tries import (
     ALIVE_CHECK_S,
     SHARD_RETRIES,
     EachShard,
@@ -47,6 +45,8 @@ from tokenmill.tries import (
     loop_runs,
     on_client_loop,
 )
+from tokenmill.io.readers import largest_records
+from tokenmill.stages import STAGES
 
 # Task runs per shard stage by default: one per cluster thread, at most this many. A task run costs about 50 ms
 # of CPU in the flow and the server; one per shard made a 10 s run of 16 shards on 2 cores 0.4 s slower.
@@ -68,7 +68,7 @@ TASK_BYTES, MAX_SHARDS_PER_TASK = 4 << 20, 256
 @dataclass(frozen=True)
 class Stage:
     """One step of a shard's work: `work(context, item, *args)`, where `context` is what the stage uses of the run
-    (its part of the config, as `tokenmill.tokenize.Tokenizing`, or the config), and the item is the shard (first
+    (its part of the config, as `tokenmill.stages.tokenize.Tokenizing`, or the config), and the item is the shard (first
     stage) or the previous stage's result for it; with `whole_chain`, the tuple of every earlier stage's result."""
 
     name: str

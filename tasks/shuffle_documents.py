@@ -4,8 +4,8 @@ from prefect import task
 
 from tasks.shards import GROUP_TASK, Stage, run_on_dask
 from tokenmill.config import TokenmillConfig
-from tokenmill.plan import Shard
-from tokenmill.shuffle_documents import Moved
+from tokenmill.core.plan import Shard
+from tokenmill.stages.shuffle_documents import Moved
 
 
 @task(name="scatter", **GROUP_TASK)

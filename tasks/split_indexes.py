@@ -5,9 +5,9 @@ import pandas as pd
 from prefect import task
 
 from tasks import UNCACHED
-from tokenmill import pack
 from tokenmill.config import TokenmillConfig
-from tokenmill.tokenizer_info import TokenizerInfo
+from tokenmill.stages import pack
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 
 @task(name="split_indexes", retries=2, **UNCACHED)

@@ -13,16 +13,17 @@ from prefect import get_run_logger, task
 
 from tasks import UNCACHED
 from tasks.shards import GROUP_TASK, Stage, group_label, on_a_worker, run_on_dask, shard_id
-from tokenmill import layout, packers, stats, tokenize
 from tokenmill.config import TokenmillConfig
-from tokenmill.encoders import EncoderChoice
-from tokenmill.stats import Packed, StatsColumns, Tokenized, stats_rows
-from tokenmill.tokenizer_info import TokenizerInfo
+from tokenmill.core import layout, packers, stats
+from tokenmill.core.stats import Packed, StatsColumns, Tokenized, stats_rows
+from tokenmill.stages import tokenize
+from tokenmill.tokenizers.encoders import EncoderChoice
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 
 @task(name="choose_encoder", **UNCACHED)
 def choose_run_encoder(config: TokenmillConfig, shards: list[dict], tokenizer: TokenizerInfo) -> EncoderChoice:
-    """Made on a worker, whose encoders are loaded (tokenmill.tokenize.preload_encoder), ahead of the sample
+    """Made on a worker, whose encoders are loaded (tokenmill.stages.tokenize.preload_encoder), ahead of the sample
     stage's shards (every shard waits for the choice). It is sent only the shards it reads: the whole plan was
     an 11 MB task at 98,176 shards, which Dask warned about on the terminal."""
     started = time.perf_counter()
@@ -42,7 +43,7 @@ class TokenizeTotals:
 
     bytes_in: int = 0
     reused: int = 0  # shards whose committed output was reused
-    redone: tuple[str, ...] = ()  # shards whose committed files had changed since (see tokenmill.commits), and what
+    redone: tuple[str, ...] = ()  # shards whose committed files had changed since (tokenmill.core.commits), and what
     files_rejected: tuple[str, ...] = ()  # input files quarantined whole (input.on_invalid: quarantine), and why
     problems: tuple[str, ...] = ()  # what each shard's check found wrong in its files, for validate
     unnumbered: tuple[int, ...] = ()  # shards whose documents and rejects are yet to be numbered by line (number_lines)

@@ -5,10 +5,10 @@ from prefect import task
 
 from tasks import UNCACHED
 from tasks.shards import on_a_worker
-from tokenmill import fertility
 from tokenmill.config import TokenmillConfig
-from tokenmill.encoders import EncoderChoice
-from tokenmill.tokenizer_info import TokenizerInfo
+from tokenmill.stages import fertility
+from tokenmill.tokenizers.encoders import EncoderChoice
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 
 @task(name="tokenizer_report", **UNCACHED)

@@ -4,10 +4,10 @@ either way the EOD/BOS/PAD tokens are resolved here, before any shard runs."""
 from prefect import task
 
 from tasks import UNCACHED
-from tokenmill import train_tokenizer as tokenizer
 from tokenmill.config import TokenmillConfig
-from tokenmill.formats.sample import Sampled
-from tokenmill.tokenizer_info import TokenizerInfo
+from tokenmill.core.samples import Sampled
+from tokenmill.stages import train_tokenizer as tokenizer
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 
 @task(name="train_tokenizer", **UNCACHED)

@@ -8,10 +8,10 @@ from prefect import task
 
 from tasks import UNCACHED
 from tasks.shards import Stage, run_on_dask
-from tokenmill import validate as library
 from tokenmill.config import TokenmillConfig
-from tokenmill.plan import Plan
-from tokenmill.tokenizer_info import TokenizerInfo
+from tokenmill.core.plan import Plan
+from tokenmill.stages import validate as library
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 
 @task(name="validate", **UNCACHED)

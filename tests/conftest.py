@@ -210,7 +210,7 @@ CORPUS = EXAMPLES / "data" / "web_scrapinghub_aeb.jsonl.gz"
 @pytest.fixture
 def gpt2_info():
     """Install the GPT-2 tokenizer into a config's output and return its TokenizerInfo."""
-    from tokenmill.train_tokenizer import install_pretrained
+    from tokenmill.stages.train_tokenizer import install_pretrained
 
     def install(config):
         config.tokenizer.path = str(TOKENIZERS / "gpt2" / "tokenizer.json")

@@ -1,7 +1,7 @@
-"""tokenmill.chat against transformers itself: real conversations (tests/data/chat, examples/chat) rendered with
-real chat templates (tests/data/tokenizers: phi3-mini, whose template has no `{% generation %}` tags, its tagged twin
-from TRL, and Granite 3.1's) give apply_chat_template's text and ids; the assistant's spans, found without tags, give
-the mask transformers computes from the tags; validate's check passes that mask and fails an all-ones or a shifted
+"""tokenmill.tokenizers.chat against transformers itself: real conversations (tests/data/chat, examples/chat) rendered
+with real chat templates (tests/data/tokenizers: phi3-mini, whose template has no `{% generation %}` tags, its tagged
+twin from TRL, and Granite 3.1's) give apply_chat_template's text and ids; the assistant's spans, found without tags,
+give the mask transformers computes from the tags; validate's check passes that mask and fails an all-ones or a shifted
 one; a template whose spans cannot be told is refused by name."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tokenmill import chat, encoders, pretrained
-from tokenmill.packers import pack_conversations
+from tokenmill.core.packers import pack_conversations
+from tokenmill.tokenizers import chat, encoders, pretrained
 
 from .conftest import CHAT, EXAMPLES, TOKENIZERS
 from .test_packing import targets, unpacked_targets
@@ -489,10 +489,10 @@ def test_a_changed_template_makes_another_version_and_other_shards(reference):
     key and the published version both change with it, whatever the tokens turn out to be."""
     from types import SimpleNamespace
 
-    from tokenmill.commits import tokenize_key
     from tokenmill.config import TokenmillConfig
-    from tokenmill.publish import dataset_version
-    from tokenmill.tokenizer_info import TokenizerInfo
+    from tokenmill.core.commits import tokenize_key
+    from tokenmill.stages.publish import dataset_version
+    from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
     template, _ = ours("phi3", reference)
     jinja = dataclasses.replace(template, source=(PHI3 / "phi3_training.jinja").read_text())

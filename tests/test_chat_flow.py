@@ -249,10 +249,10 @@ def test_validate_stops_on_a_planted_wrong_mask(run_cli, sgd, tmp_path, planted)
     with it: only checking each token against the assistant spans can tell, and validate does, naming the file,
     so nothing is published."""
     from tokenmill.config import load_config
-    from tokenmill.plan import Plan
-    from tokenmill.stats import COLUMNS, ValidationFailed
-    from tokenmill.train_tokenizer import install_pretrained
-    from tokenmill.validate import validate
+    from tokenmill.core.plan import Plan
+    from tokenmill.core.stats import COLUMNS, ValidationFailed
+    from tokenmill.stages.train_tokenizer import install_pretrained
+    from tokenmill.stages.validate import validate
 
     path = chat_config(tmp_path, [sgd], PHI3)
     run_cli("run", str(path))

@@ -41,7 +41,7 @@ def test_retuning_a_check_keeps_the_works_keys_and_makes_a_new_version():
     redone, no tokenizer retrained), the dataset's hash keeps them (the new version is validated with them)."""
     from types import SimpleNamespace
 
-    from tokenmill.commits import tokenize_key
+    from tokenmill.core.commits import tokenize_key
 
     tokenizer = SimpleNamespace(sha256="0" * 64, chat=())
     base = load_config(EXAMPLES / "demo.yaml")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tokenmill.config_reference import COMMAND, reference
+from tokenmill.commands.config_reference import COMMAND, reference
 
 from .docs_blocks import PAGES, all_blocks, page_blocks, run_python
 
@@ -224,7 +224,7 @@ def test_every_message_the_pages_quote_is_one_the_code_prints():
     guarantees.md's table of faults gives in italics (with real paths): each piece between the placeholders and paths
     is in tokenmill's source (tokenmill/, flows/, tasks/), where one of its words may be a value the code fills in
     (`tokenizer.eod` for `tokenizer.{key}`); the system's words for an error the code passes on are placeholders."""
-    from tokenmill.storage import DISK_ERRORS
+    from tokenmill.io.storage import DISK_ERRORS
 
     source, system = _source_text(), "|".join(re.escape(os.strerror(code)) for code in DISK_ERRORS)
     docs = ROOT / "docs"
@@ -457,7 +457,7 @@ def _quoted_messages(page: Path) -> list[str]:
 def test_the_formats_table_is_how_the_readers_name_files():
     """inputs.md's table of formats: each file name ending it lists is read as that row says (`format_of`), those
     compressed decompressed, and every ending the readers know is in it."""
-    from tokenmill.readers import COMPRESSIONS, compression_of, format_of
+    from tokenmill.io.readers import COMPRESSIONS, compression_of, format_of
 
     rows = re.findall(r"^\| (.+?) \| (.+?) \|", (ROOT / "docs" / "inputs.md").read_text(), flags=re.M)
     formats = dict(rows[rows.index(("input", "read as")) + 1 :][:4])

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 from tokenizers import Tokenizer
 
-from tokenmill import encoders
-from tokenmill.encoders import EncoderChoice, GuardedEncoder, build_encoder, choose_encoder, new_backend
+from tokenmill.tokenizers import encoders
+from tokenmill.tokenizers.encoders import EncoderChoice, GuardedEncoder, build_encoder, choose_encoder, new_backend
 
 from .reference_ids import BLOCK, CORPUS_FILES, TOKENIZER_NAMES, corpus_texts, digests, hf_ids, recorded, tokenizer_json
 

@@ -9,13 +9,13 @@ import orjson
 import pytest
 from tokenizers import Tokenizer
 
-from tokenmill import readers
 from tokenmill.config import TokenmillConfig
+from tokenmill.core.plan import Shard, Shards, shard_ids
 from tokenmill.formats.megatron import MegatronReader, narrowed
-from tokenmill.partition import load_or_plan
-from tokenmill.plan import Shard, Shards, shard_ids
-from tokenmill.readers import Piece, ReadOptions, read_documents
-from tokenmill.tokenize import (
+from tokenmill.io import readers
+from tokenmill.io.readers import Piece, ReadOptions, read_documents
+from tokenmill.stages.partition import load_or_plan
+from tokenmill.stages.tokenize import (
     VERIFY_SHARDS,
     Tokenizing,
     choose_run_encoder,
@@ -23,7 +23,7 @@ from tokenmill.tokenize import (
     verification_shards,
     with_specials,
 )
-from tokenmill.train_tokenizer import install_pretrained
+from tokenmill.stages.train_tokenizer import install_pretrained
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
 

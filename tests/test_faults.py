@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill.commits import marker
 from tokenmill.config import TokenmillConfig
-from tokenmill.pack import Packing, pack_shard
-from tokenmill.partition import load_or_plan
-from tokenmill.readers import _in_page_cache
-from tokenmill.storage import StorageError, Store, UncachedFile
-from tokenmill.tokenize import Tokenizing, tokenize_shard
-from tokenmill.train_tokenizer import install_pretrained
+from tokenmill.core.commits import marker
+from tokenmill.io.readers import _in_page_cache
+from tokenmill.io.storage import StorageError, Store, UncachedFile
+from tokenmill.stages.pack import Packing, pack_shard
+from tokenmill.stages.partition import load_or_plan
+from tokenmill.stages.tokenize import Tokenizing, tokenize_shard
+from tokenmill.stages.train_tokenizer import install_pretrained
 
 from .conftest import (
     EXAMPLES,

@@ -10,8 +10,8 @@ import time
 import boto3
 import pytest
 
-from tokenmill.commits import marker
-from tokenmill.storage import StorageError, Store, give_up_s
+from tokenmill.core.commits import marker
+from tokenmill.io.storage import StorageError, Store, give_up_s
 
 from .fault_proxy import FaultProxy
 from .test_faults import build, small_config

@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from tokenmill import fertility, layout, sampling
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import plan_shards
-from tokenmill.tokenize import choose_run_encoder
-from tokenmill.train_tokenizer import install_pretrained, train_on_sample
+from tokenmill.core import layout
+from tokenmill.stages import fertility, sampling
+from tokenmill.stages.partition import plan_shards
+from tokenmill.stages.tokenize import choose_run_encoder
+from tokenmill.stages.train_tokenizer import install_pretrained, train_on_sample
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from tokenmill.core.hashing import assign_splits
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import PackedReader
-from tokenmill.hashing import assign_splits
 
 from .conftest import EXAMPLES, REPO, TOKENIZERS, alive_in_session, dataset_files, read_jsonl
 
@@ -99,7 +99,7 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
         import dask
         from distributed import default_client
         from flows.cluster import dask_client
-        from tokenmill import encoders
+        from tokenmill.tokenizers import encoders
         from tokenmill.config import DaskConfig, TokenizerConfig
 
         def where():

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tokenmill.core.hashing import assign_splits
+from tokenmill.core.packers import ConcatRows, pack_concat
 from tokenmill.formats.megatron import CorruptIndex, MegatronReader, token_dtype, write_indexed_dataset
 from tokenmill.formats.packed import SUFFIXES, PackedReader, write_packed
-from tokenmill.hashing import assign_splits
-from tokenmill.packers import ConcatRows, pack_concat
 
 
 def test_megatron_idx_byte_layout(tmp_path):

@@ -161,8 +161,8 @@ def test_split_indexes_list_each_shard_with_documents_and_forget_a_dropped_layou
     import pandas as pd
 
     from tokenmill.config import TokenmillConfig
-    from tokenmill.pack import write_split_indexes
-    from tokenmill.tokenizer_info import TokenizerInfo
+    from tokenmill.stages.pack import write_split_indexes
+    from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
     def config(formats: list[str]) -> TokenmillConfig:
         return TokenmillConfig.model_validate(

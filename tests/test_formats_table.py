@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from tests.docs_blocks import page_blocks, run_python
-from tokenmill import layout
 from tokenmill.config import OutputConfig
+from tokenmill.core import layout
 from tokenmill.formats import table
 from tokenmill.formats.table import FORMATS, TRAINERS, Format, SplitFound, SplitOut
-from tokenmill.storage import Store
+from tokenmill.io.storage import Store
 
 
 def test_config_and_layout_take_every_format_from_the_table():

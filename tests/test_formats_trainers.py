@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokenmill import layout
+from tokenmill.core import layout
+from tokenmill.core.stats import COLUMNS
 from tokenmill.formats.megatron import MegatronReader
-from tokenmill.stats import COLUMNS
-from tokenmill.storage import Store
-from tokenmill.validate import Checking, ShardFiles, check_shard
+from tokenmill.io.storage import Store
+from tokenmill.stages.validate import Checking, ShardFiles, check_shard
 
 from .conftest import EXAMPLES
 from .docs_blocks import page_blocks, run_python

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tokenmill.certs import make_certificates
+from tokenmill.commands.certs import make_certificates
 
 from .conftest import REPO, TOKENIZERS, TOKENMILL, dataset_files
 from .hosts import Network, wait_for

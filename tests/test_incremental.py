@@ -12,8 +12,8 @@ import shutil
 import boto3
 import pytest
 
-from tokenmill.commits import marker
-from tokenmill.storage import Store
+from tokenmill.core.commits import marker
+from tokenmill.io.storage import Store
 
 from .conftest import CORPORA
 
@@ -175,8 +175,8 @@ def test_nightly_runs_over_a_growing_input(run_cli, s3_server, enwiki_docs, tmp_
 
 def test_a_named_version_published_from_another_input_is_not_overwritten(tmp_path, gpt2_info):
     from tokenmill.config import TokenmillConfig
-    from tokenmill.plan import Plan, Shards
-    from tokenmill.publish import FILES_LISTED, VersionConflict, already_published, version_store
+    from tokenmill.core.plan import Plan, Shards
+    from tokenmill.stages.publish import FILES_LISTED, VersionConflict, already_published, version_store
 
     (tmp_path / "a.jsonl").write_text('{"id": "1", "text": "one"}\n')
     config = TokenmillConfig.model_validate(
@@ -206,10 +206,11 @@ def test_a_named_version_published_from_another_input_is_not_overwritten(tmp_pat
 def test_an_upgrade_of_tokenmill_reuses_no_shard_but_keeps_the_published_version(tmp_path, monkeypatch):
     """docs/guarantees.md: a shard's tokenize key includes tokenmill's version (a marker of another release cannot
     vouch for this one's bytes), a dataset's version name does not (a version already published stays as it is)."""
-    from tokenmill import commits, publish
     from tokenmill.config import TokenmillConfig
-    from tokenmill.plan import Plan, Shards
-    from tokenmill.train_tokenizer import install_pretrained
+    from tokenmill.core import commits
+    from tokenmill.core.plan import Plan, Shards
+    from tokenmill.stages import publish
+    from tokenmill.stages.train_tokenizer import install_pretrained
 
     from .conftest import EXAMPLES
 

@@ -528,7 +528,7 @@ CLIENT_TLS = ("DASK_DISTRIBUTED__COMM__TLS__CA_FILE", "DASK_DISTRIBUTED__COMM__T
 
 def role_files(role: str) -> list[str]:
     """The files of `tokenmill certs` a process of `role` shows, in TLS_FLAGS' order."""
-    from tokenmill.certs import ROLES
+    from tokenmill.commands.certs import ROLES
 
     assert role in ROLES
     return ["ca.pem", f"{role}.pem", f"{role}-key.pem"]

@@ -19,7 +19,7 @@ ORCHESTRATORS = ("prefect", "dask", "distributed")
 # The library's DAG stages (docs/architecture.md): each imports the base alone. Every other library module is the
 # base, which imports no stage, except the tools that read what the stages made (TOOLS).
 STAGES = set(STAGE_MODULES)
-TOOLS = {"tokenmill.verify"}  # `tokenmill inspect` and `diff`: read published datasets as publish wrote them
+TOOLS = {"tokenmill.commands.verify"}  # `tokenmill inspect` and `diff`: read published datasets as publish wrote them
 
 
 def module_name(path: Path) -> str:

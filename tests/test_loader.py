@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tokenmill.core.packers import pack_bfd, pack_concat
 from tokenmill.formats.packed import PackedReader
 from tokenmill.loader import IGNORE_INDEX, PackedSplit, training_sample
-from tokenmill.packers import pack_bfd, pack_concat
 
 from .conftest import REPO
 from .test_packing_pipeline import MODES, build_dataset, dataset_config

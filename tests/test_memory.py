@@ -13,9 +13,9 @@ import pytest
 import yaml
 from tokenizers import Tokenizer
 
-from tokenmill.encoders import in_clean_pieces
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.provenance import read_documents_table
+from tokenmill.tokenizers.encoders import in_clean_pieces
 
 from .conftest import EXAMPLES
 
@@ -135,8 +135,8 @@ def test_a_long_documents_excerpt_is_checked_against_the_stored_ids_that_cover_i
     there; right ids pass, a changed id or ids shifted by one fail."""
     import numpy as np
 
-    from tokenmill.encoders import HFEncoder
-    from tokenmill.reference import Excerpt, checked_excerpt
+    from tokenmill.tokenizers.encoders import HFEncoder
+    from tokenmill.tokenizers.reference import Excerpt, checked_excerpt
 
     hf = HFEncoder(Tokenizer.from_file(str(GPT2)))
     text = code_like(3_000_000, 3)
@@ -156,7 +156,7 @@ def test_a_long_documents_excerpt_is_checked_against_the_stored_ids_that_cover_i
 
 
 def test_an_excerpt_is_whole_lines_of_about_the_size_asked_for_whatever_the_script():
-    from tokenmill.reference import excerpt
+    from tokenmill.tokenizers.reference import excerpt
 
     for line in ("ascii line of code;", "日本語の行です。", "emoji 🎉 line"):
         text = "\n".join(f"{line} {k}" for k in range(100_000))

@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from tokenmill.config import TokenmillConfig
-from tokenmill.layout import megatron_prefix, packed_prefix
-from tokenmill.mix import resolve
-from tokenmill.partition import list_inputs
-from tokenmill.shares import MixError
+from tokenmill.core.layout import megatron_prefix, packed_prefix
+from tokenmill.core.shares import MixError
+from tokenmill.stages.mix import resolve
+from tokenmill.stages.partition import list_inputs
 
 from .conftest import CORPORA, EXAMPLES, TOKENIZERS
 
@@ -290,9 +290,9 @@ def test_the_tokenizer_of_a_mix_is_trained_on_a_sample_in_the_mix_shares(tmp_pat
     """A tenth of the mix from the largest source, nine tenths from the two smaller: the texts the tokenizer is
     trained on (the sample written, as `training_texts` reads it) take each source in its share of the mix, in
     text bytes, not its share of the corpus."""
-    from tokenmill import sampling
-    from tokenmill.formats import sample as sample_files
-    from tokenmill.partition import plan_shards
+    from tokenmill.core import samples as sample_files
+    from tokenmill.stages import sampling
+    from tokenmill.stages.partition import plan_shards
 
     sources = [
         {"name": "code", "input": {"paths": [str(CORPORA / "code" / "*.jsonl.gz")]}, "weight": 0.6},

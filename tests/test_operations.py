@@ -323,7 +323,9 @@ def test_flow_runs_on_an_external_dask_cluster(gpt2_run, dask_cluster, prefect_c
     manifest = json.loads((gpt2_run / "manifest.json").read_text())
     assert manifest["counts"]["documents_rejected"] == 0 and manifest["counts"]["tokens"] > 0
     with Client(dask_cluster) as client:
-        loaded = client.run(lambda: __import__("tokenmill.encoders").encoders.load_encoder.cache_info().currsize)
+        loaded = client.run(
+            lambda: __import__("tokenmill.tokenizers.encoders").tokenizers.encoders.load_encoder.cache_info().currsize
+        )
     assert len(loaded) == 2 and sum(loaded.values()) >= 1, loaded
     runs = prefect_client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="tokenize[shard")))
     completed = {r.name for r in runs if r.state.is_completed()}
@@ -352,13 +354,17 @@ def test_workers_of_an_external_cluster_load_the_installed_tokenizers_encoders_a
     config = load_config(REPO / "examples" / "gpt2.yaml", [f"output.path={tmp_path / 'out'}"])
 
     def every_worker_loaded(client) -> dict | None:
-        loaded = client.run(lambda: sorted(backend for _, backend in __import__("tokenmill.encoders").encoders.LOADED))
+        loaded = client.run(
+            lambda: sorted(
+                backend for _, backend in __import__("tokenmill.tokenizers.encoders").tokenizers.encoders.LOADED
+            )
+        )
         return loaded if loaded and all(b == ["gigatoken", "hf"] for b in loaded.values()) else None
 
     @flow
     def install_and_preload() -> dict:
         with Client(dask_cluster, set_as_default=True) as client:
-            client.run(lambda: __import__("tokenmill.encoders").encoders.LOADED.clear())
+            client.run(lambda: __import__("tokenmill.tokenizers.encoders").tokenizers.encoders.LOADED.clear())
             installing = pretrained_tokenizer.submit(config)
             installing.add_done_callback(functools.partial(preload_installed, config))
             installing.result()

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenmill.packers import (
+from tokenmill.core.packers import (
     Packed,
     best_fit_decreasing,
     fit_conversations,

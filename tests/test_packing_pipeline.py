@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 from tokenmill.config import TokenmillConfig
+from tokenmill.core.stats import ValidationFailed, stats_table
 from tokenmill.formats.llmc import LlmcReader
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import PackedReader
-from tokenmill.pack import Packing, pack_shard, write_split_indexes
-from tokenmill.partition import load_or_plan
-from tokenmill.publish import Files, publish
-from tokenmill.stats import ValidationFailed, stats_table
-from tokenmill.tokenize import Tokenizing, tokenize_shard
-from tokenmill.train_tokenizer import install_pretrained
-from tokenmill.validate import validate
+from tokenmill.stages.pack import Packing, pack_shard, write_split_indexes
+from tokenmill.stages.partition import load_or_plan
+from tokenmill.stages.publish import Files, publish
+from tokenmill.stages.tokenize import Tokenizing, tokenize_shard
+from tokenmill.stages.train_tokenizer import install_pretrained
+from tokenmill.stages.validate import validate
 
 from .conftest import EXAMPLES, TOKENIZERS
 

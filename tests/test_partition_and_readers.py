@@ -9,11 +9,12 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tokenmill import partition, readers
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import auto_shard_size, load_or_plan, plan_shards
-from tokenmill.plan import Shards
-from tokenmill.readers import InputError, Piece, ReadOptions, count_crlf, line_blocks, read_documents
+from tokenmill.core.plan import Shards
+from tokenmill.io import readers
+from tokenmill.io.readers import InputError, Piece, ReadOptions, count_crlf, line_blocks, read_documents
+from tokenmill.stages import partition
+from tokenmill.stages.partition import auto_shard_size, load_or_plan, plan_shards
 
 from .conftest import CORPUS
 
@@ -205,7 +206,7 @@ def test_a_plan_made_ahead_is_the_partition_stages_result(tmp_path):
     """`tokenmill run` plans while it imports Prefect: the stage's call then returns that plan and what changed
     (a first plan: {}, where planning again would find it recorded: None); a plan that failed ahead fails again in
     the stage's own call; a call with other threads plans for itself."""
-    from tokenmill.partition import PlanAhead
+    from tokenmill.stages.partition import PlanAhead
 
     write_jsonl(tmp_path / "x.jsonl", 2000)
     config = make_config([str(tmp_path / "*.jsonl")], 25_000, tmp_path)
@@ -223,7 +224,7 @@ def test_a_plan_made_ahead_is_the_partition_stages_result(tmp_path):
 def test_a_changed_input_gets_a_plan_that_keeps_the_unchanged_shards(tmp_path):
     import os
 
-    from tokenmill.commits import commit, marker
+    from tokenmill.core.commits import commit, marker
 
     for name in "abc":
         write_jsonl(tmp_path / f"{name}.jsonl", 300, prefix=name)
@@ -345,7 +346,7 @@ def test_auto_shard_size_is_kept_by_later_plans_of_the_same_output(tmp_path, mon
 
 
 def test_same_corpus_as_jsonl_gz_zst_and_parquet_gives_identical_tokens(tmp_path, gpt2_info):
-    from tokenmill.tokenize import Tokenizing, tokenize_shard
+    from tokenmill.stages.tokenize import Tokenizing, tokenize_shard
 
     rows = [json.loads(line) for line in gzip.open(CORPUS, "rt")]
     data = "".join(json.dumps(r) + "\n" for r in rows).encode()
@@ -532,7 +533,7 @@ def test_the_flows_columnar_shards_read_as_the_plans_list(tmp_path):
 def test_an_input_file_that_is_a_link_is_listed_by_a_glob_and_by_its_name(tmp_path):
     """A corpus kept elsewhere and linked into the input directory: a glob's listing describes the link itself, which
     is not a regular file; the input is the file it names, with that file's size."""
-    from tokenmill.storage import list_files
+    from tokenmill.io.storage import list_files
 
     elsewhere = tmp_path / "elsewhere" / "real.jsonl"
     elsewhere.parent.mkdir()

@@ -19,7 +19,7 @@ import boto3
 import httpx
 import pytest
 
-from tokenmill import layout
+from tokenmill.core import layout
 
 from .conftest import REPO
 from .test_security import other_user  # noqa: F401 (a fixture)
@@ -203,7 +203,7 @@ def test_a_planted_plan_that_cuts_a_file_elsewhere_drops_and_repeats_no_document
 def test_the_store_keeps_every_path_inside_and_follows_no_link(tmp_path):
     """The library's part: `Store.path` refuses a path out of the store, `stored_path` and `stored_name` name the file
     a path was read from, and a local store neither reads through a link nor removes what one points at."""
-    from tokenmill.storage import Planted, Store
+    from tokenmill.io.storage import Planted, Store
 
     store, victim = Store(tmp_path / "out"), tmp_path / "victim"
     victim.write_bytes(SECRET)

@@ -1,4 +1,4 @@
-"""tokenmill.preference against TRL itself: every pair of tests/data/preference (HH-RLHF's conversations,
+"""tokenmill.tokenizers.preference against TRL itself: every pair of tests/data/preference (HH-RLHF's conversations,
 the TL;DR summaries' plain text), in each of TRL's preference formats (explicit prompt, implicit prompt), gives the
 prompt, chosen and rejected ids that TRL's own DPO preprocessing (`DPOTrainer._prepare_dataset`, run here on a
 `datasets.Dataset`) gives with the same tokenizer and template; a pair longer than `max_length` is dropped or cut
@@ -16,8 +16,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tokenmill import chat, packers, preference
-from tokenmill.preference import PairFormat
+from tokenmill.core import packers
+from tokenmill.tokenizers import chat, preference
+from tokenmill.tokenizers.preference import PairFormat
 
 from .conftest import DATA
 from .test_chat import TEMPLATES, ours

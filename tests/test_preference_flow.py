@@ -264,11 +264,11 @@ def test_validate_stops_on_a_planted_all_ones_mask_or_half_a_pair(hh_run, tmp_pa
     import shutil
 
     from tokenmill.config import load_config
+    from tokenmill.core.plan import Plan
+    from tokenmill.core.stats import COLUMNS, ValidationFailed
     from tokenmill.formats.megatron import write_index
-    from tokenmill.plan import Plan
-    from tokenmill.stats import COLUMNS, ValidationFailed
-    from tokenmill.train_tokenizer import install_pretrained
-    from tokenmill.validate import validate
+    from tokenmill.stages.train_tokenizer import install_pretrained
+    from tokenmill.stages.validate import validate
 
     shutil.copytree(hh_run, tmp_path / "out")
     config = load_config(pair_config(tmp_path, [HH]))

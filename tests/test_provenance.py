@@ -19,12 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from tokenmill import layout
+from tokenmill.core import layout
+from tokenmill.core.stats import COLUMNS
 from tokenmill.formats.megatron import MegatronReader
+from tokenmill.io.storage import Store
 from tokenmill.loader import PackedSplit
-from tokenmill.stats import COLUMNS
-from tokenmill.storage import Store
-from tokenmill.validate import Checking, ShardFiles, check_shard
+from tokenmill.stages.validate import Checking, ShardFiles, check_shard
 
 from .conftest import EXAMPLES
 

@@ -135,7 +135,7 @@ def test_a_publish_killed_mid_copy_leaves_no_temporary_file_in_the_version(run_c
 
 def test_threaded_work_keeps_its_results_in_order_and_only_a_few_items_ahead():
     """Publishing hashes and copies files on threads; at 500,000 files a future per file cost 0.5 GB."""
-    from tokenmill.storage import HASH_THREADS, threaded
+    from tokenmill.io.storage import HASH_THREADS, threaded
 
     taken = 0
 
@@ -155,7 +155,7 @@ def test_threaded_work_keeps_its_results_in_order_and_only_a_few_items_ahead():
 def test_a_streamed_list_is_written_as_the_whole_would_be(tmp_path):
     """The manifest's file list (and stats.json's rows) are written an item at a time, never held whole: the bytes
     are those that writing the whole object gives, wherever the list sits, and when it is empty."""
-    from tokenmill.storage import STREAMED, Store
+    from tokenmill.io.storage import STREAMED, Store
 
     store = Store(tmp_path)
     items = [{"path": "a/b.bin", "shard": 1, "split": None, "nested": {"x": [1, 2]}}, {}, {"text": 'é\n"}'}]
@@ -175,8 +175,8 @@ def test_spooled_files_are_the_manifests_in_its_order_with_their_sizes_and_diges
     order, each file with its size and the sha256 of its bytes, as often as asked; the spool goes on close."""
     import pandas as pd
 
-    from tokenmill.publish import Files, spool_files
-    from tokenmill.storage import Store
+    from tokenmill.io.storage import Store
+    from tokenmill.stages.publish import Files, spool_files
 
     store = Store(gpt2_run)
     table = pd.DataFrame(json.loads((gpt2_run / "stats.json").read_text()))
@@ -200,10 +200,10 @@ def test_files_past_shard_99999_are_listed_in_path_order(tmp_path):
     never a silently unsorted manifest."""
     import pandas as pd
 
-    from tokenmill import layout
-    from tokenmill.commits import commit
-    from tokenmill.publish import Files, spool_files
-    from tokenmill.storage import Store
+    from tokenmill.core import layout
+    from tokenmill.core.commits import commit
+    from tokenmill.io.storage import Store
+    from tokenmill.stages.publish import Files, spool_files
 
     store = Store(tmp_path)
     store.write_bytes(layout.PLAN, b"{}")
@@ -231,9 +231,9 @@ def test_a_commit_marker_that_does_not_list_a_shards_files_stops_publish_naming_
     than the validated stats name stops publish, naming the shard, before anything is written."""
     import pandas as pd
 
-    from tokenmill.publish import Files, spool_files
-    from tokenmill.stats import ValidationFailed
-    from tokenmill.storage import Store
+    from tokenmill.core.stats import ValidationFailed
+    from tokenmill.io.storage import Store
+    from tokenmill.stages.publish import Files, spool_files
 
     out = tmp_path / "copy"
     shutil.copytree(gpt2_run, out)
@@ -250,8 +250,8 @@ def test_a_commit_marker_that_does_not_list_a_shards_files_stops_publish_naming_
 def test_a_manifest_is_read_less_its_files_which_are_counted(gpt2_run, tmp_path):
     """A run over an already published version reads its manifest without the list of files (at 490,000 files,
     0.4 GB as dicts): the rest as it is, and the number of files; laid out otherwise, it is read whole."""
-    from tokenmill.publish import FILES_LISTED, manifest_less_files
-    from tokenmill.storage import Store
+    from tokenmill.io.storage import Store
+    from tokenmill.stages.publish import FILES_LISTED, manifest_less_files
 
     manifest = json.loads((gpt2_run / "manifest.json").read_text())
     less = {k: v for k, v in manifest.items() if k != "files"} | {FILES_LISTED: len(manifest["files"])}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tokenmill import report
 from tokenmill.formats.megatron import write_index
-from tokenmill.storage import Store
+from tokenmill.io.storage import Store
+from tokenmill.stages import report
 
 
 def test_tokens_per_shard_bars_are_bounded_and_keep_the_totals():

@@ -11,10 +11,10 @@ import numpy as np
 import orjson
 import pytest
 
-from tokenmill import sampling
 from tokenmill.config import TokenmillConfig
-from tokenmill.formats import sample as sample_files
-from tokenmill.partition import plan_shards
+from tokenmill.core import samples as sample_files
+from tokenmill.stages import sampling
+from tokenmill.stages.partition import plan_shards
 
 from .conftest import CORPORA, TOKENIZERS, read_jsonl
 

@@ -247,10 +247,10 @@ def test_a_rerun_takes_no_cluster_endpoint_or_token_from_the_output_location(gpt
     `setup` lines run as you; `dask.address` of their own scheduler, whose results the flow unpickles), endpoints that
     get your S3 credentials, or a hub token variable: a rerun refuses a config not signed with its user's key; one
     signed, it takes none of them, says what it took from there, and runs as the stored config says otherwise."""
+    from tokenmill.commands.runs import load_run_config
     from tokenmill.config import DaskConfig, HubConfig, StorageConfig
-    from tokenmill.runs import load_run_config
-    from tokenmill.signing import write_signed
-    from tokenmill.storage import Store
+    from tokenmill.core.signing import write_signed
+    from tokenmill.io.storage import Store
 
     out, ran = tmp_path / "out", tmp_path / "planted-setup-ran"
     shutil.copytree(gpt2_run, out)
@@ -260,7 +260,7 @@ def test_a_rerun_takes_no_cluster_endpoint_or_token_from_the_output_location(gpt
     stored["input"]["storage"] = stored["output"]["storage"] = stored["output"]["publish"]["storage"] = planted
     stored["tokenizer"]["hub"]["token_env"] = "AWS_SECRET_ACCESS_KEY"
     (out / "_work/config.json").write_text(json.dumps(stored))
-    # Not signed with the user's key (tokenmill.signing): refused, naming the file, before anything runs
+    # Not signed with the user's key (tokenmill.core.signing): refused, naming the file, before anything runs
     refused = run_cli("rerun", str(out), "--shard", "1", check=False)
     assert refused.returncode == 1 and not ran.exists(), refused.stdout
     assert f"{out}/_work/config.json is not signed with your tokenmill key" in refused.stdout, refused.stdout
@@ -283,8 +283,8 @@ def test_a_rerun_given_its_config_takes_nothing_from_the_output_location_and_ref
 ):
     """With --config (as the rerun deployments of `tokenmill serve` and prefect.yaml have), the stored config only
     checks that the config given defines the dataset in the output: one planted with other inputs is refused."""
+    from tokenmill.commands.runs import load_run_config
     from tokenmill.config import load_config
-    from tokenmill.runs import load_run_config
 
     out, secret = tmp_path / "out", tmp_path / "secret.jsonl"
     shutil.copytree(gpt2_run, out)
@@ -335,7 +335,7 @@ def test_certificates_carry_only_the_usage_their_role_needs_and_a_runs_own_have_
     from cryptography import x509
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
-    from tokenmill.certs import make_certificates
+    from tokenmill.commands.certs import make_certificates
 
     def usages(path: Path) -> set:
         certificate = x509.load_pem_x509_certificate(path.read_bytes())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from tasks.shards import MAX_SHARDS_PER_TASK, TASK_BYTES, bundles
-from tokenmill.plan import Shard
-from tokenmill.tries import EachShard, Failed
+from tokenmill.core.plan import Shard
+from tokenmill.core.tries import EachShard, Failed
 
 
 def test_small_shards_share_a_dask_task_and_large_ones_go_alone():
@@ -55,7 +55,7 @@ def test_a_stage_that_sees_the_whole_chain_gets_each_shards_results_of_every_sta
 def test_workers_import_no_prefect_and_the_scheduler_no_tokenmill(gpt2_run, dask_cluster):
     """The workers run library code only: a shard task that brought in `tasks/` (and so Prefect) cost each
     worker about 1.2 s of CPU at the start of every run, on the cores the shards need. The scheduler, which
-    unpickles every task it is sent, gets them sealed (`tokenmill.tries.Sealed`): it imported tokenmill's stages,
+    unpickles every task it is sent, gets them sealed (`tokenmill.core.tries.Sealed`): it imported tokenmill's stages,
     pydantic and the encoders for them (0.5 s of CPU as each run started)."""
     from distributed import Client
 
@@ -65,7 +65,7 @@ def test_workers_import_no_prefect_and_the_scheduler_no_tokenmill(gpt2_run, dask
             lambda: sorted(m for m in sys.modules if m.split(".")[0] in ("tokenmill", "pydantic", "tokenizers"))
         )
     assert len(loaded) == 2 and all(modules == [] for modules in loaded.values()), loaded
-    assert scheduler == ["tokenmill", "tokenmill.tries"], scheduler
+    assert scheduler == ["tokenmill", "tokenmill.core.tries"], scheduler
 
 
 def test_no_task_hashes_its_inputs_or_persists_its_result():

@@ -7,9 +7,16 @@ import json
 import numpy as np
 
 from tokenmill.config import TokenmillConfig
-from tokenmill.partition import plan_shards
-from tokenmill.readers import read_documents
-from tokenmill.shuffle_documents import Moved, Shuffling, check_counts, gather_shard, scatter_shard, shuffled_shards
+from tokenmill.io.readers import read_documents
+from tokenmill.stages.partition import plan_shards
+from tokenmill.stages.shuffle_documents import (
+    Moved,
+    Shuffling,
+    check_counts,
+    gather_shard,
+    scatter_shard,
+    shuffled_shards,
+)
 
 
 def length_sorted_corpus(tmp_path, n_files=4, per_file=400) -> list[str]:

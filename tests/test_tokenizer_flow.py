@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tokenmill.formats.megatron import MegatronReader
-from tokenmill.tiktoken_convert import PRESETS, parse_ranks
+from tokenmill.tokenizers.tiktoken_convert import PRESETS, parse_ranks
 
 from .conftest import EXAMPLES, maintainers_file, read_jsonl
 

@@ -15,9 +15,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from tokenmill.config import HubConfig, TiktokenConfig, TokenizerConfig
-from tokenmill.pretrained import TokenizerSourceError, load_pretrained
-from tokenmill.tiktoken_convert import PRESETS, parse_ranks
-from tokenmill.tokenizer_info import describe_tokenizer, encode
+from tokenmill.tokenizers.pretrained import TokenizerSourceError, load_pretrained
+from tokenmill.tokenizers.tiktoken_convert import PRESETS, parse_ranks
+from tokenmill.tokenizers.tokenizer_info import describe_tokenizer, encode
 
 from .conftest import CORPORA, TOKENIZERS, maintainers_file, read_jsonl
 

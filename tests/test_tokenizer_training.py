@@ -11,10 +11,10 @@ import time
 import pytest
 from tokenizers import Tokenizer
 
-from tokenmill import layout
 from tokenmill.config import TokenmillConfig, TrainConfig
-from tokenmill.formats import sample as sample_files
-from tokenmill.train_tokenizer import special_tokens, train_from_texts, train_on_sample
+from tokenmill.core import layout
+from tokenmill.core import samples as sample_files
+from tokenmill.stages.train_tokenizer import special_tokens, train_from_texts, train_on_sample
 
 from .conftest import REPO
 from .test_sampling import inputs, make_config, run_sample  # noqa: F401 (inputs: a fixture)
@@ -67,7 +67,7 @@ def test_training_is_cached_by_sample_and_config(trained):
 TRAIN_IN_A_FRESH_PROCESS = """
 import hashlib, sys
 from tokenmill.config import TrainConfig
-from tokenmill.train_tokenizer import train_from_texts
+from tokenmill.stages.train_tokenizer import train_from_texts
 texts = open(sys.argv[1], encoding="utf-8").read().split("\\x1e")
 tok = train_from_texts(texts, TrainConfig(algorithm=sys.argv[2], vocab_size=1500), ["<|endoftext|>"])
 print(hashlib.sha256(tok.to_str().encode()).hexdigest())

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 from tokenmill.config import load_config
-from tokenmill.plan import Plan, Shard
-from tokenmill.stats import Packed, StatsColumns, Tokenized, ValidationFailed, stats_table, table_of
-from tokenmill.tokenizer_info import TokenizerInfo
-from tokenmill.validate import PAD_CHECK_BYTES, _only_pad_after, validate
-from tokenmill.validate import records as validate_records
+from tokenmill.core.plan import Plan, Shard
+from tokenmill.core.stats import Packed, StatsColumns, Tokenized, ValidationFailed, stats_table, table_of
+from tokenmill.stages.validate import PAD_CHECK_BYTES, _only_pad_after, validate
+from tokenmill.stages.validate import records as validate_records
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 from .conftest import EXAMPLES, read_jsonl
 
@@ -81,7 +81,7 @@ def test_a_document_missing_from_the_stats_fails(dataset):
 def test_the_stats_are_checked_a_few_shards_at_a_time_and_every_failure_is_named(dataset, monkeypatch):
     """Checked in runs of whole shards (of 3 rows or more: a shard's two split rows never part): an intact table
     validates, and a shard failing in each of two runs is named with the other."""
-    from tokenmill import validate as library
+    from tokenmill.stages import validate as library
 
     out, config, plan, tokenizer, table = dataset
     monkeypatch.setattr(library, "ROWS_AT_ONCE", 3)
@@ -98,7 +98,7 @@ def test_the_stats_are_checked_a_few_shards_at_a_time_and_every_failure_is_named
 def test_the_check_chained_to_each_shard_finds_what_validate_would_and_validate_reports_it(dataset):
     """The tokenize stage ends each shard's chain with validate's check of its files (while they are fresh) and
     hands validate what it found: the same problems as validate's own pass, which then fails the run."""
-    from tokenmill.validate import Checking, check_written
+    from tokenmill.stages.validate import Checking, check_written
 
     out, config, plan, tokenizer, table = dataset
     path = out / "megatron/val/shard-00000.bin"
@@ -151,11 +151,11 @@ def test_documents_without_their_bos_fail(dataset):
 def library_dataset(tmp_path, lines: list[bytes], **config) -> tuple:
     """A dataset of 3 shards of one plain JSONL file made of `lines`, made by the library's stages with the
     config's other sections `config`: (config, plan, tokenizer, stats table)."""
-    from tokenmill import stats
     from tokenmill.config import TokenmillConfig
-    from tokenmill.partition import load_or_plan
-    from tokenmill.tokenize import Tokenizing, tokenize_shard
-    from tokenmill.train_tokenizer import install_pretrained
+    from tokenmill.core import stats
+    from tokenmill.stages.partition import load_or_plan
+    from tokenmill.stages.tokenize import Tokenizing, tokenize_shard
+    from tokenmill.stages.train_tokenizer import install_pretrained
 
     from .conftest import TOKENIZERS
 
@@ -201,9 +201,9 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     its documents drawn from the whole shard."""
     from functools import partial
 
-    from tokenmill import tokenize
-    from tokenmill import validate as library
-    from tokenmill.readers import read_documents
+    from tokenmill.io.readers import read_documents
+    from tokenmill.stages import tokenize
+    from tokenmill.stages import validate as library
 
     lines = corpus_lines()
     lines[5:5] = [b"", b"  \t"]
@@ -279,8 +279,8 @@ def test_the_reference_ids_of_the_verified_documents_are_not_encoded_again(one_s
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tokenmill import layout
-    from tokenmill.tokenize import choose_run_encoder, verification_sample
+    from tokenmill.core import layout
+    from tokenmill.stages.tokenize import choose_run_encoder, verification_sample
 
     config, plan, tokenizer, table = one_split_dataset
     sizes = {"verify_bytes": 4_000_000, "check_bytes": 4_000_000}

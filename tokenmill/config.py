@@ -22,10 +22,10 @@ from tokenmill.formats.table import CHAT, FORMATS, NAMES, PAIRS, TEXT, TRAINERS
 # Imported where used: with pyarrow and fsspec, importing the config was half the time `tokenmill run` took to
 # start its cluster's process.
 if TYPE_CHECKING:
-    from tokenmill.chat import ChatTemplate
-    from tokenmill.plan import Shard
-    from tokenmill.readers import ReadOptions
-    from tokenmill.storage import Store
+    from tokenmill.core.plan import Shard
+    from tokenmill.io.readers import ReadOptions
+    from tokenmill.io.storage import Store
+    from tokenmill.tokenizers.chat import ChatTemplate
 
 
 # A name that is also a path segment (a dataset, a version, a mixture source): no slash, no leading dot.
@@ -105,8 +105,8 @@ class ChatConfig(_Section):
     )
 
     def record_format(self):
-        """The reader's view: `tokenmill.chat.RecordFormat`."""
-        from tokenmill.chat import SHAREGPT, RecordFormat
+        """The reader's view: `tokenmill.tokenizers.chat.RecordFormat`."""
+        from tokenmill.tokenizers.chat import SHAREGPT, RecordFormat
 
         base = SHAREGPT if self.format == "sharegpt" else RecordFormat()
         given = {
@@ -163,8 +163,8 @@ class PreferenceConfig(_Section):
     )
 
     def pair_format(self):
-        """The reader's view: `tokenmill.preference.PairFormat`."""
-        from tokenmill.preference import PairFormat
+        """The reader's view: `tokenmill.tokenizers.preference.PairFormat`."""
+        from tokenmill.tokenizers.preference import PairFormat
 
         return PairFormat(self.prompt_field, self.chosen_field, self.rejected_field, self.tools_field, self.form)
 
@@ -218,7 +218,7 @@ class InputConfig(_Section):
     @field_validator("metadata_fields")
     @classmethod
     def _not_a_table_column(cls, names: list[str]) -> list[str]:
-        from tokenmill.layout import DOCUMENTS_COLUMNS
+        from tokenmill.core.layout import DOCUMENTS_COLUMNS
 
         if taken := [n for n in names if n in DOCUMENTS_COLUMNS]:
             raise ValueError(
@@ -231,9 +231,9 @@ class InputConfig(_Section):
     ) -> ReadOptions:
         """How its files are read; a chat or preference input's records are rendered with `template`
         (`TokenizerInfo.chat`); `eos_token` is appended to a plain-text pair's completions (`TokenizerInfo`)."""
-        from tokenmill.chat import ChatReading
-        from tokenmill.preference import PairReading
-        from tokenmill.readers import ReadOptions
+        from tokenmill.io.readers import ReadOptions
+        from tokenmill.tokenizers.chat import ChatReading
+        from tokenmill.tokenizers.preference import PairReading
 
         chat = pairs = None
         if self.chat is not None and template is not None:
@@ -281,7 +281,7 @@ class SourceConfig(_Section):
 
 
 class MixConfig(_Section):
-    """How the sources' targets resolve into the mix a trainer draws (see tokenmill.mix)."""
+    """How the sources' targets resolve into the mix a trainer draws (see tokenmill.stages.mix)."""
 
     total_tokens: int | None = Field(
         None,
@@ -551,7 +551,7 @@ class OutputConfig(_Section):
 
     def store(self) -> Store:
         """The build directory, where every stage writes."""
-        from tokenmill.storage import Store
+        from tokenmill.io.storage import Store
 
         return Store(self.path, self.storage.fsspec_options())
 
@@ -817,7 +817,7 @@ class TokenmillConfig(_Section):
 
     def publish_root(self) -> Store:
         """`<publish path>/<name>`: the versions of this dataset and their LATEST pointer."""
-        from tokenmill.storage import Store
+        from tokenmill.io.storage import Store
 
         root = self.output.publish.path or self.output.path
         return Store(f"{root}/{self.name}", self.output.publish.storage.fsspec_options())

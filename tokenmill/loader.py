@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill import layout
+from tokenmill.core import layout
 from tokenmill.formats.packed import PackedReader, read_shuffle_index
 from tokenmill.formats.provenance import read_documents_table
 

@@ -18,7 +18,7 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-WORKER = "tokenmill worker"  # the common name of the workers' certificate (tokenmill.certs)
+WORKER = "tokenmill worker"  # the common name of the workers' certificate (tokenmill.commands.certs)
 
 # The operations that run code or submit work where they are received (scheduler, worker, nanny), or stop or
 # restart the cluster: a client's (through the scheduler) and the scheduler's. A worker needs none: it registers,

@@ -57,11 +57,11 @@ def walltime_seconds(walltime: str) -> int:
 
 
 def run_security(certs: Path, host: str):
-    """Mutual TLS for one run, from certificates made for it in `certs` (`tokenmill.certs`): only its own jobs can
-    join its scheduler, whose port anyone on the cluster's network could otherwise send code to."""
+    """Mutual TLS for one run, from certificates made for it in `certs` (`tokenmill.commands.certs`): only its own jobs
+    can join its scheduler, whose port anyone on the cluster's network could otherwise send code to."""
     from distributed.security import Security
 
-    from tokenmill.certs import make_certificates
+    from tokenmill.commands.certs import make_certificates
 
     make_certificates(certs, [host], days=30, keep_authority_key=False)  # no key on the shared storage can sign
     role = {r: (str(certs / f"{r}.pem"), str(certs / f"{r}-key.pem")) for r in ("scheduler", "worker", "client")}

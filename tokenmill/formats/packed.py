@@ -10,7 +10,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from tokenmill.packers import Packed
+from tokenmill.core.packers import Packed
 
 SUFFIXES = {"rows": ".tokens.npy", "cu_seqlens": ".cu_seqlens.npy", "row_offsets": ".row_offsets.npy"}
 LOSS_SUFFIX = ".loss.npy"  # conversations (input.chat): uint8 [n_rows, seq_len], 1 where the token carries loss

@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tokenmill.layout import DOCUMENTS_COLUMNS
-from tokenmill.readers import Batch, LineIds
+from tokenmill.core.layout import DOCUMENTS_COLUMNS
+from tokenmill.io.readers import Batch, LineIds
 
 COLUMNS = DOCUMENTS_COLUMNS  # named in layout, which config reads too
 

@@ -121,7 +121,7 @@ TRAINERS = tuple(name for name, format in FORMATS.items() if format.files)  # th
 class SplitOut:
     """What a trainer's layout of one shard's split is written from, and where (`write`)."""
 
-    store: Any  # tokenmill.storage.Store: the build
+    store: Any  # tokenmill.io.storage.Store: the build
     rels: list[str]  # the layout's files of the split (`layout.trainer_files`), the token file first
     files: dict  # each file written -> its size and sha256 (`Store.writing`), for the pack stage's marker
     tokens: Any  # the ids the layout holds, back to back (np.ndarray): the split's documents, or as packed

@@ -1,0 +1,156 @@
+"""Shard commit markers: the source of truth for what is done.
+
+A stage writes its shard's files first and its marker last; the marker holds the stage key (a hash of
+everything the output depends on), the shard's stats, and the size and sha256 of every file the shard wrote
+(hashed locally: the token files as their bytes are written, the others read back right after). A task that
+finds a marker with its key, and every file still as recorded, returns those stats at once, so reruns, retries
+and Dask's recomputations redo nothing; a file changed or deleted since its commit (a bit flip, a truncation, a stray
+`rm`) makes the shard be redone, and the result says why (`redone`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from tokenmill import __version__
+from tokenmill.config import TokenmillConfig
+from tokenmill.core import layout
+from tokenmill.io.storage import PLANTED_HINT, Planted, Store
+from tokenmill.stages import COMMITTING
+from tokenmill.stages import STAGES as ALL_STAGES
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
+
+# The stages that commit per shard (`tokenmill.stages`), in the order they run
+STAGES = (SCATTER, GATHER, SAMPLE, TOKENIZE, PACK) = COMMITTING
+MOVABLE = tuple(name for name in STAGES if ALL_STAGES[name].movable)  # a shard's output can change id
+
+
+def marker(stage: str, shard_id: int) -> str:
+    return f"_commits/{stage}/shard-{shard_id:05d}.json"
+
+
+class Commit:
+    """What a shard task learns from its marker: the committed result, or why there is none to reuse."""
+
+    def __init__(self, result: dict | None = None, redone: str | None = None):
+        self.result, self.redone = result, redone
+
+
+def read_marker(store: Store, stage: str, shard_id: int) -> dict | None:
+    """The shard's marker of `stage` as committed, None if there is none. Every file it lists must be one of this
+    shard's own files (named after it, in the dataset's layout) inside the output: tokenmill never writes another, so
+    one that names a file elsewhere (`../victim`) or another file of the dataset (its config, its plan) was planted
+    by a writer of the output location, and stops the run naming it (`Planted`) before anything is read, removed or
+    published through it."""
+    rel = marker(stage, shard_id)
+    if not store.exists(rel):
+        return None
+    done = store.read_json(rel)
+    files = done.get("files", {}) if isinstance(done, dict) else None
+    if not isinstance(files, dict):
+        raise Planted(f"{store.url_of(rel)} is not a commit marker tokenmill wrote (no file list): {PLANTED_HINT}")
+    for path in files:
+        if store.stored_path(path, rel) != path or layout.describe(path)["shard"] != shard_id:
+            raise Planted(
+                f"{store.url_of(rel)} names {path!r}, which is not a file of shard {shard_id:05d}: {PLANTED_HINT}"
+            )
+    return done
+
+
+def check(store: Store, stage: str, shard_id: int, key: str) -> Commit:
+    """The committed result of `stage` for this shard if it was made with `key` and its files are intact;
+    else `redone` says what changed (None when there was no usable marker at all)."""
+    done = read_marker(store, stage, shard_id)
+    if done is None:
+        return Commit()
+    if done.get("key") != key:
+        return Commit()
+    for path, recorded in sorted(done.get("files", {}).items()):
+        if (damage := changed(store, path, recorded)) is not None:
+            return Commit(redone=f"{stage} shard {shard_id:05d}: {path} {damage} since its commit; redoing the shard")
+    return Commit(done["result"])
+
+
+def changed(store: Store, path: str, recorded: dict) -> str | None:
+    """How a committed file differs from its record: missing, another size, other bytes; None if intact.
+    The size is compared first (a metadata call); the sha256 then reads the file (~1 GB/s locally). A link or a
+    special file put in its place is a change (the shard is made again, its file written in place of the link)."""
+    if not store.exists(path):
+        return "was deleted"
+    if store.is_local and not store.is_regular(path):
+        return "was replaced by a link or a special file"
+    if (size := store.size(path)) != recorded["bytes"]:
+        return f"changed size ({size} bytes, {recorded['bytes']} committed)"
+    if store.sha256(path) != recorded["sha256"]:
+        return "changed content (sha256 differs)"
+    return None
+
+
+def committed(store: Store, stage: str, shard_id: int, key: str) -> dict | None:
+    """The committed result of `stage` for this shard, if it was made with `key` and its files are intact."""
+    return check(store, stage, shard_id, key).result
+
+
+def commit(store: Store, stage: str, shard_id: int, key: str, result: dict, files: dict | None = None) -> dict:
+    """Write the marker, last: `files` maps each file the shard wrote to its size and sha256 (see
+    `Store.writing(rel, record=files)`)."""
+    store.write_json(marker(stage, shard_id), {"key": key, "result": result, "files": files or {}})
+    return result
+
+
+def discard(store: Store, shard_ids: list[int]) -> None:
+    """Remove what the shards committed in every stage, files first, markers last: their ids now name other
+    shards (or none), and a reader of the build directory must not find an old shard's file beside them."""
+    for stage in STAGES:
+        for shard_id in shard_ids:
+            if (done := read_marker(store, stage, shard_id)) is not None:
+                for path in done["files"]:
+                    store.remove(path)
+                store.remove(marker(stage, shard_id))
+
+
+def lift(store: Store, moves: dict[int, int]) -> list[tuple[str, int, int, dict]]:
+    """The first half of giving shards new ids (`moves`: old id -> new id): take their markers away, so that no
+    task takes their files for the shards their old ids now name, and return the movable ones for `land`. The
+    other stages' outputs are made again."""
+    lifted = []
+    for stage in STAGES:
+        for old, new in moves.items():
+            if (done := read_marker(store, stage, old)) is not None:
+                if stage in MOVABLE:
+                    lifted.append((stage, old, new, done))
+                store.remove(marker(stage, old))
+    return lifted
+
+
+def land(store: Store, lifted: list[tuple[str, int, int, dict]]) -> None:
+    """The second half: rename the lifted shards' files to their new ids and commit them there. A shard with a
+    file missing is left uncommitted (its next task makes it again); so is every shard if this never runs."""
+    whole = [(stage, old, new, done) for stage, old, new, done in lifted if all(map(store.exists, done["files"]))]
+    names = {rel: layout.renumbered(rel, old, new) for _, old, new, done in whole for rel in done["files"]}
+    store.move_all(names)
+    for stage, _, new, done in whole:
+        files = {names[rel]: recorded for rel, recorded in done["files"].items()}
+        commit(store, stage, new, done["key"], done["result"] | {"shard_id": new}, files)
+
+
+def tokenize_key(config: TokenmillConfig, tokenizer: TokenizerInfo) -> str:
+    """The run's part of each shard's tokenize key (`shard_key`): what a shard's tokens depend on besides what it
+    is made from: the config, the tokenizer, tokenmill; not its id or the run that made it."""
+    config_part = config.section_hash("input", "partition", "split", "tokenizer", checks=False)
+    templates = "".join(f"-{template.digest()}" for _, template in tokenizer.chat)  # a changed template: new tokens
+    return f"{config_part}-{tokenizer.sha256[:16]}{templates}-{__version__}"
+
+
+def pack_key(config: TokenmillConfig) -> str:
+    """The run's part of each shard's pack key beyond its tokens (`shard_key`): the pack config and the formats."""
+    # The formats and llm.c cap change what this stage writes; output.path does not (a moved dataset is reused).
+    formats = json.dumps([config.output.formats, config.output.llmc_shard_tokens]).encode()
+    return f"{config.section_hash('pack')}-{hashlib.sha256(formats).hexdigest()[:8]}"
+
+
+def shard_key(tokenize: str, source: str, pack: str | None = None) -> str:
+    """A shard's tokenize key (its pack key with `pack`): the run's parts (`tokenize_key`, `pack_key`) and what the
+    shard is made from (`source`: its pieces and their files' fingerprints)."""
+    return f"{tokenize}-{source}" if pack is None else f"{tokenize}-{source}-{pack}"

@@ -1,0 +1,902 @@
+"""Reading documents out of input files: JSONL (plain, .gz, .zst), Parquet and plain text.
+
+A shard is a list of pieces; a piece is one file, a newline-aligned byte range of an uncompressed JSONL
+file (whose first line number the partition recorded), or some row groups of a Parquet file. Every
+record of a piece ends up either in a batch of documents or as a reject naming its file, line (or row)
+and reason; with `on_invalid="fail"` the first bad record stops the read with that message instead.
+Each batch is checked with a pandera schema: text present and a string within the size limits, id
+present and unique within the shard.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import gzip
+import heapq
+import io
+import itertools
+import mmap
+import os
+import stat
+import threading
+import zlib
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, BinaryIO, Literal
+
+import fsspec
+import numpy as np
+import orjson
+import pyarrow
+import pyarrow.compute as pc
+import pyarrow.json as pj
+import pyarrow.parquet as pq
+import zstandard
+from fsspec.implementations.local import LocalFileSystem
+
+from tokenmill.io.buffers import scan_parts
+from tokenmill.io.storage import DIRECT_ALIGN, options_for
+
+if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 s of every worker's start)
+    import pandas as pd
+    import pandera.pandas as pa
+
+    from tokenmill.tokenizers.chat import ChatReading, RenderedChat
+    from tokenmill.tokenizers.preference import PairReading, PairTexts
+
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+# What reading a truncated or corrupt compressed file raises: gzip's stream ended early or its data is not gzip's
+# (EOFError, gzip.BadGzipFile, zlib.error), a zstd frame that does not decode.
+CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
+BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
+READ_BUFFER = 1 << 20
+SAMPLE_BLOCK_BYTES = 64 << 10  # a sample's run of neighbouring documents (`sampled_blocks`): ~40 Wikipedia articles
+LONG_LINE = 1 << 20  # a line that ends a directly read block may run this far past it (longer: it is mapped)
+_LIBC = ctypes.CDLL(None, use_errno=True)
+PANDERA_IMPORT = threading.Lock()
+
+
+def schema_library():
+    """`pandera.pandas`, imported under a lock. Its modules import each other, so two threads importing it at once
+    can deadlock (Python then raises `_DeadlockError` in one of them): the flow imports it in a thread while it
+    waits for the encoder choice, and a small run's validate can need it before that is done."""
+    with PANDERA_IMPORT:
+        import pandera.pandas
+
+        return pandera.pandas
+
+
+LINE_PROBE = 64 << 10  # read at a cut until its line ends
+Buffer = bytes | memoryview
+OnInvalid = Literal["fail", "quarantine"]
+
+
+def compression_of(url: str) -> str | None:
+    for suffix, codec in COMPRESSIONS.items():
+        if url.endswith(suffix):
+            return codec
+    return None
+
+
+def format_of(url: str) -> str:
+    """`jsonl`, `parquet` or `text`, from the file name (compression suffixes ignored)."""
+    name = url.rsplit("/", 1)[-1].lower()
+    for suffix in COMPRESSIONS:
+        name = name.removesuffix(suffix)
+    if name.endswith((".jsonl", ".json", ".ndjson")):
+        return "jsonl"
+    if name.endswith((".parquet", ".pq")):
+        return "parquet"
+    return "text"
+
+
+def display_name(url: str) -> str:
+    """The file name used in document ids and messages: stable whatever directory the corpus sits in."""
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass
+class Piece:
+    path: str
+    start: int = 0  # byte offset in the uncompressed stream (always 0 for compressed files)
+    end: int | None = None  # exclusive; None: to the end of the file
+    # None: not counted (see partition.counts_lines): its lines are numbered from 1 at `start` until its file's
+    # earlier pieces have been read
+    first_line: int | None = 1
+    row_groups: list[int] | None = None  # Parquet: which row groups; None: all
+    format: str | None = None  # overrides the configured format (the shuffle's own files are "shuffled")
+
+
+@dataclass
+class ReadOptions:
+    """How records become documents (from the `input` config section)."""
+
+    text_field: str = "text"
+    id_field: str | None = None
+    format: str = "auto"  # jsonl | parquet | text, or auto: from the file name
+    on_invalid: OnInvalid = "quarantine"
+    min_chars: int = 1
+    max_chars: int | None = None
+    separator: str | None = None  # plain text: a line that separates documents; None: one document per file
+    fields: tuple[str, ...] = ()  # extra fields to carry along (e.g. for stratified sampling)
+    storage_options: dict = field(default_factory=dict)
+    conversations: bool = False  # records are conversations (input.chat) or pairs (input.preference): read whole
+    chat: ChatReading | None = None  # conversations' template; needed to read them
+    pairs: PairReading | None = None  # preference pairs' fields and template; needed to read them
+
+
+class LineIds(Sequence[str]):
+    """The ids `<file>:<line>` of a block's `count` lines from `first`, made only when asked for: a run into one
+    split hashes none of them."""
+
+    def __init__(self, name: str, first: int, count: int):
+        self.name, self.first, self.count = name, first, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):
+        return self.as_list()[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.as_list())
+
+    def as_list(self) -> list[str]:
+        return [f"{self.name}:{n}" for n in range(self.first, self.first + self.count)]
+
+
+@dataclass
+class Batch:
+    ids: Sequence[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    extra: dict[str, list] = field(default_factory=dict)
+    nbytes: int = 0
+    text_array: pyarrow.Array | None = None  # the columnar fast path's texts (then `texts` stays empty)
+    chats: list[RenderedChat] | None = None  # conversations: each rendered, with its spans that carry loss (`texts`)
+    pairs: list[PairTexts] | None = None  # preference pairs: each one's texts (`texts`: its longest)
+    lines: int = 0  # the fast path's: the lines of the file its block spans, blank and rejected ones included
+    # the fast path's: its block, as a piece of its file (read alone, it gives this batch's records again)
+    block: Piece | None = None
+    # Where each document came from, for its row of the documents table (`formats.provenance`): its input file
+    # (the path as the plan lists it), and its line there (JSONL, text; from 1) or row (Parquet; from 1)
+    doc_files: list[str] = field(default_factory=list)
+    doc_lines: list[int] | np.ndarray = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def text_values(self) -> pyarrow.Array | list[str]:
+        """The texts as the fast path read them (a pyarrow string array), else the list."""
+        return self.text_array if self.text_array is not None else self.texts
+
+
+@dataclass
+class Reject:
+    file: str
+    line: int  # line number (JSONL, text) or row number (Parquet), from 1; 0: the file as a whole
+    reason: str
+    record: str  # the raw record, cut to a readable length
+    from_byte: int | None = None  # set where `line` counts from this offset of the file, not from its start
+
+    def to_dict(self) -> dict:
+        where = {} if self.from_byte is None else {"from_byte": self.from_byte}
+        return {"file": self.file, "line": self.line, **where, "reason": self.reason, "record": self.record}
+
+
+class InputError(Exception):
+    """Input that cannot be read at all (missing, truncated, undecodable), or a bad record under `fail`."""
+
+
+@dataclass
+class Record:
+    """One record as read, before validation: its position, values (None when absent) and raw form."""
+
+    line: int
+    doc_id: object
+    text: object
+    extra: dict
+    raw: bytes
+    problem: str | None = None  # set when the record could not even be parsed
+    file: str = ""  # the input file it came from (set by `records`)
+    size: int = -1  # bytes as read; -1: len(raw)
+    path: str = ""  # that file's path as the plan lists it (set by `records`)
+
+    def __post_init__(self):
+        if self.size < 0:
+            self.size = len(self.raw)
+
+    def to_json(self) -> bytes:
+        """The record as one JSONL line, for the shuffle to carry it unvalidated to another shard
+        (the raw form only where it could not be parsed: otherwise id and text say it all)."""
+        raw = _shorten(self.raw) if self.problem else ""
+        fields = (self.file, self.line, self.doc_id, self.text, self.extra, raw, self.problem, self.size, self.path)
+        return orjson.dumps(dict(zip(SHUFFLED_FIELDS, fields, strict=True)), default=str) + b"\n"
+
+
+SHUFFLED_FIELDS = ("file", "line", "id", "text", "extra", "raw", "problem", "size", "path")
+
+
+def field_value(record, dotted: str):
+    """The value at a dotted path in a parsed record (`meta.text`), or None where it is absent."""
+    value = record
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+@contextmanager
+def open_piece(piece: Piece, options: ReadOptions) -> Iterator[BinaryIO]:
+    """The piece's file as a binary stream, decompressed (positions are uncompressed offsets)."""
+    storage = options_for(piece.path, options.storage_options)
+    codec = compression_of(piece.path)
+    with fsspec.open(piece.path, "rb", compression=codec, **storage) as f:
+        # zstandard's stream reader reads but cannot iterate lines by itself
+        yield io.BufferedReader(f, READ_BUFFER) if codec == "zstd" else f
+
+
+def _jsonl_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
+    with open_piece(piece, options) as f:
+        if piece.start:
+            f.seek(piece.start)
+        pos, number = piece.start, piece.first_line or 1
+        for line in f:
+            if piece.end is not None and pos >= piece.end:
+                break
+            pos += len(line)
+            line = line.rstrip(b"\r\n")
+            if line.strip():  # blank lines separate nothing in JSONL; they are not records
+                yield _parse_json_line(number, line, options, name)
+            number += 1
+
+
+def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) -> Record:
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        # What the fast path's parser takes, a line takes here too: NaN and Infinity, nesting past orjson's 1,024
+        # levels. Otherwise a record's fate would depend on whether its block went the careful way.
+        record = _arrow_record(line, options)
+        if record is None:
+            try:
+                line.decode("utf-8")
+                problem = f"malformed JSON: {e}"
+            except UnicodeDecodeError as u:
+                problem = f"invalid UTF-8 at byte {u.start}"
+            return Record(number, None, None, {}, line, problem)
+    if not isinstance(record, dict):
+        return Record(number, None, None, {}, line, f"not a JSON object ({type(record).__name__})")
+    doc_id = f"{name}:{number}" if options.id_field is None else field_value(record, options.id_field)
+    extra = {f: field_value(record, f) for f in options.fields}
+    text = record if options.conversations else field_value(record, options.text_field)
+    return Record(number, doc_id, text, extra, line)
+
+
+def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
+    with fsspec.open(piece.path, "rb", **options_for(piece.path, options.storage_options)) as f:
+        parquet = pq.ParquetFile(f)
+        groups = piece.row_groups if piece.row_groups is not None else list(range(parquet.num_row_groups))
+        top = {name.split(".")[0] for name in (options.text_field, options.id_field, *options.fields) if name}
+        if options.conversations:  # a conversation's fields are the record's (input.chat names them)
+            top = set(parquet.schema_arrow.names)
+        if missing := top - set(parquet.schema_arrow.names):
+            raise InputError(f"{name}: no column {sorted(missing)[0]!r} in the Parquet schema")
+        starts = [0]
+        for g in range(parquet.num_row_groups):
+            starts.append(starts[-1] + parquet.metadata.row_group(g).num_rows)
+        for g in groups:
+            rows = parquet.read_row_group(g, columns=sorted(top)).to_pylist()
+            for offset, record in enumerate(rows):
+                number = starts[g] + offset + 1
+                doc_id = f"{name}:{number}" if options.id_field is None else field_value(record, options.id_field)
+                extra = {f: field_value(record, f) for f in options.fields}
+                text = record if options.conversations else field_value(record, options.text_field)
+                yield Record(number, doc_id, text, extra, orjson.dumps(record, default=str))
+
+
+def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
+    with open_piece(piece, options) as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        yield Record(0, None, None, {}, data[:2000], f"invalid UTF-8 at byte {e.start}")
+        return
+    if options.separator is None:
+        yield Record(1, name, text, {}, data)
+        return
+    lines, start = text.split("\n"), 0
+    for number, line in enumerate([*lines, options.separator], start=1):
+        if line == options.separator:
+            doc = "\n".join(lines[start : number - 1])
+            if doc.strip():
+                yield Record(start + 1, f"{name}:{start + 1}", doc, {}, doc.encode())
+            start = number
+
+
+def _shuffled_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
+    """Records as the global shuffle wrote them, each still naming its original file and line."""
+    with open_piece(piece, options) as f:
+        for line in f:
+            yield _shuffled_record(line)
+
+
+def _shuffled_record(line: bytes) -> Record:
+    r = orjson.loads(line)
+    raw = r["raw"].encode() if r["problem"] else orjson.dumps({"id": r["id"], "text": r["text"]}, default=str)
+    path = r.get("path") or r["file"]  # a scatter of an earlier tokenmill carried the file's name only
+    return Record(r["line"], r["id"], r["text"], r["extra"], raw, r["problem"], r["file"], r["size"], path)
+
+
+READERS = {"jsonl": _jsonl_records, "parquet": _parquet_records, "text": _text_records, "shuffled": _shuffled_records}
+LINE_KINDS = ("jsonl", "shuffled")  # one record per line: a block of whole lines can be read on its own
+
+
+def kind_of(piece: Piece, options: ReadOptions) -> str:
+    """The piece's reader: `jsonl`, `parquet`, `text` or `shuffled`."""
+    return piece.format or (format_of(piece.path) if options.format == "auto" else options.format)
+
+
+def _skip_to(f: BinaryIO, position: int, target: int) -> int:
+    """Move forward to `target` (reading and dropping where the stream cannot seek); return the position."""
+    if f.seekable():
+        f.seek(target)
+        return target
+    while position < target and (data := f.read(min(target - position, 1 << 20))):
+        position += len(data)
+    return position
+
+
+def sampled_blocks(piece: Piece, options: ReadOptions, every: int, phase: int) -> Iterator[tuple[int, bytes]]:
+    """(block number, its whole lines) for the blocks b = phase (mod every) of the piece's file that start in the
+    piece: the lines starting at offsets [b * SAMPLE_BLOCK_BYTES, (b + 1) * SAMPLE_BLOCK_BYTES), the last one read to
+    its end. The same lines whatever the piece's bounds, so the sample does not depend on the shards."""
+    first = -(-piece.start // SAMPLE_BLOCK_BYTES)  # the first block starting in the piece
+    b = first + (phase - first) % every
+    with open_piece(piece, options) as f:
+        position = 0
+        while piece.end is None or b * SAMPLE_BLOCK_BYTES < piece.end:
+            lo, hi = b * SAMPLE_BLOCK_BYTES, (b + 1) * SAMPLE_BLOCK_BYTES
+            if position < lo:  # the first line start at or after lo follows the first newline at or after lo - 1
+                position = _skip_to(f, position, max(lo - 1, 0))
+                head = f.read(hi - position)
+                position += len(head)
+                if not head:
+                    return
+                cut = head.find(b"\n") + 1 if lo else 0
+                lines = head[cut:] if cut or not lo else b""
+            else:  # a line of an earlier block ended at or after lo: `position` is a line start
+                lines = f.read(hi - position) if position < hi else b""
+                position += len(lines)
+            if lines and not lines.endswith(b"\n"):
+                tail = f.readline()
+                lines, position = lines + tail, position + len(tail)
+            if lines:
+                yield b, lines
+            b += every
+
+
+def read_lines(
+    block: bytes, first_line: int, name: str, kind: str, options: ReadOptions, seen_ids: set[str]
+) -> tuple[Batch, list[Reject]]:
+    """The documents and rejects of a block of whole lines of a line-based input (`LINE_KINDS`) whose first
+    is line `first_line` of file `name`."""
+    if kind == "jsonl":
+        return jsonl_block(block, first_line, name, options, seen_ids)
+    return _checked([_shuffled_record(line) for line in block.split(b"\n") if line.strip()], options, seen_ids)
+
+
+def records(piece: Piece, options: ReadOptions) -> Iterator[Record]:
+    """The piece's records, with file-level failures turned into one clear message."""
+    name = display_name(piece.path)
+    count = 0
+    try:
+        for raw in READERS[kind_of(piece, options)](piece, options, name):
+            count += 1
+            raw.file, raw.path = raw.file or name, raw.path or piece.path
+            yield raw
+    except FileNotFoundError as e:
+        raise InputError(f"{piece.path}: no such file") from e
+    except InputError:
+        raise
+    except Exception as e:  # truncated gzip, corrupt zstd frame, unreadable Parquet: name the file, not the library
+        problem = f"cannot be read after {count} records ({type(e).__name__}: {e})"
+        if options.on_invalid == "fail":
+            raise InputError(f"{name}: {problem}") from e
+        yield Record(0, None, None, {}, b"", problem, name)
+        return
+    if count == 0 and piece.start == 0 and not piece.row_groups and piece.format != "shuffled":
+        problem = "empty file: no records"
+        if options.on_invalid == "fail":
+            raise InputError(f"{name}: {problem}")
+        yield Record(0, None, None, {}, b"", problem, name)
+
+
+def largest_records(pieces: list[Piece], options: ReadOptions, most: int = 3) -> list[tuple[str, int, int]]:
+    """(file, line, bytes) of the `most` largest records of the pieces, largest first: what a message about a shard
+    that ran out of memory names. One pass of the careful reader (it parses each record)."""
+    return heapq.nlargest(
+        most, ((r.file, r.line, r.size) for p in pieces for r in records(p, options)), key=lambda r: r[2]
+    )
+
+
+def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchema:
+    """The checks every batch passes: text a string within the size limits, id present and unique in the shard."""
+    pa = schema_library()
+
+    def is_string(values: pd.Series) -> pd.Series:
+        return values.map(lambda v: v is None or isinstance(v, str)).astype(bool)
+
+    def within_limits(values: pd.Series) -> pd.Series:
+        lengths = values.map(lambda v: len(v) if isinstance(v, str) else 0)
+        ok = lengths >= options.min_chars
+        return ok & (lengths <= options.max_chars) if options.max_chars is not None else ok
+
+    limit = f"at most {options.max_chars:,}" if options.max_chars is not None else "no upper limit"
+    return pa.DataFrameSchema(
+        {
+            "text": pa.Column(
+                checks=[
+                    pa.Check(lambda t: t.notna(), error=f"text field {options.text_field!r} missing", ignore_na=False),
+                    pa.Check(is_string, error=f"text field {options.text_field!r} not a string", ignore_na=False),
+                    pa.Check(
+                        within_limits,
+                        error=f"text length outside [{options.min_chars}, {limit}] characters",
+                        ignore_na=False,
+                    ),
+                ],
+                nullable=True,  # absence is reported by a check that names the field
+            ),
+            "doc_id": pa.Column(
+                checks=[
+                    pa.Check(lambda ids: ids.notna(), error=f"id field {options.id_field!r} missing", ignore_na=False),
+                    pa.Check(lambda ids: ~ids.astype(str).isin(seen_ids), error="duplicate id in this shard"),
+                ],
+                nullable=True,
+            ),
+        },
+        unique=["doc_id"],
+        report_duplicates="exclude_first",  # the first occurrence is the document, later ones are rejects
+    )
+
+
+def _validate(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> dict[int, str]:
+    """Position in `raws` -> the first reason it is not a valid document."""
+    import pandas as pd
+
+    pa = schema_library()
+    problems = {i: r.problem for i, r in enumerate(raws) if r.problem}
+    frame = pd.DataFrame({"text": [r.text for r in raws], "doc_id": [r.doc_id for r in raws]}, dtype=object).drop(
+        index=list(problems)
+    )
+    try:
+        record_schema(options, seen_ids).validate(frame, lazy=True)
+    except pa.errors.SchemaErrors as e:
+        cases = e.failure_cases.dropna(subset=["index"])
+        for index, check in zip(cases["index"], cases["check"], strict=True):
+            reason = "duplicate id in this shard" if check == "multiple_fields_uniqueness" else check
+            problems.setdefault(int(index), reason)
+    return problems
+
+
+def _shorten(raw: bytes, limit: int = 2000) -> str:
+    text = raw.decode("utf-8", errors="replace")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def read_documents(
+    pieces: list[Piece], options: ReadOptions, columnar: bool = False, batch_bytes: int = BATCH_BYTES
+) -> Iterator[tuple[Batch, list[Reject]]]:
+    """Yield (batch of valid documents, rejects among the same records), batches of about `batch_bytes`.
+    With `columnar`, plain JSONL is read by the fast path (`_fast_jsonl`) where it applies."""
+    seen_ids: set[str] = set()
+    paths_named: dict[str, set[str]] = {}
+    for piece in pieces:
+        paths_named.setdefault(display_name(piece.path), set()).add(piece.path)
+    for piece in pieces:
+        if columnar and fast_path_applies(piece, options):
+            own_name = len(paths_named[display_name(piece.path)]) == 1
+            yield from _fast_jsonl(piece, options, seen_ids, batch_bytes, own_name)
+            continue
+        pending: list[Record] = []
+        pending_bytes = 0
+        stream = records(piece, options)
+        while True:
+            raw = next(stream, None)
+            if raw is not None:
+                pending.append(raw)
+                pending_bytes += raw.size
+                if pending_bytes < batch_bytes:
+                    continue
+            if pending:
+                yield _checked(pending, options, seen_ids)
+                pending, pending_bytes = [], 0
+            if raw is None:
+                break
+
+
+def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tuple[Batch, list[Reject]]:
+    if options.conversations:
+        return _checked_conversations(raws, options, seen_ids)
+    problems = _validate(raws, options, seen_ids)
+    if problems and options.on_invalid == "fail":
+        first = raws[min(problems)]
+        where = "the file" if first.line == 0 else f"line {first.line}"
+        raise InputError(f"{first.file}, {where}: {problems[min(problems)]}")
+    batch = Batch(extra={f: [] for f in options.fields})
+    rejects = []
+    for i, raw in enumerate(raws):
+        if i in problems:
+            rejects.append(Reject(raw.file, raw.line, problems[i], _shorten(raw.raw)))
+            continue
+        doc_id = str(raw.doc_id)
+        seen_ids.add(doc_id)
+        batch.ids.append(doc_id)
+        batch.texts.append(raw.text)
+        batch.doc_files.append(raw.path)
+        batch.doc_lines.append(raw.line)
+        for f in options.fields:
+            batch.extra[f].append(raw.extra.get(f))
+        batch.nbytes += raw.size
+    return batch, rejects
+
+
+def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tuple[Batch, list[Reject]]:
+    """`_checked` for conversations: each record rendered with its template (`ChatReading.rendered`; a preference
+    pair's texts, `PairReading.rendered`); a record that makes no conversation or pair, or that the template refuses
+    or renders so that its assistant turns cannot be found, is a reject naming the field and what is wrong."""
+    from tokenmill.tokenizers.chat import ChatError, SpanError
+
+    reading = options.pairs or options.chat
+    if reading is None:
+        raise InputError("conversations are read with their chat template (the tokenizer's install probes it)")
+    batch = Batch(extra={f: [] for f in options.fields}, chats=None if options.pairs else [])
+    batch.pairs, rejects = [] if options.pairs else None, []
+    for raw in raws:
+        problem, doc_id = raw.problem, None if raw.doc_id is None else str(raw.doc_id)
+        if problem is None and doc_id is None:
+            problem = f"id field {options.id_field!r} missing"
+        elif problem is None and doc_id in seen_ids:
+            problem = "duplicate id in this shard"
+        elif problem is None:
+            try:
+                rendered = reading.rendered(raw.text)
+            except (ChatError, SpanError) as e:
+                problem = str(e)
+        if problem is not None and options.on_invalid == "fail":
+            where = "the file" if raw.line == 0 else f"line {raw.line}"
+            raise InputError(f"{raw.file}, {where}: {problem}")
+        if problem is not None:
+            rejects.append(Reject(raw.file, raw.line, problem, _shorten(raw.raw)))
+            continue
+        seen_ids.add(doc_id)
+        batch.ids.append(doc_id)
+        batch.texts.append(rendered.text)
+        (batch.chats if batch.pairs is None else batch.pairs).append(rendered)
+        batch.doc_files.append(raw.path)
+        batch.doc_lines.append(raw.line)
+        for f in options.fields:
+            batch.extra[f].append(raw.extra.get(f))
+        batch.nbytes += raw.size
+    return batch, rejects
+
+
+# --- the columnar fast path -------------------------------------------------------------------------------
+# Plain (uncompressed) JSONL with top-level text, id and extra fields is parsed by pyarrow a block of whole lines
+# at a time, and the batch schema's checks run vectorised on the columns. A block with any problem at all
+# (a parse error, invalid UTF-8, a blank line, a missing or non-string text, a length out of bounds, a missing,
+# non-string or repeated id) is read again by the careful path above, record by record, so every bad record still
+# becomes a reject naming its file, line and reason, exactly as without the fast path. pyarrow and orjson decode
+# escaped surrogates alike (pairs to the same UTF-8, a lone or misordered one is an error to both: tested), so
+# escapes need no scan of their own.
+
+
+def fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
+    dotted = any("." in n for n in (options.text_field, options.id_field or "", *options.fields))
+    plain = kind_of(piece, options) == "jsonl" and compression_of(piece.path) is None
+    return plain and not dotted and not options.conversations
+
+
+def _fast_jsonl(
+    piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int, own_name: bool = False
+) -> Iterator[tuple[Batch, list[Reject]]]:
+    name, read_any = display_name(piece.path), False
+    counted, start = piece.first_line is not None, piece.start
+    try:
+        for block, line, newlines in line_blocks(piece, options, batch_bytes):
+            read_any = True
+            batch, rejects = jsonl_block(block, line, name, options, seen_ids, newlines, own_name)
+            batch.lines = newlines + (block[-1:] != b"\n")
+            batch.block, start = Piece(piece.path, start, start + len(block), line), start + len(block)
+            batch.doc_files = [piece.path] * len(batch)  # a block is of one file (its careful path names none)
+            for reject in [] if counted else rejects:
+                reject.from_byte = piece.start
+            yield batch, rejects
+    except FileNotFoundError as e:
+        raise InputError(f"{piece.path}: no such file") from e
+    except InputError as e:  # a bad record under `fail`, in a piece whose first line was not counted
+        if counted:
+            raise
+        raise InputError(
+            f"{e} (lines counted from byte {piece.start}, where this shard's piece of the file starts)"
+        ) from None
+    if piece.start == 0 and not read_any:  # an empty file: the careful path says so
+        yield from read_documents([piece], options)
+
+
+def count_newlines(data: Buffer) -> int:
+    """The line endings in `data`, vectorised (2.5x `bytes.count`), a part at a time (`scan_parts`)."""
+    return sum(int(np.count_nonzero(part == 10)) for _, part in scan_parts(np.frombuffer(data, np.uint8)))
+
+
+def count_crlf(data: Buffer) -> int:
+    """The CRLF line endings in `data`, vectorised; a block with no carriage return at all costs one search."""
+    if not _holds_carriage_return(data):
+        return 0
+    data = np.frombuffer(data, np.uint8)
+    returns = np.flatnonzero(data[:-1] == 13)
+    return int(np.count_nonzero(data[returns + 1] == 10))
+
+
+def _holds_carriage_return(data: Buffer) -> bool:
+    """Whether `data` holds a CR: searched in place at memchr's speed (5x numpy's comparison) where `data` is bytes
+    or a view of bytes or of a memory map (as `_mapped` makes them)."""
+    owner = data.obj if isinstance(data, memoryview) and data.contiguous else data
+    if isinstance(owner, bytes | mmap.mmap):
+        offset = np.frombuffer(data, np.uint8).ctypes.data - np.frombuffer(owner, np.uint8).ctypes.data
+        return owner.find(b"\r", offset, offset + len(data)) >= 0
+    return bool((np.frombuffer(data, np.uint8) == 13).any())
+
+
+def line_start(f: BinaryIO, target: int) -> int:
+    """Where a line of the seekable file `f` starts at or after `target`: just past the first newline at or after
+    max(target - 1, 0), or at the file's end."""
+    position = f.seek(max(target - 1, 0))
+    while chunk := f.read(LINE_PROBE):
+        if (nl := chunk.find(b"\n")) >= 0:
+            return position + nl + 1
+        position += len(chunk)
+    return position
+
+
+def line_blocks(
+    piece: Piece, options: ReadOptions, batch_bytes: int = BATCH_BYTES
+) -> Iterator[tuple[Buffer, int, int]]:
+    """A line-based piece as blocks of whole lines of about `batch_bytes`: (block, the number of its first line,
+    the line endings it holds), each block bytes or a memoryview. Nothing for an empty file."""
+    pos, line = piece.start, piece.first_line or 1
+    for block in _whole_line_blocks(piece, options, batch_bytes):
+        if pos == 0 and _blank(block):
+            break
+        newlines = count_newlines(block)  # once per block: it is a pass over 8 MB
+        yield block, line, newlines
+        pos, line = pos + len(block), line + newlines + (block[-1:] != b"\n")
+
+
+def _whole_line_blocks(piece: Piece, options: ReadOptions, batch_bytes: int) -> Iterator[Buffer]:
+    """The piece's bytes, in blocks of whole lines of about `batch_bytes`. A local uncompressed file's blocks are
+    views of a memory map each, not copies: reading 8 MB blocks into fresh buffers cost 40% as much CPU as
+    parsing them. A block's map goes with its last view, so a worker's memory holds a block or two of the file."""
+    fs, path = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
+    if isinstance(fs, LocalFileSystem) and compression_of(piece.path) is None:
+        with open(path, "rb") as f:
+            status = os.fstat(f.fileno())
+            if stat.S_ISREG(status.st_mode):  # not a pipe or a device: those have no size to map
+                end = status.st_size if piece.end is None else min(piece.end, status.st_size)
+                yield from _local_blocks(f, path, piece.start, end, batch_bytes)
+                return
+    with open_piece(piece, options) as f:
+        if piece.start:
+            f.seek(piece.start)
+        pos = piece.start
+        while piece.end is None or pos < piece.end:
+            block = f.read(batch_bytes if piece.end is None else min(batch_bytes, piece.end - pos))
+            if block and not block.endswith(b"\n") and (piece.end is None or pos + len(block) < piece.end):
+                block += f.readline()  # whole lines only
+            if not block:
+                break
+            if piece.end is not None and pos + len(block) > piece.end:
+                block = block[: piece.end - pos]
+            yield block
+            pos += len(block)
+
+
+def _local_blocks(f: BinaryIO, path: str, start: int, end: int, batch_bytes: int) -> Iterator[memoryview]:
+    """Bytes [start, end) of the local file `f`, in blocks of whole lines from `batch_bytes` to the end of the line
+    it ends in. Blocks in the page cache are views of memory maps; the others are read with O_DIRECT into one of
+    two reused buffers, the next block while the caller parses this one: a memory map faulting its pages in from
+    disk cost two workers reading at once 0.2-0.6 s more CPU per GB than reads that skip the page cache (and the
+    whole run 20% more wall), and the page cache is left to the output. A block read so is valid until the next
+    one is asked for (its readers copy what they keep: pyarrow's parse, the careful path's `bytes`)."""
+    direct = _open_direct(path) if end - start > 2 * batch_bytes else None  # a block or two: little to read ahead
+    if direct is None:
+        for stop in _block_ends(f, start, end, batch_bytes):
+            yield _mapped(f, start, stop)
+            start = stop
+        return
+    pages = -(-(batch_bytes + LONG_LINE) // DIRECT_ALIGN) + 1  # one more: a block starts anywhere in its first
+    buffers = [mmap.mmap(-1, pages * DIRECT_ALIGN) for _ in range(2)]
+    pool = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-read-ahead")
+    try:
+        reading = pool.submit(_next_block, f, direct, buffers[0], start, end, batch_bytes)
+        for turn in itertools.count(1):
+            block = reading.result()
+            start += len(block)
+            reading = pool.submit(_next_block, f, direct, buffers[turn % 2], start, end, batch_bytes)
+            yield block
+            if start >= end:
+                break
+    finally:
+        pool.shutdown()  # the read ahead is done with the file before it closes
+        os.close(direct)
+
+
+def _open_direct(path: str) -> int | None:
+    """A descriptor of `path` for reads that skip the page cache (O_DIRECT), or None where the system or its file
+    system has none (macOS, tmpfs)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except (AttributeError, OSError):
+        return None
+
+
+def _block_ends(f: BinaryIO, start: int, end: int, batch_bytes: int) -> Iterator[int]:
+    """Where each block of `_local_blocks` ends: the first line start at or after `batch_bytes` from its start."""
+    while start < end:
+        start = end if start + batch_bytes >= end else min(line_start(f, start + batch_bytes), end)
+        yield start
+
+
+def _next_block(f: BinaryIO, direct: int, buffer: mmap.mmap, start: int, end: int, batch_bytes: int) -> memoryview:
+    """The block of `_local_blocks` at `start` (nothing at `end`): mapped where its pages are in the page cache, or
+    its line past `batch_bytes` is longer than LONG_LINE, else read into `buffer` from `direct`."""
+    if start >= end:
+        return memoryview(b"")
+    if not _in_page_cache(f, start, min(start + batch_bytes, end)):
+        base = start - start % DIRECT_ALIGN
+        length = min(len(buffer), -(-(end - base) // DIRECT_ALIGN) * DIRECT_ALIGN)
+        try:
+            held = min(os.preadv(direct, [memoryview(buffer)[:length]], base), end - base)
+        except OSError as e:  # alignment the file system refuses: read it mapped
+            if e.errno != errno.EINVAL:
+                raise
+            held = 0
+        stop = 0 if start + batch_bytes >= end else buffer.find(b"\n", start + batch_bytes - 1 - base, held) + 1
+        if not stop and held == end - base:  # the piece's last block
+            stop = held
+        if stop:
+            return memoryview(buffer)[start - base : stop]
+    return _mapped(f, start, next(_block_ends(f, start, end, batch_bytes)))
+
+
+def _in_page_cache(f: BinaryIO, start: int, stop: int) -> bool:
+    """Whether every page of bytes [start, stop) of `f` is in the page cache (mincore over a map of them; where the
+    kernel does not say for files the process may not write, the pages count as not cached)."""
+    base = start - start % mmap.PAGESIZE
+    pages = np.zeros(-(-(stop - base) // mmap.PAGESIZE), np.uint8)
+    with mmap.mmap(f.fileno(), stop - base, offset=base, access=mmap.ACCESS_READ) as mapped:
+        address = ctypes.c_void_p(np.frombuffer(mapped, np.uint8, count=1).ctypes.data)
+        found = _LIBC.mincore(address, ctypes.c_size_t(stop - base), pages.ctypes.data_as(ctypes.c_void_p))
+    return found == 0 and bool((pages & 1).all())
+
+
+def _mapped(f: BinaryIO, start: int, stop: int) -> memoryview:
+    """Bytes [start, stop) of the file, a view of a memory map of their own (which starts at a page boundary)."""
+    base = start - start % mmap.ALLOCATIONGRANULARITY
+    return memoryview(mmap.mmap(f.fileno(), stop - base, offset=base, access=mmap.ACCESS_READ))[start - base :]
+
+
+def _blank(block: Buffer) -> bool:
+    """Whether the block is whitespace only (copied whole only when its start is)."""
+    return not bytes(block[:4096]).strip() and not bytes(block).strip()
+
+
+def jsonl_block(
+    block: Buffer,
+    first_line: int,
+    name: str,
+    options: ReadOptions,
+    seen_ids: set[str],
+    newlines: int | None = None,
+    own_name: bool = False,
+) -> tuple[Batch, list[Reject]]:
+    """The documents and rejects of a block of whole JSONL lines (holding `newlines` line endings, when the
+    caller counted them) whose first is line `first_line` of file `name`: parsed by pyarrow when every record
+    in it is valid, else record by record. With `own_name`, no other file of the shard is called `name`, so its
+    ids `<file>:<line>` need no check against `seen_ids` (nor go into it)."""
+    newlines = count_newlines(block) if newlines is None else newlines
+    batch = _fast_batch(block, newlines, first_line, name, options, seen_ids, own_name)
+    return (batch, []) if batch is not None else _careful_block(block, first_line, name, options, seen_ids)
+
+
+def _fast_batch(
+    block: Buffer, newlines: int, first_line: int, name: str, options: ReadOptions, seen_ids: set[str], own_name: bool
+) -> Batch | None:
+    """The block's documents if every record in it is a valid document, else None."""
+    table = _arrow_table(block, options)
+    if table is None:
+        return None
+    lines = newlines + (block[-1:] != b"\n")
+    column = table.column(options.text_field)
+    texts = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # one block: no copy
+    if table.num_rows != lines or texts.null_count:
+        return None
+    if not _lengths_within(texts, options):
+        return None
+    if options.id_field is None and own_name:
+        ids = LineIds(name, first_line, lines)  # `<file>:<line>` of a name no other file has: unique
+    else:
+        if options.id_field is None:
+            ids = LineIds(name, first_line, lines).as_list()
+        else:
+            id_column = table.column(options.id_field)
+            if id_column.null_count:
+                return None
+            ids = id_column.to_pylist()
+        if len(set(ids)) != len(ids) or not seen_ids.isdisjoint(ids):
+            return None
+        seen_ids.update(ids)
+    # bytes as the careful path counts them: each line without its line ending
+    nbytes = len(block) - newlines - count_crlf(block)
+    extra = {f: table.column(f).to_pylist() for f in options.fields}
+    doc_lines = np.arange(first_line, first_line + lines, dtype=np.int64)  # every line is a document
+    return Batch(ids=ids, nbytes=nbytes, text_array=texts, extra=extra, doc_lines=doc_lines)
+
+
+def _arrow_table(block: Buffer, options: ReadOptions) -> pyarrow.Table | None:
+    """The block's records parsed by pyarrow, their text, id and extra fields as strings; None where pyarrow cannot
+    parse it so (a parse error, invalid UTF-8, a field of another type) or a field is at a dotted path."""
+    names = (options.text_field, options.id_field, *options.fields)
+    if any(n is not None and "." in n for n in names):
+        return None  # nested fields: the careful path
+    columns = dict.fromkeys(n for n in names if n is not None)  # extra fields as strings, else the careful path
+    schema = pyarrow.schema([(n, pyarrow.string()) for n in columns])
+    try:
+        table = pj.read_json(
+            pyarrow.BufferReader(block),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
+            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+        )
+        table.validate(full=True)  # pyarrow's JSON reader takes invalid UTF-8 into its strings (checked at ~20 GB/s)
+    except (pyarrow.ArrowInvalid, UnicodeDecodeError):
+        return None
+    return table
+
+
+def _arrow_record(line: bytes, options: ReadOptions) -> dict | None:
+    """One line as the fast path's parser reads it (`_arrow_table`), for a line orjson refuses; None where pyarrow
+    refuses it too."""
+    table = _arrow_table(line, options)
+    return table.to_pylist()[0] if table is not None and table.num_rows == 1 else None
+
+
+def _lengths_within(texts: pyarrow.Array, options: ReadOptions) -> bool:
+    """Whether every text's length in characters is within the limits. A character is 1 to 4 UTF-8 bytes, so the
+    byte lengths (read off the offsets) usually decide; the characters are counted only where they do not."""
+
+    def within(fewest: int, most: int) -> bool:
+        return fewest >= options.min_chars and (options.max_chars is None or most <= options.max_chars)
+
+    nbytes = pc.min_max(pc.binary_length(texts)).as_py()
+    if within(-(-nbytes["min"] // 4), nbytes["max"]):  # at least bytes/4 characters, at most bytes
+        return True
+    chars = pc.min_max(pc.utf8_length(texts)).as_py()
+    return within(chars["min"], chars["max"])
+
+
+def _careful_block(
+    block: Buffer, first_line: int, name: str, options: ReadOptions, seen_ids: set[str]
+) -> tuple[Batch, list[Reject]]:
+    """The block read record by record, as `_jsonl_records` and `_checked` read a file."""
+    records = []
+    for number, line in enumerate(bytes(block).split(b"\n"), start=first_line):
+        line = line.rstrip(b"\r")
+        if line.strip():
+            record = _parse_json_line(number, line, options, name)
+            record.file = name
+            records.append(record)
+    return _checked(records, options, seen_ids) if records else (Batch(), [])

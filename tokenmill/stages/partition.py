@@ -1,0 +1,455 @@
+"""The partition stage: a deterministic plan of shards of about `shard_size` uncompressed bytes.
+
+Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets, found by seeking. The
+line number at each cut is counted here (a pass over the whole file) only where a document id `<file>:<line>` is
+hashed while the shards run (`counts_lines`); elsewhere a piece's first line is left unknown, and the rejects of a
+piece after the first are numbered once its file's earlier pieces are read (`tokenize.number_lines`). Parquet files
+by runs of row groups; compressed streams and plain text files cannot be cut and are taken whole; small
+files are grouped, where a hash of each file's name decides the group ends (see `_ends_group`).
+
+The shards are a function of the input set and the shard size alone, numbered in input order: the same
+files give the same shards with the same ids however the input grew. A file that lands or goes changes
+its own group, not the ones after it.
+
+In a mixture each source's files are cut on their own, source after source in config order (a shard holds one
+source's files, and names it: `mix_source`), the ids numbered across them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import struct
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import fsspec
+import orjson
+import pyarrow.parquet as pq
+import zstandard
+
+from tokenmill.config import InputConfig, TokenmillConfig
+from tokenmill.core import layout
+from tokenmill.core.commits import discard, land, lift
+from tokenmill.core.hashing import unit_interval
+from tokenmill.core.plan import Plan, Shard, Shards
+from tokenmill.core.signing import signed, write_signed
+from tokenmill.io.readers import Piece, compression_of, count_newlines, fast_path_applies, format_of, line_start
+from tokenmill.io.storage import JSON_OPTIONS, list_files, options_for
+
+# The line count reads into one buffer of this size, reused: 16 MB reads were each a fresh allocation, paged in
+# anew (40% slower over a 1.2 GB file).
+SCAN_CHUNK = 256 << 10
+# shard_size: auto. Eight shards per cluster thread balance the load (a thread's last shard ends near the
+# others'); 16 MB keeps a shard's fixed costs (files, markers, a Dask task) small beside its work; 1 GB keeps a
+# 100 TB corpus at about 100,000 shards, where a retried shard costs seconds, not minutes.
+SHARDS_PER_THREAD, MIN_AUTO_SHARD, MAX_AUTO_SHARD = 8, 16_000_000, 1_000_000_000
+LOOSE_FILES = 64  # at most this many small files at the end of a run stand alone (see `_group`)
+ZSTD_RATIO_GUESS = 4  # when a zstd frame does not record its content size
+
+
+def uncompressed_size(url: str, storage_options: dict) -> int:
+    """The file's uncompressed size: exact for plain files, from the trailer, header or footer otherwise."""
+    fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+    size = fs.size(path)
+    codec = compression_of(url)
+    if format_of(url) == "parquet":
+        with fs.open(path, "rb") as f:
+            meta = pq.ParquetFile(f).metadata
+            return sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+    if codec == "gzip" and size >= 18:
+        with fs.open(path, "rb") as f:
+            f.seek(size - 4)
+            isize = struct.unpack("<I", f.read(4))[0]  # the size mod 2**32: a lower bound past 4 GiB
+        return max(isize, size)
+    if codec == "zstd":
+        with fs.open(path, "rb") as f:
+            content = zstandard.get_frame_parameters(f.read(18)).content_size
+        return content if content > 0 else size * ZSTD_RATIO_GUESS
+    return size
+
+
+def counts_lines(config: TokenmillConfig, source_input: InputConfig) -> bool:
+    """Whether the partition counts the lines before each cut of the source's files: where the shards hash the ids
+    `<file>:<line>` (several splits and no id field to take them from; the global shuffle routes documents by
+    them), or where the careful reader, which numbers lines as it goes and reports no count, reads the files
+    (fields at dotted paths)."""
+    hashed = (len(config.split) > 1 and source_input.id_field is None) or config.partition.shuffle
+    return hashed or not fast_path_applies(Piece("any.jsonl"), source_input.read_options())
+
+
+def cut_points(
+    url: str, size: int, n_pieces: int, storage_options: dict, count_lines: bool = True
+) -> list[tuple[int, int | None]]:
+    """(byte offset, line number) of the first line at or after each of n_pieces - 1 even cuts. The cuts are found
+    by seeking; with `count_lines` the line endings before each are counted a range per thread (file reads and
+    numpy release the GIL): a pass over the whole file, on every core. Without, the line numbers are None."""
+    fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+    offsets = cut_offsets(url, size, n_pieces, storage_options)
+    if not offsets or not count_lines:
+        return [(offset, None) for offset in offsets]
+    starts = [0, *offsets[:-1]]
+    with ThreadPoolExecutor(min(len(offsets), os.cpu_count() or 1)) as pool:
+        counts = pool.map(lambda start, end: _newlines(fs, path, start, end), starts, offsets)
+        return [(offset, lines + 1) for offset, lines in zip(offsets, itertools.accumulate(counts), strict=True)]
+
+
+def cut_offsets(url: str, size: int, n_pieces: int, storage_options: dict) -> list[int]:
+    """The byte offsets of the first line at or after each of n_pieces - 1 even cuts, found by seeking (a read of a
+    line or so at each)."""
+    fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+    with fs.open(path, "rb") as f:
+        return sorted({line_start(f, size * k // n_pieces) for k in range(1, n_pieces)} - {size})
+
+
+def _newlines(fs, path: str, start: int, end: int) -> int:
+    """The line endings in bytes [start, end) of the file."""
+    count, buffer = 0, memoryview(bytearray(SCAN_CHUNK))
+    with fs.open(path, "rb") as f:
+        f.seek(start)
+        while start < end and (read := f.readinto(buffer[: min(SCAN_CHUNK, end - start)])):
+            count += count_newlines(buffer[:read])
+            start += read
+    return count
+
+
+def row_group_runs(url: str, shard_size: int, storage_options: dict) -> list[tuple[list[int], int]]:
+    """Consecutive row groups of a Parquet file, gathered into runs of about shard_size bytes."""
+    with fsspec.open(url, "rb", **options_for(url, storage_options)) as f:
+        meta = pq.ParquetFile(f).metadata
+    runs, run, run_bytes = [], [], 0
+    for g in range(meta.num_row_groups):
+        run.append(g)
+        run_bytes += meta.row_group(g).total_byte_size
+        if run_bytes >= shard_size:
+            runs.append((run, run_bytes))
+            run, run_bytes = [], 0
+    return runs + [(run, run_bytes)] if run else runs
+
+
+def _split_large_file(
+    url: str, size: int, shard_size: int, storage_options: dict, count_lines: bool
+) -> list[tuple[Piece, int]] | None:
+    """The pieces (with their sizes) of a file larger than a shard, or None if it cannot be split."""
+    if format_of(url) == "parquet":
+        return [
+            (Piece(url, row_groups=run), nbytes) for run, nbytes in row_group_runs(url, shard_size, storage_options)
+        ]
+    if format_of(url) == "jsonl" and compression_of(url) is None:
+        cuts = cut_points(url, size, math.ceil(size / shard_size), storage_options, count_lines)
+        starts = [(0, 1), *cuts]
+        ends = [c[0] for c in cuts] + [size]
+        return [(Piece(url, s, e, line), e - s) for (s, line), e in zip(starts, ends, strict=True)]
+    return None  # compressed streams and plain text files are read whole
+
+
+def auto_shard_size(total_bytes: int, cluster_threads: int) -> int:
+    """`shard_size: auto`: the corpus over SHARDS_PER_THREAD shards per thread, within the bounds."""
+    return min(max(-(-total_bytes // max(1, SHARDS_PER_THREAD * cluster_threads)), MIN_AUTO_SHARD), MAX_AUTO_SHARD)
+
+
+def plan_shards(
+    config: TokenmillConfig,
+    cluster_threads: int = 1,
+    shard_size: int | None = None,
+    earlier: Plan | None = None,
+    own: bool = False,
+) -> Plan:
+    """The plan: every input file as it is now (with its fingerprint), and the shards in input order, each a
+    list of pieces with its size and `source` (a hash of its pieces and their files' fingerprints: what its
+    output is made from). `shard_size` overrides the config's (an earlier plan's resolved `auto`).
+
+    `earlier` (a plan of the same input and partition config over an input that has changed since) saves
+    reading: an unchanged file's uncompressed size and cut points are taken from it; its cuts are found again by
+    seeking (`_checked_cuts`) unless it is `own`: signed with this user's key (`signing`), written by their run."""
+    files = list_inputs(config)
+    known = {f["path"]: f for f in earlier.files} if earlier else {}
+    options_of = {name: source_input.storage.fsspec_options() for name, source_input in config.inputs().items()}
+    for f in files:  # an unchanged file's uncompressed size is known (measuring it reads the file's end)
+        before = known.get(f["path"])
+        options = options_of[f.get("mix_source", "")]
+        f["bytes"] = before["bytes"] if before and _fingerprint(before) == f else uncompressed_size(f["path"], options)
+    total = sum(f["bytes"] for f in files)
+    if shard_size is None:
+        configured = config.partition.shard_size
+        shard_size = auto_shard_size(total, cluster_threads) if configured == "auto" else int(configured)
+    current = {f["path"]: f for f in files}
+    unchanged = {path for path, f in current.items() if known.get(path) == f}
+    cuts = _cuts_of(earlier, unchanged) if earlier and earlier.shard_size == shard_size else {}
+    shards = []
+    for name, options in options_of.items():  # a source's shards hold its files only
+        of_source = [f for f in files if f.get("mix_source", "") == name]
+        count_lines = counts_lines(config, config.inputs()[name])
+        for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, count_lines, cuts, own):
+            shards.append(Shard(len(shards), tuple(pieces), nbytes, _source_of(pieces, current), name))
+    check_covers(files, shards)
+    return Plan(
+        key=plan_key(config, files),
+        config_key=config.section_hash("input", "partition"),
+        inputs=inputs_hash(files),
+        shard_size=shard_size,
+        shuffled_shards=math.ceil(total / shard_size) if config.partition.shuffle else None,
+        files=files,
+        shards=Shards(shards),
+    )
+
+
+def check_covers(files: list[dict], shards: list[Shard]) -> None:
+    """Every byte (or row group) of every input file in exactly one shard's pieces, so every document is in exactly
+    one shard: a file whole in one piece, or cut into byte ranges that follow one another from its start to its end,
+    or into runs of row groups that together take each of them once. Raises naming the file otherwise."""
+    pieces: dict[str, list[Piece]] = {f["path"]: [] for f in files}
+    for shard in shards:
+        for piece in shard.pieces:
+            if piece.path not in pieces:
+                raise RuntimeError(f"the plan's shard {shard.shard_id:05d} reads {piece.path}, no input file")
+            pieces[piece.path].append(piece)
+    for f in files:
+        of_file = pieces[f["path"]]
+        if len(of_file) == 1 and (of_file[0].start, of_file[0].end, of_file[0].row_groups) == (0, None, None):
+            continue
+        groups = sorted(g for piece in of_file for g in piece.row_groups or ())
+        ranges = sorted((piece.start, piece.end) for piece in of_file)
+        if not of_file:
+            whole = False
+        elif all(piece.row_groups for piece in of_file):
+            whole = groups == list(range(len(groups)))
+        else:
+            ends = [end for _, end in ranges]
+            whole = ranges[0][0] == 0 and ends[-1] in (None, f["bytes"]) and ends[:-1] == [s for s, _ in ranges[1:]]
+        if not whole:
+            raise RuntimeError(
+                f"the plan reads {f['path']} in pieces that do not take each of its documents once "
+                f"({ranges if not groups else groups}): a tokenmill bug; nothing was run"
+            )
+
+
+def list_inputs(config: TokenmillConfig) -> list[dict]:
+    """Every input file as it is now (`list_files`), source by source; in a mixture each names its source
+    (`mix_source`), which is then part of its fingerprint: a file is read as its source's, into its outputs."""
+    files: list[dict] = []
+    for name, source_input in config.inputs().items():
+        try:
+            found = list_files(source_input.paths, source_input.storage.fsspec_options())
+        except FileNotFoundError as e:
+            if not name:
+                raise
+            raise FileNotFoundError(f"source {name!r}: {e}") from None
+        files += [f | {"mix_source": name} for f in found] if name else found
+    paths = [f["path"] for f in files]
+    if len(set(paths)) < len(paths):
+        twice = sorted({f"{f['path']} ({f['mix_source']})" for f in files if paths.count(f["path"]) > 1})
+        raise ValueError(f"an input file may belong to one source only: {', '.join(twice[:5])}")
+    return files
+
+
+def change_between(earlier: Plan, plan: Plan) -> dict:
+    """The input files added, changed and removed since the earlier plan, and how many shards are the earlier
+    plan's under the same id, under another id (a file landed or went before them in input order), or new."""
+    known, current = {f["path"]: f for f in earlier.files}, {f["path"]: f for f in plan.files}
+    ids_before = {s.source: s.shard_id for s in earlier.shards}
+    kept = sum(ids_before.get(s.source) == s.shard_id for s in plan.shards)
+    new = sum(s.source not in ids_before for s in plan.shards)
+    return {
+        "files_added": len(current.keys() - known.keys()),
+        "files_changed": sum(known[p] != current[p] for p in current.keys() & known.keys()),
+        "files_removed": len(known.keys() - current.keys()),
+        "shards_kept": kept,
+        "shards_renumbered": len(plan.shards) - kept - new,
+        "shards_new": new,
+    }
+
+
+def _cuts_of(earlier: Plan, unchanged: set[str]) -> dict[str, list[tuple[Piece, int]]]:
+    """The pieces (with their sizes) an earlier plan of the same shard size cut each unchanged large file into."""
+    cuts: dict[str, list[tuple[Piece, int]]] = {}
+    for shard in earlier.shards:
+        (piece, *others) = shard.pieces
+        if not others and piece.path in unchanged and (piece.end is not None or piece.row_groups is not None):
+            cuts.setdefault(piece.path, []).append((piece, shard.bytes))
+    return cuts
+
+
+def _cut_into_shards(
+    files: list[dict],
+    shard_size: int,
+    options: dict,
+    count_lines: bool,
+    cuts: dict[str, list[tuple[Piece, int]]],
+    own: bool = False,
+) -> list[tuple[list[Piece], int]]:
+    """Files in order, cut into shards of about shard_size: a file larger than a shard into pieces where it can
+    be cut (`cuts`: pieces already known; `count_lines`: see `counts_lines`), each alone in its shard, and each run
+    of smaller files into groups (see `_group`)."""
+    shards: list[tuple[list[Piece], int]] = []
+    small: list[tuple[Piece, int]] = []
+    for f in files:
+        url, size = f["path"], f["bytes"]
+        if size <= shard_size:
+            small.append((Piece(url), size))
+            continue
+        shards += _group(small, shard_size)
+        small = []
+        known = cuts.get(url) if own else _checked_cuts(url, size, shard_size, options, cuts.get(url))
+        pieces = known or _split_large_file(url, size, shard_size, options, count_lines) or [(Piece(url), size)]
+        shards += [([piece], nbytes) for piece, nbytes in pieces]
+    return shards + _group(small, shard_size)
+
+
+def _checked_cuts(
+    url: str, size: int, shard_size: int, options: dict, stored: list[tuple[Piece, int]] | None
+) -> list[tuple[Piece, int]] | None:
+    """An earlier plan's pieces of an unchanged JSONL file if they are the cut this plan makes, found again by seeking
+    (a read at each cut), so that only the count of the lines before each cut is saved; else None (cut it again).
+    plan.json is data in the output location: pieces cut elsewhere (a planted plan, whose shards would drop or repeat
+    documents) are never taken. Parquet files are cut again: their row groups are read from the footer alone."""
+    if not stored or format_of(url) != "jsonl" or compression_of(url) is not None:
+        return None
+    offsets = cut_offsets(url, size, math.ceil(size / shard_size), options)
+    bounds = list(zip([0, *offsets], [*offsets, size], strict=True))
+    first, *lines = [piece.first_line for piece, _ in stored]  # the first piece's is 1; the others' counted or None
+    counted = all(isinstance(line, int) and line > 1 for line in lines) and lines == sorted(set(lines))
+    numbered = first == 1 and (counted or all(line is None for line in lines))
+    same = [(piece.path, piece.start, piece.end, piece.row_groups, piece.format) for piece, _ in stored] == [
+        (url, start, end, None, None) for start, end in bounds
+    ]
+    sizes = [nbytes for _, nbytes in stored] == [end - start for start, end in bounds]
+    return stored if same and sizes and numbered else None
+
+
+def _group(files: list[tuple[Piece, int]], shard_size: int) -> list[tuple[list[Piece], int]]:
+    """Small files in order, grouped where `_ends_group` says. The files after the last group's end are grouped
+    the same way at an eighth of the size, until at most LOOSE_FILES are left: those stand alone, a shard each,
+    so a file landing after them (as dated drops do) is a shard of its own rather than a group to redo; they
+    are grouped (and redone, once) when a file ends their group."""
+    groups: list[tuple[list[Piece], int]] = []
+    group: list[tuple[Piece, int]] = []
+    group_bytes = 0
+    for piece, size in files:
+        group.append((piece, size))
+        group_bytes += size
+        if _ends_group(piece.path, size, group_bytes, shard_size):
+            groups.append(([p for p, _ in group], group_bytes))
+            group, group_bytes = [], 0
+    if len(group) <= LOOSE_FILES:
+        return groups + [([p], size) for p, size in group]
+    return groups + _group(group, shard_size // 8)
+
+
+def _ends_group(url: str, size: int, group_bytes: int, shard_size: int) -> bool:
+    """Whether a small file ends its group: once the group holds half a shard, with a chance of twice its share
+    of a shard (so groups average about a shard), decided by a hash of its file name, not where the group began;
+    always at two shards. A file added or removed thus moves the end of its own group alone: the groups after
+    it end where they did, and keep their outputs (grouping by filling each shard in turn would shift every
+    group after it)."""
+    if group_bytes >= 2 * shard_size:
+        return True
+    name = url.rsplit("/", 1)[-1]  # not the directory: the same files give the same shards wherever they are
+    return 2 * group_bytes >= shard_size and unit_interval([name], "group:")[0] * shard_size < 2 * size
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _fingerprint(file: dict) -> dict:
+    """A plan's file entry as `list_files` gives it: URL, size and ETag or mtime."""
+    return {k: v for k, v in file.items() if k != "bytes"}
+
+
+def inputs_hash(files: list[dict]) -> str:
+    """The input as it is now: its files' URLs and fingerprints."""
+    return _digest([_fingerprint(f) for f in files])
+
+
+def _source_of(pieces: list[Piece], files: dict[str, dict]) -> str:
+    """What a shard's output is made from: its pieces and the fingerprints of their files (not its id)."""
+    return _digest([[asdict(p), files[p.path]] for p in pieces])
+
+
+def plan_key(config: TokenmillConfig, files: list[dict]) -> str:
+    return _digest([config.section_hash("input", "partition"), inputs_hash(files)])
+
+
+@dataclass(frozen=True)
+class PlanAhead:
+    """A plan being made in a thread before its run's partition stage reaches it (`tokenmill run` starts one while
+    it imports Prefect, and hands it to the flow); that stage's `load_or_plan` waits for it."""
+
+    config_key: str  # the input and partition config it is made for
+    cluster_threads: int
+    made: Future
+
+    @classmethod
+    def start(cls, config: TokenmillConfig, cluster_threads: int) -> PlanAhead:
+        made: Future = Future()
+
+        def plan() -> None:
+            try:
+                made.set_result(_load_or_plan(config, cluster_threads))
+            except BaseException as e:  # the stage's own call plans again, and fails there
+                made.set_exception(e)
+
+        # A daemon: a run that ends early (interrupted, its API unreachable) does not wait for it at exit; a plan
+        # cut short is as a killed run's (plan.json is written whole; shards it was moving are redone).
+        threading.Thread(target=plan, name="tokenmill-plan", daemon=True).start()
+        return cls(config.section_hash("input", "partition"), cluster_threads, made)
+
+
+def load_or_plan(
+    config: TokenmillConfig, cluster_threads: int = 1, ahead: PlanAhead | None = None
+) -> tuple[Plan, dict | None]:
+    """The plan in the output if the input and partition config are as it recorded them (so a rerun or retry
+    of a half-finished run sees the same shards), else a new one written there. Against the earlier plan, by
+    `source`: a shard made from the same pieces of the same file versions keeps its committed output (moved to
+    its new id if it has one), and the outputs of the shards that are gone are discarded. Returns the plan and
+    the change: None for the recorded plan, else what `change_between` says ({} for a first plan). A resolved
+    `auto` shard size sticks: a new plan over an output that has one keeps its size, whatever the cluster now.
+    A plan made `ahead` for the same config and threads is this call's result, unless it failed (then this call
+    plans again, and fails itself)."""
+    if ahead is not None:
+        made = ahead.made.exception() is None  # waited for: one plan at a time in an output
+        if made and (ahead.config_key, ahead.cluster_threads) == (
+            config.section_hash("input", "partition"),
+            cluster_threads,
+        ):
+            return ahead.made.result()
+    return _load_or_plan(config, cluster_threads)
+
+
+def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[Plan, dict | None]:
+    store = config.output.store()
+    earlier, own = None, False
+    if store.exists(layout.PLAN):
+        text = store.read_bytes(layout.PLAN)
+        earlier, own = Plan.from_json(orjson.loads(text)), signed(store, layout.PLAN, text)
+    sticky = earlier.shard_size if earlier and config.partition.shard_size == "auto" else None
+    same_config = earlier is not None and _made_alike(earlier, config)
+    plan = plan_shards(config, cluster_threads, sticky, earlier if same_config else None, own)
+    # The input as the earlier plan saw it: every shard kept. Its shards as this plan cuts them too: a plan.json
+    # planted with the right key and pieces of other files (secrets of whoever reruns) is not read.
+    if same_config and plan.key == earlier.key and plan.shards == earlier.shards:
+        return earlier, None
+    moved = []
+    if earlier is not None:
+        ids_now = {s.source: s.shard_id for s in plan.shards}
+        discard(store, [s.shard_id for s in earlier.shards if s.source not in ids_now])
+        moves = {s.shard_id: ids_now[s.source] for s in earlier.shards if s.source in ids_now}
+        moved = lift(store, {old: new for old, new in moves.items() if old != new})
+    write_signed(store, layout.PLAN, orjson.dumps(plan.to_json(), option=JSON_OPTIONS | orjson.OPT_APPEND_NEWLINE))
+    land(store, moved)  # after the plan: a run killed before this finds those shards uncommitted, and redoes them
+    return plan, change_between(earlier, plan) if same_config else {}
+
+
+def _made_alike(earlier: Plan, config: TokenmillConfig) -> bool:
+    """Whether an earlier plan was made with this input and partition config, and, where this config needs the
+    lines at each cut counted (`counts_lines`), knows every piece's first line."""
+    if earlier.config_key != config.section_hash("input", "partition"):
+        return False
+    if not any(counts_lines(config, source_input) for source_input in config.inputs().values()):
+        return True
+    return all(piece.first_line is not None for shard in earlier.shards for piece in shard.pieces)

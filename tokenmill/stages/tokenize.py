@@ -1,0 +1,412 @@
+"""The tokenize stage for one shard: read documents, assign each to its split, encode, write Megatron files.
+
+Output per split: `megatron/<split>/shard-NNNNN.bin/.idx` (one sequence per document, EOD included) and its
+documents table `.docs.parquet` (`formats.provenance`: each document's id, file, line and place in the `.bin`),
+written only for splits that received documents; `rejects/shard-NNNNN.jsonl` for records that are
+not documents. The commit marker written last holds the shard's counts.
+
+The data path is batch-wise numpy: the reader hands over a batch of texts (about 8 MB), the encoder chosen
+once for the run returns their ids as one flat array plus lengths, BOS/EOD go in with one `np.insert`, and
+each split's tokens are written as one slice. No Python runs per document or per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from typing import BinaryIO
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tokenmill.config import TokenmillConfig
+from tokenmill.core import layout
+from tokenmill.core.commits import PACK, TOKENIZE, check, commit, read_marker, shard_key, tokenize_key
+from tokenmill.core.hashing import assign_splits
+from tokenmill.core.plan import Shard
+from tokenmill.core.stats import Tokenized
+from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
+from tokenmill.formats.olmo import documents_csv as olmo_documents
+from tokenmill.formats.provenance import batch_origins, read_documents_table, split_rows, write_documents_table
+from tokenmill.io.readers import (
+    CORRUPT_STREAM,
+    LINE_KINDS,
+    SAMPLE_BLOCK_BYTES,
+    Batch,
+    ReadOptions,
+    compression_of,
+    display_name,
+    fast_path_applies,
+    kind_of,
+    read_documents,
+    read_lines,
+    sampled_blocks,
+)
+from tokenmill.io.storage import HASH_THREADS, Store, threaded, threads_for
+from tokenmill.tokenizers import chat, preference
+from tokenmill.tokenizers.encoders import (
+    EncoderChoice,
+    choose_encoder,
+    load_encoder,
+    loaded_backend,
+    preload_backends,
+)
+from tokenmill.tokenizers.reference import VERIFY_BYTES, excerpt, keep_reference_ids, sized_to_the_run
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo, reading
+
+SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of each shard, not 8 MB of each
+VERIFY_SHARDS = 256  # shards the verification sample is drawn from, evenly spaced across the run
+VERIFY_BLOCKS = 4  # blocks (readers.SAMPLE_BLOCK_BYTES) of each of their pieces, at seeded places
+VERIFY_SEED = 20261128
+VERIFY_EXCERPT_BYTES = 16 << 10  # the least a long document gives the sample (more where a shard's share is more)
+
+
+def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod_id: int | None):
+    """Each document's ids preceded by BOS and followed by EOD (when given), in one vectorised insert."""
+    ends = np.cumsum(lengths)
+    marks = [(ends - lengths, bos_id), (ends, eod_id)]
+    marks = [(positions, token) for positions, token in marks if token is not None]
+    if not marks:
+        return flat, lengths
+    # Interleaved per document (BOS_i, EOD_i, BOS_i+1, ...), the positions never decrease, so np.insert keeps
+    # that order where one document's end is the next one's start.
+    positions = np.stack([p for p, _ in marks], axis=1).ravel()
+    values = np.tile(np.array([t for _, t in marks], dtype=flat.dtype), len(lengths))
+    return np.insert(flat, positions, values), lengths + len(marks)
+
+
+@dataclass(frozen=True)
+class Tokenizing:
+    """What the tokenize stage uses of a run, made once (`of`) and sent with its shards' Dask tasks."""
+
+    store: Store  # the build
+    metadata_fields: dict[str, list[str]]  # each source's fields carried into the documents tables
+    key: str  # the run's part of each shard's stage key (`commits.tokenize_key`)
+    reading: dict[str, ReadOptions]  # how each mixture source's files are read ("" for a single input)
+    streams: dict[str, list[str]]  # where each source's documents go, in split order (`config.streams`)
+    split: dict[str, float]  # the split fractions
+    tokenizer: TokenizerInfo
+    encoder: EncoderChoice  # the run's choice
+    bos_id: int | None  # put before each document (tokenizer.prepend_bos), else None
+    eod_id: int | None  # put after each document (tokenizer.append_eod), else None
+
+    @classmethod
+    def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo, encoder: EncoderChoice | None = None) -> Tokenizing:
+        """`encoder`: the run's choice; None, the reference (HF tokenizers)."""
+        return cls(
+            config.output.store(),
+            {name: source.metadata_fields for name, source in config.inputs().items()},
+            tokenize_key(config, tokenizer),
+            reading(config, tokenizer),
+            {name: config.streams(name) for name in config.inputs()},
+            dict(config.split),
+            tokenizer,
+            encoder or EncoderChoice("hf", "", "the reference"),
+            tokenizer.bos_id if config.tokenizer.prepend_bos else None,
+            tokenizer.eod_id if config.tokenizer.append_eod else None,
+        )
+
+
+def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
+    """Tokenize one shard of the plan (or return its committed result)."""
+    store, shard_id = run.store, shard.shard_id
+    key = shard_key(run.key, shard.source)
+    earlier = check(store, TOKENIZE, shard_id, key)
+    if earlier.result is not None:
+        return Tokenized.from_json(earlier.result, reused=True)
+
+    started = time.perf_counter()
+    options, pieces = run.reading[shard.mix_source], shard.pieces
+    encode = load_encoder(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, run.encoder)
+    eod_id, bos_id = (None, None) if options.conversations else (run.eod_id, run.bos_id)  # a template places them
+    if options.conversations:  # the masks need where each token lies: the reference says, or its offsets tell
+        reference = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
+        fast = encode if encode.name != "hf" else None
+    rerouted_before = getattr(encode, "rerouted", 0)
+    dtype = token_dtype(run.tokenizer.vocab_size)
+    splits = run.streams[shard.mix_source]  # the split names, `<source>/<split>` in a mixture
+    counts = {s: {"documents": 0, "tokens": 0, "max_token_id": -1} for s in splits}
+    if options.conversations:  # and pairs: their loss masks
+        for c in counts.values():
+            c["supervised"] = 0
+    documents_in = bytes_in = 0
+    rejects: list[bytes] = []
+    unnumbered = lines = 0  # rejects whose lines count from their piece's start; the lines read
+    whole_files: list[str] = []  # rejects that are a whole file (unreadable, empty): said in the run's summary
+    files: dict[str, dict] = {}  # size and sha256 of each file written, for the marker
+    # Where each block the fast path read lies, so that validate's reference sample re-reads a few blocks, not
+    # the shard (`tokenmill.stages.validate.sampled_documents`): [its piece, start, stop, first line, rejects, documents
+    # before it in each split]. None where a batch came another way (compressed, Parquet, text, dotted fields).
+    blocks: list[list[int]] | None = []
+    documents: dict[str, list] = {s: [] for s in splits}  # each split's rows of its documents table, batch by batch
+    metadata_fields = run.metadata_fields[shard.mix_source]
+    with ExitStack() as stack:
+        writers: dict[str, BinWriter] = {}
+        mask_files: dict[str, BinaryIO] = {}  # conversations: each split's loss mask, a byte per token
+        piece_of = {piece.path: index for index, piece in enumerate(pieces)}  # a block is read back by its path
+        for batch, batch_rejects in read_documents(pieces, options, columnar=True):
+            if batch.block is None:
+                blocks = None
+            elif blocks is not None:
+                block, before = batch.block, [counts[s]["documents"] for s in splits]
+                blocks.append(
+                    [piece_of[block.path], block.start, block.end, block.first_line, len(batch_rejects), *before]
+                )
+            documents_in += len(batch) + len(batch_rejects)
+            bytes_in += batch.nbytes
+            lines += batch.lines
+            rejects.extend(orjson.dumps(r.to_dict()) + b"\n" for r in batch_rejects)
+            unnumbered += sum(r.from_byte is not None for r in batch_rejects)
+            whole_files += [f"{r.file}: {r.reason}" for r in batch_rejects if r.line == 0]
+            if not len(batch):
+                continue
+            masks = sequences = None  # a loss mask per token; pairs: each one's two sequences' lengths
+            if batch.pairs is not None:  # tokenized as TRL does, with the reference (transformers' tokenizer)
+                ids, masks, sequences = preference.pair_sequences(
+                    preference.tokenize_texts(reference.tokenizer, batch.pairs)
+                )
+                flat, lengths = narrowed(ids, dtype), sequences[0::2] + sequences[1::2]
+            elif batch.chats is not None:
+                ids, lengths, masks = chat.encode_batch(reference.tokenizer, batch.chats, fast, reference.token_offsets)
+                flat = narrowed(ids, dtype)
+            else:
+                ids, lengths = encode.encode_batch(batch.text_values())
+                # Narrowed to the files' dtype before the specials go in: half the bytes to move for uint16.
+                flat, lengths = with_specials(narrowed(ids, dtype), lengths, bos_id, eod_id)
+            # One split needs no hashing; otherwise each document's split by the stable hash of its id.
+            doc_split = assign_splits(batch.ids, run.split) if len(splits) > 1 else None
+            origins = batch_origins(batch, metadata_fields)
+            for index, split in enumerate(splits):
+                chosen = slice(None) if doc_split is None else doc_split == index
+                split_lengths = lengths[chosen]
+                if not len(split_lengths):
+                    continue
+                if split not in writers:
+                    bin_file = store.writing_file(layout.megatron_prefix(split, shard_id) + ".bin", files)
+                    writers[split] = BinWriter(stack.enter_context(bin_file), dtype)
+                taken = slice(None) if doc_split is None else np.repeat(chosen, lengths)
+                split_tokens = flat[taken]
+                if sequences is None:
+                    writers[split].add(split_tokens, split_lengths)
+                else:  # a pair is a Megatron document of two sequences, chosen then rejected
+                    writers[split].add(split_tokens, sequences[slice(None) if doc_split is None else chosen.repeat(2)])
+                c = counts[split]
+                rows = split_rows(origins, None if doc_split is None else chosen, split_lengths, c["tokens"],
+                                  shard.mix_source, split)  # fmt: skip
+                documents[split].append(rows)
+                if masks is not None:
+                    if split not in mask_files:
+                        mask_file = store.writing_file(layout.loss_mask_file(split, shard_id), files)
+                        mask_files[split] = stack.enter_context(mask_file)
+                    split_masks = masks[taken]
+                    mask_files[split].write(split_masks.tobytes())
+                    c["supervised"] += int(split_masks.sum())
+                c["documents"] += len(split_lengths)
+                c["tokens"] += len(split_tokens)
+                c["max_token_id"] = max(c["max_token_id"], int(split_tokens.max()) if len(split_tokens) else -1)
+    # The .bin files are committed; now their indexes, then the rejects, then the marker.
+    for split, writer in writers.items():
+        with store.writing(layout.megatron_prefix(split, shard_id) + ".idx", files) as tmp:
+            write_index(tmp, writer.all_lengths(), dtype, 2 if options.pairs is not None else 1)
+        with store.writing(layout.documents_table(split, shard_id), files) as tmp:
+            write_documents_table(tmp, documents[split])
+    if rejects:
+        store.write_bytes(layout.rejects_file(shard_id), b"".join(rejects), files)
+    else:
+        store.remove(layout.rejects_file(shard_id))
+    result = Tokenized(
+        shard_id,
+        shard.source,
+        documents_in=documents_in,
+        rejected=len(rejects),
+        bytes_in=bytes_in,
+        splits=counts,
+        files_rejected=whole_files,
+        unnumbered_rejects=unnumbered,
+        unnumbered_lines=pieces[0].first_line is None,
+        lines=lines if pieces[0].end is not None and fast_path_applies(pieces[0], options) else None,
+        blocks=blocks or None,
+        encoder=encode.name,
+        rerouted_to_reference=getattr(encode, "rerouted", 0) - rerouted_before,
+        seconds=round(time.perf_counter() - started, 3),
+        redone=earlier.redone,
+    )
+    commit(store, TOKENIZE, shard_id, key, result.to_json(), files)
+    return result
+
+
+def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: list[int]) -> None:
+    """Give the documents and rejects of the `unnumbered` shards their line in the file: each is a piece of a cut
+    file whose first line the partition did not count (`partition.counts_lines`), so their lines count from the
+    piece's start (a reject says so with `from_byte`). The pieces before it are tokenized now, and their markers hold
+    their lines. The shards are numbered on threads (their work is Arrow's and zlib's, which release the GIL)."""
+    store, wanted = config.output.store(), set(unnumbered)
+    pieces_of: dict[str, list[tuple[int, int]]] = {}  # a cut file -> (start, shard id) of each of its pieces
+    for shard in shards:
+        (piece, *others) = shard.pieces
+        if not others and piece.end is not None:
+            pieces_of.setdefault(piece.path, []).append((piece.start, shard.shard_id))
+    pieces = []  # each file with an unnumbered piece: its pieces in order, up to the last unnumbered one
+    for file in map(sorted, pieces_of.values()):
+        if last := max((k + 1 for k, (_, shard_id) in enumerate(file) if shard_id in wanted), default=0):
+            pieces.append(file[:last])
+    ids = [shard_id for file in pieces for _, shard_id in file]
+    markers = threaded(lambda i: read_marker(store, TOKENIZE, i), ids, threads_for(store))
+    done = dict(zip(ids, markers, strict=True))
+    first_lines = {}
+    for file in pieces:
+        line = 1
+        for _, shard_id in file:
+            if shard_id in wanted:
+                first_lines[shard_id] = line
+            line += done[shard_id]["result"]["lines"]
+    threads = max(threads_for(store), min(HASH_THREADS, os.cpu_count() or 1))
+    for _ in threaded(lambda i: number_shard(store, i, done[i], first_lines[i]), first_lines, threads):
+        pass
+
+
+def number_shard(store: Store, shard_id: int, done: dict, first_line: int) -> None:
+    """One shard's documents tables (and OLMo's `.csv.gz` made from them) and rejects written again with their
+    lines counted from `first_line`, then its tokenize marker (`done`, as committed) with their new sizes and
+    sha256 (a run killed between the two redoes the shard: its files changed since its commit)."""
+    files, result, numbered = done["files"], done["result"], {}
+    for split, counts in result["splits"].items():
+        if counts["documents"] and result.get("unnumbered_lines"):
+            rel = layout.documents_table(split, shard_id)
+            with store.local_copies(rel) as (path,):
+                table = read_documents_table(path)
+            lines = pc.add(table.column("line"), first_line - 1)
+            numbered[split] = table.set_column(table.schema.get_field_index("line"), "line", lines)
+            with store.writing(rel, files) as tmp:
+                write_documents_table(tmp, [numbered[split]])
+    number_olmo_documents(store, shard_id, numbered)  # before the commit that says all is numbered
+    if result.get("unnumbered_rejects"):
+        rejects = [orjson.loads(line) for line in store.read_bytes(layout.rejects_file(shard_id)).splitlines()]
+        for reject in rejects:
+            if reject.pop("from_byte", None) is not None:
+                reject["line"] += first_line - 1
+        store.write_bytes(layout.rejects_file(shard_id), b"".join(orjson.dumps(r) + b"\n" for r in rejects), files)
+    commit(store, TOKENIZE, shard_id, done["key"], result | {"unnumbered_rejects": 0, "unnumbered_lines": False},
+           files)  # fmt: skip
+
+
+def number_olmo_documents(store: Store, shard_id: int, numbered: dict[str, pa.Table]) -> None:
+    """OLMo's `.csv.gz` of a shard the pack stage wrote before its lines were numbered (`number_lines`): made again
+    from its split's documents table as numbered now (`numbered`), then the pack's marker with their new sizes and
+    sha256."""
+    if not numbered or (done := read_marker(store, PACK, shard_id)) is None:
+        return
+    files = done["files"]
+    written = [
+        (table, rel)
+        for split, table in numbered.items()
+        if (rel := layout.trainer_files("olmo", split, shard_id)[1]) in files
+    ]
+    if not written:  # no OLMo layout
+        return
+    for table, rel in written:
+        store.write_bytes(rel, olmo_documents(table.column("token_length").to_numpy(), table), files)
+    commit(store, PACK, shard_id, done["key"], done["result"], files)
+
+
+def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:
+    """Load the encoders this run will most likely choose into this (worker) process, while the run's choice is
+    verified: each worker's first shard then starts encoding at once."""
+    preload_backends(config.output.store().url_of(layout.TOKENIZER), tokenizer.sha256, config.tokenizer.encoder)
+
+
+def verification_shards(shards: Sequence[Shard]) -> Sequence[Shard]:
+    """The shards the verification sample is drawn from: at most VERIFY_SHARDS, evenly spaced across the run."""
+    return shards[:: -(-len(shards) // VERIFY_SHARDS)] if len(shards) else shards
+
+
+def verification_sample(config: TokenmillConfig, shards: Sequence[Shard], tokenizer: TokenizerInfo) -> list[str]:
+    """About `tokenizer.verify_documents` texts, at most `tokenizer.verify_bytes` in all (less in a small run:
+    `reference.sized_to_the_run`), drawn across the corpus: an equal share from each of `verification_shards`, from a
+    few blocks at seeded places across each of its line-based pieces (from its start where a piece is read another
+    way), and a long document as an excerpt of its share (at least VERIFY_EXCERPT_BYTES, at most
+    `tokenizer.reference_piece_bytes`). So it costs little however large the shards, how many, and however long
+    their documents."""
+    settings, options = config.tokenizer, reading(config, tokenizer)
+    most = sized_to_the_run(settings.verify_bytes, VERIFY_BYTES, sum(shard.bytes for shard in shards))  # those sent
+    if not len(shards) or not settings.verify_documents or not most:
+        return []
+    shards = verification_shards(shards)
+    share = max(1, -(-settings.verify_documents // len(shards)))
+    share_bytes = max(1, most // len(shards))
+    longest = min(int(settings.reference_piece_bytes), max(share_bytes, VERIFY_EXCERPT_BYTES))
+    texts: list[str] = []
+    for shard in shards:
+        rng = np.random.default_rng([VERIFY_SEED, shard.shard_id])
+        taken = taken_bytes = 0
+        for values in verification_texts(shard, options[shard.mix_source], share_bytes, rng):
+            step = max(1, len(values) // share)
+            for text in values[::step][: share - taken]:
+                text = excerpt(text, longest, int(rng.integers(1 << 62)))
+                texts.append(text)
+                taken, taken_bytes = taken + 1, taken_bytes + len(text)
+                if taken_bytes >= share_bytes:
+                    break
+            if taken >= share or taken_bytes >= share_bytes:
+                break
+    return texts
+
+
+def verification_texts(
+    shard: Shard, options: ReadOptions, share_bytes: int, rng: np.random.Generator
+) -> Iterator[list]:
+    """The texts (a conversation's rendered text) of the shard's pieces in a seeded order, as they are read: of blocks
+    spread evenly from a seeded place across a line-based piece that can be read from anywhere (enough to hold twice
+    `share_bytes`, at least VERIFY_BLOCKS), of the first batches of the others."""
+    wanted = max(VERIFY_BLOCKS, 2 * share_bytes // SAMPLE_BLOCK_BYTES)
+    # Bad records are the tokenize stage's to report (it names their file and line; a block read here cannot know
+    # its line numbers): the sample only leaves them out.
+    options = dataclasses.replace(options, on_invalid="quarantine")
+    for piece in (shard.pieces[k] for k in rng.permutation(len(shard.pieces))):
+        kind = kind_of(piece, options)
+        if kind in LINE_KINDS and compression_of(piece.path) is None:
+            size = (piece.end - piece.start) if piece.end is not None else 0  # a whole file: from its start
+            every = max(1, size // SAMPLE_BLOCK_BYTES // wanted)
+            blocks = sampled_blocks(piece, options, every, int(rng.integers(every)))
+            batches = (
+                read_lines(lines, 1, f"{display_name(piece.path)}#{block}", kind, options, set())[0]
+                for block, lines in blocks
+            )
+        else:
+            batches = (batch for batch, _ in read_documents([piece], options, True, SAMPLE_BATCH_BYTES))
+        try:
+            for batch in batches:
+                yield [c.text for c in batch.chats] if batch.chats is not None else texts_of(batch)
+        except CORRUPT_STREAM:  # tokenize names the file; the sample takes what it could read
+            continue
+
+
+def texts_of(batch: Batch) -> list[str]:
+    values = batch.text_values()
+    return values.to_pylist() if hasattr(values, "to_pylist") else list(values)
+
+
+def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokenizer: TokenizerInfo, log=None):
+    """The run's encoder (tokenizer.encoder, verified on a sample across shards), recorded in `_work/` with the
+    reference's ids of the sample (for validate); the choice is said to `log`, if given (its reason says why)."""
+    store = config.output.store()
+    data = store.read_bytes(layout.TOKENIZER)
+    sample = verification_sample(config, shards, tokenizer)
+    url = store.url_of(layout.TOKENIZER)  # the backends this process loaded, for the shards and the report
+
+    def backend_of(backend: str):
+        return loaded_backend(url, tokenizer.sha256, backend)
+
+    expected = backend_of("hf").encode_batch(sample)
+    keep_reference_ids(store, tokenizer.sha256, sample, *expected)
+    choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log, backend_of, expected)
+    store.write_json(
+        layout.ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report}
+    )
+    return choice

@@ -1,0 +1,826 @@
+"""The validate stage: nothing is published unless every count reconciles and every file is sound.
+
+Two layers: a pandera schema over the per-shard stats table (one row per shard and split) with the
+cross-row checks (documents in = documents out + rejected per shard, every planned shard exactly
+once, packed tokens = tokenized tokens), then the files themselves (headers, sizes, EOD, padding,
+boundaries per pack mode, llm.c headers, each split's shuffle index a permutation of its rows), and
+last a sample of documents re-read from the input: their stored ids equal the reference encoding and
+decode back to their text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from contextvars import copy_context
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tokenmill.config import PackConfig, TokenmillConfig
+from tokenmill.core import layout
+from tokenmill.core.commits import TOKENIZE, marker
+from tokenmill.core.hashing import assign_splits
+from tokenmill.core.packers import pad_id as pack_pad_id
+from tokenmill.core.packers import writes_packed
+from tokenmill.core.plan import Columns, Plan, Shard, shard_ids
+from tokenmill.core.stats import COLUMNS, Tokenized, ValidationFailed, all_rejected, skipped, stats_rows
+from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
+from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
+from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, PackedReader, read_shuffle_index
+from tokenmill.formats.provenance import read_documents_table, tiling_problem
+from tokenmill.formats.table import FORMATS, SplitFound
+from tokenmill.io.readers import BATCH_BYTES, Piece, ReadOptions, read_documents, schema_library
+from tokenmill.io.storage import STREAMED, Store
+from tokenmill.tokenizers.chat import RenderedChat, mask_problems
+from tokenmill.tokenizers.encoders import in_runs, loaded_backend
+from tokenmill.tokenizers.preference import PairTexts, pair_problems, tokenize_texts
+from tokenmill.tokenizers.reference import CHECK_BYTES, Excerpt, checked_excerpt, reference_ids, sized_to_the_run
+from tokenmill.tokenizers.tokenizer_info import TokenizerInfo, reading
+
+if TYPE_CHECKING:
+    import pandera.pandas as pa
+
+PAD_CHECK_BYTES = 8 << 20  # a packed shard's padded rows are checked this many bytes of mask at a time
+ROWS_AT_ONCE = 10_000  # stats rows (or a dataset's files) made into Python objects at a time
+
+
+# `run(name, items, work, context, *args)`: `work(context, item, *args)` over the items, named `name` (a stage of
+# shard work), where the caller wants; each item's result, in order.
+RunShards = Callable[..., list]
+
+
+def load_pandera() -> None:
+    """Import pandera and its pandas backends, which its first validation imports (with its data strategies,
+    and hypothesis where installed: 0.8 s), so that a caller can have it done while it waits for other work."""
+    pa = schema_library()
+    pa.DataFrameSchema({"n": pa.Column(int)}).validate(pd.DataFrame({"n": [0]}))
+
+
+def stats_schema(
+    shard_ids: list[int], splits: list[str], vocab_size: int, pack: PackConfig | None
+) -> pa.DataFrameSchema:
+    """The checks of any run of whole shards' rows of the stats table (`validate` checks it a few thousand rows at
+    a time); `shard_ids`: the plan's (a grown input's plan may have gaps where shards were dropped); `pack` is
+    None when no packed rows are written."""
+    pa = schema_library()  # a fifth of a second to import: not in every worker that unpickles the flow
+
+    def per_shard_reconciles(df: pd.DataFrame) -> pd.Series:
+        g = df.groupby("shard_id")
+        balance = (
+            g["documents_in"].transform("first") - g["documents"].transform("sum") - g["rejected"].transform("first")
+        )
+        return balance == 0
+
+    def packed_tokens_match(df: pd.DataFrame) -> pd.Series:
+        if pack is None:
+            return df.packed_real_tokens == 0
+        if pack.mode == "window":  # real tokens repeat where windows overlap: checked per row against the files
+            text = df.packed_real_tokens >= df.tokens
+        else:
+            shared = (df.packed_rows - 1).clip(lower=0) if pack.extra_token else 0  # concat + extra_token share one
+            text = df.packed_real_tokens == df.tokens + shared
+        # conversations are packed whole, less what pack.too_long cut
+        return text.where(df.supervised_tokens < 0, df.packed_real_tokens == df.tokens - df.tokens_cut)
+
+    nonneg = pa.Check.ge(0)
+    return pa.DataFrameSchema(
+        {
+            "shard_id": pa.Column(int, pa.Check.isin(shard_ids)),
+            "split": pa.Column(str, pa.Check.isin(splits)),
+            "documents_in": pa.Column(int, nonneg),
+            "rejected": pa.Column(int, nonneg),
+            "documents": pa.Column(int, nonneg),
+            "tokens": pa.Column(int, pa.Check.ge(0)),
+            "max_token_id": pa.Column(int, pa.Check.lt(vocab_size, error=f"token id >= vocab size {vocab_size}")),
+            "packed_rows": pa.Column(int, nonneg),
+            "packed_real_tokens": pa.Column(int, nonneg),
+            "packed_pad_tokens": pa.Column(int, nonneg),
+            "padded_layout_rows": pa.Column(int, nonneg),
+            "llmc_files": pa.Column(int, nonneg),
+            "supervised_tokens": pa.Column(int, pa.Check.ge(-1)),  # -1: not conversations
+            "too_long": pa.Column(int, nonneg),
+            "tokens_cut": pa.Column(int, nonneg),
+            "trainer_files": pa.Column(int, nonneg),
+        },
+        checks=[
+            pa.Check(per_shard_reconciles, error="documents_in != documents out + rejected"),
+            pa.Check(packed_tokens_match, error="packed real tokens != tokenized tokens"),
+            pa.Check(lambda df: df.supervised_tokens <= df.tokens, error="more supervised tokens than tokens"),
+        ],
+        strict=True,
+        ordered=True,
+    )
+
+
+def every_shard_and_split_once(table: pd.DataFrame, shard_ids: list[int], splits: list[str]) -> bool:
+    """Each planned shard has exactly one row per split of its source: no (shard, split) twice and as many rows as
+    pairs (the schema checks that each row's shard and split are planned ones). In a mixture the splits are
+    `<source>/<split>`, and a shard has its own source's only: as many as the split names."""
+    per_shard = len({split.rsplit("/", 1)[-1] for split in splits})
+    return len(table) == len(set(shard_ids)) * per_shard and not table.duplicated(["shard_id", "split"]).any()
+
+
+def check_stats(
+    table: pd.DataFrame, shard_ids: list[int], splits: list[str], vocab_size: int, pack: PackConfig | None
+) -> None:
+    """The stats table against `stats_schema` (of these arguments), a few thousand rows at a time and whole shards
+    each (pandera's checks take a few times the rows' memory: 50 MB for 98,176 rows at once), and every shard and
+    split once; raises ValidationFailed naming the failed checks and their shards."""
+    SchemaErrors = schema_library().errors.SchemaErrors  # noqa: N806 (a class)
+
+    schema, found = stats_schema(shard_ids, splits, vocab_size, pack), []
+    for rows in shard_chunks(table):
+        try:
+            schema.validate(rows, lazy=True)
+        except SchemaErrors as e:
+            found.append(e.failure_cases)
+    lines = _failure_lines(pd.concat(found, ignore_index=True), table) if found else []
+    if not every_shard_and_split_once(table, shard_ids, splits):
+        lines.append("  - a planned shard is missing or duplicated")
+    if lines:
+        raise ValidationFailed("stats table failed validation:\n" + "\n".join(lines))
+
+
+def shard_chunks(table: pd.DataFrame) -> Iterator[pd.DataFrame]:
+    """The table (in shard order, as `table_of` makes it) about ROWS_AT_ONCE rows at a time, a shard's rows never
+    split between two."""
+    ids, start = table.shard_id.to_numpy(), 0
+    while start < len(table):
+        end = min(start + ROWS_AT_ONCE, len(table))
+        while end < len(table) and ids[end] == ids[end - 1]:
+            end += 1
+        yield table.iloc[start:end]
+        start = end
+
+
+def _check_megatron(
+    store: Store, row, dtype: np.dtype, eod_id: int | None, bos_id: int | None, pairs: bool = False
+) -> list[str]:
+    """`pairs`: the split's documents are preference pairs, each two sequences (chosen, rejected)."""
+    prefix = layout.megatron_prefix(row.split, row.shard_id)
+    each = 2 if pairs else 1
+    files = [prefix + ".bin", prefix + ".idx"]
+    if row.documents == 0:
+        return [f"{prefix}.bin: exists but stats say its split has no documents"] if store.exists(files[0]) else []
+    if missing := [f for f in files if not store.exists(f)]:
+        return [f"{m}: missing" for m in missing]
+    with store.local_copies(*files) as (bin_path, idx_path):
+        try:
+            reader = MegatronReader(prefix, bin_path=bin_path, idx_path=idx_path)
+        except CorruptIndex as e:
+            return [str(e).replace(str(idx_path), prefix + ".idx")]
+        index = reader.index
+        if index.dtype != dtype:
+            return [f"{prefix}.idx: dtype {index.dtype}, expected {dtype}"]
+        if len(index) != each * row.documents:
+            return [f"{prefix}.idx: {len(index)} sequences, stats say {row.documents} documents of {each}"]
+        if int(index.lengths.sum(dtype=np.int64)) != row.tokens or len(reader.tokens) != row.tokens:
+            return [f"{prefix}.bin: {len(reader.tokens)} tokens, index says {index.lengths.sum()}, stats {row.tokens}"]
+        if not np.array_equal(index.document_indices, np.arange(0, len(index) + 1, each)):
+            return [f"{prefix}.idx: document indices are not 0..{len(index)}" + (" by 2 (pairs)" if pairs else "")]
+        if not np.array_equal(index.pointers[1:], np.cumsum(index.lengths[:-1], dtype=np.int64) * dtype.itemsize):
+            return [f"{prefix}.idx: pointers disagree with lengths"]
+        lengths = index.lengths.astype(np.int64)
+        if problem := _check_documents_table(store, row, lengths[0::2] + lengths[1::2] if pairs else lengths):
+            return [problem]
+        starts = index.pointers // dtype.itemsize
+        if row.supervised_tokens >= 0:  # conversations: the template placed their specials; each has its loss mask
+            return _check_loss_mask(store, row)
+        if eod_id is not None and (bad := int((reader.tokens[starts + index.lengths - 1] != eod_id).sum())):
+            return [f"{prefix}.bin: {bad} documents do not end with EOD id {eod_id}"]
+        if bos_id is not None and (bad := int((reader.tokens[starts] != bos_id).sum())):
+            return [f"{prefix}.bin: {bad} documents do not start with BOS id {bos_id}"]
+    return []
+
+
+def _check_documents_table(store: Store, row, lengths: np.ndarray) -> str | None:
+    """The split's documents table: a row per document of the split, its offsets and lengths tiling the `.bin`."""
+    rel = layout.documents_table(row.split, row.shard_id)
+    if not store.exists(rel):
+        return f"{rel}: missing"
+    with store.local_copies(rel) as (path,):
+        try:
+            table = read_documents_table(path, ["split", "token_offset", "token_length"])
+        except (pa.ArrowException, OSError) as e:
+            return f"{rel}: not a documents table ({e})"
+    return tiling_problem(table, lengths, row.split, rel)
+
+
+def _check_loss_mask(store: Store, row) -> list[str]:
+    """A conversations' split's loss mask: a byte, 0 or 1, per token of its `.bin`, as many 1s as stats say."""
+    rel = layout.loss_mask_file(row.split, row.shard_id)
+    if not store.exists(rel):
+        return [f"{rel}: missing"]
+    with store.local_copies(rel) as (path,):
+        mask = np.fromfile(path, dtype=np.uint8)
+    if len(mask) != row.tokens:
+        return [f"{rel}: {len(mask)} bytes, not one per token ({row.tokens})"]
+    if mask.max(initial=0) > 1 or int(mask.sum()) != row.supervised_tokens:
+        return [f"{rel}: not 0 or 1 per token with {row.supervised_tokens} ones, as stats say"]
+    return []
+
+
+def _check_packed(store: Store, row, pack: PackConfig, pad_id: int) -> list[str]:
+    prefix = layout.packed_prefix(row.split, row.shard_id)
+    files = [prefix + s for s in SUFFIXES.values()]
+    if row.packed_rows == 0:
+        return []
+    if missing := [f for f in files if not store.exists(f)]:
+        return [f"{m}: missing" for m in missing]
+    conversations = row.supervised_tokens >= 0  # packed whole, best-fit, seq_len wide, with their loss mask
+    width = pack.seq_len if conversations else pack.row_len
+    with store.local_copies(*files) as paths:
+        packed = PackedReader(prefix, paths=paths)
+        rows, offsets = packed.rows, np.asarray(packed.row_offsets)
+        cu = np.asarray(packed.cu_seqlens, dtype=np.int64)
+        if rows.shape != (row.packed_rows, width):
+            return [f"{prefix}.tokens.npy: shape {rows.shape}, expected ({row.packed_rows}, {width})"]
+        if len(offsets) != len(rows) + 1 or offsets[0] != 0 or offsets[-1] != len(cu):
+            return [f"{prefix}.row_offsets.npy: does not index {prefix}.cu_seqlens.npy"]
+        # Within a row boundaries start at 0 and strictly increase up to at most the row's width.
+        rising = np.diff(cu) > 0
+        rising[offsets[1:-1] - 1] = True  # the step from one row's end to the next row's 0
+        if np.any(cu[offsets[:-1]] != 0) or not rising.all() or cu.max(initial=0) > width:
+            return [f"{prefix}.cu_seqlens.npy: boundaries do not rise from 0 to at most {width} in every row"]
+        real = cu[offsets[1:] - 1]
+        if int(real.sum()) != row.packed_real_tokens or rows.size - int(real.sum()) != row.packed_pad_tokens:
+            return [f"{prefix}.cu_seqlens.npy: {real.sum()} real tokens, stats say {row.packed_real_tokens}"]
+        if not _only_pad_after(rows, real, pad_id):
+            return [f"{prefix}.tokens.npy: tokens other than pad id {pad_id} after the real tokens"]
+        if conversations:
+            return _check_packed_loss(store, prefix, rows.shape, row)
+        if pack.mode == "concat" and np.any(real[:-1] != width):
+            return [f"{prefix}.cu_seqlens.npy: a concat row other than the last is not full"]
+        if pack.mode == "bfd" and row.packed_rows > row.padded_layout_rows:
+            return [f"{prefix}.tokens.npy: {row.packed_rows} rows, more than one document per row would take"]
+        if pack.mode == "window":
+            return _check_windows(store, row, pack, np.asarray(rows), offsets, real)
+    return []
+
+
+def _check_packed_loss(store: Store, prefix: str, shape: tuple, row) -> list[str]:
+    rel = prefix + LOSS_SUFFIX
+    if not store.exists(rel):
+        return [f"{rel}: missing"]
+    with store.local_copies(rel) as (path,):
+        loss = np.load(path, mmap_mode="r")
+        if loss.shape != shape or loss.max(initial=0) > 1 or int(loss.sum()) > row.supervised_tokens:
+            return [f"{rel}: not a 0 or 1 per packed token, at most the {row.supervised_tokens} supervised tokens"]
+    if row.packed_rows > row.padded_layout_rows:
+        return [f"{prefix}.tokens.npy: {row.packed_rows} rows, more than one conversation per row would take"]
+    return []
+
+
+def _only_pad_after(rows: np.ndarray, real: np.ndarray, pad_id: int) -> bool:
+    """Whether every token of every row after its `real` tokens is `pad_id`: the padded rows only, a block of them
+    at a time (a mask over all of a shard's rows is as large as its tokens, fresh memory for every shard)."""
+    width = rows.shape[1]
+    padded = np.flatnonzero(real < width)
+    step = max(1, PAD_CHECK_BYTES // width)
+    for start in range(0, len(padded), step):
+        chosen = padded[start : start + step]
+        if not np.all(rows[chosen][np.arange(width) >= real[chosen, None]] == pad_id):
+            return False
+    return True
+
+
+def _check_windows(store: Store, row, pack: PackConfig, rows: np.ndarray, offsets: np.ndarray, real) -> list[str]:
+    """One window per row, as many and as long as the documents' lengths and the overlap imply, BOS/EOS in place."""
+    prefix = layout.packed_prefix(row.split, row.shard_id)
+    if np.any(np.diff(offsets) != 2):
+        return [f"{prefix}.cu_seqlens.npy: a window row holds more than one piece"]
+    idx = layout.megatron_prefix(row.split, row.shard_id) + ".idx"
+    with store.local_copies(idx) as (idx_path,):
+        lengths = MegatronIndex(idx_path).lengths.astype(np.int64)
+    content, step = pack.window_content, pack.window_content - pack.stride
+    windows = np.where(lengths > 0, 1 + -(-np.maximum(lengths - content, 0) // step), 0)
+    doc = np.repeat(np.arange(len(lengths)), windows)
+    within = (np.arange(len(doc)) - (np.cumsum(windows) - windows)[doc]) * step
+    extras = (pack.bos_id is not None) + (pack.eos_id is not None)
+    expected = np.minimum(content, lengths[doc] - within) + extras
+    if len(expected) != len(real) or np.any(expected != real):
+        return [f"{prefix}.cu_seqlens.npy: window lengths disagree with the documents and stride {pack.stride}"]
+    if pack.bos_id is not None and np.any(rows[:, 0] != pack.bos_id):
+        return [f"{prefix}.tokens.npy: a window does not start with BOS id {pack.bos_id}"]
+    if pack.eos_id is not None and np.any(rows[np.arange(len(rows)), real - 1] != pack.eos_id):
+        return [f"{prefix}.tokens.npy: a window does not end with EOS id {pack.eos_id}"]
+    return []
+
+
+def _check_llmc(store: Store, row, cap: int, dtype: np.dtype) -> list[str]:
+    expected_files = -(-row.tokens // cap)
+    first = layout.llmc_file(row.split, row.shard_id, 0)
+    if row.llmc_files != expected_files:
+        return [f"{first}: stats say {row.llmc_files} llm.c files, {row.tokens} tokens need {expected_files}"]
+    files = [layout.llmc_file(row.split, row.shard_id, part) for part in range(expected_files)]
+    if missing := [f for f in files if not store.exists(f)]:
+        return [f"{m}: missing" for m in missing]
+    tokens = 0
+    with store.local_copies(*files) as paths:
+        for rel, path in zip(files, paths, strict=True):
+            try:
+                shard = LlmcReader(path, name=rel)
+            except CorruptLlmcFile as e:
+                return [str(e)]
+            if shard.dtype != dtype or len(shard) > cap:
+                return [f"{rel}: {len(shard)} {shard.dtype} tokens, expected {dtype} and at most {cap}"]
+            tokens += len(shard)
+    if tokens != row.tokens:
+        return [f"{first}: the llm.c files hold {tokens} tokens, stats say {row.tokens}"]
+    return []
+
+
+def _check_shuffle(store: Store, split: str, split_rows: pd.DataFrame) -> list[str]:
+    """The shuffle index lists every (shard, row) of the split's packed rows exactly once."""
+    rel = layout.shuffle_file(split)
+    split_rows = split_rows[split_rows.packed_rows > 0]
+    if split_rows.empty:
+        return [f"{rel}: exists but the split has no packed rows"] if store.exists(rel) else []
+    if not store.exists(rel):
+        return [f"{rel}: missing"]
+    with store.local_copies(rel) as (path,):
+        index = np.asarray(read_shuffle_index(path), dtype=np.int64)
+    counts = split_rows.packed_rows.to_numpy(dtype=np.int64)
+    expected = np.stack(
+        [np.repeat(split_rows.shard_id.to_numpy(dtype=np.int64), counts),
+         np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)], axis=1
+    )  # fmt: skip
+    if index.shape != expected.shape:
+        return [f"{rel}: shape {index.shape}, the split has {len(expected)} packed rows"]
+    if not np.array_equal(index[np.lexsort((index[:, 1], index[:, 0]))], expected):
+        return [f"{rel}: not a permutation of the split's packed rows"]
+    return []
+
+
+# --- sampled documents: stored ids against the reference's, and decoded back to their text ----------
+
+REFERENCE_SHARDS = 8  # the reference's sample spans at least this many shards (where there are): a block or so of each
+
+
+CONVERSATIONS_READ = 4  # see `_from_shard`
+SAMPLE_BATCH_BYTES = 1 << 20  # conversations read so: a shard's first ones are read (and rendered), not the rest
+
+
+@dataclass(frozen=True)
+class ReferenceItem:
+    """A shard's part of the reference check's sample (`reference_items`)."""
+
+    shard: Shard
+    sample: int  # how many of its documents
+    documents: int  # all its documents
+    rejected: int  # its rejects
+    seed: int
+    most_bytes: int = 1 << 62  # the text its documents may hold in all (its share of tokenizer.check_bytes)
+
+    @property
+    def shard_id(self) -> int:
+        return self.shard.shard_id
+
+
+def reference_items(config: TokenmillConfig, plan: Plan, table: pd.DataFrame, seed: int = 1) -> list[ReferenceItem]:
+    """A random sample of at least `tokenizer.check_min_documents` and `tokenizer.check_fraction` of all
+    documents, as the shards it is read from, one item each for `check_reference`, each with its share of
+    `tokenizer.check_bytes` (`reference.sized_to_the_run`: less in a small run; the documents drawn are checked until
+    they hold it: `within_bytes`). Shards are taken in
+    random order until they hold twice that many documents and number REFERENCE_SHARDS (or all there are), and
+    each takes its share of a uniform draw from their documents."""
+    cfg, rng = config.tokenizer, np.random.default_rng(seed)
+    per_shard = table.groupby("shard_id").documents.sum()
+    total = int(per_shard.sum())
+    wanted = min(total, max(cfg.check_min_documents, int(np.ceil(cfg.check_fraction * total))))
+    read, held = [], 0
+    for shard_id in rng.permutation(per_shard.index[per_shard > 0].to_numpy()):
+        if held >= 2 * wanted and len(read) >= REFERENCE_SHARDS:
+            break
+        read.append(int(shard_id))
+        held += int(per_shard[shard_id])
+    read.sort()
+    read_ids = set(read)  # these shards of the plan only: not a dict held for each of its shards
+    read_from = {s.shard_id: s for s in plan.shards if s.shard_id in read_ids}
+    chosen = rng.choice(held, size=min(wanted, held), replace=False)
+    starts = np.cumsum([0] + [int(per_shard[s]) for s in read])
+    shares = np.bincount(np.searchsorted(starts, chosen, side="right") - 1, minlength=len(read))
+    rejected = table.groupby("shard_id").rejected.first()
+    # Each shard's share of check_bytes: as the text its drawn documents are expected to hold (tokens per document)
+    tokens = table.groupby("shard_id").tokens.sum()
+    expected = np.array([shares[k] * tokens[s] / max(1, per_shard[s]) for k, s in enumerate(read)], dtype=float)
+    most = sized_to_the_run(cfg.check_bytes, CHECK_BYTES, sum(shard.bytes for shard in plan.shards))
+    budget = most * expected / max(expected.sum(), 1e-9)
+    return [
+        ReferenceItem(
+            read_from[shard_id],
+            int(shares[k]),
+            int(per_shard[shard_id]),
+            int(rejected[shard_id]),
+            seed,
+            max(1, int(budget[k])),
+        )
+        for k, shard_id in enumerate(read)
+        if shares[k]
+    ]
+
+
+@dataclass(frozen=True)
+class Referencing:
+    """What the reference check uses of a run, made once (`of`) and sent with its shards' Dask tasks: documents are
+    re-read as the tokenize stage read them."""
+
+    store: Store  # the build
+    reading: dict[str, ReadOptions]  # how each mixture source's files are read ("" for a single input)
+    streams: dict[str, list[str]]  # where each source's documents went, in split order
+    split: dict[str, float]
+    tokenizer: TokenizerInfo
+    bos: bool  # each stored document starts with BOS (tokenizer.prepend_bos)
+    eod: bool  # and ends with EOD (tokenizer.append_eod)
+    piece_bytes: int  # tokenizer.reference_piece_bytes: a longer document is checked on an excerpt
+
+    @classmethod
+    def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Referencing:
+        return cls(
+            config.output.store(),
+            reading(config, tokenizer),
+            {name: config.streams(name) for name in config.inputs()},
+            dict(config.split),
+            tokenizer,
+            config.tokenizer.prepend_bos,
+            config.tokenizer.append_eod,
+            int(config.tokenizer.reference_piece_bytes),
+        )
+
+
+def sampled_documents(run: Referencing, item: ReferenceItem) -> list[tuple[str, int, int, str]]:
+    """(split, shard, index within the shard's split, text) of `item.sample` documents of a shard (an item of
+    `reference_items`), re-read from the input: drawn from a few of the blocks tokenize read, chosen at random
+    until they hold twice the sample (their places are in the shard's tokenize marker), or where the shard's
+    marker does not say (input read another way, or made by an earlier tokenmill), drawn from the whole shard,
+    read as tokenize read it."""
+    rng = np.random.default_rng([item.seed, item.shard_id])
+    found = _from_blocks(run, item, rng)
+    return within_bytes(_from_shard(run, item, rng) if found is None else found, item.most_bytes, run.piece_bytes, rng)
+
+
+def within_bytes(found: list[tuple], most_bytes: int, piece_bytes: int, rng: np.random.Generator) -> list[tuple]:
+    """The documents of `found` (in its order) that a random order takes until their text reaches `most_bytes` (a
+    long document counted as the excerpt of `piece_bytes` that is checked of it); at least one."""
+    texts = [text.text if isinstance(text, RenderedChat | PairTexts) else text for *_, text in found]
+    size = np.array([min(len(text), piece_bytes) for text in texts])
+    order = rng.permutation(len(found))
+    kept = order[: max(1, int(np.searchsorted(np.cumsum(size[order]), most_bytes, side="right")))]
+    return [found[k] for k in np.sort(kept)] if len(found) else found
+
+
+def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator) -> list | None:
+    """`sampled_documents` from blocks without rejects, as `tokenize_shard` recorded them (`blocks` in its
+    marker); None where it recorded none, or where they hold too few documents, or a block reads otherwise now."""
+    shard_id, names = item.shard_id, run.streams[item.shard.mix_source]
+    result = Tokenized.from_json(run.store.read_json(marker(TOKENIZE, shard_id))["result"])
+    if not result.blocks:
+        return None
+    blocks = np.array(result.blocks, np.int64)  # piece, start, stop, first line, rejects, documents before...
+    before = blocks[:, 5:]
+    held = np.vstack([before[1:], [[result.splits[name]["documents"] for name in names]]]) - before
+    order = rng.permutation(np.flatnonzero(blocks[:, 4] == 0))
+    sample, enough = item.sample, np.cumsum(held[order].sum(axis=1))
+    if not len(order) or enough[-1] < sample:
+        return None
+    taken = np.sort(order[: np.searchsorted(enough, 2 * sample) + 1])  # until they hold twice the sample, or all
+    pieces, options = item.shard.pieces, run.reading[item.shard.mix_source]
+    read = []  # (split names, their indexes, texts) of each block's documents
+    for b in taken:
+        piece, start, stop, first_line, _, *counts = blocks[b].tolist()
+        block = Piece(pieces[piece].path, start, stop, first_line)
+        batches = list(read_documents([block], options, columnar=True, batch_bytes=stop - start))
+        if len(batches) != 1 or batches[0][1] or len(batches[0][0]) != held[b].sum():
+            return None  # the file changed since: read the shard as tokenize did
+        batch = batches[0][0]
+        splits = assign_splits(batch.ids, run.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
+        indexes = np.zeros(len(batch), np.int64)
+        for split, count in enumerate(counts):
+            indexes[splits == split] = count + np.arange(np.count_nonzero(splits == split))
+        read.append((splits, indexes, batch.text_values()))
+    bounds = np.cumsum([0] + [len(splits) for splits, _, _ in read])
+    found = []
+    for drawn in np.sort(rng.choice(bounds[-1], size=sample, replace=False)):
+        k = int(np.searchsorted(bounds, drawn, side="right")) - 1
+        splits, indexes, texts = read[k]
+        i = drawn - bounds[k]
+        found.append((names[splits[i]], shard_id, int(indexes[i]), str(texts[i])))
+    return found
+
+
+def _from_shard(run: Referencing, item: ReferenceItem, rng: np.random.Generator) -> list[tuple]:
+    """`sampled_documents` drawn uniformly from the whole shard, read as tokenize read it. Conversations are drawn
+    from the shard's first CONVERSATIONS_READ times the sample: reading one means rendering it again, and the whole
+    shard's would cost validate what the tokenize stage cost (a wrong mask is wrong in every conversation alike)."""
+    shard_id, names = item.shard_id, run.streams[item.shard.mix_source]
+    options = run.reading[item.shard.mix_source]
+    drawn_from = min(item.documents, CONVERSATIONS_READ * item.sample) if options.conversations else item.documents
+    positions = np.sort(rng.choice(drawn_from, size=item.sample, replace=False))
+    found, position, counters = [], 0, np.zeros(len(names), np.int64)
+    batch_bytes = SAMPLE_BATCH_BYTES if options.conversations else BATCH_BYTES
+    for batch, _ in read_documents(item.shard.pieces, options, columnar=True, batch_bytes=batch_bytes):
+        if position >= drawn_from:
+            break
+        splits = assign_splits(batch.ids, run.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
+        # a conversation with its spans, a pair's texts, or a document's text
+        texts = batch.chats if batch.chats is not None else batch.pairs
+        texts = texts if texts is not None else [str(text) for text in batch.text_values()]
+        for i in positions[(positions >= position) & (positions < position + len(batch))] - position:
+            split = splits[i]
+            index = counters[split] + np.count_nonzero(splits[:i] == split)
+            found.append((names[split], shard_id, int(index), texts[i]))
+        counters += np.bincount(splits, minlength=len(names))
+        position += len(batch)
+    return found
+
+
+def check_reference(run: Referencing, item: ReferenceItem) -> dict:
+    """One shard's sampled documents (an item of `reference_items`) re-read from the input, their stored ids
+    checked (on a worker, whose reference is loaded): they equal the reference's (HF tokenizers) encoding, and
+    they decode to the source text (after the tokenizer's own normalization; documents that the tokenizer
+    itself cannot round-trip are skipped). A document longer than `tokenizer.reference_piece_bytes` is checked on
+    an excerpt the reference encodes alone (`reference.checked_excerpt`), so memory is bounded whatever its size. A
+    conversation's stored loss mask is checked too: it is exactly the mask of the tokens whose characters overlap its
+    assistant spans (`chat.mask_problems`). `{"documents", "excerpts", "skipped", "wrong", "undecodable", "masks"}`,
+    the last four naming files."""
+    store, sample = run.store, sampled_documents(run, item)
+    hf = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
+    tok, rng = hf.tokenizer, np.random.default_rng([item.seed, item.shard_id, 1])
+    normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
+    wrong, undecodable, masks, skipped = [], [], [], []
+    checked = []  # (its name, the text checked, its stored ids, for a conversation its loss mask and the mask's name)
+    pairs = []  # (its name, its texts, its two stored sequences: ids and loss mask each)
+    with ExitStack() as files:
+        readers: dict[str, tuple[MegatronReader, np.ndarray | None]] = {}
+        for split, shard_id, index, text in sample:
+            chat = isinstance(text, RenderedChat | PairTexts)
+            prefix = layout.megatron_prefix(split, shard_id)
+            if prefix not in readers:
+                bin_path, idx_path = files.enter_context(store.local_copies(prefix + ".bin", prefix + ".idx"))
+                mask = None
+                if chat:
+                    (mask_path,) = files.enter_context(store.local_copies(layout.loss_mask_file(split, shard_id)))
+                    mask = np.memmap(mask_path, dtype=np.uint8, mode="r")
+                readers[prefix] = MegatronReader(prefix, bin_path=bin_path, idx_path=idx_path), mask
+            reader, mask = readers[prefix]
+            if isinstance(text, PairTexts):  # a pair: the document of two sequences, chosen then rejected
+                sides = []
+                for k in (2 * index, 2 * index + 1):
+                    start = int(reader.index.pointers[k]) // reader.tokens.dtype.itemsize
+                    sides.append((reader[k], np.asarray(mask[start : start + len(reader[k])])))
+                pairs.append((f"{prefix}.bin: pair {index} (sequences {2 * index}, {2 * index + 1})", text, sides))
+                continue
+            stored = reader[index]
+            head, tail = (0, 0) if chat else (int(run.bos), int(run.eod))  # a template places its own specials
+            ids, name = stored[head : len(stored) - tail], f"{prefix}.bin: document {index}"
+            if chat:
+                start = int(reader.index.pointers[index]) // reader.tokens.dtype.itemsize
+                mask_name = f"{layout.loss_mask_file(split, shard_id)}: conversation {index}"
+                checked.append((name, text, ids, (mask[start : start + len(ids)], mask_name)))
+            elif len(text) <= run.piece_bytes // 4 or len(text.encode("utf-8", "surrogatepass")) <= run.piece_bytes:
+                checked.append((name, text, ids, None))
+            elif isinstance(part := checked_excerpt(tok, hf.token_places, text, ids, run.piece_bytes, rng), Excerpt):
+                checked.append((f"{name} (an excerpt of it)", part.text, ids[part.first : part.last], None))
+            elif part.startswith("wrong"):
+                wrong.append(f"{name}: {part.removeprefix('wrong: ')}")
+            else:
+                skipped.append(f"{name} ({len(text):,} characters): {part.removeprefix('skipped: ')}")
+        expected_pairs = tokenize_texts(tok, [text for _, text, _ in pairs])
+        for (name, _, sides), expected in zip(pairs, expected_pairs, strict=True):
+            masks += [f"{name}: {problem}" for problem in pair_problems(tok, expected, sides)]
+        texts = [text.text if mask is not None else text for _, text, _, mask in checked]
+        if any(mask is not None for *_, mask in checked):  # conversations: their masks need the reference's offsets
+            encodings = [e for run_ in in_runs(texts, run.piece_bytes) for e in tok.encode_batch(texts[run_], False)]
+            expected, offsets = [e.ids for e in encodings], [e.offsets for e in encodings]
+        else:  # the documents the encoder was verified on are not encoded again
+            expected = reference_ids(store, run.tokenizer.sha256, texts, tok, run.piece_bytes)
+            offsets = [None] * len(texts)
+        for (name, text, ids, mask), source, reference, spans in zip(checked, texts, expected, offsets, strict=True):
+            ids = ids.tolist()
+            if ids != reference:
+                wrong.append(f"{name} differs from the reference (hf) encoding")
+            elif mask is not None:
+                spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+                found = mask_problems(tok, text, np.asarray(ids), spans, mask[0])
+                masks += [f"{mask[1]}: {p}" for p in found]
+            if tok.decode(ids, skip_special_tokens=False) != normalize(source):
+                if tok.decode(reference, skip_special_tokens=False) == normalize(source):  # lossless, yet it differs
+                    undecodable.append(f"{name} does not decode to its source text")
+    excerpts = sum(name.endswith("(an excerpt of it)") for name, *_ in checked)
+    return {
+        "documents": len(sample) - len(skipped), "excerpts": excerpts, "pairs": len(pairs), "skipped": skipped,
+        "wrong": wrong, "undecodable": undecodable, "masks": masks,
+    }  # fmt: skip
+
+
+def reference_verdict(config: TokenmillConfig, checked: list[dict]) -> list[str]:
+    """What `check_reference` found over the whole sample, recorded in layout.REFERENCE_CHECK: the problems, where
+    more documents differ than `tokenizer.allowed_mismatch_rate` allows, or some do not decode to their text."""
+    documents = sum(c["documents"] for c in checked)
+    if not documents:
+        return []
+    wrong = [w for c in checked for w in c["wrong"]]
+    undecodable = [u for c in checked for u in c["undecodable"]]
+    rate, allowed = len(wrong) / documents, config.tokenizer.allowed_mismatch_rate
+    store = config.output.store()
+    record = {"documents": documents, "mismatches": len(wrong), "allowed_rate": allowed}
+    if excerpts := sum(c.get("excerpts", 0) for c in checked):  # long documents, checked on an excerpt
+        record["excerpts"] = excerpts
+    if skipped := [s for c in checked for s in c.get("skipped", ())]:  # long documents no excerpt could be cut of
+        record["skipped"] = skipped[:10] + ([f"... and {len(skipped) - 10} more"] if len(skipped) > 10 else [])
+    store.write_json(layout.REFERENCE_CHECK, record)
+    problems = undecodable[:10]
+    if masks := [m for c in checked for m in c.get("masks", ())]:  # a wrong loss mask is never allowed
+        what = "conversations' loss masks are not their assistant turns"
+        if sum(c.get("pairs", 0) for c in checked):
+            what = "pairs are not their prompt and completions, with the loss on the completions only"
+        problems += [f"{len(masks)} sampled {what}", *masks[:10]]
+    if rate > allowed:
+        summary = f"{len(wrong)} of {documents} documents re-encoded with hf differ (allowed rate {allowed})"
+        problems += [summary, *wrong[:10]]
+    return problems
+
+
+@dataclass(frozen=True)
+class ShardFiles:
+    """A shard's rows of the stats table, a dict per split, for `check_shard`; `bytes` (4 per token: about what
+    its files hold) sizes the Dask tasks (`tasks.shards`)."""
+
+    shard_id: int
+    rows: list[dict]
+    bytes: int = 0
+
+
+class ShardsFiles(Columns):
+    """Every shard's `ShardFiles`, as columns: an item is made only while its shard is sent to be checked (a
+    dict per row, held for every shard while they are checked, was 1 KB a row)."""
+
+    @staticmethod
+    def item(row: dict) -> ShardFiles:
+        return ShardFiles(**row)
+
+
+def shard_rows(table: pd.DataFrame) -> ShardsFiles:
+    """The stats table as one `ShardFiles` per shard."""
+    ordered = table.sort_values("shard_id", kind="stable")
+    ids = ordered.shard_id.to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.zeros(0, np.int64)
+    rows = pa.Table.from_pandas(ordered[COLUMNS], preserve_index=False).to_struct_array().combine_chunks()
+    tokens = np.add.reduceat(ordered.tokens.to_numpy(np.int64), starts) if len(ids) else np.zeros(0, np.int64)
+    return ShardsFiles(
+        pa.table(
+            {
+                "shard_id": ids[starts],
+                "rows": pa.ListArray.from_arrays(np.r_[starts, len(ids)].astype(np.int32), rows),
+                "bytes": 4 * tokens,
+            }
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Checking:
+    """What the check of a shard's files uses of a run, made once (`of`) and sent with its shards' Dask tasks."""
+
+    store: Store  # the build
+    vocab_size: int
+    bos_id: int | None  # before each document, else None
+    eod_id: int | None  # after each document, else None
+    pack: PackConfig | None  # how rows were packed; None: no packed rows
+    pad_id: int
+    llmc_shard_tokens: int | None  # the tokens of an llm.c file; None: no llm.c files
+    trainers: tuple[str, ...] = ()  # the trainers' layouts written (`OutputConfig.trainers`)
+    seq_len: int = 0  # the tokens of an MDS row (pack.seq_len)
+    pairs: frozenset[str] = frozenset()  # the streams of preference pairs
+
+    @classmethod
+    def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Checking:
+        return cls(
+            config.output.store(),
+            tokenizer.vocab_size,
+            tokenizer.bos_id if config.tokenizer.prepend_bos else None,
+            tokenizer.eod_id if config.tokenizer.append_eod else None,
+            config.pack if writes_packed(config) else None,
+            pack_pad_id(config, tokenizer),
+            config.output.llmc_shard_tokens if "llmc" in config.output.formats else None,
+            config.output.trainers(),
+            config.pack.seq_len,
+            frozenset(config.pair_streams()),
+        )
+
+
+def check_shard(run: Checking, shard: ShardFiles) -> list[str]:
+    """Every file of one shard (an item of `shard_rows`) against its stats: what is wrong, naming the files."""
+    dtype = token_dtype(run.vocab_size)
+    problems = []
+    for row in (SimpleNamespace(**{k: _plain(v) for k, v in r.items()}) for r in shard.rows):
+        problems += _check_megatron(run.store, row, dtype, run.eod_id, run.bos_id, row.split in run.pairs)
+        if run.pack is not None:
+            problems += _check_packed(run.store, row, run.pack, run.pad_id)
+        if run.llmc_shard_tokens is not None:
+            problems += _check_llmc(run.store, row, run.llmc_shard_tokens, llmc_dtype(run.vocab_size))
+        if run.trainers and row.documents:
+            problems += _check_trainer_files(run.store, row, run.trainers, dtype, run.seq_len)
+    return problems
+
+
+def _check_trainer_files(store: Store, row, trainers: tuple[str, ...], dtype: np.dtype, seq_len: int) -> list[str]:
+    """The trainers' layouts of a shard's split against its stats, each checked by its module (`formats.table`):
+    those made from its documents hold its tokens and documents; those made as conversations or pairs are packed,
+    where the split's packed rows hold any, what the packed rows hold."""
+    packing = row.supervised_tokens >= 0 and row.packed_rows > 0
+    wanted = [FORMATS[f] for f in trainers if FORMATS[f].made_from == "documents" or packing]
+    if sum(len(format.files) for format in wanted) != row.trainer_files:
+        names = [format.name for format in wanted]
+        return [f"{layout.shard_name(row.shard_id)} {row.split}: {row.trainer_files} trainer files, not {names}"]
+    problems = []
+    for format in wanted:
+        rels = layout.trainer_files(format.name, row.split, row.shard_id)
+        if missing := [rel for rel in rels if not store.exists(rel)]:
+            problems += [f"{rel}: missing" for rel in missing]
+            continue
+        with store.local_copies(*rels) as paths:
+            problems += format.module().check(SplitFound(rels, paths, row, dtype, seq_len))
+    return problems
+
+
+def check_written(run: Checking, results: tuple) -> list[str]:
+    """`check_shard` as the last step of a shard's chain on the cluster (`results`: its tokenize result, and its
+    pack result where the pack wrote files): its files are read back while they are still in the page cache.
+    Read after the stage, outputs the page cache no longer holds (a corpus larger than the memory, or pushed out
+    by the input) come back from disk: 0.5 s of CPU per 1 GB shard, against 0.03 s fresh."""
+    tokenized, packed = results if len(results) == 2 else (results[0], skipped(results[0]))
+    rows = [dict(zip(COLUMNS, row, strict=True)) for row in stats_rows(tokenized, packed)]
+    return check_shard(run, ShardFiles(tokenized.shard_id, rows))
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def validate(
+    config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInfo, table: pd.DataFrame, run: RunShards | None = None,
+    checked: list[str] | None = None,
+) -> pd.DataFrame:  # fmt: skip
+    """Check the stats table (`stats_table` of the tokenize and pack results) and the files; write `stats.json`
+    and return the table, or raise ValidationFailed. `run` runs the per-shard checks where the caller wants
+    (on the cluster); None: here. `checked`: what every shard's files were found to have wrong already
+    (`check_written`, in the tokenize stage), else they are checked here."""
+    packing = writes_packed(config)
+    store = config.output.store()
+    if not table.documents.sum():
+        raise ValidationFailed(
+            f"nothing to tokenize: {all_rejected(store, table)}; nothing was published: fix the input files or "
+            "the input config (input.text_field, input.format) and run again"
+        )
+    run = run or (lambda name, items, work, context, *args: [work(context, item, *args) for item in items])
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenmill-reference") as pool:
+        # The reference's re-encoding of sampled documents runs while the table and the files are checked (in
+        # the caller's context: its logging); it counts only where they are sound: decoding damaged files
+        # means nothing.
+        sample, reference = reference_items(config, plan, table), None
+        if sample:
+            reference = pool.submit(
+                copy_context().run, run, "reference", sample, check_reference, Referencing.of(config, tokenizer)
+            )
+        planned, splits = shard_ids(plan.shards).tolist(), config.streams()
+        check_stats(table, planned, splits, tokenizer.vocab_size, config.pack if packing else None)
+        if checked is None:
+            checking = Checking.of(config, tokenizer)
+            checked = [p for found in run("check", shard_rows(table), check_shard, checking) for p in found]
+        problems = list(checked)
+        if packing:
+            for split in config.streams():
+                problems += _check_shuffle(store, split, table[table.split == split])
+        if not problems and reference is not None:
+            problems += reference_verdict(config, reference.result())
+    if problems:
+        raise ValidationFailed("dataset files failed validation:\n" + "\n".join(f"  - {p}" for p in problems))
+    store.write_json(layout.STATS, STREAMED, records(table))
+    return table
+
+
+def records(table: pd.DataFrame) -> Iterator[dict]:
+    """The table's rows as dicts (as `to_dict(orient="records")` makes them), a few thousand at a time: a dict
+    per row is about 1 KB."""
+    for start in range(0, len(table), ROWS_AT_ONCE):
+        yield from table.iloc[start : start + ROWS_AT_ONCE].to_dict(orient="records")
+
+
+def _failure_lines(cases: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+    """One line per failed check (pandera's failure cases), naming the shards and splits (not pandera's
+    cell-by-cell dump)."""
+    lines = []
+    for check, found in cases.groupby("check", sort=False):
+        rows = sorted({int(i) for i in found["index"].dropna()})
+        where = ", ".join(f"shard {table.shard_id[i]:05d}/{table.split[i]}" for i in rows[:10])
+        if len(rows) > 10:
+            where += f" and {len(rows) - 10} more"
+        lines.append(f"  - {check}" + (f": {where}" if where else ""))
+    return lines

@@ -1,0 +1,286 @@
+"""Preference pairs (DPO and its relatives): a prompt with a chosen and a rejected completion, read from TRL's
+preference formats and tokenized exactly as TRL's DPO preprocessing tokenizes them with the same tokenizer and chat
+template (trl 1.16: `DPOTrainer._prepare_dataset`, `trl.data_utils.extract_prompt`).
+
+The formats (TRL's "preference" type; the field names are `PairFormat`'s):
+- conversational, explicit prompt: `prompt` a list of messages, `chosen` and `rejected` the completions' messages;
+- conversational, implicit prompt: no `prompt`; `chosen` and `rejected` are whole conversations, and the turns they
+  share from the start are the prompt (`extract_prompt`);
+- standard: `prompt`, `chosen` and `rejected` plain strings, or `chosen` and `rejected` alone, their common start
+  (in characters, less a space it ends with) the prompt.
+
+Tokenized as TRL does. A conversational prompt is rendered with the generation prompt, and the prompt followed by
+each completion as one conversation, all encoded as apply_chat_template encodes (no special tokens added). Plain
+text is encoded as the tokenizer's `__call__` encodes (its special tokens added), after the EOS is appended to each
+completion that does not end with it. The completion is what follows the longest common start of the prompt's ids
+and the prompt-and-completion's, taken over both sides; the prompt's ids are that start. A template that renders a
+prompt alone otherwise than followed by a completion, or tokens that merge across the boundary, so move the
+boundary as they do in TRL. The loss is on the completions only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from tokenmill.tokenizers.chat import ChatError, ChatTemplate, kind_of, render, tools_of, valid_turns, wrong_runs
+
+
+@dataclass(frozen=True)
+class PairFormat:
+    """Where a record keeps its pair. Without `prompt_field` in a record, its prompt is implicit (TRL's
+    `extract_prompt`: the start that `chosen` and `rejected` share)."""
+
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    tools_field: str | None = None  # the tools the template is given: a list of JSON schemas, or its JSON text
+    # auto: the prompt is `prompt_field` where a record has it, else implicit; explicit: every record has it;
+    # implicit: always extracted from chosen and rejected (a `prompt_field` in a record is not read)
+    form: Literal["auto", "explicit", "implicit"] = "auto"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A prompt and its two completions: all three lists of messages (conversational) or all three strings."""
+
+    prompt: list[dict] | str
+    chosen: list[dict] | str
+    rejected: list[dict] | str
+    tools: list[dict] | None = None
+
+    @property
+    def conversational(self) -> bool:
+        return isinstance(self.chosen, list)
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    """A pair's ids as TRL's DPO preprocessing gives them (`prompt_ids`, `chosen_ids`, `rejected_ids`): a trainer
+    trains on `prompt + chosen` and `prompt + rejected`, the loss on the completion's tokens only."""
+
+    prompt: np.ndarray
+    chosen: np.ndarray
+    rejected: np.ndarray
+
+
+def to_pair(record: dict, format: PairFormat = PairFormat()) -> Pair:
+    """The record's pair, its prompt extracted where it is implicit; ChatError names the field and what is wrong."""
+    sides = {}
+    for name, field in (("chosen", format.chosen_field), ("rejected", format.rejected_field)):
+        if record.get(field) is None:
+            raise ChatError(f"no {field!r} (the {name} completion: a list of messages or a string)")
+        sides[name] = _side(record[field], field)
+    chosen, rejected = sides["chosen"], sides["rejected"]
+    if isinstance(chosen, list) != isinstance(rejected, list):
+        raise ChatError(
+            f"{format.chosen_field!r} is {kind_of(chosen)} but {format.rejected_field!r} is {kind_of(rejected)}"
+        )
+    if format.form == "explicit" and record.get(format.prompt_field) is None:
+        raise ChatError(f"no {format.prompt_field!r} (the prompt: a list of messages or a string; form: explicit)")
+    if format.form == "implicit" or record.get(format.prompt_field) is None:
+        prompt, chosen, rejected = extract_prompt(chosen, rejected, format)
+    else:
+        prompt = _side(record[format.prompt_field], format.prompt_field)
+        if isinstance(prompt, list) != isinstance(chosen, list):
+            raise ChatError(
+                f"{format.prompt_field!r} is {kind_of(prompt)} but {format.chosen_field!r} is {kind_of(chosen)}: "
+                "all lists of messages, or all strings"
+            )
+    return Pair(prompt, chosen, rejected, tools_of(record, format.tools_field))
+
+
+def _side(value: Any, field: str) -> list[dict] | str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return valid_turns(value, field)
+    raise ChatError(f"{field!r} is {kind_of(value)}, not a list of messages or a string")
+
+
+def extract_prompt(chosen, rejected, format: PairFormat = PairFormat()) -> tuple[Any, Any, Any]:
+    """TRL's `extract_prompt`, exactly: (prompt, chosen, rejected) where the prompt is the longest start the two
+    share (turns, or characters less a space that ends it); where one is the start of the other, all but the last
+    item of the shorter. ChatError where they share nothing, or one is empty."""
+    shortest = min(len(chosen), len(rejected))
+    if shortest == 0:
+        raise ChatError(f"{format.chosen_field!r} or {format.rejected_field!r} is empty: no prompt to extract")
+    end = next((i for i in range(shortest) if chosen[i] != rejected[i]), None)
+    if end is None:  # TRL's loop ends on its last index
+        end = shortest - 1
+    elif chosen[end - 1] == " ":  # a string: the space before the completion goes with it
+        end -= 1
+    if end <= 0:
+        raise ChatError(
+            f"{format.chosen_field!r} and {format.rejected_field!r} share no start, so no prompt "
+            f"(and no {format.prompt_field!r} field)"
+        )
+    return chosen[:end], chosen[end:], rejected[end:]
+
+
+@dataclass(frozen=True)
+class PairTexts:
+    """A pair as the texts its tokenization encodes (`pair_texts`): the prompt alone, the prompt with the chosen
+    completion, the prompt with the rejected one; `special`: encoded with the tokenizer's own special tokens added
+    (plain text), or not (a rendered conversation)."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+    special: bool
+
+    @property
+    def text(self) -> str:
+        """Its longest text, for what holds a document's text (a sample's size, the encoder's verification)."""
+        return max(self.chosen, self.rejected, key=len)
+
+
+@dataclass(frozen=True)
+class PairReading:
+    """How a preference input's records become pairs' texts: the reader's part of its `input.preference` config,
+    with the template the tokenizer's install probed and the EOS that TRL appends to a plain completion."""
+
+    format: PairFormat
+    template: ChatTemplate | None
+    eos_token: str
+
+    def rendered(self, record: dict) -> PairTexts:
+        """The record's pair as its texts; ChatError names what is wrong (a field, a turn, the template's refusal)."""
+        return pair_texts(to_pair(record, self.format), self.template, self.eos_token)
+
+
+def pair_texts(pair: Pair, chat: ChatTemplate | None, eos_token: str) -> PairTexts:
+    """The texts TRL's DPO preprocessing encodes for `pair`: a conversational prompt rendered with the generation
+    prompt, and followed by each completion as one conversation (`chat`); plain text as it is, `eos_token` appended
+    to a completion that does not end with it."""
+    if pair.conversational:
+        if chat is None:
+            raise ChatError(
+                "a conversational pair needs a chat template: the tokenizer has none (name a .jinja file in "
+                "input.preference.template)"
+            )
+        prompt = _rendered(chat, pair.prompt, pair.tools, generation_prompt=True)
+        chosen, rejected = (_rendered(chat, pair.prompt + side, pair.tools) for side in (pair.chosen, pair.rejected))
+        return PairTexts(prompt, chosen, rejected, special=False)
+    chosen, rejected = (c if c.endswith(eos_token) else c + eos_token for c in (pair.chosen, pair.rejected))
+    return PairTexts(pair.prompt, pair.prompt + chosen, pair.prompt + rejected, special=True)
+
+
+def tokenize_texts(tokenizer: Tokenizer, pairs: list[PairTexts]) -> list[TokenizedPair]:
+    """Each pair's ids from its texts (`pair_texts`), in two batched encodes (plain text, with the special tokens
+    added; rendered conversations, without): the prompt's ids the longest common start of the prompt's and both
+    sequences' ids, each completion's ids what follows."""
+    ids: list[list[int] | None] = [None] * (3 * len(pairs))
+    for special in (False, True):
+        chosen = [k for k, p in enumerate(pairs) if p.special == special]
+        texts = [text for k in chosen for text in (pairs[k].prompt, pairs[k].chosen, pairs[k].rejected)]
+        if not texts:
+            continue
+        encoded = tokenizer.encode_batch(texts, add_special_tokens=special)
+        for j, k in enumerate(chosen):
+            ids[3 * k : 3 * k + 3] = (e.ids for e in encoded[3 * j : 3 * j + 3])
+    tokenized = []
+    for k in range(len(pairs)):
+        prompt, chosen, rejected = ids[3 * k : 3 * k + 3]
+        shared = min(_common_start(prompt, chosen), _common_start(prompt, rejected))
+        sides = (prompt[:shared], chosen[shared:], rejected[shared:])
+        tokenized.append(TokenizedPair(*(np.asarray(side, dtype=np.int64) for side in sides)))
+    return tokenized
+
+
+def tokenize_pair(pair: Pair, tokenizer: Tokenizer, chat: ChatTemplate | None, eos_token: str) -> TokenizedPair:
+    """The pair's ids as TRL's DPO preprocessing makes them with `tokenizer` (as transformers builds it) and the
+    template `chat` (needed for a conversational pair). `eos_token` is appended to a plain completion that does not
+    end with it."""
+    return tokenize_texts(tokenizer, [pair_texts(pair, chat, eos_token)])[0]
+
+
+def _rendered(chat: ChatTemplate, messages: list[dict], tools, generation_prompt: bool = False) -> str:
+    try:
+        return render(chat.template, messages, chat.variables, tools, generation_prompt)
+    except Exception as e:  # the template's raise_exception, or an error in its own code on this pair
+        raise ChatError(f"chat template {chat.name} refused the pair: {type(e).__name__}: {e}") from None
+
+
+def _common_start(ids: list[int], other: list[int]) -> int:
+    """How many ids the two start with in common (TRL's `common_prefix_length`)."""
+    n = min(len(ids), len(other))
+    differ = np.flatnonzero(np.asarray(ids[:n]) != np.asarray(other[:n]))
+    return int(differ[0]) if len(differ) else n
+
+
+def fit_pair(pair: TokenizedPair, max_length: int | None, policy: Literal["drop", "truncate"]) -> TokenizedPair | None:
+    """The pair within `max_length` tokens a side (prompt and completion), as TRL's `max_length` with
+    `truncation_mode="keep_start"` fits it, or None where it is dropped; never one side only. A prompt of
+    `max_length` tokens or more leaves no completion token, and its pair is dropped whatever `policy` says (TRL's
+    filter). Else a side longer than `max_length` is cut to its first `max_length` tokens (`truncate`: TRL's
+    collator, each side on its own), or the whole pair is dropped (`drop`)."""
+    if max_length is None:
+        return pair
+    if len(pair.prompt) >= max_length:
+        return None
+    room = max_length - len(pair.prompt)
+    if max(len(pair.chosen), len(pair.rejected)) <= room:
+        return pair
+    if policy == "drop":
+        return None
+    return TokenizedPair(pair.prompt, pair.chosen[:room], pair.rejected[:room])
+
+
+def pair_sequences(pairs: list[TokenizedPair]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pairs as the sequences a trainer runs, for `packers.pack_pairs`: per pair its prompt and chosen
+    completion, then its prompt and rejected completion (the prompt repeated, so that each is a sequence of its
+    own), back to back; their loss masks (1 on the completions' tokens, 0 on the prompts'); their lengths."""
+    sides = [(pair.prompt, completion) for pair in pairs for completion in (pair.chosen, pair.rejected)]
+    if not sides:
+        return np.empty(0, np.int64), np.empty(0, np.uint8), np.empty(0, np.int64)
+    tokens = np.concatenate([part for side in sides for part in side])
+    masks = np.concatenate([np.repeat(np.uint8([0, 1]), [len(prompt), len(c)]) for prompt, c in sides])
+    lengths = np.array([len(prompt) + len(c) for prompt, c in sides], dtype=np.int64)
+    return tokens.astype(np.int64), masks, lengths
+
+
+def pair_problems(
+    tokenizer: Tokenizer, expected: TokenizedPair, stored: list[tuple[np.ndarray, np.ndarray]]
+) -> list[str]:
+    """What is wrong with a pair as stored (empty: nothing), for validate: `stored` is its chosen then its rejected
+    sequence (ids and loss mask each). Each must be the prompt's ids and then its completion's, as `expected` (the
+    pair tokenized again), with the loss on exactly the completion's tokens (none on the sequence's first token):
+    an all-ones mask, one that reaches into the prompt or one shifted by a token fails. Each wrong run of tokens is
+    named with what it decodes to."""
+    if len(stored) != 2:
+        return [f"{len(stored)} sequences, not a pair's two (chosen, rejected)"]
+    problems = []
+    completions = (expected.chosen, expected.rejected)
+    for side, completion, (ids, mask) in zip(("chosen", "rejected"), completions, stored, strict=True):
+        wanted = np.concatenate([expected.prompt, completion])
+        if len(ids) != len(wanted) or not np.array_equal(ids, wanted):
+            problems.append(f"{side}: its {len(ids)} ids are not the prompt's and the completion's ({len(wanted)})")
+            continue
+        if len(mask) != len(ids):
+            problems.append(f"{side}: {len(mask)} mask values for {len(ids)} tokens")
+            continue
+        loss = np.repeat(np.uint8([0, 1]), [len(expected.prompt), len(completion)])
+        loss[:1] = 0
+        for first, stop in wrong_runs(mask, loss):
+            text = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
+            where = "in the completion" if loss[first] else "outside the completion (the prompt)"
+            state = "without loss" if loss[first] else "with loss"
+            problems.append(f"{side}: tokens {first}:{stop} ({text[:40]!r}) are {where} but {state}")
+    return problems
+
+
+def fit_stored(
+    lengths: np.ndarray, prompts: np.ndarray, max_length: int, policy: Literal["drop", "truncate"]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`fit_pair` on stored pairs at once: `lengths` each pair's chosen then rejected sequence (`pair_sequences`),
+    `prompts` each pair's prompt length. (which pairs are kept, each kept sequence's length): a kept sequence is its
+    first tokens, so cutting it is keeping fewer of them."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    chosen, rejected, prompts = lengths[0::2], lengths[1::2], np.asarray(prompts, dtype=np.int64)
+    fits = np.maximum(chosen, rejected) <= max_length
+    keep = prompts < max_length if policy == "truncate" else fits & (prompts < max_length)
+    return keep, np.minimum(lengths, max_length)[np.repeat(keep, 2)]
