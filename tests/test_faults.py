@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tokenmill.config import TokenmillConfig
-from tokenmill.core.commits import marker
-from tokenmill.io.readers import _in_page_cache
-from tokenmill.io.storage import StorageError, Store, UncachedFile
+from tokenmill.core.layout import marker
+from tokenmill.io.direct import UncachedFile, in_page_cache
+from tokenmill.io.storage import StorageError, Store
 from tokenmill.stages.pack import Packing, pack_shard
 from tokenmill.stages.partition import load_or_plan
 from tokenmill.stages.tokenize import Tokenizing, tokenize_shard
@@ -148,7 +148,7 @@ def cached_pages(path: Path) -> int:
     """How many of a file's pages the page cache holds."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        return sum(_in_page_cache(f, page, min(page + PAGE, size)) for page in range(0, size, PAGE))
+        return sum(in_page_cache(f, page, min(page + PAGE, size)) for page in range(0, size, PAGE))
 
 
 @pytest.mark.parametrize("sizes", [[], [1], [4095, 1], [UncachedFile.BUFFER], [3, 2 * UncachedFile.BUFFER + 5, 7]])

@@ -10,7 +10,7 @@ import time
 import boto3
 import pytest
 
-from tokenmill.core.commits import marker
+from tokenmill.core.layout import marker
 from tokenmill.io.storage import StorageError, Store, give_up_s
 
 from .fault_proxy import FaultProxy

@@ -12,7 +12,7 @@ import shutil
 import boto3
 import pytest
 
-from tokenmill.core.commits import marker
+from tokenmill.core.layout import marker
 from tokenmill.io.storage import Store
 
 from .conftest import CORPORA

@@ -11,7 +11,7 @@ import zstandard
 
 from tokenmill.config import TokenmillConfig
 from tokenmill.core.plan import Shards
-from tokenmill.io import readers
+from tokenmill.io import direct, readers
 from tokenmill.io.readers import InputError, Piece, ReadOptions, count_crlf, line_blocks, read_documents
 from tokenmill.stages import partition
 from tokenmill.stages.partition import auto_shard_size, load_or_plan, plan_shards
@@ -97,8 +97,8 @@ def test_a_local_files_blocks_are_mapped_or_read_directly_and_read_as_a_stream_r
     such blocks are mapped, the others read directly)."""
     monkeypatch.setattr(readers, "LONG_LINE", long_line)
     mapped = []  # the blocks mapped, not read directly
-    map_block = readers._mapped
-    monkeypatch.setattr(readers, "_mapped", lambda f, start, stop: mapped.append(start) or map_block(f, start, stop))
+    map_block = direct.mapped
+    monkeypatch.setattr(readers, "mapped", lambda f, start, stop: mapped.append(start) or map_block(f, start, stop))
     lines = [b'{"text": "%s"}' % (b"x" * (i * 7919 % 20000)) if i % 13 else b"" for i in range(400)]
     data = b"\n".join(lines)  # no newline at the end
     local = tmp_path / "x.jsonl"
@@ -115,7 +115,7 @@ def test_a_local_files_blocks_are_mapped_or_read_directly_and_read_as_a_stream_r
     with open(local, "rb") as f:
 
         def cached() -> bool:
-            return readers._in_page_cache(f, 0, len(data))
+            return readers.in_page_cache(f, 0, len(data))
 
         for start, end, line in ((0, cut, 1), (cut, later, first), (cut, None, first)):
             streamed = read("memory://lines/x.jsonl", start, end, line)
@@ -148,7 +148,7 @@ def test_crlf_line_endings_are_counted_in_any_block_a_reader_hands_over(tmp_path
     cuts = [(0, 20), (0, 14), (14, 16), (16, middle), (middle, middle + 2), (middle + 2, len(data)), (0, len(data))]
     with open(path, "rb") as f:
         for start, end in cuts:
-            mapped = readers._mapped(f, start, end)  # as a local file's blocks are read
+            mapped = direct.mapped(f, start, end)  # as a local file's blocks are read
             for block in (data[start:end], memoryview(data)[start:end], mapped, mapped[:20], mapped[-20:]):
                 assert count_crlf(block) == bytes(block).count(b"\r\n"), (start, end, type(block))
 
@@ -224,7 +224,8 @@ def test_a_plan_made_ahead_is_the_partition_stages_result(tmp_path):
 def test_a_changed_input_gets_a_plan_that_keeps_the_unchanged_shards(tmp_path):
     import os
 
-    from tokenmill.core.commits import commit, marker
+    from tokenmill.core.commits import commit
+    from tokenmill.core.layout import marker
 
     for name in "abc":
         write_jsonl(tmp_path / f"{name}.jsonl", 300, prefix=name)

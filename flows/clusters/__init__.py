@@ -35,12 +35,6 @@ class Running(NamedTuple):
     release: Callable[[], str | None] = keep_workers
 
 
-# The TLS of the clusters this process started, by scheduler address: the LocalCluster `tokenmill run` starts ahead
-# of the flow is reached at $TOKENMILL_DASK_ADDRESS (the `external` kind), with credentials that exist only in the
-# memory of the run's processes.
-STARTED_TLS: dict[str, Security] = {}
-
-
 class ClusterStartError(RuntimeError):
     """The run's cluster did not start."""
 

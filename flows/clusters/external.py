@@ -1,6 +1,5 @@
 """A Dask scheduler and workers someone else started (`dask.address`, or $TOKENMILL_DASK_ADDRESS): infra/'s
-compose and Kubernetes clusters, a team's own, or the LocalCluster `tokenmill run` started ahead of the flow
-(`flows.clusters.local.local_cluster_started_early`, with the credentials it was started with). TLS, where the
+compose and Kubernetes clusters, or a team's own. TLS, where the
 scheduler speaks it, comes from Dask's config (`tokenmill certs DIR` makes the certificates and prints the
 settings)."""
 
@@ -13,7 +12,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from flows.clusters import STARTED_TLS, ClusterStartError, Running
+from flows.clusters import ClusterStartError, Running
 
 if TYPE_CHECKING:
     from tokenmill.config import DaskConfig, TokenizerConfig
@@ -49,7 +48,7 @@ def start(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> 
             "(dask.allow_plaintext)",
             address,
         )
-    yield Running(address, STARTED_TLS.get(address))
+    yield Running(address)
 
 
 def plaintext_host(address: str) -> str | None:

@@ -13,13 +13,18 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
-from flows.clusters import STARTED_TLS, ClusterStartError, Running
+from flows.clusters import ClusterStartError, Running
 from flows.startup import without_collector
 
 if TYPE_CHECKING:
     from tokenmill.config import DaskConfig, TokenizerConfig
+
+# The LocalCluster `tokenmill run` started ahead of its flow, which runs in the same context: the flow's `start`
+# takes it rather than start another. Its TLS credentials exist only in the memory of the run's processes.
+STARTED_EARLY: ContextVar[Running | None] = ContextVar("tokenmill_local_cluster", default=None)
 
 # The run's tokenizer config, for the forkserver's `flows.clusters.forkserver_preload`.
 FORKSERVER_TOKENIZER = "TOKENMILL_FORKSERVER_TOKENIZER"
@@ -144,7 +149,7 @@ def local_cluster_started_early(
 ) -> Iterator[Callable[[], None]]:
     """With no scheduler configured, start the run's LocalCluster now (`local_cluster_process`), so that it
     boots while the caller imports Prefect (about 2 s of a `tokenmill run`), and yield `connect`, which waits
-    for it and points TOKENMILL_DASK_ADDRESS at it (its TLS in `STARTED_TLS`); the cluster is closed on exit.
+    for it and makes it the one the flow's `start` takes (`STARTED_EARLY`); the cluster is closed on exit.
     With a scheduler, or SLURM jobs (the flow starts those), `connect` does nothing."""
     if dask_config.scheduler() or dask_config.slurm is not None:
         yield lambda: None
@@ -152,19 +157,20 @@ def local_cluster_started_early(
     with local_cluster_process(dask_config, tokenizer) as started:
 
         def connect() -> None:
-            running = started()
-            STARTED_TLS[running.address] = running.security
-            os.environ["TOKENMILL_DASK_ADDRESS"] = running.address
+            STARTED_EARLY.set(started())
 
         try:
             yield connect
         finally:
-            os.environ.pop("TOKENMILL_DASK_ADDRESS", None)
+            STARTED_EARLY.set(None)
 
 
 @contextlib.contextmanager
 def start(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> Iterator[Running]:
-    """The run's LocalCluster (`local_cluster_process`), for a flow run that `tokenmill run` did not start one
-    ahead of (a deployment's)."""
+    """The run's LocalCluster: the one `tokenmill run` started ahead of the flow (`local_cluster_started_early`),
+    else one started now (`local_cluster_process`), for a flow run that has none (a deployment's)."""
+    if (early := STARTED_EARLY.get()) is not None:
+        yield early
+        return
     with local_cluster_process(dask_config, tokenizer) as started:
         yield started()

@@ -12,6 +12,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tokenmill.core import layout
 from tokenmill.core.commits import STAGES
 from tokenmill.core.plan import Plan
 from tokenmill.io.storage import Store
@@ -29,7 +30,7 @@ def committed_counts(store: Store) -> tuple[dict[str, int], dict[str, int]]:
     expected = {stage: inputs if stage == "scatter" else outputs for stage in STAGES}
     done = {}
     for stage in STAGES:
-        files = store.list(f"_commits/{stage}")
+        files = store.list(layout.markers(stage))
         if files:
             done[stage] = len(files)
     return done, expected

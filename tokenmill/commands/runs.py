@@ -6,13 +6,12 @@ from __future__ import annotations
 import orjson
 
 from tokenmill.config import TokenmillConfig
-from tokenmill.core.commits import marker
+from tokenmill.core.layout import RUN_CONFIG, marker
 from tokenmill.core.plan import Plan
 from tokenmill.core.signing import key_path, signed, write_signed
 from tokenmill.io.storage import JSON_OPTIONS, Store
 from tokenmill.stages import STAGES
 
-RUN_CONFIG = "_work/config.json"
 SHARD_STAGES = tuple(name for name, stage in STAGES.items() if stage.rerun)  # sample and shuffle feed others
 # What a rerun never takes from the output location, whose writers must not choose where the shards' code runs
 # (`dask`: a scheduler's address, SLURM jobs and the shell lines they run first), which endpoints get the

@@ -26,10 +26,6 @@ STAGES = (SCATTER, GATHER, SAMPLE, TOKENIZE, PACK) = COMMITTING
 MOVABLE = tuple(name for name in STAGES if ALL_STAGES[name].movable)  # a shard's output can change id
 
 
-def marker(stage: str, shard_id: int) -> str:
-    return f"_commits/{stage}/shard-{shard_id:05d}.json"
-
-
 class Commit:
     """What a shard task learns from its marker: the committed result, or why there is none to reuse."""
 
@@ -43,7 +39,7 @@ def read_marker(store: Store, stage: str, shard_id: int) -> dict | None:
     one that names a file elsewhere (`../victim`) or another file of the dataset (its config, its plan) was planted
     by a writer of the output location, and stops the run naming it (`Planted`) before anything is read, removed or
     published through it."""
-    rel = marker(stage, shard_id)
+    rel = layout.marker(stage, shard_id)
     if not store.exists(rel):
         return None
     done = store.read_json(rel)
@@ -95,7 +91,7 @@ def committed(store: Store, stage: str, shard_id: int, key: str) -> dict | None:
 def commit(store: Store, stage: str, shard_id: int, key: str, result: dict, files: dict | None = None) -> dict:
     """Write the marker, last: `files` maps each file the shard wrote to its size and sha256 (see
     `Store.writing(rel, record=files)`)."""
-    store.write_json(marker(stage, shard_id), {"key": key, "result": result, "files": files or {}})
+    store.write_json(layout.marker(stage, shard_id), {"key": key, "result": result, "files": files or {}})
     return result
 
 
@@ -107,7 +103,7 @@ def discard(store: Store, shard_ids: list[int]) -> None:
             if (done := read_marker(store, stage, shard_id)) is not None:
                 for path in done["files"]:
                     store.remove(path)
-                store.remove(marker(stage, shard_id))
+                store.remove(layout.marker(stage, shard_id))
 
 
 def lift(store: Store, moves: dict[int, int]) -> list[tuple[str, int, int, dict]]:
@@ -120,7 +116,7 @@ def lift(store: Store, moves: dict[int, int]) -> list[tuple[str, int, int, dict]
             if (done := read_marker(store, stage, old)) is not None:
                 if stage in MOVABLE:
                     lifted.append((stage, old, new, done))
-                store.remove(marker(stage, old))
+                store.remove(layout.marker(stage, old))
     return lifted
 
 

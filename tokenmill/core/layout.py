@@ -27,6 +27,19 @@ def shard_name(shard_id: int) -> str:
     return f"shard-{shard_id:05d}"
 
 
+def markers(stage: str) -> str:
+    """The folder of a stage's commit markers (`tokenmill.core.commits`)."""
+    return f"_commits/{stage}"
+
+
+def marker(stage: str, shard_id: int) -> str:
+    """A shard's commit marker of a stage (`tokenmill.core.commits`)."""
+    return f"{markers(stage)}/{shard_name(shard_id)}.json"
+
+
+RUN_CONFIG = "_work/config.json"  # the run's config as it ran, signed (`tokenmill.commands.runs`), for reruns
+
+
 def renumbered(rel: str, shard_id: int, new_id: int) -> str:
     """A shard's file's name once the shard has another id."""
     return rel.replace(shard_name(shard_id), shard_name(new_id), 1)

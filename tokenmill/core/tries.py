@@ -1,5 +1,5 @@
 """A shard stage's work as a Dask task runs it: each shard of a bundle tried on its own, failures kept as values;
-how tasks travel sealed; and how the flow waits on its Dask client without waiting forever.
+how tasks travel sealed (the flow's waits on its client are `tasks/client_waits.py`).
 
 It runs on the workers, which must not import Prefect (about 1.2 s of CPU per worker, at the start of every
 run), and the flow's cluster module uses it (the workers unpickle that module's plugin): it lives here, beside
@@ -8,14 +8,10 @@ the library functions it calls, not in `tasks/` or `flows/`. Standard library on
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import pickle
 import resource
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-
-ALIVE_CHECK_S = 0.1  # a wait on the flow's Dask client looks this often at whether the client still runs
 
 SHARD_RETRIES = 2  # per shard and stage, on the worker that runs it; and per Dask task, if its worker dies
 
@@ -97,39 +93,6 @@ class Parcel:
 
     def __init__(self, value):
         self.pickled = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-class Unanswered(Exception):
-    """What `on_client_loop` raises where the client can no longer answer: its loop closed or stopped, or it closed."""
-
-
-def loop_runs(client) -> bool:
-    """Whether the client's event loop runs: a closing client's loop still settles its futures (cancelled), and what
-    waits on them with it; a stopped loop settles nothing more."""
-    return client.loop.asyncio_loop.is_running()
-
-
-def client_runs(client) -> bool:
-    """Whether `client` is connected, or reconnecting, and its event loop runs."""
-    return client.status in ("running", "connecting") and loop_runs(client)
-
-
-def on_client_loop(client, coroutine: Coroutine, alive: Callable[[object], bool] = loop_runs):
-    """`coroutine` run on a Dask client's event loop, its result waited for here; Unanswered once `alive(client)` no
-    longer holds (looked at every ALIVE_CHECK_S). Dask's own blocking calls wait on that loop without end: one made
-    as a run closed its client never returned, and the run never exited."""
-    try:
-        pending = asyncio.run_coroutine_threadsafe(coroutine, client.loop.asyncio_loop)
-    except RuntimeError:  # its loop is closed
-        coroutine.close()
-        raise Unanswered() from None
-    while True:
-        try:
-            return pending.result(timeout=ALIVE_CHECK_S)
-        except concurrent.futures.TimeoutError:
-            if not alive(client):
-                pending.cancel()
-                raise Unanswered() from None
 
 
 def peak_rss() -> int:

@@ -10,7 +10,6 @@ present and unique within the shard.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import gzip
 import heapq
@@ -38,7 +37,8 @@ import zstandard
 from fsspec.implementations.local import LocalFileSystem
 
 from tokenmill.io.buffers import scan_parts
-from tokenmill.io.storage import DIRECT_ALIGN, options_for
+from tokenmill.io.direct import DIRECT_ALIGN, in_page_cache, mapped, open_direct
+from tokenmill.io.storage import options_for
 
 if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 s of every worker's start)
     import pandas as pd
@@ -55,7 +55,6 @@ BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, no
 READ_BUFFER = 1 << 20
 SAMPLE_BLOCK_BYTES = 64 << 10  # a sample's run of neighbouring documents (`sampled_blocks`): ~40 Wikipedia articles
 LONG_LINE = 1 << 20  # a line that ends a directly read block may run this far past it (longer: it is mapped)
-_LIBC = ctypes.CDLL(None, use_errno=True)
 PANDERA_IMPORT = threading.Lock()
 
 
@@ -644,7 +643,7 @@ def count_crlf(data: Buffer) -> int:
 
 def _holds_carriage_return(data: Buffer) -> bool:
     """Whether `data` holds a CR: searched in place at memchr's speed (5x numpy's comparison) where `data` is bytes
-    or a view of bytes or of a memory map (as `_mapped` makes them)."""
+    or a view of bytes or of a memory map (as `mapped` makes them)."""
     owner = data.obj if isinstance(data, memoryview) and data.contiguous else data
     if isinstance(owner, bytes | mmap.mmap):
         offset = np.frombuffer(data, np.uint8).ctypes.data - np.frombuffer(owner, np.uint8).ctypes.data
@@ -712,10 +711,10 @@ def _local_blocks(f: BinaryIO, path: str, start: int, end: int, batch_bytes: int
     disk cost two workers reading at once 0.2-0.6 s more CPU per GB than reads that skip the page cache (and the
     whole run 20% more wall), and the page cache is left to the output. A block read so is valid until the next
     one is asked for (its readers copy what they keep: pyarrow's parse, the careful path's `bytes`)."""
-    direct = _open_direct(path) if end - start > 2 * batch_bytes else None  # a block or two: little to read ahead
+    direct = open_direct(path) if end - start > 2 * batch_bytes else None  # a block or two: little to read ahead
     if direct is None:
         for stop in _block_ends(f, start, end, batch_bytes):
-            yield _mapped(f, start, stop)
+            yield mapped(f, start, stop)
             start = stop
         return
     pages = -(-(batch_bytes + LONG_LINE) // DIRECT_ALIGN) + 1  # one more: a block starts anywhere in its first
@@ -735,15 +734,6 @@ def _local_blocks(f: BinaryIO, path: str, start: int, end: int, batch_bytes: int
         os.close(direct)
 
 
-def _open_direct(path: str) -> int | None:
-    """A descriptor of `path` for reads that skip the page cache (O_DIRECT), or None where the system or its file
-    system has none (macOS, tmpfs)."""
-    try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except (AttributeError, OSError):
-        return None
-
-
 def _block_ends(f: BinaryIO, start: int, end: int, batch_bytes: int) -> Iterator[int]:
     """Where each block of `_local_blocks` ends: the first line start at or after `batch_bytes` from its start."""
     while start < end:
@@ -756,7 +746,7 @@ def _next_block(f: BinaryIO, direct: int, buffer: mmap.mmap, start: int, end: in
     its line past `batch_bytes` is longer than LONG_LINE, else read into `buffer` from `direct`."""
     if start >= end:
         return memoryview(b"")
-    if not _in_page_cache(f, start, min(start + batch_bytes, end)):
+    if not in_page_cache(f, start, min(start + batch_bytes, end)):
         base = start - start % DIRECT_ALIGN
         length = min(len(buffer), -(-(end - base) // DIRECT_ALIGN) * DIRECT_ALIGN)
         try:
@@ -770,24 +760,7 @@ def _next_block(f: BinaryIO, direct: int, buffer: mmap.mmap, start: int, end: in
             stop = held
         if stop:
             return memoryview(buffer)[start - base : stop]
-    return _mapped(f, start, next(_block_ends(f, start, end, batch_bytes)))
-
-
-def _in_page_cache(f: BinaryIO, start: int, stop: int) -> bool:
-    """Whether every page of bytes [start, stop) of `f` is in the page cache (mincore over a map of them; where the
-    kernel does not say for files the process may not write, the pages count as not cached)."""
-    base = start - start % mmap.PAGESIZE
-    pages = np.zeros(-(-(stop - base) // mmap.PAGESIZE), np.uint8)
-    with mmap.mmap(f.fileno(), stop - base, offset=base, access=mmap.ACCESS_READ) as mapped:
-        address = ctypes.c_void_p(np.frombuffer(mapped, np.uint8, count=1).ctypes.data)
-        found = _LIBC.mincore(address, ctypes.c_size_t(stop - base), pages.ctypes.data_as(ctypes.c_void_p))
-    return found == 0 and bool((pages & 1).all())
-
-
-def _mapped(f: BinaryIO, start: int, stop: int) -> memoryview:
-    """Bytes [start, stop) of the file, a view of a memory map of their own (which starts at a page boundary)."""
-    base = start - start % mmap.ALLOCATIONGRANULARITY
-    return memoryview(mmap.mmap(f.fileno(), stop - base, offset=base, access=mmap.ACCESS_READ))[start - base :]
+    return mapped(f, start, next(_block_ends(f, start, end, batch_bytes)))
 
 
 def _blank(block: Buffer) -> bool:

@@ -13,9 +13,7 @@ raises `StorageError`, naming the file or object and the cause, never a library'
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
-import mmap
 import os
 import posixpath
 import shutil
@@ -32,6 +30,8 @@ from typing import BinaryIO
 import fsspec
 import orjson
 from fsspec.implementations.local import LocalFileSystem
+
+from tokenmill.io.direct import UncachedFile
 
 CHUNK = 8 << 20
 JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS  # every JSON file tokenmill writes
@@ -514,92 +514,6 @@ class HashingFile:
 
     def digest(self) -> dict:
         return {"bytes": self.bytes, "sha256": self.sha256.hexdigest()}
-
-
-class UncachedFile:
-    """A new local file written past the page cache (O_DIRECT), for outputs the run does not read again: their bytes
-    are neither copied into the cache nor written back from it later, nor do they push the input out of it. (On a
-    VM that hands freed memory back to its host, each page the cache takes afresh also costs a fault on the host:
-    see docs/performance.md, "Output the page cache takes in".)
-
-    O_DIRECT writes whole blocks from aligned memory: the bytes go through two page-aligned buffers, one filled
-    while a thread writes the other; the last block is padded and the file cut to its size. Where the platform or
-    the file system refuses O_DIRECT, the same writes go through the cache."""
-
-    BUFFER = 4 << 20
-    _spare: list[memoryview] = []  # the buffers of closed files, for the next: fresh memory costs more than a copy
-
-    def __init__(self, path: str | Path):
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        try:
-            self.fd = os.open(path, flags | DIRECT, 0o644)
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise
-            self.fd = os.open(path, flags, 0o644)
-        self.buffers = [self._spare.pop() if self._spare else _private_buffer(self.BUFFER) for _ in range(2)]
-        self.writes: list = [None, None]  # each buffer's write under way
-        self.writer = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-uncached")
-        self.current = self.filled = self.size = 0
-
-    def write(self, data) -> int:
-        data = memoryview(data).cast("B")
-        done = 0
-        while done < len(data):
-            take = min(self.BUFFER - self.filled, len(data) - done)
-            self.buffers[self.current][self.filled : self.filled + take] = data[done : done + take]
-            self.filled, done = self.filled + take, done + take
-            if self.filled == self.BUFFER:
-                self._hand_over(self.BUFFER)
-        self.size += len(data)
-        return len(data)
-
-    def _hand_over(self, end: int) -> None:
-        """The current buffer's first `end` bytes to the writer thread; then the other buffer, once written."""
-        self.writes[self.current] = self.writer.submit(self._write, self.buffers[self.current][:end])
-        self.current, self.filled = 1 - self.current, 0
-        if written := self.writes[self.current]:
-            self.writes[self.current] = None
-            written.result()
-
-    def _write(self, data: memoryview) -> None:
-        while data:
-            try:
-                data = data[os.write(self.fd, data) :]
-            except OSError as e:  # a file system that took O_DIRECT at open and refuses it at write
-                flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
-                if e.errno != errno.EINVAL or not flags & DIRECT:
-                    raise
-                fcntl.fcntl(self.fd, fcntl.F_SETFL, flags & ~DIRECT)
-
-    def __enter__(self) -> UncachedFile:
-        return self
-
-    def __exit__(self, failed, *_) -> None:
-        try:
-            if not failed:
-                if self.filled:
-                    padded = -(-self.filled // DIRECT_ALIGN) * DIRECT_ALIGN
-                    self.buffers[self.current][self.filled : padded] = bytes(padded - self.filled)
-                    self._hand_over(padded)
-                for written in filter(None, self.writes):
-                    written.result()
-                os.ftruncate(self.fd, self.size)
-        finally:
-            self.writer.shutdown()  # waits for a write still under way where one failed
-            os.close(self.fd)
-            self._spare.extend(self.buffers)
-
-
-DIRECT = getattr(os, "O_DIRECT", 0)  # Linux's; elsewhere UncachedFile writes through the cache
-# O_DIRECT reads and writes start, end and land at multiples of this: the page, a multiple of any disk's block
-DIRECT_ALIGN = max(4096, mmap.PAGESIZE)
-
-
-def _private_buffer(size: int) -> memoryview:
-    """Page-aligned memory of `size` bytes, private to this process (Python's anonymous maps are shared with the
-    processes it forks)."""
-    return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
 
 
 def link_or_copy(source: str | Path, target: Path) -> None:

@@ -24,7 +24,8 @@ import pandas as pd
 
 from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.core import layout
-from tokenmill.core.commits import PACK, TOKENIZE, check, commit, marker, pack_key, shard_key, tokenize_key
+from tokenmill.core.commits import PACK, TOKENIZE, check, commit, pack_key, shard_key, tokenize_key
+from tokenmill.core.layout import marker
 from tokenmill.core.packers import (
     fit_conversations,
     global_shuffle_index,

@@ -24,8 +24,9 @@ import pyarrow as pa
 
 from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.core import layout
-from tokenmill.core.commits import TOKENIZE, marker
+from tokenmill.core.commits import TOKENIZE
 from tokenmill.core.hashing import assign_splits
+from tokenmill.core.layout import marker
 from tokenmill.core.packers import pad_id as pack_pad_id
 from tokenmill.core.packers import writes_packed
 from tokenmill.core.plan import Columns, Plan, Shard, shard_ids
