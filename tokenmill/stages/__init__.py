@@ -53,6 +53,7 @@ STAGES = {
             rerun=True,
             preloaded=True,
         ),  # fmt: skip
+        # pack and check run chained to each shard's tokenize on the cluster, in its group task (tasks/tokenize.py)
         Stage("pack", "pack", "pack_shard", "Packing", commits=True, movable=True, rerun=True, preloaded=True),
         Stage("check", "validate", "check_written", "Checking", whole_chain=True, preloaded=True),
         Stage("tokenizer_report", "fertility", preloaded=True),
