@@ -171,6 +171,16 @@ class Batch:
         """The texts as the fast path read them (a pyarrow string array), else the list."""
         return self.text_array if self.text_array is not None else self.texts
 
+    def add(self, raw: Record, doc_id: str, text: str, fields: Sequence[str]) -> None:
+        """A record that passed its checks, as the careful path takes it: its id, text, origin and extra fields."""
+        self.ids.append(doc_id)
+        self.texts.append(text)
+        self.doc_files.append(raw.path)
+        self.doc_lines.append(raw.line)
+        for f in fields:
+            self.extra[f].append(raw.extra.get(f))
+        self.nbytes += raw.size
+
 
 @dataclass
 class Reject:
@@ -534,13 +544,7 @@ def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tu
             continue
         doc_id = str(raw.doc_id)
         seen_ids.add(doc_id)
-        batch.ids.append(doc_id)
-        batch.texts.append(raw.text)
-        batch.doc_files.append(raw.path)
-        batch.doc_lines.append(raw.line)
-        for f in options.fields:
-            batch.extra[f].append(raw.extra.get(f))
-        batch.nbytes += raw.size
+        batch.add(raw, doc_id, raw.text, options.fields)
     return batch, rejects
 
 
@@ -573,14 +577,8 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
             rejects.append(Reject(raw.file, raw.line, problem, _shorten(raw.raw)))
             continue
         seen_ids.add(doc_id)
-        batch.ids.append(doc_id)
-        batch.texts.append(rendered.text)
+        batch.add(raw, doc_id, rendered.text, options.fields)
         (batch.chats if batch.pairs is None else batch.pairs).append(rendered)
-        batch.doc_files.append(raw.path)
-        batch.doc_lines.append(raw.line)
-        for f in options.fields:
-            batch.extra[f].append(raw.extra.get(f))
-        batch.nbytes += raw.size
     return batch, rejects
 
 
