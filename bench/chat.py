@@ -145,11 +145,13 @@ def main() -> None:
                  "ids and labels identical for every conversation, in every round")  # fmt: skip
 
 
-def arguments(doc: str, repeat: str) -> argparse.Namespace:
-    """The options of this benchmark and bench/dpo.py."""
+def arguments(doc: str, repeat: str, **flags: str) -> argparse.Namespace:
+    """The options of this benchmark and bench/dpo.py (`flags`: its own, by name and help)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1, help=repeat)
+    for flag, says in flags.items():
+        parser.add_argument(f"--{flag}", action="store_true", help=says)
     parser.add_argument("--cores", type=int, default=os.cpu_count(), help="TRL's dataset_num_proc")
     parser.add_argument("--trl-prepare", nargs=2, metavar=("CORPUS", "OUT"), help=argparse.SUPPRESS)
     return parser.parse_args()

@@ -370,10 +370,10 @@ def render(
     template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools=None, generation_prompt=False
 ) -> str:
     """apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)."""
-    return _rendered(template, normalized(messages), variables, tools, generation_prompt)
+    return render_normalized(template, normalized(messages), variables, tools, generation_prompt)
 
 
-def _rendered(
+def render_normalized(
     template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools, generation_prompt=False
 ) -> str:
     """`render` of messages already `normalized`."""
@@ -409,7 +409,7 @@ def render_with_spans(
     `<|endoftext|>`) in its last span, as TRL's generation-tagged templates do."""
     given = normalized(messages)
     try:
-        text = _rendered(chat.template, given, chat.variables, tools)
+        text = render_normalized(chat.template, given, chat.variables, tools)
     except Exception as e:  # the template's raise_exception, or an error in its own code on this record
         raise ChatError(f"chat template {chat.name} refused the record: {type(e).__name__}: {e}") from None
     if mask == "all":
@@ -418,7 +418,7 @@ def render_with_spans(
     placed = _placed_as(chat.layouts.get(shape), text, messages)
     if placed is None:
         marked = [{**message, "content": SENTINEL.format(i)} for i, message in enumerate(given)]
-        layout = _layout(chat.name, _rendered(chat.template, marked, chat.variables, tools), messages)
+        layout = _layout(chat.name, render_normalized(chat.template, marked, chat.variables, tools), messages)
         placed = _placed_as(layout, text, messages)
         if placed is None:
             placed = _matched(chat.name, layout, text, messages)
