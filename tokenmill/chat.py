@@ -34,6 +34,7 @@ from tokenmill.encoders import TokenOffsets, splice
 
 ROLES = ("system", "user", "assistant", "tool")
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' _REASONING_FIELDS, in its order
+REASONING = frozenset(REASONING_FIELDS)
 # The special tokens apply_chat_template passes to the template, by name (its special_tokens_map).
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 SENTINEL = "\U0010fff0{}\U0010fff1"  # private-use code points: no tokenizer or text uses them
@@ -134,10 +135,11 @@ def normalized(messages: list[dict]) -> list[dict]:
     """Messages as transformers hands them to the template: keys whose value is None dropped, and a reasoning
     field under each of the names templates read it by."""
     out = []
-    for message in messages:
-        message = {key: value for key, value in message.items() if value is not None}
-        reasoning = next((message[key] for key in REASONING_FIELDS if key in message), None)
-        if reasoning is not None:
+    for message in messages:  # most are {role, content}, handed on as they are (a template cannot change them)
+        if None in message.values():
+            message = {key: value for key, value in message.items() if value is not None}
+        if not REASONING.isdisjoint(message):
+            reasoning = next((message[key] for key in REASONING_FIELDS if key in message), None)
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         out.append(message)
     return out

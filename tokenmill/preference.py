@@ -208,39 +208,49 @@ def encode_pairs(pairs: list[PairTexts], encode: EncodeTexts) -> tuple[np.ndarra
             texts = [text for k in chosen.tolist() for text in (pairs[k].prompt, pairs[k].chosen, pairs[k].rejected)]
             parts.append(encode(texts, kind))
             order.append(chosen)
-    flat = np.concatenate([f for f, _ in parts]).astype(np.int64, copy=False)
+    flat = np.concatenate([f for f, _ in parts])
     lengths = np.concatenate([np.asarray(n_, np.int64) for _, n_ in parts]).reshape(-1, 3)
-    starts = (np.cumsum(lengths.ravel()) - lengths.ravel()).reshape(-1, 3)
     if len(parts) > 1:  # back in the pairs' order
         where = np.argsort(np.concatenate(order), kind="stable")
-        lengths, starts = lengths[where], starts[where]
-    prompt, sides = lengths[:, 0], lengths[:, 1:]
-    shared = np.minimum(
-        _common_starts(flat, starts[:, 0], starts[:, 1], np.minimum(prompt, sides[:, 0])),
-        _common_starts(flat, starts[:, 0], starts[:, 2], np.minimum(prompt, sides[:, 1])),
+        starts = (np.cumsum(lengths.ravel()) - lengths.ravel()).reshape(-1, 3)[where]
+        lengths = lengths[where]
+        firsts = np.cumsum(lengths.ravel()) - lengths.ravel()
+        flat = flat[np.arange(len(flat)) + np.repeat(starts.ravel() - firsts, lengths.ravel())]
+    # Each pair's texts are back to back in `flat`: its prompt (P), prompt and chosen (C), prompt and rejected (R).
+    # Segments are picked out of it by a pattern repeated over their lengths (a byte per id), not by a loop.
+    prompt, chosen, rejected = lengths.T
+    most = np.minimum(prompt, chosen)
+    shared = _common_starts(flat, [most, prompt - most, most, chosen - most, rejected], 0, 2)
+    most = np.minimum(prompt, rejected)
+    shared = np.minimum(shared, _common_starts(flat, [most, prompt - most, chosen, most, rejected - most], 0, 3))
+    tokens = flat[_picked(lengths.T, [False, True, True])]  # the sequences: C and R of each pair
+    masks = np.repeat(
+        np.tile(np.uint8([0, 1]), 2 * n), np.stack([shared, chosen - shared, shared, rejected - shared], axis=1).ravel()
     )
-    sequence_lengths, sequence_starts = sides.ravel(), starts[:, 1:].ravel()
-    tokens = flat[_gathered(sequence_starts, sequence_lengths)]
-    local = np.arange(len(tokens)) - np.repeat(np.cumsum(sequence_lengths) - sequence_lengths, sequence_lengths)
-    masks = (local >= np.repeat(np.repeat(shared, 2), sequence_lengths)).astype(np.uint8)
-    return tokens, masks, sequence_lengths, shared
+    return tokens, masks, lengths[:, 1:].ravel(), shared
 
 
-def _gathered(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The positions of the segments (`starts`, `lengths`) of a flat array, back to back."""
-    firsts = np.cumsum(lengths) - lengths
-    return np.arange(int(lengths.sum())) + np.repeat(starts - firsts, lengths)
+def _picked(segments: list[np.ndarray], pattern: list[bool]) -> np.ndarray:
+    """Which ids of a flat array of segments (each pair's `segments`, in order, back to back) are in segments marked
+    in `pattern`: a boolean per id."""
+    sizes = np.stack(segments, axis=1).ravel()
+    return np.repeat(np.tile(np.array(pattern), len(segments[0])), sizes)
 
 
-def _common_starts(flat: np.ndarray, a: np.ndarray, b: np.ndarray, most: np.ndarray) -> np.ndarray:
-    """For each k, how many ids the segments of `flat` starting at `a[k]` and `b[k]` start with in common, at most
-    `most[k]` (TRL's `common_prefix_length`)."""
+def _common_starts(flat: np.ndarray, segments: list[np.ndarray], a: int, b: int) -> np.ndarray:
+    """For each pair, how many ids its segments `a` and `b` (of `segments`, which tile `flat`; they are equally long)
+    start with in common, all of them at most (TRL's `common_prefix_length`)."""
+    most = segments[a]
+    pattern = [False] * len(segments)
+    first, second = list(pattern), list(pattern)
+    first[a] = second[b] = True
+    differ = np.flatnonzero(flat[_picked(segments, first)] != flat[_picked(segments, second)])
     common = most.copy()
-    differ = np.flatnonzero(flat[_gathered(a, most)] != flat[_gathered(b, most)])
     if len(differ):
-        segment = np.repeat(np.arange(len(most)), most)[differ]
-        first, at = np.unique(segment, return_index=True)  # the first difference of each segment that has one
-        common[first] = differ[at] - (np.cumsum(most) - most)[first]
+        ends = np.cumsum(most)
+        pair = np.searchsorted(ends, differ, side="right")
+        pairs, at = np.unique(pair, return_index=True)  # the first difference of each pair that has one
+        common[pairs] = differ[at] - (ends - most)[pairs]
     return common
 
 
@@ -284,7 +294,6 @@ def encoder_encode(encoder, reference: Tokenizer) -> EncodeTexts:
         if special and ends is None:
             return by_reference(texts, True)
         flat, lengths = encoder.encode_batch(texts)
-        flat = flat.astype(np.int64)
         return _around(flat, lengths, *ends) if special else (flat, lengths)
 
     return encode
@@ -292,20 +301,19 @@ def encoder_encode(encoder, reference: Tokenizer) -> EncodeTexts:
 
 def _around(flat: np.ndarray, lengths: np.ndarray, before: np.ndarray, after: np.ndarray):
     """Each text's ids (`flat`, `lengths`) with `before` and `after` around them."""
-    n, b, a = len(lengths), len(before), len(after)
-    longer = lengths + b + a
-    starts = np.cumsum(longer) - longer
-    out = np.empty(int(longer.sum()), np.int64)
-    out[_gathered(starts + b, lengths)] = flat
-    out[(starts[:, None] + np.arange(b)).ravel()] = np.tile(before, n)
-    out[((starts + b + lengths)[:, None] + np.arange(a)).ravel()] = np.tile(after, n)
-    return out, longer
+    n = len(lengths)
+    segments = [np.full(n, len(before)), lengths, np.full(n, len(after))]
+    out = np.empty(int(lengths.sum()) + n * (len(before) + len(after)), flat.dtype)
+    out[_picked(segments, [False, True, False])] = flat
+    out[_picked(segments, [True, False, False])] = np.tile(before, n)
+    out[_picked(segments, [False, False, True])] = np.tile(after, n)
+    return out, lengths + len(before) + len(after)
 
 
 def tokenize_texts(tokenizer: Tokenizer, pairs: list[PairTexts]) -> list[TokenizedPair]:
     """`encode_pairs` with HF tokenizers, each pair's prompt, chosen and rejected ids apart (TRL's columns)."""
     tokens, _, lengths, prompts = encode_pairs(pairs, tokenizer_encode(tokenizer))
-    ends = np.cumsum(lengths)
+    tokens, ends = tokens.astype(np.int64), np.cumsum(lengths)
     tokenized = []
     for k, shared in enumerate(prompts.tolist()):
         chosen, rejected = tokens[ends[2 * k] - lengths[2 * k] : ends[2 * k]], tokens[ends[2 * k] : ends[2 * k + 1]]
