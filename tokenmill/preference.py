@@ -203,11 +203,11 @@ def encode_pairs(pairs: list[PairTexts], encode: EncodeTexts) -> tuple[np.ndarra
     special = np.fromiter((p.special for p in pairs), bool, n)
     parts, order = [], []
     for kind in (False, True):
-        chosen = np.flatnonzero(special == kind)
-        if len(chosen):
-            texts = [text for k in chosen.tolist() for text in (pairs[k].prompt, pairs[k].chosen, pairs[k].rejected)]
+        of_kind = np.flatnonzero(special == kind)
+        if len(of_kind):
+            texts = [text for k in of_kind.tolist() for text in (pairs[k].prompt, pairs[k].chosen, pairs[k].rejected)]
             parts.append(encode(texts, kind))
-            order.append(chosen)
+            order.append(of_kind)
     flat = np.concatenate([f for f, _ in parts])
     lengths = np.concatenate([np.asarray(n_, np.int64) for _, n_ in parts]).reshape(-1, 3)
     if len(parts) > 1:  # back in the pairs' order

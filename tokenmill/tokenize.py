@@ -127,7 +127,8 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     if options.conversations:  # the masks need where each token lies: the reference says, or its offsets tell
         reference = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
         fast = encode if encode.name != "hf" else None
-        encode_pair_texts = preference.encoder_encode(encode, reference.tokenizer)
+        if options.pairs is not None:  # by the run's encoder; plain text with the reference's special tokens
+            encode_pair_texts = preference.encoder_encode(encode, reference.tokenizer)
     rerouted_before = getattr(encode, "rerouted", 0)
     dtype = token_dtype(run.tokenizer.vocab_size)
     splits = run.streams[shard.mix_source]  # the split names, `<source>/<split>` in a mixture
