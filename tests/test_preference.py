@@ -101,6 +101,41 @@ def test_every_plain_text_pair_tokenizes_as_trls_dpo_preprocessing(name, form, r
     assert_same(theirs, ours_tokenized(records, name, reference), records)
 
 
+@pytest.mark.parametrize("around", [False, True])
+def test_pairs_encoded_by_the_runs_fast_encoder_have_the_references_ids(around, reference):
+    """The tokenize stage encodes pairs with the run's encoder (the fastest exact backend, chosen and guarded as for
+    any input): every pair's sequences, masks and prompt length are those of HF tokenizers (the tests above check
+    those against TRL), conversational and plain text, with the prompt given or implicit; `around`: the tokenizer's
+    post-processor puts a BOS and an EOS around every text (as a Llama 2 tokenizer's does), which a plain-text pair
+    gets as `tokenizer(text)` gives it, and a rendered conversation does not."""
+    from tokenizers.processors import TemplateProcessing
+
+    from tokenmill.tokenizers.encoders import build_encoder, choose_encoder
+
+    template, tokenizer = ours("phi3", reference)
+    if around:
+        bos, eos = tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>")
+        tokenizer.post_processor = TemplateProcessing(
+            single="<s> $A </s>", special_tokens=[("<s>", bos), ("</s>", eos)]
+        )
+        assert [a.tolist() for a in preference.special_ends(tokenizer)] == [[bos], [eos]]
+    pairs = [
+        preference.pair_texts(preference.to_pair(record), template, template.variables["eos_token"])
+        for records in (read(HH), read(TLDR))
+        for record in (*explicit(records), *implicit(records))
+    ]
+    data = tokenizer.to_str().encode()
+    choice, _ = choose_encoder(data, "auto", [pair.text for pair in pairs])
+    assert choice.backend != "hf"  # a fast backend, or this test tests nothing
+    fast = preference.encode_pairs(pairs, preference.encoder_encode(build_encoder(data, choice), tokenizer))
+    exact = preference.encode_pairs(pairs, preference.tokenizer_encode(tokenizer))
+    for got, wanted in zip(fast, exact, strict=True):
+        np.testing.assert_array_equal(got, wanted)
+    tokens, _, lengths, _ = exact
+    last = tokens[len(tokens) - lengths[-1] :]  # the last pair's rejected sequence: TL;DR's plain text
+    assert (last[0] == tokenizer.token_to_id("<s>"), last[-1] == tokenizer.token_to_id("</s>")) == (around, around)
+
+
 def test_the_implicit_prompt_is_trls_extract_prompt():
     from trl.data_utils import extract_prompt
 

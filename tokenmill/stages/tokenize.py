@@ -128,6 +128,8 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     if options.conversations:  # the masks need where each token lies: the reference says, or its offsets tell
         reference = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
         fast = encode if encode.name != "hf" else None
+        if options.pairs is not None:  # by the run's encoder; plain text with the reference's special tokens
+            encode_pair_texts = preference.encoder_encode(encode, reference.tokenizer)
     rerouted_before = getattr(encode, "rerouted", 0)
     dtype = token_dtype(run.tokenizer.vocab_size)
     splits = run.streams[shard.mix_source]  # the split names, `<source>/<split>` in a mixture
@@ -167,10 +169,8 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
             if not len(batch):
                 continue
             masks = sequences = None  # a loss mask per token; pairs: each one's two sequences' lengths
-            if batch.pairs is not None:  # tokenized as TRL does, with the reference (transformers' tokenizer)
-                ids, masks, sequences = preference.pair_sequences(
-                    preference.tokenize_texts(reference.tokenizer, batch.pairs)
-                )
+            if batch.pairs is not None:  # tokenized as TRL does, by the run's encoder
+                ids, masks, sequences, _ = preference.encode_pairs(batch.pairs, encode_pair_texts)
                 flat, lengths = narrowed(ids, dtype), sequences[0::2] + sequences[1::2]
             elif batch.chats is not None:
                 ids, lengths, masks = chat.encode_batch(reference.tokenizer, batch.chats, fast, reference.token_offsets)

@@ -467,13 +467,20 @@ def sampled_documents(run: Referencing, item: ReferenceItem) -> list[tuple[str, 
 
 
 def within_bytes(found: list[tuple], most_bytes: int, piece_bytes: int, rng: np.random.Generator) -> list[tuple]:
-    """The documents of `found` (in its order) that a random order takes until their text reaches `most_bytes` (a
-    long document counted as the excerpt of `piece_bytes` that is checked of it); at least one."""
-    texts = [text.text if isinstance(text, RenderedChat | PairTexts) else text for *_, text in found]
-    size = np.array([min(len(text), piece_bytes) for text in texts])
+    """The documents of `found` (in its order) that a random order takes until the text the check encodes reaches
+    `most_bytes` (a long document counted as the excerpt of `piece_bytes` that is checked of it, a pair as its
+    three texts); at least one."""
+    size = np.array([_encoded_size(text, piece_bytes) for *_, text in found])
     order = rng.permutation(len(found))
     kept = order[: max(1, int(np.searchsorted(np.cumsum(size[order]), most_bytes, side="right")))]
     return [found[k] for k in np.sort(kept)] if len(found) else found
+
+
+def _encoded_size(text: str | RenderedChat | PairTexts, piece_bytes: int) -> int:
+    """How much text the check encodes for a sampled document: a pair's prompt and both its sequences."""
+    if isinstance(text, PairTexts):
+        return len(text.prompt) + len(text.chosen) + len(text.rejected)
+    return min(len(text.text if isinstance(text, RenderedChat) else text), piece_bytes)
 
 
 def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator) -> list | None:

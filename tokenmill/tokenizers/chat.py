@@ -34,6 +34,7 @@ from tokenmill.tokenizers.encoders import TokenOffsets, splice
 
 ROLES = ("system", "user", "assistant", "tool")
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' _REASONING_FIELDS, in its order
+REASONING = frozenset(REASONING_FIELDS)
 # The special tokens apply_chat_template passes to the template, by name (its special_tokens_map).
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 SENTINEL = "\U0010fff0{}\U0010fff1"  # private-use code points: no tokenizer or text uses them
@@ -134,10 +135,11 @@ def normalized(messages: list[dict]) -> list[dict]:
     """Messages as transformers hands them to the template: keys whose value is None dropped, and a reasoning
     field under each of the names templates read it by."""
     out = []
-    for message in messages:
-        message = {key: value for key, value in message.items() if value is not None}
-        reasoning = next((message[key] for key in REASONING_FIELDS if key in message), None)
-        if reasoning is not None:
+    for message in messages:  # most are {role, content}, handed on as they are (a template cannot change them)
+        if None in message.values():
+            message = {key: value for key, value in message.items() if value is not None}
+        if not REASONING.isdisjoint(message):
+            reasoning = next((message[key] for key in REASONING_FIELDS if key in message), None)
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         out.append(message)
     return out
@@ -370,10 +372,10 @@ def render(
     template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools=None, generation_prompt=False
 ) -> str:
     """apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)."""
-    return _rendered(template, normalized(messages), variables, tools, generation_prompt)
+    return render_normalized(template, normalized(messages), variables, tools, generation_prompt)
 
 
-def _rendered(
+def render_normalized(
     template: jinja2.Template, messages: list[dict], variables: dict[str, str], tools, generation_prompt=False
 ) -> str:
     """`render` of messages already `normalized`."""
@@ -409,7 +411,7 @@ def render_with_spans(
     `<|endoftext|>`) in its last span, as TRL's generation-tagged templates do."""
     given = normalized(messages)
     try:
-        text = _rendered(chat.template, given, chat.variables, tools)
+        text = render_normalized(chat.template, given, chat.variables, tools)
     except Exception as e:  # the template's raise_exception, or an error in its own code on this record
         raise ChatError(f"chat template {chat.name} refused the record: {type(e).__name__}: {e}") from None
     if mask == "all":
@@ -418,7 +420,7 @@ def render_with_spans(
     placed = _placed_as(chat.layouts.get(shape), text, messages)
     if placed is None:
         marked = [{**message, "content": SENTINEL.format(i)} for i, message in enumerate(given)]
-        layout = _layout(chat.name, _rendered(chat.template, marked, chat.variables, tools), messages)
+        layout = _layout(chat.name, render_normalized(chat.template, marked, chat.variables, tools), messages)
         placed = _placed_as(layout, text, messages)
         if placed is None:
             placed = _matched(chat.name, layout, text, messages)

@@ -20,13 +20,24 @@ boundary as they do in TRL. The loss is on the completions only.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from tokenmill.tokenizers.chat import ChatError, ChatTemplate, kind_of, render, tools_of, valid_turns, wrong_runs
+from tokenmill.tokenizers.chat import (
+    ChatError,
+    ChatTemplate,
+    kind_of,
+    normalized,
+    render_normalized,
+    tools_of,
+    valid_turns,
+    wrong_runs,
+)
 
 
 @dataclass(frozen=True)
@@ -162,32 +173,151 @@ def pair_texts(pair: Pair, chat: ChatTemplate | None, eos_token: str) -> PairTex
                 "a conversational pair needs a chat template: the tokenizer has none (name a .jinja file in "
                 "input.preference.template)"
             )
-        prompt = _rendered(chat, pair.prompt, pair.tools, generation_prompt=True)
-        chosen, rejected = (_rendered(chat, pair.prompt + side, pair.tools) for side in (pair.chosen, pair.rejected))
-        return PairTexts(prompt, chosen, rejected, special=False)
+        prompt = normalized(pair.prompt)  # once for its three renderings (transformers normalizes each message)
+        return PairTexts(
+            _rendered(chat, prompt, pair.tools, generation_prompt=True),
+            _rendered(chat, prompt + normalized(pair.chosen), pair.tools),
+            _rendered(chat, prompt + normalized(pair.rejected), pair.tools),
+            special=False,
+        )
     chosen, rejected = (c if c.endswith(eos_token) else c + eos_token for c in (pair.chosen, pair.rejected))
     return PairTexts(pair.prompt, pair.prompt + chosen, pair.prompt + rejected, special=True)
 
 
+# How a batch of texts becomes ids: (the texts, whether the tokenizer's own special tokens are added) -> (every
+# text's ids back to back, each text's number of ids)
+EncodeTexts = Callable[[list[str], bool], tuple[np.ndarray, np.ndarray]]
+
+
+def encode_pairs(pairs: list[PairTexts], encode: EncodeTexts) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each pair's sequences from its texts (`pair_texts`), as TRL's DPO preprocessing tokenizes them, with one
+    batched `encode` per kind (plain text with the special tokens added, rendered conversations without) and no
+    Python per pair or token: the prompt's ids are the longest common start of the prompt's and both sequences'
+    ids, each completion's ids what follows. A pair's chosen sequence (prompt then chosen completion) is the ids of
+    its prompt-and-chosen text, its rejected one likewise. (the sequences' ids back to back, chosen then rejected
+    for each pair, as `pair_sequences` lays them out; their loss masks, 1 on the completions' ids; the sequences'
+    lengths; each pair's prompt length)."""
+    n = len(pairs)
+    if not n:
+        return np.empty(0, np.int64), np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64)
+    special = np.fromiter((p.special for p in pairs), bool, n)
+    parts, order = [], []
+    for kind in (False, True):
+        of_kind = np.flatnonzero(special == kind)
+        if len(of_kind):
+            texts = [text for k in of_kind.tolist() for text in (pairs[k].prompt, pairs[k].chosen, pairs[k].rejected)]
+            parts.append(encode(texts, kind))
+            order.append(of_kind)
+    flat = np.concatenate([f for f, _ in parts])
+    lengths = np.concatenate([np.asarray(n_, np.int64) for _, n_ in parts]).reshape(-1, 3)
+    if len(parts) > 1:  # back in the pairs' order
+        where = np.argsort(np.concatenate(order), kind="stable")
+        starts = (np.cumsum(lengths.ravel()) - lengths.ravel()).reshape(-1, 3)[where]
+        lengths = lengths[where]
+        firsts = np.cumsum(lengths.ravel()) - lengths.ravel()
+        flat = flat[np.arange(len(flat)) + np.repeat(starts.ravel() - firsts, lengths.ravel())]
+    # Each pair's texts are back to back in `flat`: its prompt (P), prompt and chosen (C), prompt and rejected (R).
+    # Segments are picked out of it by a pattern repeated over their lengths (a byte per id), not by a loop.
+    prompt, chosen, rejected = lengths.T
+    most = np.minimum(prompt, chosen)
+    shared = _common_starts(flat, [most, prompt - most, most, chosen - most, rejected], 0, 2)
+    most = np.minimum(prompt, rejected)
+    shared = np.minimum(shared, _common_starts(flat, [most, prompt - most, chosen, most, rejected - most], 0, 3))
+    tokens = flat[_picked(lengths.T, [False, True, True])]  # the sequences: C and R of each pair
+    masks = np.repeat(
+        np.tile(np.uint8([0, 1]), 2 * n), np.stack([shared, chosen - shared, shared, rejected - shared], axis=1).ravel()
+    )
+    return tokens, masks, lengths[:, 1:].ravel(), shared
+
+
+def _picked(segments: list[np.ndarray], pattern: list[bool]) -> np.ndarray:
+    """Which ids of a flat array of segments (each pair's `segments`, in order, back to back) are in segments marked
+    in `pattern`: a boolean per id."""
+    sizes = np.stack(segments, axis=1).ravel()
+    return np.repeat(np.tile(np.array(pattern), len(segments[0])), sizes)
+
+
+def _common_starts(flat: np.ndarray, segments: list[np.ndarray], a: int, b: int) -> np.ndarray:
+    """For each pair, how many ids its segments `a` and `b` (of `segments`, which tile `flat`; they are equally long)
+    start with in common, all of them at most (TRL's `common_prefix_length`)."""
+    most = segments[a]
+    pattern = [False] * len(segments)
+    first, second = list(pattern), list(pattern)
+    first[a] = second[b] = True
+    differ = np.flatnonzero(flat[_picked(segments, first)] != flat[_picked(segments, second)])
+    common = most.copy()
+    if len(differ):
+        ends = np.cumsum(most)
+        pair = np.searchsorted(ends, differ, side="right")
+        pairs, at = np.unique(pair, return_index=True)  # the first difference of each pair that has one
+        common[pairs] = differ[at] - (ends - most)[pairs]
+    return common
+
+
+def tokenizer_encode(tokenizer: Tokenizer) -> EncodeTexts:
+    """`EncodeTexts` of HF tokenizers (as `tokenizer(text)` and apply_chat_template encode)."""
+
+    def encode(texts: list[str], special: bool) -> tuple[np.ndarray, np.ndarray]:
+        ids = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=special)]
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        return np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum())), lengths
+
+    return encode
+
+
+SPECIAL_PROBES = ("a", "Hello, world!\n  12 ü")  # texts whose ids with and without special tokens tell what is added
+
+
+def special_ends(tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray] | None:
+    """The ids `tokenizer` puts before and after a text when it adds its special tokens (its post-processor's, e.g.
+    a BOS), where they are the same for every probe text; None where they are not."""
+    found = set()
+    for text in SPECIAL_PROBES:
+        added, bare = (tokenizer.encode(text, add_special_tokens=special).ids for special in (True, False))
+        at = next((p for p in range(len(added) - len(bare) + 1) if added[p : p + len(bare)] == bare), None)
+        if at is None:
+            return None
+        found.add((tuple(added[:at]), tuple(added[at + len(bare) :])))
+    if len(found) != 1:
+        return None
+    before, after = found.pop()
+    return np.array(before, np.int64), np.array(after, np.int64)
+
+
+def encoder_encode(encoder, reference: Tokenizer) -> EncodeTexts:
+    """`EncodeTexts` of a run's encoder (`tokenmill.tokenizers.encoders`: HF tokenizers' ids without special tokens,
+    from the fastest exact backend): a plain text also gets the special tokens `reference` puts around every text
+    (`special_ends`); where those depend on the text, plain texts are encoded by `reference` itself."""
+    ends, by_reference = special_ends(reference), tokenizer_encode(reference)
+
+    def encode(texts: list[str], special: bool) -> tuple[np.ndarray, np.ndarray]:
+        if special and ends is None:
+            return by_reference(texts, True)
+        flat, lengths = encoder.encode_batch(texts)
+        return _around(flat, lengths, *ends) if special else (flat, lengths)
+
+    return encode
+
+
+def _around(flat: np.ndarray, lengths: np.ndarray, before: np.ndarray, after: np.ndarray):
+    """Each text's ids (`flat`, `lengths`) with `before` and `after` around them."""
+    n = len(lengths)
+    segments = [np.full(n, len(before)), lengths, np.full(n, len(after))]
+    out = np.empty(int(lengths.sum()) + n * (len(before) + len(after)), flat.dtype)
+    out[_picked(segments, [False, True, False])] = flat
+    out[_picked(segments, [True, False, False])] = np.tile(before, n)
+    out[_picked(segments, [False, False, True])] = np.tile(after, n)
+    return out, lengths + len(before) + len(after)
+
+
 def tokenize_texts(tokenizer: Tokenizer, pairs: list[PairTexts]) -> list[TokenizedPair]:
-    """Each pair's ids from its texts (`pair_texts`), in two batched encodes (plain text, with the special tokens
-    added; rendered conversations, without): the prompt's ids the longest common start of the prompt's and both
-    sequences' ids, each completion's ids what follows."""
-    ids: list[list[int] | None] = [None] * (3 * len(pairs))
-    for special in (False, True):
-        chosen = [k for k, p in enumerate(pairs) if p.special == special]
-        texts = [text for k in chosen for text in (pairs[k].prompt, pairs[k].chosen, pairs[k].rejected)]
-        if not texts:
-            continue
-        encoded = tokenizer.encode_batch(texts, add_special_tokens=special)
-        for j, k in enumerate(chosen):
-            ids[3 * k : 3 * k + 3] = (e.ids for e in encoded[3 * j : 3 * j + 3])
+    """`encode_pairs` with HF tokenizers, each pair's prompt, chosen and rejected ids apart (TRL's columns)."""
+    tokens, _, lengths, prompts = encode_pairs(pairs, tokenizer_encode(tokenizer))
+    tokens, ends = tokens.astype(np.int64), np.cumsum(lengths)
     tokenized = []
-    for k in range(len(pairs)):
-        prompt, chosen, rejected = ids[3 * k : 3 * k + 3]
-        shared = min(_common_start(prompt, chosen), _common_start(prompt, rejected))
-        sides = (prompt[:shared], chosen[shared:], rejected[shared:])
-        tokenized.append(TokenizedPair(*(np.asarray(side, dtype=np.int64) for side in sides)))
+    for k, shared in enumerate(prompts.tolist()):
+        chosen, rejected = tokens[ends[2 * k] - lengths[2 * k] : ends[2 * k]], tokens[ends[2 * k] : ends[2 * k + 1]]
+        tokenized.append(TokenizedPair(chosen[:shared], chosen[shared:], rejected[shared:]))
     return tokenized
 
 
@@ -199,17 +329,11 @@ def tokenize_pair(pair: Pair, tokenizer: Tokenizer, chat: ChatTemplate | None, e
 
 
 def _rendered(chat: ChatTemplate, messages: list[dict], tools, generation_prompt: bool = False) -> str:
+    """`chat.render` of messages already `normalized`."""
     try:
-        return render(chat.template, messages, chat.variables, tools, generation_prompt)
+        return render_normalized(chat.template, messages, chat.variables, tools, generation_prompt)
     except Exception as e:  # the template's raise_exception, or an error in its own code on this pair
         raise ChatError(f"chat template {chat.name} refused the pair: {type(e).__name__}: {e}") from None
-
-
-def _common_start(ids: list[int], other: list[int]) -> int:
-    """How many ids the two start with in common (TRL's `common_prefix_length`)."""
-    n = min(len(ids), len(other))
-    differ = np.flatnonzero(np.asarray(ids[:n]) != np.asarray(other[:n]))
-    return int(differ[0]) if len(differ) else n
 
 
 def fit_pair(pair: TokenizedPair, max_length: int | None, policy: Literal["drop", "truncate"]) -> TokenizedPair | None:
