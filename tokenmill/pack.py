@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from tokenmill import layout
-from tokenmill.commits import PACK, TOKENIZE, check, commit, marker, pack_key, shard_key, tokenize_key
+from tokenmill.commits import PACK, TOKENIZE, check, commit, pack_key, read_marker, shard_key, tokenize_key
 from tokenmill.config import DOCUMENT_TRAINER_FORMATS, TRAINER_FORMATS, PackConfig, TokenmillConfig
 from tokenmill.formats.datatrove import sidecars, tokenizer_name
 from tokenmill.formats.hf_parquet import write_parquet
@@ -209,7 +209,7 @@ def write_trainer_files(
     How many files it wrote."""
     written, bin_rel = 0, layout.megatron_prefix(split, shard_id) + ".bin"
     if {"olmo", "datatrove"} & set(run.trainers):  # their token file is the .bin
-        bin_digest = store.read_json(marker(TOKENIZE, shard_id))["files"][bin_rel]
+        bin_digest = read_marker(store, TOKENIZE, shard_id)["files"][bin_rel]
     for format in (f for f in run.trainers if f in DOCUMENT_TRAINER_FORMATS):
         rels = layout.trainer_files(format, split, shard_id)
         if format in ("olmo", "datatrove"):

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from tokenmill import layout
 from tokenmill.chat import RenderedChat, mask_problems
-from tokenmill.commits import TOKENIZE, marker
+from tokenmill.commits import TOKENIZE, read_marker
 from tokenmill.config import DOCUMENT_TRAINER_FORMATS, TRAINER_FORMATS, PackConfig, TokenmillConfig
 from tokenmill.encoders import in_runs, loaded_backend
 from tokenmill.formats.datatrove import read_index as read_datatrove_index
@@ -485,7 +485,7 @@ def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator
     """`sampled_documents` from blocks without rejects, as `tokenize_shard` recorded them (`blocks` in its
     marker); None where it recorded none, or where they hold too few documents, or a block reads otherwise now."""
     shard_id, names = item.shard_id, run.streams[item.shard.mix_source]
-    result = Tokenized.from_json(run.store.read_json(marker(TOKENIZE, shard_id))["result"])
+    result = Tokenized.from_json(read_marker(run.store, TOKENIZE, shard_id)["result"])
     if not result.blocks:
         return None
     blocks = np.array(result.blocks, np.int64)  # piece, start, stop, first line, rejects, documents before...
