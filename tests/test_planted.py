@@ -193,6 +193,11 @@ def scheduled_run(config: Path, out: Path, prefect_api, prefect_client, dask_clu
 
         run = wait_for(started, 150, "the deployment's first scheduled run")
         assert run.auto_scheduled, run
+        for schedule in prefect_client.read_deployment_schedules(deployment.id):  # no second run on the same output
+            prefect_client.update_deployment_schedule(deployment.id, schedule.id, active=False)
+        for later in prefect_client.read_flow_runs(deployment_filter=of_deployment):
+            if later.state is not None and later.state.is_scheduled():
+                prefect_client.delete_flow_run(later.id)
         state = final_state(prefect_client, run.id)
         assert state.is_completed(), f"{state.message}\n{log.read_text()[-3000:]}"
         of_run = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id]))
