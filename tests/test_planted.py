@@ -20,6 +20,7 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
+import yaml
 
 from tokenmill import layout
 
@@ -141,10 +142,9 @@ def test_a_planted_marker_makes_no_run_skip_work_or_publish_their_files(
     (out / "plan.json").write_text(json.dumps(plan))
     refused = f"{out}/_commits/tokenize/shard-{PLANTED_SHARD:05d}.json is not signed with your tokenmill key"
     config = tmp_path / "gpt2.yaml"  # examples/gpt2.yaml as gpt2_run ran it, publishing elsewhere
-    config.write_text(
-        (REPO / "examples/gpt2.yaml").read_text().replace("shard_size: 64MB", "shard_size: 1MB")
-        + f"  publish:\n    path: {published}\n"
-    )
+    given = yaml.safe_load((REPO / "examples/gpt2.yaml").read_text())
+    given["partition"]["shard_size"], given["output"]["publish"] = "1MB", {"path": str(published)}
+    config.write_text(yaml.safe_dump(given))
 
     if entry == "run":
         said = run_cli("run", str(config), "--set", f"output.path={out}").stdout

@@ -160,7 +160,7 @@ def test_a_scheduler_with_infras_settings_serves_another_user_no_eventstream_nor
     )  # fmt: skip
     try:
         dashboard, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
-        while status_for_other(f"{dashboard}/health", body=None) != "200":
+        while as_other("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{dashboard}/health").stdout != "200":
             assert scheduler.poll() is None and time.monotonic() < deadline, "the scheduler did not start"
             time.sleep(0.5)
         assert websocket_status_for_other(f"{dashboard}/eventstream") == "404"
