@@ -77,7 +77,7 @@ def read_marker(store: Store, stage: str, shard_id: int) -> dict | None:
 def check(store: Store, stage: str, shard_id: int, key: str) -> Commit:
     """The committed result of `stage` for this shard if it was made with `key` and its files are intact;
     else `redone` says what changed, or that its marker is not signed (None when there was no marker at all, or
-    one of another key: another config's)."""
+    one made with another stage key: another config's)."""
     try:
         done = read_marker(store, stage, shard_id)
     except Unsigned as e:
