@@ -197,6 +197,43 @@ def test_external_clusters_keep_dasks_housekeeping_as_the_local_cluster_does(com
     assert for_scheduler.items() <= containers["scheduler"].items()
 
 
+def scheduler_dashboard_settings(compose: dict) -> dict[str, dict[str, str]]:
+    """The Dask settings in the environment of each scheduler infra/ starts (compose's, interpolated with every variable
+    unset; Kubernetes'; the operator's), by where it is."""
+    k8s = {
+        c["name"]: {e["name"]: e.get("value") for e in c.get("env", [])}
+        for doc in load_all(K8S / "40-dask.yaml")
+        if doc["kind"] == "Deployment"
+        for c in doc["spec"]["template"]["spec"]["containers"]
+    }["scheduler"]
+    (operator,) = [doc for p in sorted(K8S_OPERATOR.glob("*.yaml")) for doc in load_all(p)]
+    operator_env = operator["spec"]["scheduler"]["spec"]["containers"][0]["env"]
+    found = {
+        "compose": {k: interpolate(str(v)) for k, v in compose["services"]["dask-scheduler"]["environment"].items()},
+        "k8s": k8s,
+        "k8s-operator": {e["name"]: e.get("value") for e in operator_env},
+    }
+    return {where: {k: v for k, v in env.items() if k.startswith("DASK_")} for where, env in found.items()}
+
+
+ROUTES_ENV = "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES"
+ORIGINS_ENV = "DASK_DISTRIBUTED__SCHEDULER__DASHBOARD__BOKEH_APPLICATION__ALLOW_WEBSOCKET_ORIGIN"
+
+
+def test_the_schedulers_infra_starts_serve_read_only_pages_to_their_own_origin(compose):
+    """Each scheduler infra/ starts has tokenmill's dashboard routes (`flows.clusters.DASHBOARD_ROUTES`: no
+    `/eventstream`, no proxy, no HTTP API) and takes websockets of pages of its dashboard's port only (8787, where
+    compose publishes it and `kubectl port-forward` forwards it). tests/test_security.py starts a scheduler with
+    these settings and knocks."""
+    import ast
+
+    from flows.clusters import DASHBOARD_ROUTES
+
+    for where, env in scheduler_dashboard_settings(compose).items():
+        assert ast.literal_eval(env[ROUTES_ENV]) == DASHBOARD_ROUTES, where
+        assert ast.literal_eval(env[ORIGINS_ENV]) == ["127.0.0.1:8787", "localhost:8787"], where
+
+
 def test_compose_images_pinned(compose):
     for name, svc in compose["services"].items():
         assert "image" in svc, f"{name} has no image"
@@ -801,5 +838,5 @@ def test_the_operators_cluster_is_not_autoscaled():
     assert spec["worker"]["replicas"] >= 1
     for part in ("scheduler", "worker"):
         for c in spec[part]["spec"]["containers"]:
-            settings = " ".join([*c["args"], *(e["name"] for e in c.get("env", []))]).lower()
-            assert "routes" not in settings and "api_v1" not in settings and "api.v1" not in settings, part
+            settings = " ".join([*c["args"], *(f"{e['name']}={e.get('value')}" for e in c.get("env", []))]).lower()
+            assert "api_v1" not in settings and "api.v1" not in settings and ".http.scheduler.api" not in settings

@@ -7,6 +7,8 @@ the case is about the bucket, on the S3 server (moto)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -18,10 +20,11 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
+import yaml
 
 from tokenmill.core import layout
 
-from .conftest import REPO
+from .conftest import REPO, TOKENMILL
 from .test_security import other_user  # noqa: F401 (a fixture)
 
 SECRET = b"a secret of whoever runs tokenmill next, never to be published\n"
@@ -79,6 +82,177 @@ def test_on_s3_a_marker_naming_an_object_outside_the_output_removes_nothing(gpt2
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "s3://shared/team/out/_commits/tokenize/shard-00004.json names '../victim'" in refused.stdout
     assert s3.get_object(Bucket="shared", Key="team/victim")["Body"].read() == SECRET
+
+
+PLANTED_SHARD = 2
+
+
+def plant_tokens(read, write, shard: int = PLANTED_SHARD) -> tuple[str, bytes]:
+    """What a writer of the output location can do to a committed shard, with `read`/`write` (a relative path's
+    bytes): its `.bin` replaced by tokens of theirs, and its tokenize marker altered to record them (size and sha256,
+    its signature kept). A run that took the marker would skip the shard and publish their tokens. The `.bin`'s
+    name and its honest bytes."""
+    rel = f"megatron/train/shard-{shard:05d}.bin"
+    honest = read(rel)
+    theirs = honest[::-1]  # the same size, other tokens
+    write(rel, theirs)
+    done = json.loads(read(f"_commits/tokenize/shard-{shard:05d}.json"))
+    done["files"][rel] = {"bytes": len(theirs), "sha256": hashlib.sha256(theirs).hexdigest()}
+    write(f"_commits/tokenize/shard-{shard:05d}.json", json.dumps(done).encode())
+    return rel, honest
+
+
+def signed_by_this_user(marker: bytes, rel: str) -> bool:
+    """Whether a marker's signature is this user's (the key in $TOKENMILL_HOME or ~/.tokenmill), computed here
+    from the key file as `tokenmill.core.signing` documents it."""
+    from tokenmill.core import signing
+
+    done = json.loads(marker)
+    signature = done.pop("signature", "")
+    return hmac.compare_digest(signature, signing.marker_signature(rel, done))
+
+
+def local_files(out: Path):
+    return (lambda rel: (out / rel).read_bytes()), (lambda rel, data: (out / rel).write_bytes(data))
+
+
+ENTRY_POINTS = ["run", "rerun", "rerun --config", "scheduled deployment"]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_planted_marker_makes_no_run_skip_work_or_publish_their_files(
+    gpt2_run, run_cli, prefect_api, prefect_client, dask_cluster, tmp_path, entry
+):
+    """A committed shard's tokens replaced and its marker altered to record them (`plant_tokens`), links to a secret
+    in `mix/` and `tokenizer/`, and the plan's cut moved, in a copy of gpt2_run; then each way the owner runs next:
+    `tokenmill run`, `rerun` without and with `--config` (redoing another shard), a scheduled run of a served
+    deployment. The altered marker is refused, naming it: its shard is made again, the honest tokens are
+    published; the secret is nowhere; every document is there once; the markers are signed by this user."""
+    out, secret, published = tmp_path / "out", tmp_path / "secret", tmp_path / "published"
+    shutil.copytree(gpt2_run, out)
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    rel, honest = plant_tokens(*local_files(out))
+    (out / "mix").mkdir()
+    (out / "mix/leak.txt").symlink_to(secret)
+    (out / "tokenizer/leak.jinja").symlink_to(secret)
+    plan = json.loads((out / "plan.json").read_text())
+    cut = next(s for s in plan["shards"] if s["pieces"][0]["end"] is not None)
+    cut["pieces"][0]["end"] //= 2
+    (out / "plan.json").write_text(json.dumps(plan))
+    refused = f"{out}/_commits/tokenize/shard-{PLANTED_SHARD:05d}.json is not signed with your tokenmill key"
+    config = tmp_path / "gpt2.yaml"  # examples/gpt2.yaml as gpt2_run ran it, publishing elsewhere
+    given = yaml.safe_load((REPO / "examples/gpt2.yaml").read_text())
+    given["partition"]["shard_size"], given["output"]["publish"] = "1MB", {"path": str(published)}
+    config.write_text(yaml.safe_dump(given))
+
+    if entry == "run":
+        said = run_cli("run", str(config), "--set", f"output.path={out}").stdout
+    elif entry == "rerun":  # the stored config (its publish location is the output's own)
+        said = run_cli("rerun", str(out), "--shard", "1").stdout
+    elif entry == "rerun --config":
+        said = run_cli("rerun", str(out), "--config", str(config), "--shard", "1").stdout
+    else:
+        said = scheduled_run(config, out, prefect_api, prefect_client, dask_cluster, tmp_path)
+    assert refused in said, said
+    assert (out / rel).read_bytes() == honest and not (out / rel).is_symlink()
+    marker = (out / f"_commits/tokenize/shard-{PLANTED_SHARD:05d}.json").read_bytes()
+    assert signed_by_this_user(marker, f"_commits/tokenize/shard-{PLANTED_SHARD:05d}.json")
+    root = (out if entry == "rerun" else published) / "demo-gpt2"
+    version = root / (root / "LATEST").read_text().strip()
+    manifest = json.loads((version / "manifest.json").read_text())
+    honest_manifest = json.loads((gpt2_run / "manifest.json").read_text())
+    assert manifest["files"] == honest_manifest["files"] and manifest["counts"] == honest_manifest["counts"]
+    assert (version / rel).read_bytes() == honest
+    assert not [p for p in version.rglob("*") if p.is_file() and SECRET.strip() in p.read_bytes()]
+    assert (
+        json.loads((out / "plan.json").read_text())["shards"]
+        == json.loads((gpt2_run / "plan.json").read_text())["shards"]
+    )
+
+
+def scheduled_run(config: Path, out: Path, prefect_api, prefect_client, dask_cluster, tmp_path) -> str:
+    """`tokenmill serve CONFIG --cron "* * * * *"` until its first scheduled run has ended: that run's log lines."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, LogFilter, LogFilterFlowRunId
+
+    from .conftest import served_process, stop
+    from .test_operations import deployment_named, every_page, final_state, wait_for
+
+    name = f"planted-{tmp_path.name}"
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
+    log = tmp_path / "serve.log"
+    server = served_process([*TOKENMILL, "serve", str(config), "--set", f"output.path={out}", "--name", name,
+                             "--cron", "* * * * *"], env, log)  # fmt: skip
+    try:
+        deployment = wait_for(lambda: deployment_named(prefect_client, f"corpus-to-tokens/{name}"), 120, "it")
+        of_deployment = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+
+        def started():
+            runs = prefect_client.read_flow_runs(deployment_filter=of_deployment)
+            return next((r for r in runs if r.state is not None and not r.state.is_scheduled()), None)
+
+        run = wait_for(started, 150, "the deployment's first scheduled run")
+        assert run.auto_scheduled, run
+        for schedule in prefect_client.read_deployment_schedules(deployment.id):  # no second run on the same output
+            prefect_client.update_deployment_schedule(deployment.id, schedule.id, active=False)
+        for later in prefect_client.read_flow_runs(deployment_filter=of_deployment):
+            if later.state is not None and later.state.is_scheduled():
+                prefect_client.delete_flow_run(later.id)
+        state = final_state(prefect_client, run.id)
+        assert state.is_completed(), f"{state.message}\n{log.read_text()[-3000:]}"
+        of_run = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id]))
+
+        def logged() -> str:  # the run's process sends its last logs after its final state
+            said = "\n".join(line.message for line in every_page(prefect_client.read_logs, log_filter=of_run))
+            return said if "is not signed" in said else ""
+
+        return wait_for(logged, 60, "the run's log")
+    finally:
+        stop(server, log=log)
+
+
+def test_on_s3_a_planted_marker_makes_no_run_skip_work_or_publish_their_files(gpt2_run, run_cli, s3_server, tmp_path):
+    """`plant_tokens` on the S3 server: the run refuses the altered marker, naming it, makes the shard again, and
+    publishes the honest tokens."""
+    s3, prefix = boto3.client("s3"), f"{tmp_path.name}/out"
+    s3.create_bucket(Bucket="shared")
+    for path in gpt2_run.rglob("*"):
+        if path.is_file():
+            s3.upload_file(str(path), "shared", f"{prefix}/{path.relative_to(gpt2_run)}")
+
+    def read(rel: str) -> bytes:
+        return s3.get_object(Bucket="shared", Key=f"{prefix}/{rel}")["Body"].read()
+
+    rel, honest = plant_tokens(read, lambda rel, data: s3.put_object(Bucket="shared", Key=f"{prefix}/{rel}", Body=data))
+    published = tmp_path / "published"
+    said = run_cli(*run_args(f"s3://shared/{prefix}", "--set", f"output.publish.path={published}")).stdout
+    marker = f"_commits/tokenize/shard-{PLANTED_SHARD:05d}.json"
+    assert f"s3://shared/{prefix}/{marker} is not signed with your tokenmill key" in said, said
+    assert read(rel) == honest and signed_by_this_user(read(marker), marker)
+    version = published / "demo-gpt2" / (published / "demo-gpt2/LATEST").read_text().strip()
+    assert (version / rel).read_bytes() == honest
+
+
+def test_the_workers_sign_with_the_key_the_flow_sends(gpt2_run, run_cli, tmp_path, monkeypatch):
+    """The session's Dask cluster was started before this run's key existed, and its workers have no
+    TOKENMILL_HOME: the run (TOKENMILL_HOME of its own) sends them the key with its tasks, so every marker they
+    write bears the run's signature, and a second run takes every shard as committed. Unsigned markers (an output
+    of a tokenmill before markers were signed) are redone once, each named, then taken."""
+    monkeypatch.setenv("TOKENMILL_HOME", str(tmp_path / "home"))
+    out = tmp_path / "out"
+    run_cli(*run_args(str(out)))
+    markers = sorted((out / "_commits").rglob("*.json"))
+    assert len(markers) >= 8  # tokenize and pack, 4 shards each
+    assert all(signed_by_this_user(m.read_bytes(), str(m.relative_to(out))) for m in markers)
+    assert "4 shards (3 reused)" in run_cli("rerun", str(out), "--shard", "0").stdout
+    for marker in markers:  # as a tokenmill before markers were signed wrote them
+        done = json.loads(marker.read_text())
+        del done["signature"]
+        marker.write_text(json.dumps(done))
+    first = run_cli(*run_args(str(out), "--set", f"output.publish.path={tmp_path / 'published'}")).stdout
+    assert first.count("is not signed with your tokenmill key") >= 4, first
+    second = run_cli(*run_args(str(out), "--set", f"output.publish.path={tmp_path / 'again'}")).stdout
+    assert "not signed" not in second and "4 shards (4 reused)" in second, second
 
 
 def test_a_directory_link_planted_in_the_output_is_never_written_through(gpt2_run, run_cli, tmp_path):

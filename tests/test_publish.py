@@ -231,6 +231,7 @@ def test_a_commit_marker_that_does_not_list_a_shards_files_stops_publish_naming_
     than the validated stats name stops publish, naming the shard, before anything is written."""
     import pandas as pd
 
+    from tokenmill.core.commits import commit
     from tokenmill.core.stats import ValidationFailed
     from tokenmill.io.storage import Store
     from tokenmill.stages.publish import Files, spool_files
@@ -238,10 +239,9 @@ def test_a_commit_marker_that_does_not_list_a_shards_files_stops_publish_naming_
     out = tmp_path / "copy"
     shutil.copytree(gpt2_run, out)
     table = pd.DataFrame(json.loads((out / "stats.json").read_text()))
-    rel = out / "_commits" / "tokenize" / "shard-00001.json"
-    done = json.loads(rel.read_text())
+    done = json.loads((out / "_commits" / "tokenize" / "shard-00001.json").read_text())
     done["files"].pop(sorted(done["files"])[0])
-    rel.write_text(json.dumps(done))
+    commit(Store(out), "tokenize", 1, done["key"], done["result"], done["files"])  # signed: as tokenmill wrote it
     match = r"shard 00001 \((\d+) files recorded, (?!\1)\d+ in the stats\)"
     with Files() as files, pytest.raises(ValidationFailed, match=match):
         spool_files(Store(out), table, files)

@@ -136,6 +136,41 @@ def websocket_status_for_other(url: str, origin: str | None = None) -> str:
     return asked.stdout
 
 
+def test_a_scheduler_with_infras_settings_serves_another_user_no_eventstream_nor_websocket(other_user, tmp_path):
+    """A `dask scheduler` started with the dashboard settings infra/ gives its schedulers (compose's; Kubernetes'
+    are the same: tests/test_infra_files.py), its dashboard on another port than 8787 (that port named instead):
+    another user's `/eventstream` gets 404 and a websocket from another site 403; from the dashboard's own page,
+    101."""
+    import sys
+
+    import yaml
+
+    from flows.server import free_port
+
+    from .test_infra_files import COMPOSE, ORIGINS_ENV, ROUTES_ENV, scheduler_dashboard_settings
+
+    settings = scheduler_dashboard_settings(yaml.safe_load(COMPOSE.read_text()))["compose"]
+    port = free_port()
+    env = os.environ | {ROUTES_ENV: settings[ROUTES_ENV], ORIGINS_ENV: settings[ORIGINS_ENV].replace("8787", str(port))}
+    env["PYTHONPATH"] = str(REPO)  # flows.clusters.dashboard_routes, as the image has it
+    scheduler = subprocess.Popen(
+        [str(Path(sys.executable).with_name("dask")), "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--dashboard-address", f"127.0.0.1:{port}"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        dashboard, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
+        while as_other("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{dashboard}/health").stdout != "200":
+            assert scheduler.poll() is None and time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.5)
+        assert websocket_status_for_other(f"{dashboard}/eventstream") == "404"
+        assert websocket_status_for_other(f"{dashboard}/status/ws", "http://evil.example") == "403"
+        assert websocket_status_for_other(f"{dashboard}/status/ws", dashboard) == "101"
+    finally:
+        os.killpg(scheduler.pid, signal.SIGTERM)
+        scheduler.wait(30)
+
+
 def test_during_a_run_another_user_reaches_neither_its_local_dask_cluster_nor_its_prefect_server(
     prefect_api, other_user, tmp_path
 ):

@@ -165,9 +165,38 @@ def answers_http(ip: str, port: int) -> bool:
         return False
 
 
+def websocket_status(ip: str, port: int, path: str, origin: str | None) -> str:
+    """The status a websocket handshake at `path` gets from the dashboard at ip:port, from a page of `origin` (101:
+    taken; 403: refused; 404: no such route)."""
+    headers = "".join(f"{h}\r\n" for h in (*WEBSOCKET_UPGRADE, *([f"Origin: {origin}"] if origin else [])))
+    try:
+        with socket.create_connection((ip, port), timeout=3) as raw:
+            raw.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost:{port}\r\n{headers}\r\n".encode())
+            return raw.recv(64).split(b" ", 2)[1].decode()
+    except (OSError, IndexError) as e:
+        return repr(e)
+
+
+WEBSOCKET_UPGRADE = ("Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Version: 13",
+                     "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")  # fmt: skip
+
+
+def dashboard_answers(ip: str, port: int) -> dict | None:
+    """What a dashboard's websockets answer (`websocket_status`): its own page's (`localhost:<port>`) and another
+    site's at /status/ws, and /eventstream's; None while its pages are not there yet (the scheduler's come a moment
+    after its HTTP server)."""
+    own = websocket_status(ip, port, "/status/ws", f"http://localhost:{port}")
+    if own != "101":
+        return None
+    return {"own": own, "other": websocket_status(ip, port, "/status/ws", "http://evil.example"),
+            "eventstream": websocket_status(ip, port, "/eventstream", f"http://localhost:{port}")}  # fmt: skip
+
+
 def watch_listeners(run: subprocess.Popen, marker: str, seen: dict, stop: threading.Event) -> None:
     """Until `stop`: every socket the run's processes listen on (the flow's, with the scheduler; the worker jobs',
-    found by `marker` in their command line, and their children), in `seen` as (ip, port) -> answers HTTP."""
+    found by `marker` in their command line, and their children), in `seen` as (ip, port) -> answers HTTP; and in
+    `seen["websockets"]`, each dashboard's `dashboard_answers`."""
+    answered = seen.setdefault("websockets", {})
     while not stop.is_set():
         try:
             flow = psutil.Process(run.pid)
@@ -184,6 +213,8 @@ def watch_listeners(run: subprocess.Popen, marker: str, seen: dict, stop: thread
             for ip, port in listening:
                 if (ip, port) not in seen:
                     seen[ip, port] = answers_http(ip, port)
+                if seen[ip, port] and (ip, port) not in answered and (found := dashboard_answers(ip, port)):
+                    answered[ip, port] = found
         stop.wait(0.3)
 
 
@@ -192,7 +223,8 @@ def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_d
 ):
     """Its jobs get only the variables `dask.slurm.environment` names, from a file only this user can read: not the
     flow's credentials (Prefect's password, a planted secret), and nothing of them in the job script. The
-    dashboards (the scheduler's in the flow's process, each worker's) listen on loopback only."""
+    dashboards (the scheduler's in the flow's process, each worker's) listen on loopback only, take websockets of
+    their own pages only, and have no /eventstream."""
     job_logs = tmp_path / "slurm-logs"
     job_env = {"environment": ["PATH", "HOME", "TOKENMILL_NAMED"], "setup": [f"env > {job_logs}/env-$SLURM_JOB_ID.txt"]}
     config = slurm_config(tmp_path, "slurm", slurm_extra=job_env, partition={"shard_size": "1MB"})
@@ -206,8 +238,13 @@ def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_d
         stop.set()
         watcher.join()
     assert run.returncode == 0, out
+    websockets = seen.pop("websockets")
     dashboards = sorted(address for address, http in seen.items() if http)
     assert len(dashboards) >= 2 and all(ip == "127.0.0.1" for ip, _ in dashboards), seen
+    # Each dashboard (the scheduler's and the workers') takes websockets of its own pages only; none has /eventstream
+    assert len(websockets) >= 2 and all(
+        answers == {"own": "101", "other": "403", "eventstream": "404"} for answers in websockets.values()
+    ), websockets
     assert "Dask: SLURM jobs" in out
     # The jobs went back to the queue once the shard work was done, before publish copied in the flow's process.
     released = re.search(r"released the cluster's workers before publish: 2 SLURM jobs cancelled", out)

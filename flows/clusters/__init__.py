@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from distributed import SpecCluster
     from distributed.security import Security
 
 
@@ -48,3 +49,29 @@ DASHBOARD_ROUTES = [
     "distributed.http.health",
     "distributed.http.statics",
 ]
+
+
+# A dashboard's websockets take pages of its own address only (Dask's default: any page of any site a browser on the
+# host shows, which then drives the dashboard as the person browsing). Where the port is not known as the dashboard
+# starts (a worker's, on its node): [] is Bokeh's `localhost:<its port>`.
+WEBSOCKET_ORIGINS = "distributed.scheduler.dashboard.bokeh-application.allow_websocket_origin"
+OWN_ORIGIN_ONLY = {"DASK_DISTRIBUTED__SCHEDULER__DASHBOARD__BOKEH_APPLICATION__ALLOW_WEBSOCKET_ORIGIN": "[]"}
+
+
+def attach_dashboard(cluster: SpecCluster) -> None:
+    """Add the dashboard's pages (bokeh) to the running scheduler's HTTP server (started without them,
+    `dashboard=False`, at an address the run chose), as Dask does when it starts one with a dashboard, taking
+    websockets of pages of its own address only (`127.0.0.1:<port>`, `localhost:<port>`: through `ssh -L`, forward
+    the same port). Bokeh's import and applications cost 0.45 s of CPU: done once the cluster has said its address,
+    they come while the flow plans and chooses its encoder."""
+    import dask
+    import distributed.dashboard.scheduler
+
+    scheduler = cluster.scheduler
+
+    async def attach() -> None:
+        distributed.dashboard.scheduler.connect(scheduler.http_application, scheduler.http_server, scheduler, "/")
+
+    port = scheduler.http_server.port
+    with dask.config.set({WEBSOCKET_ORIGINS: [f"127.0.0.1:{port}", f"localhost:{port}"]}):
+        cluster.sync(attach)

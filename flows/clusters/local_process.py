@@ -20,7 +20,7 @@ import dask
 from distributed import LocalCluster
 from distributed.comm.core import CommClosedError
 
-from flows.clusters import DASHBOARD_ROUTES, ClusterStartError
+from flows.clusters import DASHBOARD_ROUTES, ClusterStartError, attach_dashboard
 from flows.dask_settings import WORKER_LOG_LENGTH
 from flows.startup import without_collector
 
@@ -130,26 +130,6 @@ SCRATCH: list[str] = []  # the directories scratch_directory made in this proces
 def remove_scratch() -> None:
     for scratch in SCRATCH:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def attach_dashboard(cluster: LocalCluster) -> None:
-    """Add the dashboard's pages (bokeh) to the running scheduler's HTTP server, as Dask does when it starts one
-    with a dashboard. Importing bokeh and building its applications took 0.45 s of CPU as the cluster started, on
-    every run's start-up, which the flow's own imports needed; once the cluster has said its address, the pages
-    come while the flow plans and chooses its encoder, a second or so into the run."""
-    import distributed.dashboard.scheduler
-
-    scheduler = cluster.scheduler
-
-    async def attach() -> None:
-        distributed.dashboard.scheduler.connect(scheduler.http_application, scheduler.http_server, scheduler, "/")
-
-    # Its websockets take pages from its own address only (Dask's default: any page of any site a browser on the host
-    # shows); reached through `ssh -L`, forward the same port.
-    port = scheduler.http_server.port
-    origins = [f"127.0.0.1:{port}", f"localhost:{port}"]
-    with dask.config.set({"distributed.scheduler.dashboard.bokeh-application.allow_websocket_origin": origins}):
-        cluster.sync(attach)
 
 
 DASHBOARD_CLOSE_S = 5.0  # the most a run's end waits for its dashboard's tabs to let go (they take milliseconds)

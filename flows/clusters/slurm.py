@@ -10,6 +10,7 @@ the run ends."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import socket
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import dask
 
-from flows.clusters import DASHBOARD_ROUTES, ClusterStartError, Running
+from flows.clusters import DASHBOARD_ROUTES, OWN_ORIGIN_ONLY, ClusterStartError, Running, attach_dashboard
 from flows.dask_settings import WORKER_ENVIRONMENT
 
 if TYPE_CHECKING:
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 RETIRE_BEFORE_S = 300  # a worker retires this long before its job's walltime (a tenth of it for short jobs)
 RELEASE_CEILING_S = 60  # the longest a release waits for scancel (a job not cancelled by then is at the run's end)
 # The dashboards on loopback (the scheduler's on this host, each worker's on its node), unauthenticated as they are:
-# reach the scheduler's through an ssh tunnel (docs/production.md).
+# reach the scheduler's through an ssh tunnel (docs/production.md). Their websockets take pages of their own address
+# only: the scheduler's `attach_dashboard`, the workers' `OWN_ORIGIN_ONLY` (`localhost:<port>`).
 DASHBOARD = "127.0.0.1:0"
 ROLES = "flows.clusters.roles"  # a worker's certificate cannot act as a client (that module says why)
 WORKER_GUARDS = ("--dashboard-address", DASHBOARD, "--preload", ROLES, "--preload-nanny", ROLES)
@@ -123,7 +125,8 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
     slurm, adaptive = dask_config.slurm, dask_config.adaptive
     walltime = walltime_seconds(slurm.walltime)
     lifetime = max(walltime - RETIRE_BEFORE_S, walltime * 9 // 10)
-    exports = [f"export {name}={shlex.quote(value)}" for name, value in WORKER_ENVIRONMENT.items()]
+    environ = WORKER_ENVIRONMENT | OWN_ORIGIN_ONLY
+    exports = [f"export {name}={shlex.quote(value)}" for name, value in environ.items()]
     host = slurm.scheduler_host or socket.gethostname()
     shared = Path(slurm.shared_directory or Path.home() / ".tokenmill" / "slurm").expanduser()
     shared.mkdir(mode=0o700, parents=True, exist_ok=True)  # the jobs read their certificate and key there
@@ -152,7 +155,12 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
                     *("--lifetime", f"{lifetime}s", "--lifetime-stagger", f"{min(60, lifetime // 10)}s"),
                     *WORKER_GUARDS,
                 ],
-                scheduler_options={"host": host, "dashboard_address": DASHBOARD, "preload": [ROLES]},
+                scheduler_options={  # its dashboard's pages come once its port is known (`attach_dashboard`)
+                    "host": host,
+                    "dashboard_address": DASHBOARD,
+                    "dashboard": False,
+                    "preload": [ROLES],
+                },
                 log_directory=slurm.log_directory,
                 security=run_security(Path(certs), host),
             )
@@ -160,6 +168,10 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
             raise ClusterStartError(
                 f"the SLURM cluster could not start ({type(e).__name__}: {e}); nothing was run"
             ) from e
+        try:
+            attach_dashboard(cluster)
+        except Exception as e:  # the shards do not need it
+            logging.getLogger(__name__).warning("the Dask dashboard did not start (%r): the run goes on without it", e)
         # How long after a job's workers are gone its place goes to a new job: tokenmill's LocalCluster waits an
         # hour (its nanny restarts a dead worker in place: flows.clusters.local_process); a SLURM job that ended
         # does not return.

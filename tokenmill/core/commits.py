@@ -6,16 +6,24 @@ everything the output depends on), the shard's stats, and the size and sha256 of
 finds a marker with its key, and every file still as recorded, returns those stats at once, so reruns, retries
 and Dask's recomputations redo nothing; a file changed or deleted since its commit (a bit flip, a truncation, a stray
 `rm`) makes the shard be redone, and the result says why (`redone`).
+
+The output location is data others may write: each marker is signed (`signing.marker_signature`, under the key the
+workers are sent with their tasks). A shard whose marker is not signed with the user's key (planted, altered, or
+written by an older tokenmill or with another key) is redone, its run says so naming the marker, and nothing it
+lists is taken, removed or published; one read once the run's shards are done (publish, validate) stops the run.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+
+import orjson
 
 from tokenmill import __version__
 from tokenmill.config import TokenmillConfig
-from tokenmill.core import layout
+from tokenmill.core import layout, signing
 from tokenmill.io.storage import PLANTED_HINT, Planted, Store
 from tokenmill.stages import COMMITTING
 from tokenmill.stages import STAGES as ALL_STAGES
@@ -33,12 +41,16 @@ class Commit:
         self.result, self.redone = result, redone
 
 
+class Unsigned(Planted):
+    """A commit marker not signed with the user's key: nothing it says is taken."""
+
+
 def read_marker(store: Store, stage: str, shard_id: int) -> dict | None:
     """The shard's marker of `stage` as committed, None if there is none. Every file it lists must be one of this
     shard's own files (named after it, in the dataset's layout) inside the output: tokenmill never writes another, so
     one that names a file elsewhere (`../victim`) or another file of the dataset (its config, its plan) was planted
     by a writer of the output location, and stops the run naming it (`Planted`) before anything is read, removed or
-    published through it."""
+    published through it. It must bear the user's signature (`Unsigned`, naming it, if not)."""
     rel = layout.marker(stage, shard_id)
     if not store.exists(rel):
         return None
@@ -51,13 +63,24 @@ def read_marker(store: Store, stage: str, shard_id: int) -> dict | None:
             raise Planted(
                 f"{store.url_of(rel)} names {path!r}, which is not a file of shard {shard_id:05d}: {PLANTED_HINT}"
             )
+    signature = done.pop("signature", None)
+    if not isinstance(signature, str) or not hmac.compare_digest(signature, signing.marker_signature(rel, done)):
+        raise Unsigned(
+            f"{store.url_of(rel)} is not signed with your tokenmill key ({signing.key_path()}): put there or changed "
+            "by someone who can write the output location, or written by an older tokenmill or with another key; "
+            "nothing it lists was taken, removed or published"
+        )
     return done
 
 
 def check(store: Store, stage: str, shard_id: int, key: str) -> Commit:
     """The committed result of `stage` for this shard if it was made with `key` and its files are intact;
-    else `redone` says what changed (None when there was no usable marker at all)."""
-    done = read_marker(store, stage, shard_id)
+    else `redone` says what changed, or that its marker is not signed (None when there was no marker at all, or
+    one made with another stage key: another config's)."""
+    try:
+        done = read_marker(store, stage, shard_id)
+    except Unsigned as e:
+        return Commit(redone=f"{stage} shard {shard_id:05d}: {e}; redoing the shard")
     if done is None:
         return Commit()
     if done.get("key") != key:
@@ -90,9 +113,20 @@ def committed(store: Store, stage: str, shard_id: int, key: str) -> dict | None:
 
 def commit(store: Store, stage: str, shard_id: int, key: str, result: dict, files: dict | None = None) -> dict:
     """Write the marker, last: `files` maps each file the shard wrote to its size and sha256 (see
-    `Store.writing(rel, record=files)`)."""
-    store.write_json(layout.marker(stage, shard_id), {"key": key, "result": result, "files": files or {}})
+    `Store.writing(rel, record=files)`), signed (`signing.marker_signature`)."""
+    rel = layout.marker(stage, shard_id)
+    body = orjson.loads(orjson.dumps({"key": key, "result": result, "files": files or {}}))  # as it is read back
+    store.write_json(rel, body | {"signature": signing.marker_signature(rel, body)})
     return result
+
+
+def trusted_marker(store: Store, stage: str, shard_id: int) -> dict | None:
+    """`read_marker`, but None for one not signed with the user's key: for removing a shard's files, which then are
+    left (they are no file of a shard any more, never published) rather than removed on a planted marker's word."""
+    try:
+        return read_marker(store, stage, shard_id)
+    except Unsigned:
+        return None
 
 
 def discard(store: Store, shard_ids: list[int]) -> None:
@@ -100,10 +134,10 @@ def discard(store: Store, shard_ids: list[int]) -> None:
     shards (or none), and a reader of the build directory must not find an old shard's file beside them."""
     for stage in STAGES:
         for shard_id in shard_ids:
-            if (done := read_marker(store, stage, shard_id)) is not None:
+            if (done := trusted_marker(store, stage, shard_id)) is not None:
                 for path in done["files"]:
                     store.remove(path)
-                store.remove(layout.marker(stage, shard_id))
+            store.remove(layout.marker(stage, shard_id))
 
 
 def lift(store: Store, moves: dict[int, int]) -> list[tuple[str, int, int, dict]]:
@@ -113,10 +147,9 @@ def lift(store: Store, moves: dict[int, int]) -> list[tuple[str, int, int, dict]
     lifted = []
     for stage in STAGES:
         for old, new in moves.items():
-            if (done := read_marker(store, stage, old)) is not None:
-                if stage in MOVABLE:
-                    lifted.append((stage, old, new, done))
-                store.remove(layout.marker(stage, old))
+            if (done := trusted_marker(store, stage, old)) is not None and stage in MOVABLE:
+                lifted.append((stage, old, new, done))
+            store.remove(layout.marker(stage, old))
     return lifted
 
 

@@ -10,6 +10,11 @@ found again first.
 The key: `$TOKENMILL_HOME/state-key` (default `~/.tokenmill/state-key`), 32 random bytes made on first use (mode
 0600, in a directory of mode 0700). A team that reruns each other's outputs shares one: a file its group can read,
 named by `TOKENMILL_STATE_KEY`. A key others can write, or anyone can read, is refused.
+
+Commit markers (`tokenmill.core.commits`) are written and read where the shards run, on Dask workers that may run on
+other hosts, as another user, with no such file. They are signed with a key derived from the state key
+(`marker_key`), which the flow sends with each task it gives the cluster (`tokenmill.core.tries.Sealed`, over the
+cluster's TLS); a worker that holds it can sign markers, not the stored config or plan.
 """
 
 from __future__ import annotations
@@ -19,7 +24,12 @@ import hmac
 import os
 import secrets
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
+
+import orjson
 
 from tokenmill.io.storage import Store
 
@@ -69,3 +79,37 @@ def signed(store: Store, rel: str, data: bytes) -> bool:
     if not store.exists(rel + SUFFIX):
         return False
     return hmac.compare_digest(store.read_bytes(rel + SUFFIX).decode(errors="replace").strip(), signature(rel, data))
+
+
+# The marker key a task was sent with (`with_marker_key`); unset in the flow's own process, which derives it.
+DELIVERED: ContextVar[bytes | None] = ContextVar("tokenmill_marker_key", default=None)
+_derived: dict[Path, bytes] = {}  # per key file: the flow reads a marker per shard and stage
+
+
+def marker_key() -> bytes:
+    """The key commit markers are signed with: the one this task was sent with, else derived from the state key (an
+    HMAC of a fixed label: who learns it, a worker, cannot sign a config or a plan)."""
+    if (delivered := DELIVERED.get()) is not None:
+        return delivered
+    path = key_path()
+    if path not in _derived:
+        _derived[path] = hmac.new(state_key(), b"tokenmill commit markers", hashlib.sha256).digest()
+    return _derived[path]
+
+
+@contextmanager
+def with_marker_key(key: bytes | None) -> Iterator[None]:
+    """Markers signed and checked with `key` in this thread (and the threads `storage.threaded` starts from it)
+    until the block ends; None: as the process would."""
+    token = DELIVERED.set(key)
+    try:
+        yield
+    finally:
+        DELIVERED.reset(token)
+
+
+def marker_signature(rel: str, body: dict) -> str:
+    """The signature of a marker `rel` holding `body` (its key, result and files), over their JSON with keys sorted
+    (as orjson writes and reads it back: the same bytes on both sides)."""
+    canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    return hmac.new(marker_key(), rel.encode() + b"\0" + canonical, hashlib.sha256).hexdigest()

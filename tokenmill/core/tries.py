@@ -75,15 +75,23 @@ class Sealed:
     """`work(*args, *more)`, with `work` and `args` pickled here and unpickled only where it runs. Dask's scheduler
     unpickles every task it is sent: tasks holding tokenmill's functions, config (pydantic models) and tokenizer
     made it import tokenmill's stages, pydantic, pyarrow and the encoders (0.5 s of CPU as every run starts);
-    sealed, they are bytes to it, and this module (standard library only) is all it imports."""
+    sealed, they are bytes to it, and this module (standard library only) is all it imports.
+
+    Sealed with them is the key that signs commit markers (`tokenmill.core.signing.marker_key`), which the workers have
+    no other way to get: the work runs with it."""
 
     def __init__(self, work: Callable, *args):
-        self.pickled = pickle.dumps((work, args), protocol=pickle.HIGHEST_PROTOCOL)
+        from tokenmill.core.signing import marker_key  # in the flow's process, which imports the library anyway
+
+        self.pickled = pickle.dumps((work, args, marker_key()), protocol=pickle.HIGHEST_PROTOCOL)
         self.__name__ = getattr(work, "__name__", type(work).__name__)  # Dask names unkeyed tasks after it
 
     def __call__(self, *more):
-        work, args = pickle.loads(self.pickled)
-        return work(*args, *(pickle.loads(m.pickled) if isinstance(m, Parcel) else m for m in more))
+        from tokenmill.core.signing import with_marker_key  # on a worker, which runs the library's work
+
+        work, args, key = pickle.loads(self.pickled)
+        with with_marker_key(key):
+            return work(*args, *(pickle.loads(m.pickled) if isinstance(m, Parcel) else m for m in more))
 
 
 class Parcel:

@@ -12,6 +12,7 @@ raises `StorageError`, naming the file or object and the cause, never a library'
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import hashlib
 import os
@@ -543,15 +544,17 @@ def threads_for(*stores: Store) -> int:
 
 def threaded(work: Callable, items: Iterable, threads: int = HASH_THREADS) -> Iterator:
     """`work` over `items` on `threads` threads (one: in this one), results in order, a few per thread submitted
-    ahead (`Executor.map` submits every item at once: a future each, about 1 KB apiece, 0.5 GB at 500,000 files)."""
+    ahead (`Executor.map` submits every item at once: a future each, about 1 KB apiece, 0.5 GB at 500,000 files).
+    Each runs in this thread's context (the marker key a worker's task was sent with: `tokenmill.core.signing`)."""
     if threads == 1:
         yield from map(work, items)
         return
+    context = contextvars.copy_context()
     with ThreadPoolExecutor(threads) as pool:
         pending: deque = deque()
         for item in items:
             if len(pending) == 4 * threads:
                 yield pending.popleft().result()
-            pending.append(pool.submit(work, item))
+            pending.append(pool.submit(context.copy().run, work, item))
         while pending:
             yield pending.popleft().result()

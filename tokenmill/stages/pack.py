@@ -24,8 +24,7 @@ import pandas as pd
 
 from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.core import layout
-from tokenmill.core.commits import PACK, TOKENIZE, check, commit, pack_key, shard_key, tokenize_key
-from tokenmill.core.layout import marker
+from tokenmill.core.commits import PACK, TOKENIZE, check, commit, pack_key, read_marker, shard_key, tokenize_key
 from tokenmill.core.packers import (
     fit_conversations,
     global_shuffle_index,
@@ -201,7 +200,7 @@ def write_trainer_files(
 
     @functools.cache
     def bin_digest() -> dict:  # the size and sha256 its tokenize recorded, for a layout whose token file it is
-        return store.read_json(marker(TOKENIZE, shard_id))["files"][bin_rel]
+        return read_marker(store, TOKENIZE, shard_id)["files"][bin_rel]
 
     def documents(columns: list[str]):
         with store.local_copies(layout.documents_table(split, shard_id)) as (path,):

@@ -98,8 +98,9 @@ def train_on_sample(config: TokenmillConfig, samples: list[Sampled]) -> Tokenize
     store, cfg = config.output.store(), config.tokenizer
     sample_digest = hashlib.sha256("".join(store.sha256(rel) for rel in training_files(samples)).encode())
     key = f"{sample_digest.hexdigest()[:16]}-{config.section_hash('tokenizer', checks=False)}"
-    if (done := committed(store, "train_tokenizer", 0, key)) is not None and store.exists(layout.TOKENIZER):
-        return TokenizerInfo(**done)
+    done = committed(store, "train_tokenizer", 0, key)
+    if done is not None and store.exists(layout.TOKENIZER) and store.sha256(layout.TOKENIZER) == done["sha256"]:
+        return TokenizerInfo(**done)  # its signed marker, and the very file it trained (one put in its place: trained)
     tokenizer = train_from_texts(training_texts(config, samples), cfg.train, special_tokens(cfg))
     data = tokenizer.to_str().encode()
     info = describe_tokenizer(data, cfg, trained=True, source="the trained tokenizer")

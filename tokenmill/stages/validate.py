@@ -24,9 +24,8 @@ import pyarrow as pa
 
 from tokenmill.config import PackConfig, TokenmillConfig
 from tokenmill.core import layout
-from tokenmill.core.commits import TOKENIZE
+from tokenmill.core.commits import TOKENIZE, read_marker
 from tokenmill.core.hashing import assign_splits
-from tokenmill.core.layout import marker
 from tokenmill.core.packers import pad_id as pack_pad_id
 from tokenmill.core.packers import writes_packed
 from tokenmill.core.plan import Columns, Plan, Shard, shard_ids
@@ -487,7 +486,7 @@ def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator
     """`sampled_documents` from blocks without rejects, as `tokenize_shard` recorded them (`blocks` in its
     marker); None where it recorded none, or where they hold too few documents, or a block reads otherwise now."""
     shard_id, names = item.shard_id, run.streams[item.shard.mix_source]
-    result = Tokenized.from_json(run.store.read_json(marker(TOKENIZE, shard_id))["result"])
+    result = Tokenized.from_json(read_marker(run.store, TOKENIZE, shard_id)["result"])
     if not result.blocks:
         return None
     blocks = np.array(result.blocks, np.int64)  # piece, start, stop, first line, rejects, documents before...
