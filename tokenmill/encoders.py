@@ -126,6 +126,42 @@ def clean_cut(tok: Tokenizer, text: str, near: int) -> int | None:
     return None
 
 
+def clean_byte_pieces(tok: Tokenizer, data: np.ndarray, most_bytes: int) -> Iterator[str]:
+    """`in_clean_pieces` of a text given as its UTF-8 bytes (`data`, a view of a batch's buffer): no more than a piece
+    and the windows around its cuts are ever decoded, so a document of tens of MB costs the memory of a piece."""
+    start = 0
+    while start < len(data):
+        cut = len(data)
+        at = start + most_bytes
+        for _ in range(CUT_TRIES):
+            if at >= len(data) or (data[at - 1] == NEWLINE and clean_byte_cut(tok, data, at)):
+                cut = min(at, len(data))
+                break
+            at = next_line_start(data, at)
+        yield bytes(data[start:cut]).decode()  # a cut follows a line break: never inside a character
+        start = cut
+
+
+NEWLINE = ord("\n")
+
+
+def next_line_start(data: np.ndarray, at: int, step: int = 1 << 20) -> int:
+    """Where the line after byte `at` of `data` starts (its end where there is none)."""
+    while at < len(data):
+        found = np.flatnonzero(data[at : at + step] == NEWLINE)
+        if len(found):
+            return at + int(found[0]) + 1
+        at += step
+    return len(data)
+
+
+def clean_byte_cut(tok: Tokenizer, data: np.ndarray, at: int) -> bool:
+    """`is_clean_cut` at byte `at` (a line start) of UTF-8 bytes, on the text around it."""
+    lo, hi = max(0, at - 4 * CUT_CONTEXT), min(len(data), at + 4 * CUT_CONTEXT)
+    left = bytes(data[lo:at]).decode(errors="ignore")  # a character cut at the window's edge is left out
+    return is_clean_cut(tok, left + bytes(data[at:hi]).decode(errors="ignore"), len(left))
+
+
 def in_clean_pieces(tok: Tokenizer, text: str, most_bytes: int) -> Iterator[str]:
     """`text` in consecutive pieces of about `most_bytes`, cut only where the reference splits it cleanly
     (`clean_cut`): their ids back to back are the text's. Where no clean cut is within reach of a piece's end (a
