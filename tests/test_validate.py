@@ -280,11 +280,14 @@ def test_the_reference_ids_of_the_verified_documents_are_not_encoded_again(one_s
     import pyarrow.parquet as pq
 
     from tokenmill import layout
+    from tokenmill.encoders import cache_dir, choice_cache_name
     from tokenmill.tokenize import choose_run_encoder, verification_sample
 
     config, plan, tokenizer, table = one_split_dataset
     sizes = {"verify_bytes": 4_000_000, "check_bytes": 4_000_000}
     config = config.model_copy(update={"tokenizer": config.tokenizer.model_copy(update=sizes)})
+    chosen = cache_dir("encoder-choices") / choice_cache_name(tokenizer.sha256, config.tokenizer.encoder)
+    chosen.unlink(missing_ok=True)  # an earlier run's verified choice would be taken without verifying (or keeping ids)
     choose_run_encoder(config, plan.shards, tokenizer)
     kept_path = Path(config.output.path) / layout.REFERENCE_IDS
     kept = pq.read_table(kept_path)

@@ -33,11 +33,13 @@ from tokenmill.encoders import (
     Encoder,
     EncoderChoice,
     as_arrow,
+    cached_choice,
     choose_encoder,
     clean_byte_pieces,
     load_encoder,
     loaded_backend,
     preload_backends,
+    remember_choice,
     utf8_buffer,
 )
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
@@ -454,7 +456,18 @@ def texts_of(batch: Batch) -> list[str]:
 def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokenizer: TokenizerInfo, log=None):
     """The run's encoder (tokenizer.encoder, verified on a sample across shards), recorded in `_work/` with the
     reference's ids of the sample (for validate); the choice is said to `log`, if given (its reason says why)."""
-    store = config.output.store()
+    store, requested = config.output.store(), config.tokenizer.encoder
+    if (choice := cached_choice(tokenizer.sha256, requested)) is not None:
+        # Verified by an earlier run with this tokenizer and these backends' versions: validate's reference check
+        # (hf on a sample of what this run wrote) still stands behind it, with no kept ids of another run's sample.
+        store.remove(layout.REFERENCE_IDS)
+        report = {choice.backend: "chosen: " + choice.reason}
+        store.write_json(
+            layout.ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report}
+        )
+        if log is not None:
+            log(f"encoder: {choice.backend} {choice.version}: {choice.reason}")
+        return choice
     data = store.read_bytes(layout.TOKENIZER)
     sample = verification_sample(config, shards, tokenizer)
     url = store.url_of(layout.TOKENIZER)  # the backends this process loaded, for the shards and the report
@@ -464,8 +477,10 @@ def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokeniz
 
     expected = backend_of("hf").encode_batch(sample)
     keep_reference_ids(store, tokenizer.sha256, sample, *expected)
-    choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log, backend_of, expected)
+    choice, report = choose_encoder(data, requested, sample, log, backend_of, expected)
     store.write_json(
         layout.ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report}
     )
+    if choice.backend != "hf" and sample:  # hf needs no verifying; a choice made on no sample is not kept
+        remember_choice(tokenizer.sha256, requested, choice)
     return choice
