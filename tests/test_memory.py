@@ -250,3 +250,30 @@ def test_the_tokenize_stages_memory_grows_neither_with_the_shard_nor_with_its_lo
     tok = Tokenizer.from_file(str(GPT2))
     assert reader[len(short)].tolist() == reference_ids(tok, longest) + [50256]
     assert reader[len(short) - 1].tolist() == tok.encode(short[-1], add_special_tokens=False).ids + [50256]
+
+
+def test_a_tokenize_task_out_of_memory_is_tried_again_with_smaller_batches_and_succeeds(tmp_path, run_cli):
+    """A shard whose batches are too large for its workers (tokenizer.batch_bytes 1 GB: the whole 60 MB shard at
+    once, ~0.5 GB more) kills every worker that runs it; the stage tries it once more with batches of 1 MB, and the
+    run publishes hf's ids, saying what it did."""
+    short = [ascii_code(random.Random(k).randrange(200, 8000), k) for k in range(1100)]  # about 4 MB
+    texts = short * 15
+    corpus = tmp_path / "many.jsonl"
+    corpus.write_bytes(b"".join(orjson.dumps({"id": f"d{k}", "text": t}) + b"\n" for k, t in enumerate(texts)))
+    config = yaml.safe_load(open(config_file(tmp_path, corpus)))
+    config["tokenizer"]["batch_bytes"] = "1GB"
+    config["partition"] = {"shard_size": "1GB"}
+    config["dask"]["memory_limit"] = "600MiB"
+    path = tmp_path / "many.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = run_cli("run", str(path), local_cluster=True)
+    said = run.stdout + run.stderr
+    assert "tokenize shard-00000: every worker that ran it died (most likely for memory)" in said, said[-3000:]
+    assert "trying it again with tokenize's batches of 1,048,576 bytes" in said
+    assert "Dataset published" in run.stdout
+
+    reader = MegatronReader(tmp_path / "out" / "megatron" / "train" / "shard-00000")
+    tok = Tokenizer.from_file(str(GPT2))
+    assert len(reader) == len(texts)
+    for k in (0, 1099, 1100, len(texts) - 1):
+        assert reader[k].tolist() == tok.encode(texts[k], add_special_tokens=False).ids + [50256]

@@ -413,8 +413,8 @@ class TokenizerConfig(_Section):
         description="The most text the reference (hf) encodes at once: a longer document is verified and "
         "checked on an excerpt of this size, cut where its tokens split alike (memory: ~200 bytes per byte).",
     )
-    # The tokenize stage holds about 6 bytes a byte of the text it encodes at once (the parse, the ids, the files'
-    # ids): 8 MB kept a worker's stage near 0.3 GB. It bounds how much is held, never the tokens made.
+    # The tokenize stage holds about 8 bytes a byte of the text it encodes at once (the parse, the ids as uint32, as
+    # the files' dtype, with the EOD inserted): 65 MB at 8 MB. It bounds how much is held, never the tokens made.
     batch_bytes: ByteSize = Field(
         ByteSize(8 << 20),
         ge=64 << 10,
