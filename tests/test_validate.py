@@ -199,17 +199,18 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     one at its split and index in the shard as tokenize read it; the stored ids of the sample equal the
     reference's (validate passes). A marker that does not say where its blocks lie (an earlier tokenmill's) has
     its documents drawn from the whole shard."""
-    from functools import partial
-
-    from tokenmill import tokenize
     from tokenmill import validate as library
     from tokenmill.readers import read_documents
+
+    from .conftest import TOKENIZERS
 
     lines = corpus_lines()
     lines[5:5] = [b"", b"  \t"]
     lines[250:250] = [b'{"id": "a number", "text": 5}']
-    monkeypatch.setattr(tokenize, "read_documents", partial(read_documents, batch_bytes=20_000))
-    config, plan, tokenizer, table = library_dataset(tmp_path, lines, split={"train": 0.7, "val": 0.3})
+    tokenizer = {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json"), "check_min_documents": 100, "batch_bytes": 20_000}
+    config, plan, tokenizer, table = library_dataset(
+        tmp_path, lines, split={"train": 0.7, "val": 0.3}, tokenizer=tokenizer
+    )
     assert int(table.groupby("shard_id").rejected.first().sum()) == 1
     # every document drawn is checked (auto would bound this small run's check to 256 KiB of text)
     config = config.model_copy(update={"tokenizer": config.tokenizer.model_copy(update={"check_bytes": 4_000_000})})

@@ -417,7 +417,7 @@ class TokenizerConfig(_Section):
     # the files' dtype, with the EOD inserted): 65 MB at 8 MB. It bounds how much is held, never the tokens made.
     batch_bytes: ByteSize = Field(
         ByteSize(8 << 20),
-        ge=64 << 10,
+        ge=4096,
         description="The text the tokenize stage reads and encodes at once: a longer document is encoded in pieces "
         "of this size, cut where its tokens split alike (the same ids). A task that runs out of memory is retried "
         "with half of it.",
