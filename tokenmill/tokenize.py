@@ -244,7 +244,10 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
                     held = (held[0] + len(flat), max(held[1], int(flat.max()) if len(flat) else -1))
                     continue
                 origins = batch_origins_ if whole else batch_origins_.slice(docs.start, docs.stop - docs.start)
-                for index, split in enumerate(splits):
+                to = list(enumerate(splits))
+                if held[0]:  # the last piece of a long document: its ids are this piece's, its length the whole's
+                    to, doc_split = [to[0 if doc_split is None else int(doc_split[0])]], None
+                for index, split in to:
                     chosen = slice(None) if doc_split is None else doc_split == index
                     split_lengths = lengths[chosen]
                     if not len(split_lengths):
