@@ -331,3 +331,20 @@ def test_pad_is_checked_after_each_rows_real_tokens_in_every_block_of_rows():
     rows[row, real[row]] = 50256
     rows[padded[0], -1] = 7  # the last slot of the first padded row
     assert not _only_pad_after(rows, real, 50256)
+
+
+def test_the_tokens_at_documents_ends_are_read_a_window_at_a_time(tmp_path, monkeypatch):
+    """The EOD and BOS checks read the `.bin` a window at a time (a map of the whole file touched at every document's
+    end had the kernel map most of it: a 600 MB shard's `.bin` counted whole in the worker's peak memory); the tokens
+    are those at the positions, across windows and at the file's last token."""
+    import numpy as np
+
+    from tokenmill import validate as library
+
+    monkeypatch.setattr(library, "CHECK_WINDOW_BYTES", 1000)
+    tokens = np.arange(10_001, dtype=np.uint16)
+    path = tmp_path / "x.bin"
+    tokens.tofile(path)
+    positions = np.array([0, 1, 499, 500, 501, 4_999, 5_000, 10_000])
+    assert library.tokens_at(path, positions, np.dtype(np.uint16)).tolist() == positions.tolist()
+    assert library.tokens_at(path, np.zeros(0, np.int64), np.dtype(np.uint16)).tolist() == []
