@@ -16,6 +16,7 @@ committed (their markers), so Retry redoes only the failed ones.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -196,14 +197,17 @@ def run_on_dask(items: list, stages: list[Stage], keep: Callable[[tuple], object
     results: list = [None] * len(items)
     failures: dict[str, dict[int, str]] = {stage.name: {} for stage in stages}
     chains, running, submitted, reused = as_completed(), {}, 0, 0
-    sealed = [Sealed(EachShard(stage.work, stage.context, stage.args, stage.whole_chain)) for stage in stages]
+    sealed = [Sealed(each_shard(stage)) for stage in stages]
+    retried: set[range] = set()  # bundles tried again with smaller batches (`with_smaller_batches`)
 
     def submit(count: int) -> None:
         nonlocal submitted
         batch = todo[submitted : submitted + count]
         submitted += len(batch)
-        if not batch:
-            return
+        if batch:
+            submit_bundles(batch, stages, sealed, run)
+
+    def submit_bundles(batch: list[range], stages: list[Stage], sealed: list[Sealed], run: str) -> None:
         arguments, per_stage = [Parcel(list(items[bundle.start : bundle.stop])) for bundle in batch], []
         for stage, work in zip(stages, sealed, strict=True):
             arguments = client.map(
@@ -235,6 +239,14 @@ def run_on_dask(items: list, stages: list[Stage], keep: Callable[[tuple], object
             failed = next((i for i, f in enumerate(futures) if f.status != "finished"), None)
             if failed is None:
                 finished.append((bundle, futures))
+            elif (smaller := with_smaller_batches(stages, failed, futures[failed])) and bundle not in retried:
+                # Its workers died, most likely for memory, in a stage that can hold less at once: once more so.
+                retried.add(bundle)
+                get_run_logger().warning(
+                    "%s %s: every worker that ran it died (most likely for memory); trying it again with %s",
+                    stages[failed].name, group_label([ids[index] for index in bundle]), smaller[1],
+                )  # fmt: skip
+                submit_bundles([bundle], smaller[0], [Sealed(each_shard(stage)) for stage in smaller[0]], run + "-less")
             else:  # the task itself failed: its worker died, every try
                 error = _error(futures[failed], stages[failed], [items[index] for index in bundle])
                 for index in bundle:
@@ -251,6 +263,31 @@ def run_on_dask(items: list, stages: list[Stage], keep: Callable[[tuple], object
         group_label(ids), len(ids), reused, len(todo), time.perf_counter() - started,
     )  # fmt: skip
     return results
+
+
+def each_shard(stage: Stage) -> EachShard:
+    return EachShard(stage.work, stage.context, stage.args, stage.whole_chain)
+
+
+RETRY_BATCH_BYTES = 1 << 20  # the most text a stage tried again for memory holds at once
+
+
+def with_smaller_batches(stages: list[Stage], failed: int, future) -> tuple[list[Stage], str] | None:
+    """`stages` with the `failed` one's batches smaller (its context's `batch_bytes`, tokenizer.batch_bytes: an
+    eighth, at most RETRY_BATCH_BYTES), and what changed, where its future's workers all died (Dask's KilledWorker,
+    most often memory) and it holds a batch at once; else None."""
+    if future.status != "error" or type(future.exception()).__name__ != "KilledWorker":
+        return None
+    stage = stages[failed]
+    held = getattr(stage.context, "batch_bytes", 0)
+    less = max(MIN_BATCH_BYTES, min(RETRY_BATCH_BYTES, held // 8))
+    if less >= held:
+        return None
+    smaller = dataclasses.replace(stage, context=dataclasses.replace(stage.context, batch_bytes=less))
+    return [smaller if s is stage else s for s in stages], f"{stage.name}'s batches of {less:,} bytes"
+
+
+MIN_BATCH_BYTES = 64 << 10
 
 
 def bundles(items: list) -> list[range]:
@@ -352,7 +389,8 @@ def _error(future, stage: Stage, shards: list) -> str:
 # What bounds a shard stage's memory, for the message of a shard that ran out of it.
 MEMORY_BOUNDS = {
     "": "partition.shard_size",
-    "tokenize": "a batch of 8 MB of the shard's text, and about 6 bytes a byte of its longest document",
+    "tokenize": "tokenizer.batch_bytes (about 8 bytes a byte of a batch; it was tried again with batches of 1 MB), "
+    "and about 2 bytes a byte of its longest document (its text, parsed)",
     "reference": "tokenizer.check_bytes and tokenizer.reference_piece_bytes (hf holds ~200 bytes a byte it encodes)",
     "sample": "tokenizer.reference_piece_bytes (a document's excerpt) and partition.shard_size",
 }

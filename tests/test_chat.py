@@ -312,6 +312,9 @@ def test_the_tokenizer_transformers_builds_is_kept_per_directory_and_rebuilt_whe
     assert len(kept) == 1 and kept[0].read_bytes() == built.data
     kept[0].write_bytes(b"{}")  # what is kept is what a run takes
     assert pretrained.as_transformers_builds_it(pretrained.load_pretrained(str(directory))).data == b"{}"
+    kept[0].chmod(0o666)  # a file another user could have written is not taken: built again (issue 58)
+    assert pretrained.as_transformers_builds_it(pretrained.load_pretrained(str(directory))).data == built.data
+    assert kept[0].stat().st_mode & 0o777 == 0o600
     config = json.loads((directory / "tokenizer_config.json").read_text())
     (directory / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 1}))
     again = pretrained.as_transformers_builds_it(pretrained.load_pretrained(str(directory)))

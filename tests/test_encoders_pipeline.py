@@ -130,3 +130,61 @@ def test_the_encoder_choice_is_sent_only_the_shards_its_sample_reads():
     assert list(verification_shards(sent)) == list(sent)
     assert list(verification_shards(shards[:10])) == list(shards[:10])
     assert len(verification_shards(Shards([]))) == 0
+
+
+def test_a_verified_encoder_choice_is_kept_per_tokenizer_and_backend_versions_and_not_verified_again(
+    tmp_path, monkeypatch
+):
+    """The choice a run verified is kept in the user's cache (0700, its file 0600): the next run of that tokenizer
+    with the same backends takes it without hf's encoding of a sample (no kept reference ids: validate encodes its
+    own); a changed tokenizer, a changed backend version, or a cache file others can write is verified again."""
+    import os
+    import shutil
+
+    from tokenmill.core import layout
+    from tokenmill.tokenizers import encoders
+
+    probes = encoders.cache_dir("encoder-probes")  # the code-point probes (seconds of hf) are not what is tested
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(cache))
+    if probes.is_dir():
+        shutil.copytree(probes, encoders.cache_dir("encoder-probes"))
+    path = tmp_path / "corpus.jsonl"
+    texts = [doc["text"] for doc in read_jsonl(CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz")[:200]]
+    path.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
+    config = TokenmillConfig.model_validate(
+        {
+            "name": "cached",
+            "input": {"paths": [str(path)]},
+            "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json")},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+    plan, _ = load_or_plan(config)
+    tokenizer = install_pretrained(config)
+    kept_ids = tmp_path / "out" / layout.REFERENCE_IDS
+
+    def choose():
+        said = []
+        choice = choose_run_encoder(config, plan.shards, tokenizer, log=said.append)
+        return choice, kept_ids.exists(), said[0]
+
+    first, verified, _ = choose()
+    assert first.backend == "gigatoken" and verified  # hf encoded the sample: its ids are kept for validate
+    (entry,) = (cache / "encoder-choices").iterdir()
+    assert entry.stat().st_mode & 0o777 == 0o600 and (cache / "encoder-choices").stat().st_mode & 0o777 == 0o700
+    again, verified, said = choose()
+    assert not verified and (again.backend, again.version, again.unsafe) == (first.backend, first.version, first.unsafe)
+    assert "verified by an earlier run" in again.reason and again.reason in said
+    assert encoders.cached_choice("0" * 64, "auto") is None  # another tokenizer's sha256: not this choice
+    assert encoders.cached_choice(tokenizer.sha256, "gigatoken") is None  # nor another request
+
+    entry.chmod(0o666)  # another user could have written it: not trusted
+    assert choose()[1]
+    assert entry.stat().st_mode & 0o777 == 0o600  # written again, as its own
+    assert not choose()[1]
+
+    real = encoders.package_version
+    monkeypatch.setattr(encoders, "package_version", lambda p: "0.0.0-other" if p == "gigatoken" else real(p))
+    assert choose()[1]  # another gigatoken version: verified again
+    assert len(os.listdir(cache / "encoder-choices")) == 2

@@ -165,3 +165,134 @@ def test_an_excerpt_is_whole_lines_of_about_the_size_asked_for_whatever_the_scri
             assert 50_000 < len(part.encode()) <= 100_000 and part in text
             assert text.startswith(part) or text[text.index(part) - 1] == "\n"
     assert excerpt("short", 100_000, 0) == "short"
+
+
+# Run in a process of its own, so that its peak is the tokenize stage's: the plan, the tokenizer, the encoder's choice,
+# a first shard (a warm-up: the encoders', Arrow's and the allocator's first allocations), then the shard measured,
+# while a thread samples the anonymous memory (the input's pages are the file's, mapped).
+TOKENIZE_ONE_SHARD = """
+import json, sys, threading, time
+from tokenmill.config import TokenmillConfig
+from tokenmill.stages.partition import load_or_plan
+from tokenmill.stages.train_tokenizer import install_pretrained
+from tokenmill.stages.tokenize import Tokenizing, choose_run_encoder, tokenize_shard
+
+def anonymous():
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("RssAnon"))
+
+def tokenized(config):
+    config = TokenmillConfig.model_validate(config)
+    plan, _ = load_or_plan(config)
+    tokenizer = install_pretrained(config)
+    choice = choose_run_encoder(config, plan.shards, tokenizer)
+    (shard,) = plan.shards
+    return lambda: tokenize_shard(Tokenizing.of(config, tokenizer, choice), shard), choice
+
+warm_up, measured = map(json.loads, sys.argv[1:])
+tokenized(warm_up)[0]()
+tokenize, choice = tokenized(measured)
+before, peak, done = anonymous(), [0], threading.Event()
+
+def sample():
+    while not done.is_set():
+        peak[0] = max(peak[0], anonymous())
+        time.sleep(0.005)
+
+sampler = threading.Thread(target=sample)
+sampler.start()
+result = tokenize()
+done.set()
+sampler.join()
+print(json.dumps({"grew": peak[0] - before, "encoder": choice.backend, "documents": result.documents_in}))
+"""
+
+
+def ascii_code(size: int, seed: int) -> str:
+    """`code_like` without its non-ASCII names, which the fast encoder routes to hf (a few MB a second)."""
+    lines = code_like(size, seed).encode("ascii", "ignore").decode().split("\n")
+    return "\n".join(line.strip() or "x" for line in lines)
+
+
+def tokenize_stage_growth(tmp_path, name: str, texts: list[str], batch_bytes: str) -> dict:
+    """The tokenize stage's growth in anonymous memory on one shard of `texts` (`TOKENIZE_ONE_SHARD`), after a
+    warm-up shard of 1 MB."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    def config(name: str, texts: list[str]) -> str:
+        corpus = tmp_path / f"{name}.jsonl"
+        records = (orjson.dumps({"id": f"{name}-{k}", "text": t}) + b"\n" for k, t in enumerate(texts))
+        corpus.write_bytes(b"".join(records))
+        return json.dumps(
+            {
+                "name": name,
+                "input": {"paths": [str(corpus)], "id_field": "id"},
+                "split": {"train": 1.0},
+                "partition": {"shard_size": "1GB"},
+                "tokenizer": {"path": str(GPT2), "batch_bytes": batch_bytes},
+                "pack": {"mode": "none"},
+                "output": {"path": str(tmp_path / f"out-{name}")},
+            }
+        )
+
+    warm_up = config(f"{name}-warm-up", [ascii_code(1_000_000, 1000)])
+    command = [sys.executable, "-c", TOKENIZE_ONE_SHARD, warm_up, config(name, texts)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_tokenize_stages_memory_grows_neither_with_the_shard_nor_with_its_longest_documents_ids(tmp_path):
+    """tokenizer.batch_bytes bounds what the stage holds: a shard twelve times larger takes the memory of a small one,
+    and a 24 MB document (encoded in pieces of batch_bytes, cut where hf splits alike) adds about its text as parsed,
+    not its ids, and has hf's ids. Before the pieces, the stage held ~8 bytes a byte of its longest document (the ids
+    as uint32, narrowed, then with the EOD inserted); a shard of 48 MB of short documents grew 85 MB at 8 MB batches."""
+    short = [ascii_code(random.Random(k).randrange(200, 8000), k) for k in range(1100)]  # about 4 MB
+    longest = ascii_code(24_000_000, 99)
+    small = tokenize_stage_growth(tmp_path, "small", short, "1MB")
+    large = tokenize_stage_growth(tmp_path, "large", short * 12, "1MB")
+    long = tokenize_stage_growth(tmp_path, "long", [*short, longest], "1MB")
+    assert small["encoder"] == large["encoder"] == long["encoder"] == "gigatoken"
+    assert large["grew"] < small["grew"] + 20e6, (small, large)
+    assert long["grew"] < small["grew"] + 3.5 * len(longest), (small, long)  # its text, parsed: ~2-3 bytes a byte
+
+    reader = MegatronReader(tmp_path / "out-long" / "megatron" / "train" / "shard-00000")
+    tok = Tokenizer.from_file(str(GPT2))
+    assert reader[len(short)].tolist() == reference_ids(tok, longest) + [50256]
+    assert reader[len(short) - 1].tolist() == tok.encode(short[-1], add_special_tokens=False).ids + [50256]
+
+
+def test_a_tokenize_task_out_of_memory_is_tried_again_with_smaller_batches_and_succeeds(tmp_path, run_cli):
+    """A shard whose batches are too large for its workers (tokenizer.batch_bytes 1 GB: the whole 60 MB shard at
+    once, ~0.5 GB more) kills every worker that runs it; the stage tries it once more with batches of 1 MB, and the
+    run publishes hf's ids, saying what it did."""
+    from tokenmill.tokenizers.encoders import cached_unsafe_code_points, new_backend
+
+    gpt2 = GPT2.read_bytes()
+    unsafe = cached_unsafe_code_points(gpt2, new_backend("gigatoken", gpt2), new_backend("hf", gpt2))
+    # A tenth of the documents hold a code point gigatoken splits differently: hf encodes them again while the batch's
+    # ids are held, so the batch's memory lasts seconds, not the fraction of one the nanny's poll could miss.
+    mark = f" {chr(unsafe[len(unsafe) // 2])}" if len(unsafe) else ""
+    short = [ascii_code(random.Random(k).randrange(200, 8000), k) + (mark if k % 10 == 0 else "") for k in range(1100)]
+    texts = short * 15  # about 60 MB
+    corpus = tmp_path / "many.jsonl"
+    corpus.write_bytes(b"".join(orjson.dumps({"id": f"d{k}", "text": t}) + b"\n" for k, t in enumerate(texts)))
+    config = yaml.safe_load(open(config_file(tmp_path, corpus)))
+    config["tokenizer"]["batch_bytes"] = "1GB"
+    config["partition"] = {"shard_size": "1GB"}
+    config["dask"]["memory_limit"] = "600MiB"
+    path = tmp_path / "many.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = run_cli("run", str(path), local_cluster=True)
+    said = run.stdout + run.stderr
+    assert "tokenize shard-00000: every worker that ran it died (most likely for memory)" in said, said[-3000:]
+    assert "trying it again with tokenize's batches of 1,048,576 bytes" in said
+    assert "Dataset published" in run.stdout
+
+    reader = MegatronReader(tmp_path / "out" / "megatron" / "train" / "shard-00000")
+    tok = Tokenizer.from_file(str(GPT2))
+    assert len(reader) == len(texts)
+    for k in (0, 1099, 1100, len(texts) - 1):
+        assert reader[k].tolist() == tok.encode(texts[k], add_special_tokens=False).ids + [50256]

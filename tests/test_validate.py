@@ -200,17 +200,18 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     one at its split and index in the shard as tokenize read it; the stored ids of the sample equal the
     reference's (validate passes). A marker that does not say where its blocks lie (an earlier tokenmill's) has
     its documents drawn from the whole shard."""
-    from functools import partial
-
     from tokenmill.io.readers import read_documents
-    from tokenmill.stages import tokenize
     from tokenmill.stages import validate as library
+
+    from .conftest import TOKENIZERS
 
     lines = corpus_lines()
     lines[5:5] = [b"", b"  \t"]
     lines[250:250] = [b'{"id": "a number", "text": 5}']
-    monkeypatch.setattr(tokenize, "read_documents", partial(read_documents, batch_bytes=20_000))
-    config, plan, tokenizer, table = library_dataset(tmp_path, lines, split={"train": 0.7, "val": 0.3})
+    tokenizer = {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json"), "check_min_documents": 100, "batch_bytes": 20_000}
+    config, plan, tokenizer, table = library_dataset(
+        tmp_path, lines, split={"train": 0.7, "val": 0.3}, tokenizer=tokenizer
+    )
     assert int(table.groupby("shard_id").rejected.first().sum()) == 1
     # every document drawn is checked (auto would bound this small run's check to 256 KiB of text)
     config = config.model_copy(update={"tokenizer": config.tokenizer.model_copy(update={"check_bytes": 4_000_000})})
@@ -283,10 +284,13 @@ def test_the_reference_ids_of_the_verified_documents_are_not_encoded_again(one_s
 
     from tokenmill.core import layout
     from tokenmill.stages.tokenize import choose_run_encoder, verification_sample
+    from tokenmill.tokenizers.encoders import cache_dir, choice_cache_name
 
     config, plan, tokenizer, table = one_split_dataset
     sizes = {"verify_bytes": 4_000_000, "check_bytes": 4_000_000}
     config = config.model_copy(update={"tokenizer": config.tokenizer.model_copy(update=sizes)})
+    chosen = cache_dir("encoder-choices") / choice_cache_name(tokenizer.sha256, config.tokenizer.encoder)
+    chosen.unlink(missing_ok=True)  # an earlier run's verified choice would be taken without verifying (or keeping ids)
     choose_run_encoder(config, plan.shards, tokenizer)
     kept_path = Path(config.output.path) / layout.REFERENCE_IDS
     kept = pq.read_table(kept_path)
@@ -329,3 +333,20 @@ def test_pad_is_checked_after_each_rows_real_tokens_in_every_block_of_rows():
     rows[row, real[row]] = 50256
     rows[padded[0], -1] = 7  # the last slot of the first padded row
     assert not _only_pad_after(rows, real, 50256)
+
+
+def test_the_tokens_at_documents_ends_are_read_a_window_at_a_time(tmp_path, monkeypatch):
+    """The EOD and BOS checks read the `.bin` a window at a time (a map of the whole file touched at every document's
+    end had the kernel map most of it: a 600 MB shard's `.bin` counted whole in the worker's peak memory); the tokens
+    are those at the positions, across windows and at the file's last token."""
+    import numpy as np
+
+    from tokenmill.stages import validate as library
+
+    monkeypatch.setattr(library, "CHECK_WINDOW_BYTES", 1000)
+    tokens = np.arange(10_001, dtype=np.uint16)
+    path = tmp_path / "x.bin"
+    tokens.tofile(path)
+    positions = np.array([0, 1, 499, 500, 501, 4_999, 5_000, 10_000])
+    assert library.tokens_at(path, positions, np.dtype(np.uint16)).tolist() == positions.tolist()
+    assert library.tokens_at(path, np.zeros(0, np.int64), np.dtype(np.uint16)).tolist() == []

@@ -415,6 +415,15 @@ class TokenizerConfig(_Section):
         description="The most text the reference (hf) encodes at once: a longer document is verified and "
         "checked on an excerpt of this size, cut where its tokens split alike (memory: ~200 bytes per byte).",
     )
+    # The tokenize stage holds about 8 bytes a byte of the text it encodes at once (the parse, the ids as uint32, as
+    # the files' dtype, with the EOD inserted): 65 MB at 8 MB. It bounds how much is held, never the tokens made.
+    batch_bytes: ByteSize = Field(
+        ByteSize(8 << 20),
+        ge=4096,
+        description="The text the tokenize stage reads and encodes at once: a longer document is encoded in pieces "
+        "of this size, cut where its tokens split alike (the same ids). A task that runs out of memory is retried "
+        "with half of it.",
+    )
     allowed_mismatch_rate: float = Field(
         0.0, ge=0, le=1, description="validate: fraction of re-encoded documents allowed to differ (0: none)."
     )
@@ -804,7 +813,10 @@ class TokenmillConfig(_Section):
     def dataset_config(self) -> dict:
         """The part of the config that defines the dataset's content (recorded in the manifest): not where it
         is read from or written to, nor how it is computed."""
-        excluded = {"output": True, "dask": True, "input": {"storage"}, "sources": {"__all__": {"input": {"storage"}}}}
+        excluded = {
+            "output": True, "dask": True, "input": {"storage"}, "sources": {"__all__": {"input": {"storage"}}},
+            "tokenizer": {"batch_bytes"},  # how much is held at once: the same tokens
+        }  # fmt: skip
         config = self.model_dump(mode="json", exclude=excluded)
         if self.sources is None:  # a dataset of one input as it always was (its version hashes unchanged)
             del config["sources"], config["mix"]

@@ -51,6 +51,10 @@ class BinWriter:
         self.file.write(np.ascontiguousarray(flat, dtype=self.dtype))  # its buffer, not a copy of it
         self.lengths.append(np.asarray(lengths, dtype=np.int32))
 
+    def add_part(self, flat: np.ndarray) -> None:
+        """Tokens of a long document written in parts: its length comes with its last part (`add`)."""
+        self.file.write(np.ascontiguousarray(flat, dtype=self.dtype))
+
     def all_lengths(self) -> np.ndarray:
         return np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int32)
 

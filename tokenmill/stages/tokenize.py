@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+from tokenizers import Tokenizer
 
 from tokenmill.config import TokenmillConfig
 from tokenmill.core import layout
@@ -51,11 +52,17 @@ from tokenmill.io.readers import (
 from tokenmill.io.storage import HASH_THREADS, Store, threaded, threads_for
 from tokenmill.tokenizers import chat, preference
 from tokenmill.tokenizers.encoders import (
+    Encoder,
     EncoderChoice,
+    as_arrow,
+    cached_choice,
     choose_encoder,
+    clean_byte_pieces,
     load_encoder,
     loaded_backend,
     preload_backends,
+    remember_choice,
+    utf8_buffer,
 )
 from tokenmill.tokenizers.reference import VERIFY_BYTES, excerpt, keep_reference_ids, sized_to_the_run
 from tokenmill.tokenizers.tokenizer_info import TokenizerInfo, reading
@@ -81,6 +88,46 @@ def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod
     return np.insert(flat, positions, values), lengths + len(marks)
 
 
+def encoded_parts(
+    encode: Encoder, texts, most_bytes: int, dtype: np.dtype, bos_id: int | None, eod_id: int | None
+) -> Iterator[tuple[slice, np.ndarray, np.ndarray | None]]:
+    """A batch's ids, narrowed to `dtype` with BOS/EOD in place, a part at a time: (its documents, their ids, their
+    lengths). A document of more than `most_bytes` of text is a part of its own, encoded in pieces of about that size
+    cut where the reference splits alike (`encoders.clean_byte_pieces`: the same ids as whole), each piece a part
+    whose lengths are None but the last's (the document's): the encoder's arrays never hold more than about
+    `most_bytes` of text's ids, whatever the documents. The runs between long documents go whole."""
+    texts = as_arrow(texts)
+    data, offsets = utf8_buffer(texts)
+    sizes = np.diff(offsets)
+    tok = reference_tokenizer(encode)
+    long = np.flatnonzero(sizes > most_bytes) if tok is not None else np.zeros(0, np.int64)
+    start = 0
+    for doc in (*long.tolist(), len(texts)):
+        if doc > start:
+            ids, lengths = encode.encode_batch(texts[start:doc])
+            yield slice(start, doc), *with_specials(narrowed(ids, dtype), lengths, bos_id, eod_id)
+        if doc == len(texts):
+            break
+        total, pieces = 0, clean_byte_pieces(tok, data[offsets[doc] : offsets[doc + 1]], most_bytes)
+        piece = next(pieces)
+        for following in (*pieces, None):  # the document's pieces, one ahead: its last gets the EOD and its length
+            ids = narrowed(encode.encode_batch([piece])[0], dtype)
+            first, last = total == 0, following is None
+            marks = ([bos_id] if first and bos_id is not None else [], [eod_id] if last and eod_id is not None else [])
+            if marks != ([], []):
+                ids = np.concatenate([np.array(marks[0], dtype), ids, np.array(marks[1], dtype)])
+            total += len(ids)
+            yield slice(doc, doc + 1), ids, np.array([total]) if last else None
+            piece = following
+        start = doc + 1
+
+
+def reference_tokenizer(encode: Encoder) -> Tokenizer | None:
+    """The HF tokenizer that finds where a long document may be cut (the chosen encoder's reference)."""
+    reference = getattr(encode, "reference", encode)
+    return getattr(reference, "tokenizer", None) if reference.name == "hf" else None
+
+
 @dataclass(frozen=True)
 class Tokenizing:
     """What the tokenize stage uses of a run, made once (`of`) and sent with its shards' Dask tasks."""
@@ -95,6 +142,7 @@ class Tokenizing:
     encoder: EncoderChoice  # the run's choice
     bos_id: int | None  # put before each document (tokenizer.prepend_bos), else None
     eod_id: int | None  # put after each document (tokenizer.append_eod), else None
+    batch_bytes: int  # text read and encoded at once (tokenizer.batch_bytes): a longer document in pieces
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo, encoder: EncoderChoice | None = None) -> Tokenizing:
@@ -110,6 +158,7 @@ class Tokenizing:
             encoder or EncoderChoice("hf", "", "the reference"),
             tokenizer.bos_id if config.tokenizer.prepend_bos else None,
             tokenizer.eod_id if config.tokenizer.append_eod else None,
+            int(config.tokenizer.batch_bytes),
         )
 
 
@@ -152,7 +201,14 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
         writers: dict[str, BinWriter] = {}
         mask_files: dict[str, BinaryIO] = {}  # conversations: each split's loss mask, a byte per token
         piece_of = {piece.path: index for index, piece in enumerate(pieces)}  # a block is read back by its path
-        for batch, batch_rejects in read_documents(pieces, options, columnar=True):
+
+        def writer_for(split: str) -> BinWriter:
+            if split not in writers:
+                bin_file = store.writing_file(layout.megatron_prefix(split, shard_id) + ".bin", files)
+                writers[split] = BinWriter(stack.enter_context(bin_file), dtype)
+            return writers[split]
+
+        for batch, batch_rejects in read_documents(pieces, options, True, run.batch_bytes):
             if batch.block is None:
                 blocks = None
             elif blocks is not None:
@@ -171,45 +227,54 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
             masks = sequences = None  # a loss mask per token; pairs: each one's two sequences' lengths
             if batch.pairs is not None:  # tokenized as TRL does, by the run's encoder
                 ids, masks, sequences, _ = preference.encode_pairs(batch.pairs, encode_pair_texts)
-                flat, lengths = narrowed(ids, dtype), sequences[0::2] + sequences[1::2]
+                parts = [(slice(None), narrowed(ids, dtype), sequences[0::2] + sequences[1::2])]
             elif batch.chats is not None:
                 ids, lengths, masks = chat.encode_batch(reference.tokenizer, batch.chats, fast, reference.token_offsets)
-                flat = narrowed(ids, dtype)
-            else:
-                ids, lengths = encode.encode_batch(batch.text_values())
-                # Narrowed to the files' dtype before the specials go in: half the bytes to move for uint16.
-                flat, lengths = with_specials(narrowed(ids, dtype), lengths, bos_id, eod_id)
+                parts = [(slice(None), narrowed(ids, dtype), lengths)]
+            else:  # narrowed to the files' dtype before the specials go in; a long document in pieces
+                parts = encoded_parts(encode, batch.text_values(), run.batch_bytes, dtype, bos_id, eod_id)
             # One split needs no hashing; otherwise each document's split by the stable hash of its id.
-            doc_split = assign_splits(batch.ids, run.split) if len(splits) > 1 else None
-            origins = batch_origins(batch, metadata_fields)
-            for index, split in enumerate(splits):
-                chosen = slice(None) if doc_split is None else doc_split == index
-                split_lengths = lengths[chosen]
-                if not len(split_lengths):
+            batch_split = assign_splits(batch.ids, run.split) if len(splits) > 1 else None
+            batch_origins_ = batch_origins(batch, metadata_fields)
+            held = (0, -1)  # the tokens and the largest id of a long document's pieces written before its last
+            for docs, flat, lengths in parts:
+                whole = docs == slice(None)
+                doc_split = batch_split if batch_split is None or whole else batch_split[docs]
+                if lengths is None:  # a piece of a long document, its length to come with its last piece
+                    writer_for(splits[0 if doc_split is None else doc_split[0]]).add_part(flat)
+                    held = (held[0] + len(flat), max(held[1], int(flat.max()) if len(flat) else -1))
                     continue
-                if split not in writers:
-                    bin_file = store.writing_file(layout.megatron_prefix(split, shard_id) + ".bin", files)
-                    writers[split] = BinWriter(stack.enter_context(bin_file), dtype)
-                taken = slice(None) if doc_split is None else np.repeat(chosen, lengths)
-                split_tokens = flat[taken]
-                if sequences is None:
-                    writers[split].add(split_tokens, split_lengths)
-                else:  # a pair is a Megatron document of two sequences, chosen then rejected
-                    writers[split].add(split_tokens, sequences[slice(None) if doc_split is None else chosen.repeat(2)])
-                c = counts[split]
-                rows = split_rows(origins, None if doc_split is None else chosen, split_lengths, c["tokens"],
-                                  shard.mix_source, split)  # fmt: skip
-                documents[split].append(rows)
-                if masks is not None:
-                    if split not in mask_files:
-                        mask_file = store.writing_file(layout.loss_mask_file(split, shard_id), files)
-                        mask_files[split] = stack.enter_context(mask_file)
-                    split_masks = masks[taken]
-                    mask_files[split].write(split_masks.tobytes())
-                    c["supervised"] += int(split_masks.sum())
-                c["documents"] += len(split_lengths)
-                c["tokens"] += len(split_tokens)
-                c["max_token_id"] = max(c["max_token_id"], int(split_tokens.max()) if len(split_tokens) else -1)
+                origins = batch_origins_ if whole else batch_origins_.slice(docs.start, docs.stop - docs.start)
+                to = list(enumerate(splits))
+                if held[0]:  # the last piece of a long document: its ids are this piece's, its length the whole's
+                    to, doc_split = [to[0 if doc_split is None else int(doc_split[0])]], None
+                for index, split in to:
+                    chosen = slice(None) if doc_split is None else doc_split == index
+                    split_lengths = lengths[chosen]
+                    if not len(split_lengths):
+                        continue
+                    taken = slice(None) if doc_split is None else np.repeat(chosen, lengths)
+                    split_tokens = flat[taken]
+                    written = split_lengths  # a pair is a Megatron document of two sequences, chosen then rejected:
+                    if sequences is not None:
+                        written = sequences[slice(None) if doc_split is None else chosen.repeat(2)]
+                    writer_for(split).add(split_tokens, written)
+                    c = counts[split]
+                    rows = split_rows(origins, None if doc_split is None else chosen, split_lengths, c["tokens"],
+                                      shard.mix_source, split)  # fmt: skip
+                    documents[split].append(rows)
+                    if masks is not None:
+                        if split not in mask_files:
+                            mask_file = store.writing_file(layout.loss_mask_file(split, shard_id), files)
+                            mask_files[split] = stack.enter_context(mask_file)
+                        split_masks = masks[taken]
+                        mask_files[split].write(split_masks.tobytes())
+                        c["supervised"] += int(split_masks.sum())
+                    c["documents"] += len(split_lengths)
+                    c["tokens"] += len(split_tokens) + held[0]
+                    top = int(split_tokens.max()) if len(split_tokens) else -1
+                    c["max_token_id"] = max(c["max_token_id"], top, held[1])
+                held = (0, -1)
     # The .bin files are committed; now their indexes, then the rejects, then the marker.
     for split, writer in writers.items():
         with store.writing(layout.megatron_prefix(split, shard_id) + ".idx", files) as tmp:
@@ -395,7 +460,18 @@ def texts_of(batch: Batch) -> list[str]:
 def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokenizer: TokenizerInfo, log=None):
     """The run's encoder (tokenizer.encoder, verified on a sample across shards), recorded in `_work/` with the
     reference's ids of the sample (for validate); the choice is said to `log`, if given (its reason says why)."""
-    store = config.output.store()
+    store, requested = config.output.store(), config.tokenizer.encoder
+    if (choice := cached_choice(tokenizer.sha256, requested)) is not None:
+        # Verified by an earlier run with this tokenizer and these backends' versions: validate's reference check
+        # (hf on a sample of what this run wrote) still stands behind it, with no kept ids of another run's sample.
+        store.remove(layout.REFERENCE_IDS)
+        report = {choice.backend: "chosen: " + choice.reason}
+        store.write_json(
+            layout.ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report}
+        )
+        if log is not None:
+            log(f"encoder: {choice.backend} {choice.version}: {choice.reason}")
+        return choice
     data = store.read_bytes(layout.TOKENIZER)
     sample = verification_sample(config, shards, tokenizer)
     url = store.url_of(layout.TOKENIZER)  # the backends this process loaded, for the shards and the report
@@ -405,8 +481,10 @@ def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokeniz
 
     expected = backend_of("hf").encode_batch(sample)
     keep_reference_ids(store, tokenizer.sha256, sample, *expected)
-    choice, report = choose_encoder(data, config.tokenizer.encoder, sample, log, backend_of, expected)
+    choice, report = choose_encoder(data, requested, sample, log, backend_of, expected)
     store.write_json(
         layout.ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report}
     )
+    if choice.backend != "hf" and sample:  # hf needs no verifying; a choice made on no sample is not kept
+        remember_choice(tokenizer.sha256, requested, choice)
     return choice

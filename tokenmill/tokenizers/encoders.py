@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -124,6 +125,42 @@ def clean_cut(tok: Tokenizer, text: str, near: int) -> int | None:
             return at
         at = text.find("\n", at) + 1 or len(text)
     return None
+
+
+def clean_byte_pieces(tok: Tokenizer, data: np.ndarray, most_bytes: int) -> Iterator[str]:
+    """`in_clean_pieces` of a text given as its UTF-8 bytes (`data`, a view of a batch's buffer): no more than a piece
+    and the windows around its cuts are ever decoded, so a document of tens of MB costs the memory of a piece."""
+    start = 0
+    while start < len(data):
+        cut = len(data)
+        at = start + most_bytes
+        for _ in range(CUT_TRIES):
+            if at >= len(data) or (data[at - 1] == NEWLINE and clean_byte_cut(tok, data, at)):
+                cut = min(at, len(data))
+                break
+            at = next_line_start(data, at)
+        yield bytes(data[start:cut]).decode()  # a cut follows a line break: never inside a character
+        start = cut
+
+
+NEWLINE = ord("\n")
+
+
+def next_line_start(data: np.ndarray, at: int, step: int = 1 << 20) -> int:
+    """Where the line after byte `at` of `data` starts (its end where there is none)."""
+    while at < len(data):
+        found = np.flatnonzero(data[at : at + step] == NEWLINE)
+        if len(found):
+            return at + int(found[0]) + 1
+        at += step
+    return len(data)
+
+
+def clean_byte_cut(tok: Tokenizer, data: np.ndarray, at: int) -> bool:
+    """`is_clean_cut` at byte `at` (a line start) of UTF-8 bytes, on the text around it."""
+    lo, hi = max(0, at - 4 * CUT_CONTEXT), min(len(data), at + 4 * CUT_CONTEXT)
+    left = bytes(data[lo:at]).decode(errors="ignore")  # a character cut at the window's edge is left out
+    return is_clean_cut(tok, left + bytes(data[at:hi]).decode(errors="ignore"), len(left))
 
 
 def in_clean_pieces(tok: Tokenizer, text: str, most_bytes: int) -> Iterator[str]:
@@ -696,19 +733,83 @@ def cache_dir(kind: str = "encoder-probes") -> Path:
     return Path(os.environ.get("TOKENMILL_CACHE_DIR", Path.home() / ".cache" / "tokenmill")) / kind
 
 
+def _ours(path: Path) -> bool:
+    """Whether `path` is a file or directory of this user's that no one else can write, and not a link."""
+    try:
+        found = path.lstat()
+    except FileNotFoundError:
+        return False
+    return found.st_uid == os.getuid() and not found.st_mode & 0o022 and not stat.S_ISLNK(found.st_mode)
+
+
+def read_cached(kind: str, name: str) -> bytes | None:
+    """The file `name` of the cache `kind`, where this user wrote it: a cache file, or a directory above it, that
+    another user owns or can write is not trusted (what it says would decide how a run encodes), and is ignored."""
+    root, path = cache_dir(kind), cache_dir(kind) / name
+    if not all(map(_ours, (root.parent, root, path))):
+        return None
+    with contextlib.suppress(OSError):
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+            return f.read()
+    return None
+
+
+def write_cached(kind: str, name: str, data: bytes) -> None:
+    """Keep `data` as `name` in the cache `kind` (directories 0700, the file 0600, written whole then renamed)."""
+    root = cache_dir(kind)
+    with contextlib.suppress(OSError):  # a cache that cannot be written costs the next run its time, nothing more
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for directory in (root.parent, root):
+            if directory.lstat().st_uid == os.getuid():
+                directory.chmod(0o700)
+        tmp = root / f".{name}.{os.getpid()}.tmp"
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as f:
+            f.write(data)
+        os.replace(tmp, root / name)
+
+
 def cached_unsafe_code_points(tokenizer_json: bytes, fast: Encoder, reference: HFEncoder) -> np.ndarray:
     """`probe_code_points`, remembered per tokenizer and backend versions (it costs seconds of reference time)."""
     digest = hashlib.sha256(tokenizer_json).hexdigest()[:16]
-    key = f"{digest}-{fast.name}-{fast.version}-hf-{reference.version}-probe{PROBE_VERSION}"
-    path = cache_dir() / f"{key}.json"
-    if path.exists():
-        return np.array(json.loads(path.read_text()), dtype=np.int64)
+    name = f"{digest}-{fast.name}-{fast.version}-hf-{reference.version}-probe{PROBE_VERSION}.json"
+    if (cached := read_cached("encoder-probes", name)) is not None:
+        return np.array(json.loads(cached), dtype=np.int64)
     unsafe = probe_code_points(fast, reference)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(unsafe.tolist()))
-    os.replace(tmp, path)
+    write_cached("encoder-probes", name, json.dumps(unsafe.tolist()).encode())
     return unsafe
+
+
+def choice_cache_name(tokenizer_sha256: str, requested: str) -> str:
+    """The name of a verified encoder choice in the cache: the tokenizer (its file's sha256), what was asked, and the
+    versions of tokenmill and of every backend `auto` tries (one installed, upgraded or removed asks again)."""
+    from tokenmill import __version__
+
+    versions = [__version__, PROBE_VERSION, requested, *(package_version(PACKAGES[b]) for b in BACKENDS)]
+    return f"{tokenizer_sha256}-{hashlib.sha256(json.dumps(versions).encode()).hexdigest()[:16]}.json"
+
+
+PACKAGES = {"hf": "tokenizers", "gigatoken": "gigatoken", "tiktoken": "tiktoken"}
+
+
+def cached_choice(tokenizer_sha256: str, requested: str) -> EncoderChoice | None:
+    """The encoder an earlier run verified for this tokenizer, these backends' versions and this request, if any
+    (`remember_choice`)."""
+    if (cached := read_cached("encoder-choices", choice_cache_name(tokenizer_sha256, requested))) is None:
+        return None
+    try:
+        kept = json.loads(cached)
+        unsafe = tuple((int(lo), int(hi)) for lo, hi in kept["unsafe"])
+        return EncoderChoice(kept["backend"], kept["version"], kept["reason"], unsafe)
+    except (ValueError, KeyError, TypeError):  # a damaged entry: verified again
+        return None
+
+
+def remember_choice(tokenizer_sha256: str, requested: str, choice: EncoderChoice) -> None:
+    """Keep a fast backend's choice, verified on a run's sample, for the next run of this tokenizer (`cached_choice`):
+    its verification is hf's encoding of the sample, most of a small run's fixed cost."""
+    entry = {"backend": choice.backend, "version": choice.version, "unsafe": choice.unsafe}
+    entry["reason"] = f"{choice.reason} (verified by an earlier run with this tokenizer and these backends)"
+    write_cached("encoder-choices", choice_cache_name(tokenizer_sha256, requested), json.dumps(entry).encode())
 
 
 def special_case_texts(tokenizer_json: bytes) -> list[str]:

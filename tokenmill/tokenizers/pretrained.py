@@ -21,7 +21,7 @@ import orjson
 from tokenizers import Tokenizer
 
 from tokenmill.config import HubConfig, TiktokenConfig
-from tokenmill.tokenizers.encoders import cache_dir, package_version
+from tokenmill.tokenizers.encoders import package_version, read_cached, write_cached
 from tokenmill.tokenizers.tiktoken_convert import is_rank_file, rank_file_to_tokenizer_json
 
 HUB_PREFIX = "hf:"
@@ -120,8 +120,9 @@ def as_transformers_builds_it(pretrained: Pretrained) -> Pretrained:
     key = hashlib.sha256(orjson.dumps([package_version("transformers"), package_version("tokenizers")]))
     for file in files:
         key.update(orjson.dumps([file.removeprefix(path), hashlib.sha256(fs.cat_file(file)).hexdigest()]))
-    cached = cache_dir("transformers-tokenizers") / f"{key.hexdigest()[:24]}.json"
-    if not cached.exists():
+    name = f"{key.hexdigest()[:24]}.json"
+    exported = read_cached("transformers-tokenizers", name)  # only a file of this user's that no one else can write
+    if exported is None:
         # In a process of its own, without torch: transformers imports it where it is installed (seconds), and
         # building a tokenizer never uses it.
         build = "import sys; sys.modules['torch'] = None; from transformers import AutoTokenizer; " + (
@@ -131,11 +132,8 @@ def as_transformers_builds_it(pretrained: Pretrained) -> Pretrained:
         if built.returncode != 0:
             said = (built.stderr.strip().splitlines() or [f"exit status {built.returncode}"])[-1]
             raise TokenizerSourceError(f"tokenizer {pretrained.origin!r}: transformers cannot build it: {said}")
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        written = cached.with_suffix(f".{os.getpid()}.tmp")
-        written.write_text(built.stdout)
-        os.replace(written, cached)
-    exported = cached.read_bytes()
+        exported = built.stdout.encode()
+        write_cached("transformers-tokenizers", name, exported)
     return Pretrained(exported, pretrained.eos, pretrained.bos, pretrained.origin, None, pretrained.directory)
 
 
