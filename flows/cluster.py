@@ -14,7 +14,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 import flows.dask_settings  # noqa: F401 (applied to the flow's client, and to a scheduler it starts)
 from flows.clusters import external, local, slurm
 from flows.startup import warm_up
-from tasks.client_waits import client_runs, on_client_loop
+from tokenmill.core.client_waits import client_runs, on_client_loop
 from tokenmill.core.tries import Sealed, peak_rss
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.utilities.annotations import quote
 
 from tasks import UNCACHED
-from tasks.client_waits import ALIVE_CHECK_S, Unanswered, client_runs, loop_runs, on_client_loop
 from tokenmill.config import TokenmillConfig
+from tokenmill.core.client_waits import ALIVE_CHECK_S, Unanswered, client_runs, loop_runs, on_client_loop
 from tokenmill.core.plan import mix_sources
 from tokenmill.core.tries import SHARD_RETRIES, EachShard, Failed, Parcel, Raised, Sealed, caught
 from tokenmill.io.readers import largest_records

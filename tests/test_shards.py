@@ -65,7 +65,7 @@ def test_workers_import_no_prefect_and_the_scheduler_no_tokenmill(gpt2_run, dask
             lambda: sorted(m for m in sys.modules if m.split(".")[0] in ("tokenmill", "pydantic", "tokenizers"))
         )
     assert len(loaded) == 2 and all(modules == [] for modules in loaded.values()), loaded
-    assert scheduler == ["tokenmill", "tokenmill.core.tries"], scheduler
+    assert scheduler == ["tokenmill", "tokenmill.core", "tokenmill.core.tries"], scheduler
 
 
 def test_no_task_hashes_its_inputs_or_persists_its_result():

@@ -1,5 +1,5 @@
 """A shard stage's work as a Dask task runs it: each shard of a bundle tried on its own, failures kept as values;
-how tasks travel sealed (the flow's waits on its client are `tasks/client_waits.py`).
+how tasks travel sealed (the flow's waits on its client are `tokenmill/core/client_waits.py`).
 
 It runs on the workers, which must not import Prefect (about 1.2 s of CPU per worker, at the start of every
 run), and the flow's cluster module uses it (the workers unpickle that module's plugin): it lives here, beside

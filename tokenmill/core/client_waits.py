@@ -1,6 +1,8 @@
 """Waits on the flow's Dask client that end when the client can no longer answer: Dask's own blocking calls wait on
-its event loop without end, and one made as a run closed its client never returned (the run never exited). The
-flow's side only: workers and the scheduler never import it."""
+its event loop without end, and one made as a run closed its client never returned (the run never exited). Used on
+the flow's side (`tasks/shards.py`, `flows/cluster.py`); in the library, beside `tries`, because the workers unpickle
+`flows.cluster`'s plugin and must not import Prefect (which `tasks/` does). Takes the client as it is given: no Dask
+import."""
 
 from __future__ import annotations
 
