@@ -7,6 +7,7 @@ its README says. Under a minute."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -338,6 +339,15 @@ def _shell_lines(code: str) -> list[list[str]]:
     return lines
 
 
+@functools.cache
+def _bench_options(script: str) -> set[str]:
+    """The options a bench/ script takes, as its own `--help` lists them (some share a parser: bench/dpo.py
+    bench/chat.py's)."""
+    done = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{script} --help: {done.stderr[-2000:]}"
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", done.stdout))
+
+
 def _command_problem(words: list[str]) -> str | None:
     program = Path(words[0]).name
     if program == "tokenmill":
@@ -346,11 +356,10 @@ def _command_problem(words: list[str]) -> str | None:
         targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
         return next((f"no target {t}" for t in words[1:] if t not in targets), None)
     if program in ("python", "python3") and words[1:] and words[1].startswith("bench/"):
-        script = ROOT / words[1]
-        if not script.is_file():
+        if not (ROOT / words[1]).is_file():
             return f"no {words[1]}"
-        text = script.read_text()
-        return next((f"{words[1]} has no {w}" for w in words[2:] if w.startswith("--") and f'"{w}"' not in text), None)
+        options = _bench_options(words[1])
+        return next((f"{words[1]} has no {w}" for w in words[2:] if w.startswith("--") and w not in options), None)
     if program == "dask":
         return _dask_problem(words[1:])
     if re.fullmatch(r"python3(\.\d+)?", program) and words[1:3] == ["-m", "venv"]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -38,7 +39,10 @@ RUN_CEILING_S = 900  # the longest a run may take, faults and all, before it cou
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 # What infra/ gives its Dask scheduler (flows/dask_settings.py says why).
 COMPOSE = yaml.safe_load((REPO / "infra" / "compose.yaml").read_text())
-SCHEDULER_ENV = {name: str(value) for name, value in COMPOSE["services"]["dask-scheduler"]["environment"].items()}
+SCHEDULER_ENV = {  # as compose hands them over with none of its variables set: `${VAR:-default}` is the default
+    name: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+    for name, value in COMPOSE["services"]["dask-scheduler"]["environment"].items()
+}
 # The files that record where the input and the tokenizer were (s3:// on the hosts, a path in the local run).
 NAMING_PATHS = {"manifest.json", "plan.json", "report/fertility.md", "report/fertility.json"}
 ROLE_FILES = {"scheduler": "scheduler", "worker": "worker", "flow": "client"}
