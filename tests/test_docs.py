@@ -341,11 +341,17 @@ def _shell_lines(code: str) -> list[list[str]]:
 
 @functools.cache
 def _bench_options(script: str) -> set[str]:
-    """The options a bench/ script takes, as its own `--help` lists them (some share a parser: bench/dpo.py
-    bench/chat.py's)."""
-    done = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"{script} --help: {done.stderr[-2000:]}"
-    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", done.stdout))
+    """The options a bench/ script declares, in its own text or in the bench/ modules it takes its parser from
+    (bench/dpo.py takes bench/chat.py's). Read, not run: most scripts stop at once without ../shared."""
+    text = (ROOT / script).read_text()
+    helpers = [ROOT / "bench" / f"{name}.py" for name in re.findall(r"^from (\w+) import", text, flags=re.M)]
+    text += "".join(helper.read_text() for helper in helpers if helper.is_file())
+    declared = re.findall(r"add_argument\(\s*\"(--[a-z][a-z0-9-]*)\"", text)
+    calls = re.findall(
+        r"\barguments\((.*?)\)\s*$", text, flags=re.S | re.M
+    )  # bench/chat.py's `arguments(..., flag="help")`
+    flags = [flag for call in calls for flag in re.findall(r"\b(\w+)=\"", call)]
+    return set(declared) | {f"--{flag.replace('_', '-')}" for flag in flags}
 
 
 def _command_problem(words: list[str]) -> str | None:
