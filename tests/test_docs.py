@@ -347,9 +347,8 @@ def _bench_options(script: str) -> set[str]:
     helpers = [ROOT / "bench" / f"{name}.py" for name in re.findall(r"^from (\w+) import", text, flags=re.M)]
     text += "".join(helper.read_text() for helper in helpers if helper.is_file())
     declared = re.findall(r"add_argument\(\s*\"(--[a-z][a-z0-9-]*)\"", text)
-    calls = re.findall(
-        r"\barguments\((.*?)\)\s*$", text, flags=re.S | re.M
-    )  # bench/chat.py's `arguments(..., flag="help")`
+    # and the flags of bench/chat.py's `arguments(..., flag="help")`
+    calls = re.findall(r"\barguments\((.*?)\)\s*$", text, flags=re.S | re.M)
     flags = [flag for call in calls for flag in re.findall(r"\b(\w+)=\"", call)]
     return set(declared) | {f"--{flag.replace('_', '-')}" for flag in flags}
 
