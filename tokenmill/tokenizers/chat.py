@@ -589,12 +589,18 @@ def _in_bytes(rendered: RenderedChat, text: bytes) -> list[tuple[int, int]]:
     return [(at(start), at(end)) for start, end in rendered.spans]
 
 
-def wrong_runs(mask: np.ndarray, expected: np.ndarray) -> list[tuple[int, int]]:
-    """(first, stop) of each run of consecutive tokens whose mask differs from `expected`, all masked in or all masked
-    out where they should not be."""
+def wrong_runs(
+    tokenizer: Tokenizer, ids: np.ndarray, mask: np.ndarray, expected: np.ndarray
+) -> list[tuple[int, int, bool, str]]:
+    """Each run of consecutive tokens whose mask differs from `expected`, all masked in or all masked out where they
+    should not be: (first, stop, whether they should carry loss, the start of what they decode to)."""
     wrong = np.flatnonzero(np.asarray(mask) != expected)
     breaks = np.flatnonzero((np.diff(wrong) != 1) | (np.diff(np.asarray(expected)[wrong].astype(np.int8)) != 0)) + 1
-    return [(int(run[0]), int(run[-1]) + 1) for run in np.split(wrong, breaks)] if len(wrong) else []
+    runs = [(int(run[0]), int(run[-1]) + 1) for run in np.split(wrong, breaks)] if len(wrong) else []
+    return [
+        (first, stop, bool(expected[first]), tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)[:40])
+        for first, stop in runs
+    ]
 
 
 def mask_problems(
@@ -611,9 +617,8 @@ def mask_problems(
         return [f"{len(mask)} mask bytes for {len(ids)} tokens"]
     expected = token_mask(np.asarray(offsets, dtype=np.int64).reshape(-1, 2), chat.spans)
     problems = []
-    for first, stop in wrong_runs(mask, expected):
-        text = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
-        where = "outside every span that carries loss" if mask[first] else "in a span that carries loss"
-        state = "masked in" if mask[first] else "masked out"
-        problems.append(f"tokens {first}:{stop} ({text[:40]!r}) are {state} but lie {where}")
+    for first, stop, should, text in wrong_runs(tokenizer, ids, mask, expected):
+        where = "in a span that carries loss" if should else "outside every span that carries loss"
+        state = "masked out" if should else "masked in"
+        problems.append(f"tokens {first}:{stop} ({text!r}) are {state} but lie {where}")
     return problems

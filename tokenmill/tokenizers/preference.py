@@ -389,11 +389,10 @@ def pair_problems(
             continue
         loss = np.repeat(np.uint8([0, 1]), [len(expected.prompt), len(completion)])
         loss[:1] = 0
-        for first, stop in wrong_runs(mask, loss):
-            text = tokenizer.decode(ids[first:stop].tolist(), skip_special_tokens=False)
-            where = "in the completion" if loss[first] else "outside the completion (the prompt)"
-            state = "without loss" if loss[first] else "with loss"
-            problems.append(f"{side}: tokens {first}:{stop} ({text[:40]!r}) are {where} but {state}")
+        for first, stop, should, text in wrong_runs(tokenizer, ids, mask, loss):
+            where = "in the completion" if should else "outside the completion (the prompt)"
+            state = "without loss" if should else "with loss"
+            problems.append(f"{side}: tokens {first}:{stop} ({text!r}) are {where} but {state}")
     return problems
 
 
