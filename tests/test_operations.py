@@ -89,7 +89,7 @@ def unblock(path: Path) -> None:
     shutil.rmtree(path)
 
 
-RENUMBERED = (".docs.parquet", ".csv.gz")  # written again by number_lines once the pieces of a cut file before are done
+RENUMBERED = (".docs.parquet",)  # written again by number_lines once the pieces of a cut file before are done
 
 
 def committed(out: Path, stage: str) -> dict[str, dict[str, int]]:

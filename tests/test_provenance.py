@@ -1,7 +1,8 @@
 """Where each token came from (docs/outputs.md, the documents table): one run of a mixture of a JSONL file cut into
-several shards (its pieces after the first start mid-file, their first line not counted by the partition: their lines
-are numbered once the tokenize stage is done), a Parquet file of several row groups and a gzipped JSONL file, with
-metadata fields carried. From random token positions in every split's `.bin`, the table leads to the exact input line
+several shards (its pieces after the first start mid-file; OLMo's layout names each document's line, so the partition
+counts the lines at the cuts), a Parquet file of several row groups and a gzipped JSONL file, with metadata fields
+carried, and one run of the JSONL file alone whose partition does not count them (they are numbered once the
+tokenize stage is done). From random token positions in every split's `.bin`, the table leads to the exact input line
 or row, whose text re-encodes to those tokens; `inspect --doc` and the packed loader say the same."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import csv
 import functools
 import gzip
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -78,6 +80,24 @@ def dataset(run_cli, inputs, tmp_path_factory) -> Path:
     return published / (published / "LATEST").read_text().strip()
 
 
+@pytest.fixture(scope="module")
+def uncounted(run_cli, inputs, tmp_path_factory) -> Path:
+    """The JSONL file alone in 200 KB shards, train and val by its ids, Megatron's layout: nothing needs the lines
+    at the cuts, so the partition leaves them uncounted. The build's directory."""
+    root = tmp_path_factory.mktemp("uncounted")
+    config = {
+        "name": "uncounted",
+        "input": {"paths": [str(inputs["wiki"])], "id_field": "id"},
+        "partition": {"shard_size": "200KB"},
+        "split": {"train": 0.8, "val": 0.2},
+        "tokenizer": {"path": str(TOKENIZER)},
+        "output": {"path": str(root / "build"), "formats": ["megatron"]},
+    }
+    (root / "uncounted.yaml").write_text(json.dumps(config))
+    run_cli("run", str(root / "uncounted.yaml"))
+    return root / "build"
+
+
 def tables(root: Path) -> dict[str, Path]:
     """Every documents table the manifest lists, by its path."""
     manifest = json.loads((root / "manifest.json").read_text())
@@ -125,10 +145,10 @@ def test_a_random_token_leads_back_to_its_exact_input_line(dataset, inputs):
     assert walked == set(inputs)  # every shard's every split: wikitext's pieces cut mid-file among them
 
 
-def test_pieces_cut_mid_file_are_numbered_by_their_line_in_the_file(dataset, inputs):
-    """The plan left the first line of wikitext's later pieces uncounted; each such shard's tables start at the line
+def test_pieces_cut_mid_file_are_numbered_by_their_line_in_the_file(uncounted, inputs):
+    """The plan left the first line of the file's later pieces uncounted; each such shard's tables start at the line
     of the piece's first byte, counted in the file."""
-    plan = json.loads((dataset / layout.PLAN).read_text())
+    plan = json.loads((uncounted / layout.PLAN).read_text())
     data = inputs["wiki"].read_bytes()
     cut = [s for s in plan["shards"] if s["pieces"][0]["path"] == str(inputs["wiki"])]
     unnumbered = [s for s in cut if s["pieces"][0]["first_line"] is None]
@@ -138,7 +158,7 @@ def test_pieces_cut_mid_file_are_numbered_by_their_line_in_the_file(dataset, inp
         lines = [
             line
             for split in ("train", "val")
-            if (path := dataset / layout.documents_table(f"wiki/{split}", shard["shard_id"])).exists()
+            if (path := uncounted / layout.documents_table(split, shard["shard_id"])).exists()
             for line in pq.read_table(path, columns=["line"]).column("line").to_pylist()
         ]
         assert min(lines) == data[:start].count(b"\n") + 1
@@ -241,7 +261,14 @@ def test_a_single_input_s_documents_name_no_source_and_their_own_line(gpt2_run):
 
 def test_olmo_s_documents_name_each_document_s_input_file_and_line(dataset):
     """OLMo's `.csv.gz` beside each `.npy` is dolma's `start,end,id,src,loc`: the documents table's offsets, id, file
-    and line, row for row (those of pieces cut mid-file too, numbered after the pack stage wrote them)."""
+    and line, row for row, as the pack stage wrote it (its marker's sha256): the partition counted the line at each
+    cut of the JSONL file, so no later step writes it again."""
+    build = dataset.parent.parent
+    plan = json.loads((build / layout.PLAN).read_text())
+    cut = [s["pieces"][0] for s in plan["shards"] if s["pieces"][0]["path"].endswith(".jsonl")]
+    assert len(cut) >= 3 and all(piece["first_line"] for piece in cut)
+    packed = {rel: f["sha256"] for marker in (build / "_commits" / "pack").glob("*.json")
+              for rel, f in json.loads(marker.read_text())["files"].items() if rel.endswith(".csv.gz")}  # fmt: skip
     for rel, path in tables(dataset).items():
         split, shard = rel.removeprefix("megatron/").rsplit("/", 1)
         _, documents = layout.trainer_files("olmo", split, int(shard[len("shard-") : len("shard-") + 5]))
@@ -252,3 +279,4 @@ def test_olmo_s_documents_name_each_document_s_input_file_and_line(dataset):
             for r in pq.read_table(path).to_pylist()
         ]
         assert rows == expected
+        assert packed[documents] == hashlib.sha256((dataset / documents).read_bytes()).hexdigest()

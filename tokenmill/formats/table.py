@@ -36,6 +36,9 @@ class Format:
     made_from: Literal["documents", "packing"] = "documents"
     indexed: bool = False  # read through an `index.json` per split that lists every shard's file (`split_index`)
     mixable: bool = False  # a mixture's mix is written in its terms, `mix/<name>/<split>.json` (`mix`)
+    # its files name each document's line in its input file: the partition counts the lines at the cuts of a large
+    # file (`partition.counts_lines`), so that the pack stage knows them when it writes the layout
+    numbers_lines: bool = False
 
     @property
     def suffixes(self) -> tuple[str, ...]:
@@ -76,6 +79,7 @@ FORMATS = {
             holds=frozenset((TEXT, CHAT)),
             files=((".npy", "olmo-tokens"), (".csv.gz", "olmo-documents")),
             mixable=True,
+            numbers_lines=True,
         ),
         Format(
             "datatrove",

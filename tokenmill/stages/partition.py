@@ -38,6 +38,7 @@ from tokenmill.core.commits import discard, land, lift
 from tokenmill.core.hashing import unit_interval
 from tokenmill.core.plan import Plan, Shard, Shards
 from tokenmill.core.signing import signed, write_signed
+from tokenmill.formats.table import FORMATS
 from tokenmill.io.readers import Piece, compression_of, count_newlines, fast_path_applies, format_of, line_start
 from tokenmill.io.storage import JSON_OPTIONS, list_files, options_for
 
@@ -76,10 +77,12 @@ def uncompressed_size(url: str, storage_options: dict) -> int:
 def counts_lines(config: TokenmillConfig, source_input: InputConfig) -> bool:
     """Whether the partition counts the lines before each cut of the source's files: where the shards hash the ids
     `<file>:<line>` (several splits and no id field to take them from; the global shuffle routes documents by
-    them), or where the careful reader, which numbers lines as it goes and reports no count, reads the files
-    (fields at dotted paths)."""
+    them), where the careful reader, which numbers lines as it goes and reports no count, reads the files
+    (fields at dotted paths), or where a format of `output.formats` writes each document's line into its files
+    (OLMo's `.csv.gz`: the pack stage writes it as each shard is tokenized, before the pieces before it are read)."""
     hashed = (len(config.split) > 1 and source_input.id_field is None) or config.partition.shuffle
-    return hashed or not fast_path_applies(Piece("any.jsonl"), source_input.read_options())
+    in_files = any(FORMATS[name].numbers_lines for name in config.output.formats)
+    return hashed or in_files or not fast_path_applies(Piece("any.jsonl"), source_input.read_options())
 
 
 def cut_points(

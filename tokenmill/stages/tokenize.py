@@ -22,18 +22,16 @@ from typing import BinaryIO
 
 import numpy as np
 import orjson
-import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from tokenmill.config import TokenmillConfig
 from tokenmill.core import layout
-from tokenmill.core.commits import PACK, TOKENIZE, check, commit, read_marker, shard_key, tokenize_key
+from tokenmill.core.commits import TOKENIZE, check, commit, read_marker, shard_key, tokenize_key
 from tokenmill.core.hashing import assign_splits
 from tokenmill.core.plan import Shard
 from tokenmill.core.stats import Tokenized
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
-from tokenmill.formats.olmo import documents_csv as olmo_documents
 from tokenmill.formats.provenance import batch_origins, read_documents_table, split_rows, write_documents_table
 from tokenmill.io.readers import (
     CORRUPT_STREAM,
@@ -337,20 +335,20 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
 
 
 def number_shard(store: Store, shard_id: int, done: dict, first_line: int) -> None:
-    """One shard's documents tables (and OLMo's `.csv.gz` made from them) and rejects written again with their
-    lines counted from `first_line`, then its tokenize marker (`done`, as committed) with their new sizes and
-    sha256 (a run killed between the two redoes the shard: its files changed since its commit)."""
-    files, result, numbered = done["files"], done["result"], {}
+    """One shard's documents tables and rejects written again with their lines counted from `first_line`, then its
+    tokenize marker (`done`, as committed) with their new sizes and sha256 (a run killed between the two redoes the
+    shard: its files changed since its commit). No layout is made from them here: where one names the lines (OLMo's
+    `.csv.gz`), the partition counted them (`partition.counts_lines`)."""
+    files, result = done["files"], done["result"]
     for split, counts in result["splits"].items():
         if counts["documents"] and result.get("unnumbered_lines"):
             rel = layout.documents_table(split, shard_id)
             with store.local_copies(rel) as (path,):
                 table = read_documents_table(path)
             lines = pc.add(table.column("line"), first_line - 1)
-            numbered[split] = table.set_column(table.schema.get_field_index("line"), "line", lines)
+            numbered = table.set_column(table.schema.get_field_index("line"), "line", lines)
             with store.writing(rel, files) as tmp:
-                write_documents_table(tmp, [numbered[split]])
-    number_olmo_documents(store, shard_id, numbered)  # before the commit that says all is numbered
+                write_documents_table(tmp, [numbered])
     if result.get("unnumbered_rejects"):
         rejects = [orjson.loads(line) for line in store.read_bytes(layout.rejects_file(shard_id)).splitlines()]
         for reject in rejects:
@@ -359,25 +357,6 @@ def number_shard(store: Store, shard_id: int, done: dict, first_line: int) -> No
         store.write_bytes(layout.rejects_file(shard_id), b"".join(orjson.dumps(r) + b"\n" for r in rejects), files)
     commit(store, TOKENIZE, shard_id, done["key"], result | {"unnumbered_rejects": 0, "unnumbered_lines": False},
            files)  # fmt: skip
-
-
-def number_olmo_documents(store: Store, shard_id: int, numbered: dict[str, pa.Table]) -> None:
-    """OLMo's `.csv.gz` of a shard the pack stage wrote before its lines were numbered (`number_lines`): made again
-    from its split's documents table as numbered now (`numbered`), then the pack's marker with their new sizes and
-    sha256."""
-    if not numbered or (done := read_marker(store, PACK, shard_id)) is None:
-        return
-    files = done["files"]
-    written = [
-        (table, rel)
-        for split, table in numbered.items()
-        if (rel := layout.trainer_files("olmo", split, shard_id)[1]) in files
-    ]
-    if not written:  # no OLMo layout
-        return
-    for table, rel in written:
-        store.write_bytes(rel, olmo_documents(table.column("token_length").to_numpy(), table), files)
-    commit(store, PACK, shard_id, done["key"], done["result"], files)
 
 
 def preload_encoder(config: TokenmillConfig, tokenizer: TokenizerInfo) -> None:
