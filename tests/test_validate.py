@@ -15,8 +15,9 @@ from tokenmill.config import load_config
 from tokenmill.core.commits import commit
 from tokenmill.core.plan import Plan, Shard
 from tokenmill.core.stats import Packed, StatsColumns, Tokenized, ValidationFailed, stats_table, table_of
-from tokenmill.stages.validate import PAD_CHECK_BYTES, _only_pad_after, validate
+from tokenmill.formats.packed import PAD_CHECK_BYTES, only_pad_after
 from tokenmill.stages.validate import records as validate_records
+from tokenmill.stages.validate import validate
 from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 from .conftest import EXAMPLES, read_jsonl
@@ -325,14 +326,14 @@ def test_pad_is_checked_after_each_rows_real_tokens_in_every_block_of_rows():
     rng = np.random.default_rng(0)
     real = rng.integers(1, 2049, 5000)
     rows = np.where(np.arange(2048) < real[:, None], rng.integers(0, 50000, (5000, 2048)), 50256).astype(np.uint16)
-    assert _only_pad_after(rows, real, 50256)
+    assert only_pad_after(rows, real, 50256)
     padded = np.flatnonzero(real < 2048)
     row = padded[4500]  # in the second block
     rows[row, real[row]] = 7
-    assert not _only_pad_after(rows, real, 50256)
+    assert not only_pad_after(rows, real, 50256)
     rows[row, real[row]] = 50256
     rows[padded[0], -1] = 7  # the last slot of the first padded row
-    assert not _only_pad_after(rows, real, 50256)
+    assert not only_pad_after(rows, real, 50256)
 
 
 def test_the_tokens_at_documents_ends_are_read_a_window_at_a_time(tmp_path, monkeypatch):
@@ -341,7 +342,7 @@ def test_the_tokens_at_documents_ends_are_read_a_window_at_a_time(tmp_path, monk
     are those at the positions, across windows and at the file's last token."""
     import numpy as np
 
-    from tokenmill.stages import validate as library
+    from tokenmill.formats import megatron as library
 
     monkeypatch.setattr(library, "CHECK_WINDOW_BYTES", 1000)
     tokens = np.arange(10_001, dtype=np.uint16)

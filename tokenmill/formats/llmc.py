@@ -12,6 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenmill.core import layout
+from tokenmill.formats.table import SplitFound
+
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 VARIANTS = {  # token dtype -> (magic, version)
@@ -74,3 +77,29 @@ class LlmcReader:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+def split_files(row, run) -> list[str]:
+    """A shard's split's files (`formats.table`): as many parts as its tokens need at `output.llmc_shard_tokens`
+    (the stats' count of them is checked against this)."""
+    return [layout.llmc_file(row.split, row.shard_id, part) for part in range(-(-row.tokens // run.llmc_shard_tokens))]
+
+
+def check(found: SplitFound) -> list[str]:
+    """Each part's header, dtype and size, and the split's tokens in all."""
+    row, cap, dtype = found.row, found.run.llmc_shard_tokens, llmc_dtype(found.run.vocab_size)
+    first = layout.llmc_file(row.split, row.shard_id, 0)
+    if row.llmc_files != len(found.rels):
+        return [f"{first}: stats say {row.llmc_files} llm.c files, {row.tokens} tokens need {len(found.rels)}"]
+    tokens = 0
+    for rel, path in zip(found.rels, found.paths, strict=True):
+        try:
+            shard = LlmcReader(path, name=rel)
+        except CorruptLlmcFile as e:
+            return [str(e)]
+        if shard.dtype != dtype or len(shard) > cap:
+            return [f"{rel}: {len(shard)} {shard.dtype} tokens, expected {dtype} and at most {cap}"]
+        tokens += len(shard)
+    if tokens != row.tokens:
+        return [f"{first}: the llm.c files hold {tokens} tokens, stats say {row.tokens}"]
+    return []

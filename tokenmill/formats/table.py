@@ -9,6 +9,10 @@ their kinds in the manifest; the pack stage, validate and the mix call the modul
     mix(mixing: Mixing) -> dict          a mixture's training split in the trainer's terms (`mixable` ones)
     split_index(shards, dtype, seq_len) -> dict   a split's `index.json` over its shards' files (`indexed` ones)
 
+tokenmill's own formats (megatron, packed, llmc) keep their writer and reader in their module, and beside them the
+two functions validate calls: `split_files(row, run) -> list[str]`, the files the run wrote for a shard's split (they
+depend on it: a loss mask for conversations, the number of llm.c parts), and `check(found)`.
+
 Adding a trainer's layout is that module and a row here (docs/architecture.md, "Adding a trainer's layout").
 A leaf: it imports nothing of tokenmill, so that the config can read it.
 """
@@ -144,13 +148,16 @@ class SplitOut:
 
 @dataclass(frozen=True)
 class SplitFound:
-    """A trainer's layout of one shard's split as written (`check`), and the split's stats to hold it against."""
+    """A format's files of one shard's split as written (`check`), and the split's stats to hold them against."""
 
     rels: list[str]
     paths: list[Any]  # the files, local (`Store.local_copies`)
     row: Any  # the split's row of the stats table (its documents, tokens, packed rows and tokens)
     dtype: Any  # the `.bin`'s np.dtype
     seq_len: int
+    # tokenmill's own formats (megatron, packed, llmc): what the validate stage knows of the run
+    # (`stages.validate.Checking`: the ids around documents, how rows were packed, the llm.c file size)
+    run: Any = None
 
     def not_the_split(self) -> str:
         row = self.row

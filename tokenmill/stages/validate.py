@@ -10,7 +10,6 @@ decode back to their text.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -31,11 +30,9 @@ from tokenmill.core.packers import pad_id as pack_pad_id
 from tokenmill.core.packers import writes_packed
 from tokenmill.core.plan import Columns, Plan, Shard, shard_ids
 from tokenmill.core.stats import COLUMNS, Tokenized, ValidationFailed, all_rejected, skipped, stats_rows
-from tokenmill.formats.llmc import CorruptLlmcFile, LlmcReader, llmc_dtype
-from tokenmill.formats.megatron import CorruptIndex, MegatronIndex, MegatronReader, token_dtype
-from tokenmill.formats.packed import LOSS_SUFFIX, SUFFIXES, PackedReader, read_shuffle_index
-from tokenmill.formats.provenance import read_documents_table, tiling_problem
-from tokenmill.formats.table import FORMATS, SplitFound
+from tokenmill.formats.megatron import MegatronReader, token_dtype
+from tokenmill.formats.packed import read_shuffle_index
+from tokenmill.formats.table import FORMATS, Format, SplitFound
 from tokenmill.io.readers import BATCH_BYTES, Piece, ReadOptions, read_documents, schema_library
 from tokenmill.io.storage import STREAMED, Store
 from tokenmill.tokenizers.chat import RenderedChat, mask_problems
@@ -47,7 +44,6 @@ from tokenmill.tokenizers.tokenizer_info import TokenizerInfo, reading
 if TYPE_CHECKING:
     import pandera.pandas as pa
 
-PAD_CHECK_BYTES = 8 << 20  # a packed shard's padded rows are checked this many bytes of mask at a time
 ROWS_AT_ONCE = 10_000  # stats rows (or a dataset's files) made into Python objects at a time
 
 
@@ -158,204 +154,6 @@ def shard_chunks(table: pd.DataFrame) -> Iterator[pd.DataFrame]:
             end += 1
         yield table.iloc[start:end]
         start = end
-
-
-def _check_megatron(
-    store: Store, row, dtype: np.dtype, eod_id: int | None, bos_id: int | None, pairs: bool = False
-) -> list[str]:
-    """`pairs`: the split's documents are preference pairs, each two sequences (chosen, rejected)."""
-    prefix = layout.megatron_prefix(row.split, row.shard_id)
-    each = 2 if pairs else 1
-    files = [prefix + ".bin", prefix + ".idx"]
-    if row.documents == 0:
-        return [f"{prefix}.bin: exists but stats say its split has no documents"] if store.exists(files[0]) else []
-    if missing := [f for f in files if not store.exists(f)]:
-        return [f"{m}: missing" for m in missing]
-    with store.local_copies(*files) as (bin_path, idx_path):
-        try:
-            reader = MegatronReader(prefix, bin_path=bin_path, idx_path=idx_path)
-        except CorruptIndex as e:
-            return [str(e).replace(str(idx_path), prefix + ".idx")]
-        index = reader.index
-        if index.dtype != dtype:
-            return [f"{prefix}.idx: dtype {index.dtype}, expected {dtype}"]
-        if len(index) != each * row.documents:
-            return [f"{prefix}.idx: {len(index)} sequences, stats say {row.documents} documents of {each}"]
-        if int(index.lengths.sum(dtype=np.int64)) != row.tokens or len(reader.tokens) != row.tokens:
-            return [f"{prefix}.bin: {len(reader.tokens)} tokens, index says {index.lengths.sum()}, stats {row.tokens}"]
-        if not np.array_equal(index.document_indices, np.arange(0, len(index) + 1, each)):
-            return [f"{prefix}.idx: document indices are not 0..{len(index)}" + (" by 2 (pairs)" if pairs else "")]
-        if not np.array_equal(index.pointers[1:], np.cumsum(index.lengths[:-1], dtype=np.int64) * dtype.itemsize):
-            return [f"{prefix}.idx: pointers disagree with lengths"]
-        lengths = index.lengths.astype(np.int64)
-        if problem := _check_documents_table(store, row, lengths[0::2] + lengths[1::2] if pairs else lengths):
-            return [problem]
-        starts = index.pointers // dtype.itemsize
-        if row.supervised_tokens >= 0:  # conversations: the template placed their specials; each has its loss mask
-            return _check_loss_mask(store, row)
-        ends = starts + index.lengths - 1
-        if eod_id is not None and (bad := int((tokens_at(bin_path, ends, dtype) != eod_id).sum())):
-            return [f"{prefix}.bin: {bad} documents do not end with EOD id {eod_id}"]
-        if bos_id is not None and (bad := int((tokens_at(bin_path, starts, dtype) != bos_id).sum())):
-            return [f"{prefix}.bin: {bad} documents do not start with BOS id {bos_id}"]
-    return []
-
-
-CHECK_WINDOW_BYTES = 64 << 20
-
-
-def tokens_at(path, positions: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """The tokens of the `.bin` at `path` at the ascending `positions`, a window of CHECK_WINDOW_BYTES mapped at a
-    time: a map of the whole file touched at every document's end had the kernel map most of its pages around those
-    (fault-around), a shard's `.bin` counted whole in the worker's resident memory (0.5 GB for a 600 MB shard)."""
-    per_window = CHECK_WINDOW_BYTES // dtype.itemsize
-    size = os.path.getsize(path) // dtype.itemsize
-    found = np.empty(len(positions), dtype)
-    bounds = np.searchsorted(positions, np.arange(0, size + per_window, per_window))
-    for window, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-        if hi > lo:
-            start = window * per_window
-            mapped = np.memmap(path, dtype, "r", start * dtype.itemsize, (min(size, start + per_window) - start,))
-            found[lo:hi] = mapped[positions[lo:hi] - start]
-            del mapped
-    return found
-
-
-def _check_documents_table(store: Store, row, lengths: np.ndarray) -> str | None:
-    """The split's documents table: a row per document of the split, its offsets and lengths tiling the `.bin`."""
-    rel = layout.documents_table(row.split, row.shard_id)
-    if not store.exists(rel):
-        return f"{rel}: missing"
-    with store.local_copies(rel) as (path,):
-        try:
-            table = read_documents_table(path, ["split", "token_offset", "token_length"])
-        except (pa.ArrowException, OSError) as e:
-            return f"{rel}: not a documents table ({e})"
-    return tiling_problem(table, lengths, row.split, rel)
-
-
-def _check_loss_mask(store: Store, row) -> list[str]:
-    """A conversations' split's loss mask: a byte, 0 or 1, per token of its `.bin`, as many 1s as stats say."""
-    rel = layout.loss_mask_file(row.split, row.shard_id)
-    if not store.exists(rel):
-        return [f"{rel}: missing"]
-    with store.local_copies(rel) as (path,):
-        mask = np.fromfile(path, dtype=np.uint8)
-    if len(mask) != row.tokens:
-        return [f"{rel}: {len(mask)} bytes, not one per token ({row.tokens})"]
-    if mask.max(initial=0) > 1 or int(mask.sum()) != row.supervised_tokens:
-        return [f"{rel}: not 0 or 1 per token with {row.supervised_tokens} ones, as stats say"]
-    return []
-
-
-def _check_packed(store: Store, row, pack: PackConfig, pad_id: int) -> list[str]:
-    prefix = layout.packed_prefix(row.split, row.shard_id)
-    files = [prefix + s for s in SUFFIXES.values()]
-    if row.packed_rows == 0:
-        return []
-    if missing := [f for f in files if not store.exists(f)]:
-        return [f"{m}: missing" for m in missing]
-    conversations = row.supervised_tokens >= 0  # packed whole, best-fit, seq_len wide, with their loss mask
-    width = pack.seq_len if conversations else pack.row_len
-    with store.local_copies(*files) as paths:
-        packed = PackedReader(prefix, paths=paths)
-        rows, offsets = packed.rows, np.asarray(packed.row_offsets)
-        cu = np.asarray(packed.cu_seqlens, dtype=np.int64)
-        if rows.shape != (row.packed_rows, width):
-            return [f"{prefix}.tokens.npy: shape {rows.shape}, expected ({row.packed_rows}, {width})"]
-        if len(offsets) != len(rows) + 1 or offsets[0] != 0 or offsets[-1] != len(cu):
-            return [f"{prefix}.row_offsets.npy: does not index {prefix}.cu_seqlens.npy"]
-        # Within a row boundaries start at 0 and strictly increase up to at most the row's width.
-        rising = np.diff(cu) > 0
-        rising[offsets[1:-1] - 1] = True  # the step from one row's end to the next row's 0
-        if np.any(cu[offsets[:-1]] != 0) or not rising.all() or cu.max(initial=0) > width:
-            return [f"{prefix}.cu_seqlens.npy: boundaries do not rise from 0 to at most {width} in every row"]
-        real = cu[offsets[1:] - 1]
-        if int(real.sum()) != row.packed_real_tokens or rows.size - int(real.sum()) != row.packed_pad_tokens:
-            return [f"{prefix}.cu_seqlens.npy: {real.sum()} real tokens, stats say {row.packed_real_tokens}"]
-        if not _only_pad_after(rows, real, pad_id):
-            return [f"{prefix}.tokens.npy: tokens other than pad id {pad_id} after the real tokens"]
-        if conversations:
-            return _check_packed_loss(store, prefix, rows.shape, row)
-        if pack.mode == "concat" and np.any(real[:-1] != width):
-            return [f"{prefix}.cu_seqlens.npy: a concat row other than the last is not full"]
-        if pack.mode == "bfd" and row.packed_rows > row.padded_layout_rows:
-            return [f"{prefix}.tokens.npy: {row.packed_rows} rows, more than one document per row would take"]
-        if pack.mode == "window":
-            return _check_windows(store, row, pack, np.asarray(rows), offsets, real)
-    return []
-
-
-def _check_packed_loss(store: Store, prefix: str, shape: tuple, row) -> list[str]:
-    rel = prefix + LOSS_SUFFIX
-    if not store.exists(rel):
-        return [f"{rel}: missing"]
-    with store.local_copies(rel) as (path,):
-        loss = np.load(path, mmap_mode="r")
-        if loss.shape != shape or loss.max(initial=0) > 1 or int(loss.sum()) > row.supervised_tokens:
-            return [f"{rel}: not a 0 or 1 per packed token, at most the {row.supervised_tokens} supervised tokens"]
-    if row.packed_rows > row.padded_layout_rows:
-        return [f"{prefix}.tokens.npy: {row.packed_rows} rows, more than one conversation per row would take"]
-    return []
-
-
-def _only_pad_after(rows: np.ndarray, real: np.ndarray, pad_id: int) -> bool:
-    """Whether every token of every row after its `real` tokens is `pad_id`: the padded rows only, a block of them
-    at a time (a mask over all of a shard's rows is as large as its tokens, fresh memory for every shard)."""
-    width = rows.shape[1]
-    padded = np.flatnonzero(real < width)
-    step = max(1, PAD_CHECK_BYTES // width)
-    for start in range(0, len(padded), step):
-        chosen = padded[start : start + step]
-        if not np.all(rows[chosen][np.arange(width) >= real[chosen, None]] == pad_id):
-            return False
-    return True
-
-
-def _check_windows(store: Store, row, pack: PackConfig, rows: np.ndarray, offsets: np.ndarray, real) -> list[str]:
-    """One window per row, as many and as long as the documents' lengths and the overlap imply, BOS/EOS in place."""
-    prefix = layout.packed_prefix(row.split, row.shard_id)
-    if np.any(np.diff(offsets) != 2):
-        return [f"{prefix}.cu_seqlens.npy: a window row holds more than one piece"]
-    idx = layout.megatron_prefix(row.split, row.shard_id) + ".idx"
-    with store.local_copies(idx) as (idx_path,):
-        lengths = MegatronIndex(idx_path).lengths.astype(np.int64)
-    content, step = pack.window_content, pack.window_content - pack.stride
-    windows = np.where(lengths > 0, 1 + -(-np.maximum(lengths - content, 0) // step), 0)
-    doc = np.repeat(np.arange(len(lengths)), windows)
-    within = (np.arange(len(doc)) - (np.cumsum(windows) - windows)[doc]) * step
-    extras = (pack.bos_id is not None) + (pack.eos_id is not None)
-    expected = np.minimum(content, lengths[doc] - within) + extras
-    if len(expected) != len(real) or np.any(expected != real):
-        return [f"{prefix}.cu_seqlens.npy: window lengths disagree with the documents and stride {pack.stride}"]
-    if pack.bos_id is not None and np.any(rows[:, 0] != pack.bos_id):
-        return [f"{prefix}.tokens.npy: a window does not start with BOS id {pack.bos_id}"]
-    if pack.eos_id is not None and np.any(rows[np.arange(len(rows)), real - 1] != pack.eos_id):
-        return [f"{prefix}.tokens.npy: a window does not end with EOS id {pack.eos_id}"]
-    return []
-
-
-def _check_llmc(store: Store, row, cap: int, dtype: np.dtype) -> list[str]:
-    expected_files = -(-row.tokens // cap)
-    first = layout.llmc_file(row.split, row.shard_id, 0)
-    if row.llmc_files != expected_files:
-        return [f"{first}: stats say {row.llmc_files} llm.c files, {row.tokens} tokens need {expected_files}"]
-    files = [layout.llmc_file(row.split, row.shard_id, part) for part in range(expected_files)]
-    if missing := [f for f in files if not store.exists(f)]:
-        return [f"{m}: missing" for m in missing]
-    tokens = 0
-    with store.local_copies(*files) as paths:
-        for rel, path in zip(files, paths, strict=True):
-            try:
-                shard = LlmcReader(path, name=rel)
-            except CorruptLlmcFile as e:
-                return [str(e)]
-            if shard.dtype != dtype or len(shard) > cap:
-                return [f"{rel}: {len(shard)} {shard.dtype} tokens, expected {dtype} and at most {cap}"]
-            tokens += len(shard)
-    if tokens != row.tokens:
-        return [f"{first}: the llm.c files hold {tokens} tokens, stats say {row.tokens}"]
-    return []
 
 
 def _check_shuffle(store: Store, split: str, split_rows: pd.DataFrame) -> list[str]:
@@ -745,38 +543,39 @@ class Checking:
 
 
 def check_shard(run: Checking, shard: ShardFiles) -> list[str]:
-    """Every file of one shard (an item of `shard_rows`) against its stats: what is wrong, naming the files."""
+    """Every file of one shard (an item of `shard_rows`) against its stats: what is wrong, naming the files. Each
+    format's files are checked by its module (`formats.table`)."""
     dtype = token_dtype(run.vocab_size)
+    own = [FORMATS["megatron"]]
+    own += [FORMATS["packed"]] if run.pack is not None else []
+    own += [FORMATS["llmc"]] if run.llmc_shard_tokens is not None else []
     problems = []
     for row in (SimpleNamespace(**{k: _plain(v) for k, v in r.items()}) for r in shard.rows):
-        problems += _check_megatron(run.store, row, dtype, run.eod_id, run.bos_id, row.split in run.pairs)
-        if run.pack is not None:
-            problems += _check_packed(run.store, row, run.pack, run.pad_id)
-        if run.llmc_shard_tokens is not None:
-            problems += _check_llmc(run.store, row, run.llmc_shard_tokens, llmc_dtype(run.vocab_size))
+        if row.documents == 0 and run.store.exists(bin_rel := layout.megatron_prefix(row.split, row.shard_id) + ".bin"):
+            problems.append(f"{bin_rel}: exists but stats say its split has no documents")
+        found = [(format, format.module().split_files(row, run)) for format in own]
         if run.trainers and row.documents:
-            problems += _check_trainer_files(run.store, row, run.trainers, dtype, run.seq_len)
+            trainers, problem = _trainers_of(row, run.trainers)
+            found += [(format, layout.trainer_files(format.name, row.split, row.shard_id)) for format in trainers]
+            problems += problem
+        for format, rels in found:
+            if missing := [rel for rel in rels if not run.store.exists(rel)]:
+                problems += [f"{rel}: missing" for rel in missing]
+            elif rels:
+                with run.store.local_copies(*rels) as paths:
+                    problems += format.module().check(SplitFound(rels, paths, row, dtype, run.seq_len, run))
     return problems
 
 
-def _check_trainer_files(store: Store, row, trainers: tuple[str, ...], dtype: np.dtype, seq_len: int) -> list[str]:
-    """The trainers' layouts of a shard's split against its stats, each checked by its module (`formats.table`):
-    those made from its documents hold its tokens and documents; those made as conversations or pairs are packed,
-    where the split's packed rows hold any, what the packed rows hold."""
+def _trainers_of(row, trainers: tuple[str, ...]) -> tuple[list[Format], list[str]]:
+    """The trainers' layouts of a shard's split: those made from its documents, and those made as conversations or
+    pairs are packed where the split's packed rows hold any; and what is wrong if the stats count other files."""
     packing = row.supervised_tokens >= 0 and row.packed_rows > 0
     wanted = [FORMATS[f] for f in trainers if FORMATS[f].made_from == "documents" or packing]
-    if sum(len(format.files) for format in wanted) != row.trainer_files:
-        names = [format.name for format in wanted]
-        return [f"{layout.shard_name(row.shard_id)} {row.split}: {row.trainer_files} trainer files, not {names}"]
-    problems = []
-    for format in wanted:
-        rels = layout.trainer_files(format.name, row.split, row.shard_id)
-        if missing := [rel for rel in rels if not store.exists(rel)]:
-            problems += [f"{rel}: missing" for rel in missing]
-            continue
-        with store.local_copies(*rels) as paths:
-            problems += format.module().check(SplitFound(rels, paths, row, dtype, seq_len))
-    return problems
+    if sum(len(format.files) for format in wanted) == row.trainer_files:
+        return wanted, []
+    names = [format.name for format in wanted]
+    return [], [f"{layout.shard_name(row.shard_id)} {row.split}: {row.trainer_files} trainer files, not {names}"]
 
 
 def check_written(run: Checking, results: tuple) -> list[str]:
