@@ -17,7 +17,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import GATED_RUN, REPO, TOKENMILL, api_post, gated_news
+from .conftest import (
+    GATED_RUN,
+    REPO,
+    STOP_CEILING,
+    TOKENMILL,
+    alive_in_session,
+    api_post,
+    gated_news,
+    served_process,
+    stop,
+)
 
 OTHER = "tokenmill-other"
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "python3"
@@ -182,21 +192,30 @@ def test_during_a_run_another_user_reaches_neither_its_local_dask_cluster_nor_it
     with contextlib.ExitStack() as stack:
         gate = stack.enter_context(gated_news(tmp_path))
         env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"PREFECT_API_URL": prefect_api}
-        run = subprocess.Popen(
+        log = tmp_path / "run.log"
+        run = served_process(
             [*TOKENMILL, "run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
-             "--set", f"input.paths=[{gate.url}]", *GATED_RUN],
-            cwd=REPO, env=gate.env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
+             "--set", f"input.paths=[{gate.url}]", *GATED_RUN], gate.env(env), log,
         )  # fmt: skip
-        stack.callback(stopped, run)
+        stack.callback(stopped, run, log)
         gate.reached(run)
         knock_while_held(run, prefect_api)
 
 
-def stopped(run: subprocess.Popen) -> None:
-    """Ctrl-C to the run's session, and its end waited for."""
-    os.killpg(run.pid, signal.SIGINT)
-    run.communicate(timeout=120)
+def stopped(run: subprocess.Popen, log: Path) -> None:
+    """Ctrl-C to the run's session: the run ends (`stop`) and every process of its session with it, within
+    STOP_CEILING s; a process left behind prints every thread's stack into the run's log, which the failure shows."""
+    stop(run, signal.SIGINT, log)
+    deadline = time.monotonic() + STOP_CEILING
+    while (left := alive_in_session(run.pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        named = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in left]
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGABRT)  # the fault handler (PYTHONFAULTHANDLER) prints its stacks
+        time.sleep(2)
+        raise AssertionError(f"still running {STOP_CEILING} s after the run's end: {named}\n{log.read_text()[-6000:]}")
 
 
 def listening_ports(process: psutil.Process) -> list[int]:
