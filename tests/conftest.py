@@ -124,10 +124,13 @@ def dask_cluster(s3_server):
 @pytest.fixture(scope="session")
 def run_cli(prefect_api, dask_cluster):
     """Run `tokenmill ...` as a user would, against the session's Prefect server and Dask cluster
-    (`local_cluster=True`: the config's own `dask:` section, a LocalCluster by default)."""
+    (`local_cluster=True`: the config's own `dask:` section, a LocalCluster by default), logging warnings only
+    unless `log_level` says otherwise (a user's runs log at INFO, which the UI's Logs tab shows)."""
 
-    def run(*args: str, check: bool = True, local_cluster: bool = False) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+    def run(
+        *args: str, check: bool = True, local_cluster: bool = False, log_level: str = "WARNING"
+    ) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": log_level}
         if not local_cluster:
             env["TOKENMILL_DASK_ADDRESS"] = dask_cluster
         started = time.monotonic()

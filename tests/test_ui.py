@@ -186,8 +186,9 @@ def test_run_page_that_tokenmill_run_prints_shows_the_state_shard_tasks_and_summ
 
 
 def test_a_mixture_run_page_shows_its_sources_in_the_task_runs_and_the_mix_in_the_summary(run_cli, tmp_path, ui):
-    """Two sources from examples/data: the run's task runs name their sources, and its summary artifact shows the
-    mix, a row per source, beside its plot."""
+    """Two sources from examples/data: the run's task runs name their sources, its Logs tab shows what the flow
+    logged (at INFO, as a user's run logs), and its summary artifact shows the mix, a row per source, beside its
+    plot."""
     corpora = EXAMPLES / "data"
     config = {
         "name": "mix-ui",
@@ -203,8 +204,12 @@ def test_a_mixture_run_page_shows_its_sources_in_the_task_runs_and_the_mix_in_th
     path = tmp_path / "mix.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     page = ui.page
-    page.goto(printed_link(run_cli("run", str(path)).stdout))
+    page.goto(printed_link(run_cli("run", str(path), log_level="INFO").stdout))
     page.get_by_text("Completed", exact=True).first.wait_for()
+    page.get_by_text("Logs", exact=True).first.click()
+    page.get_by_text("planned 2 shards of", exact=False).first.wait_for()
+    page.get_by_text("tokenizer: vocab 50257, EOD id 50256", exact=False).first.wait_for()
+    ui.shot("mixture-logs")
     page.get_by_text("Task Runs", exact=True).click()
     page.get_by_text("tokenize[shards 00000-00001: news, web]", exact=True).wait_for()
     ui.shot("mixture-task-runs")
