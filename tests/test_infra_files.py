@@ -803,7 +803,7 @@ def test_compose_flows_sign_with_a_key_from_a_secret_that_outlasts_the_container
             continue
         (secret,) = given
         assert (secret["uid"], secret["gid"], secret["mode"]) == (str(TOKENMILL_UID), str(TOKENMILL_UID), 0o400)
-        assert svc["environment"][STATE_KEY] == secret["target"], f"{name}: {STATE_KEY} is not the secret's file"
+        assert svc["environment"].get(STATE_KEY) == secret["target"], f"{name}: {STATE_KEY} is not the secret's file"
 
 
 def test_k8s_flows_sign_with_a_key_from_a_secret_that_outlasts_the_pod(manifests, operator_docs):
@@ -826,7 +826,7 @@ def test_k8s_flows_sign_with_a_key_from_a_secret_that_outlasts_the_pod(manifests
             secret = secrets[mount["name"]]
             assert mount.get("readOnly") is True and not secret.get("optional", False), where
             assert secret["defaultMode"] == 0o400 and secret["items"] == [{"key": "state-key", "path": "state-key"}]
-            assert env[STATE_KEY] == {"name": STATE_KEY, "value": f"{mount['mountPath']}/state-key"}, where
+            assert env.get(STATE_KEY) == {"name": STATE_KEY, "value": f"{mount['mountPath']}/state-key"}, where
     assert flows == ["30-prefect-worker.yaml: prefect-worker"]
 
 
