@@ -68,8 +68,8 @@ def state_key() -> bytes:
         raise FileNotFoundError(
             f"{path}: no such file, and {KEY_ENV} names it as the key tokenmill signs what it stores in an output "
             f"with; tokenmill makes no key where one is named (with a new one, your outputs' shards would all be made "
-            f"again). Put your team's key there, or a new one (`{MAKE_ONE} > {path}; chmod 600 {path}`); in infra/, "
-            f"create the Secret tokenmill-state-key (infra/README.md)"
+            f"again). Put your team's key there, or a new one (`(umask 077; {MAKE_ONE} > {path})`); in infra/, the "
+            f"Secret tokenmill-state-key (Kubernetes) or TOKENMILL_STATE_KEY_HEX (compose): infra/README.md"
         ) from None
     if found.st_mode & 0o022 or found.st_mode & 0o004 or found.st_uid not in (os.getuid(), 0):
         raise PermissionError(
