@@ -214,7 +214,9 @@ def adopt_orphans() -> None:
 def reap_orphans(keep: int | None = None, timeout_s: float = 60) -> None:
     """Wait for the processes adopted (`adopt_orphans`) to end, but `keep` (the Prefect server, still running) and
     the processes it runs under."""
-    kept = {keep, *(p.pid for p in psutil.Process(keep).parents())} if keep else set()
+    kept = {keep}
+    with contextlib.suppress(psutil.NoSuchProcess):  # a server that died: nothing of it to keep
+        kept |= {p.pid for p in psutil.Process(keep).parents()} if keep else set()
     deadline = time.monotonic() + timeout_s
     while orphans := [p.pid for p in psutil.Process().children() if p.pid not in kept]:
         for pid in orphans:
