@@ -17,16 +17,25 @@ its own PREFECT_HOME) is started before each run, so its database holds that run
     python bench/orchestration.py --shards 100000           # the 100,000-shard run (about 100 MB)
 
 `--code <another checkout>` measures that checkout's tokenmill with this venv (e.g. the commit before a change).
+`--against <another checkout>` runs that checkout's too, alternately with `--code`'s (`--runs` each: A B A B ...),
+then prints the median wall and CPU of each and their ratios. The CPU is that of the whole run: `tokenmill run` and
+every process it started and waited for (`getrusage`), and the Prefect server's; on a shared host it moves far
+less than the wall.
+
+    python bench/orchestration.py --shards 1000 --runs 7 --against ../before   # this checkout against ../before
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
 import platform
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -151,13 +160,18 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
         f"tokenizer: {{path: {SHARED / 'tokenizers/gpt2/tokenizer.json'}}}\noutput: {{path: {out}}}\n"
     )
     env["PREFECT_API_URL"] = api
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     process = subprocess.Popen([*tokenmill, "run", str(config)], env=env, cwd=code,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     watch = ProcessWatch(process.pid, server_pid, out / ENCODER_CHOICE)
     output, _ = process.communicate()
     wall = time.perf_counter() - began
+    reap_orphans(keep=server_pid)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = watch.close()
+    # the run's process tree, each process counted once it is waited for: no process is missed between two polls
+    tree = children.ru_utime + children.ru_stime - children_before.ru_utime - children_before.ru_stime
     (work.parent / "last-run.log").write_text(output)  # the run's log: where its time went
     if process.returncode:
         raise SystemExit(f"tokenmill run failed:\n{output[-3000:]}")
@@ -171,6 +185,7 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
         "documents": published["counts"]["documents_in"],
         "wall_s": round(wall, 1),
         "cpu_s": {role: round(seconds, 1) for role, seconds in sorted(cpu.items())},
+        "cpu_total_s": round(tree + cpu.get("server", 0.0), 1),
         "flow_peak_rss_mb": round(watch.peak_rss / 2**20),
         "flow_rss_at_choice_mb": round(watch.rss_at_choice / 2**20),
         "scheduler_peak_rss_mb": round(watch.peak_cluster_rss / 2**20),
@@ -181,7 +196,35 @@ def run_once(corpus: Path, shard_size: int, work: Path, python: str, code: Path)
         "manifest_files": len(published["files"]),
     }
     subprocess.run([*tokenmill, "server", "stop"], env=env, cwd=code, capture_output=True)
+    reap_orphans()
     return result
+
+
+def adopt_orphans() -> None:
+    """Make this process the reaper of every process its runs leave behind (Linux's child subreaper): the LocalCluster's
+    forkserver and workers, which outlive their parents by a moment, then count in `getrusage(RUSAGE_CHILDREN)` once
+    `reap_orphans` waits for them, rather than in init's."""
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
+        raise SystemExit(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
+
+
+def reap_orphans(keep: int | None = None, timeout_s: float = 60) -> None:
+    """Wait for the processes adopted (`adopt_orphans`) to end, but `keep` (the Prefect server, still running) and
+    the processes it runs under."""
+    kept = {keep}
+    with contextlib.suppress(psutil.NoSuchProcess):  # a server that died: nothing of it to keep
+        kept |= {p.pid for p in psutil.Process(keep).parents()} if keep else set()
+    deadline = time.monotonic() + timeout_s
+    while orphans := [p.pid for p in psutil.Process().children() if p.pid not in kept]:
+        for pid in orphans:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        if time.monotonic() > deadline:
+            raise SystemExit(f"processes {orphans} left by the run did not end within {timeout_s:.0f} s")
+        time.sleep(0.1)
 
 
 def main() -> None:
@@ -192,6 +235,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="the LocalCluster's workers")
     parser.add_argument("--work", type=Path, default=REPO / "out" / "bench-orchestration")
     parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose tokenmill runs")
+    parser.add_argument(
+        "--against", type=Path, help="another checkout, run alternately with --code's; medians compared"
+    )
     args = parser.parse_args()
 
     corpus = args.work / f"corpus-{args.doc_chars}.jsonl"
@@ -201,19 +247,45 @@ def main() -> None:
     print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; corpus "
           f"{documents:,} documents, {size / 1e6:.0f} MB, shard_size {shard_size} B; encoder alone "
           f"{encoder:.1f} s on {args.workers} workers", flush=True)  # fmt: skip
+    adopt_orphans()
+    checkouts = [args.code.resolve(), *([args.against.resolve()] if args.against else [])]
+    results: dict[Path, list[dict]] = {code: [] for code in checkouts}
     for _ in range(args.runs):
-        with tempfile.TemporaryDirectory(dir=args.work) as work:
-            r = run_once(corpus, shard_size, Path(work), sys.executable, args.code.resolve())
-        n = r["shards"]
-        per_shard = {role: f"{1000 * s / n:.1f} ms" for role, s in r["cpu_s"].items()}
-        print(json.dumps(r))
-        print(f"{n:,} shards in {r['wall_s']} s: {1000 * r['wall_s'] / n:.1f} ms per shard, orchestration "
-              f"{1000 * (r['wall_s'] - encoder) / n:.1f} ms per shard; CPU per shard {per_shard}; flow peak RSS "
-              f"{r['flow_peak_rss_mb']} MB ({r['flow_rss_at_choice_mb']} MB once the encoder was chosen: "
-              f"{(r['flow_peak_rss_mb'] - r['flow_rss_at_choice_mb']) * 2**20 / n / 1000:.1f} KB per shard above it), "
-              f"the LocalCluster's process (scheduler, nannies) {r['scheduler_peak_rss_mb']} MB; "
-              f"{r['task_runs']} task runs, {r['flow_runs']} flow runs, "
-              f"database {r['db_mb']} MB, {r['files_per_shard']} files per shard", flush=True)  # fmt: skip
+        for code in checkouts:
+            with tempfile.TemporaryDirectory(dir=args.work) as work:
+                r = run_once(corpus, shard_size, Path(work), sys.executable, code)
+            results[code].append(r)
+            report(r, encoder, code if args.against else None)
+    if args.against:
+        compare(results)
+
+
+def report(r: dict, encoder: float, code: Path | None) -> None:
+    n = r["shards"]
+    per_shard = {role: f"{1000 * s / n:.1f} ms" for role, s in r["cpu_s"].items()}
+    print(json.dumps(r | ({"code": str(code)} if code else {})))
+    print(f"{n:,} shards in {r['wall_s']} s: {1000 * r['wall_s'] / n:.1f} ms per shard, orchestration "
+          f"{1000 * (r['wall_s'] - encoder) / n:.1f} ms per shard; CPU per shard {per_shard}, "
+          f"{1000 * r['cpu_total_s'] / n:.1f} ms in all; flow peak RSS "
+          f"{r['flow_peak_rss_mb']} MB ({r['flow_rss_at_choice_mb']} MB once the encoder was chosen: "
+          f"{(r['flow_peak_rss_mb'] - r['flow_rss_at_choice_mb']) * 2**20 / n / 1000:.1f} KB per shard above it), "
+          f"the LocalCluster's process (scheduler, nannies) {r['scheduler_peak_rss_mb']} MB; "
+          f"{r['task_runs']} task runs, {r['flow_runs']} flow runs, "
+          f"database {r['db_mb']} MB, {r['files_per_shard']} files per shard", flush=True)  # fmt: skip
+
+
+def compare(results: dict[Path, list[dict]]) -> None:
+    """The median wall and CPU of each checkout's runs, and the first's over the second's."""
+    medians = {
+        code: (statistics.median(r["wall_s"] for r in runs), statistics.median(r["cpu_total_s"] for r in runs))
+        for code, runs in results.items()
+    }
+    (ours, (wall, cpu)), (theirs, (their_wall, their_cpu)) = medians.items()
+    for code, runs in results.items():
+        walls, cpus = [r["wall_s"] for r in runs], [r["cpu_total_s"] for r in runs]
+        print(f"{code}: {len(runs)} runs, walls {walls} s, CPU {cpus} s; medians {medians[code][0]:.1f} s of wall, "
+              f"{medians[code][1]:.1f} s of CPU", flush=True)  # fmt: skip
+    print(f"{ours} against {theirs}: wall {wall / their_wall:.3f}, CPU {cpu / their_cpu:.3f} (ratios of medians)")
 
 
 if __name__ == "__main__":

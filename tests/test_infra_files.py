@@ -774,6 +774,76 @@ def test_k8s_gives_minios_root_credentials_to_minio_and_its_setup_only(manifests
     assert {v["name"]: v for v in job["volumes"]}[mount["name"]]["configMap"] == {"name": "tokenmill-minio-init"}
 
 
+# --- the key the flow runs sign what they store with ---------------------------------------------------------------
+
+STATE_KEY = "TOKENMILL_STATE_KEY"  # tokenmill.core.signing.KEY_ENV: the file holding the key
+STATE_KEY_SECRET = "tokenmill-state-key"
+
+
+def runs_flows(command: list[str]) -> bool:
+    """Whether a container starts a Prefect worker: its flow runs execute in it, and sign with the state key."""
+    return command[:3] == ["prefect", "worker", "start"]
+
+
+def test_compose_flows_sign_with_a_key_from_a_secret_that_outlasts_the_container(compose):
+    """The Prefect worker's flow runs read the state key (`TOKENMILL_STATE_KEY`) from the secret tokenmill-state-key,
+    which compose makes from TOKENMILL_STATE_KEY_HEX: a file owned by the container's user and readable by it only,
+    as `tokenmill.core.signing.state_key` takes it. A key made in the container would be new in each container. No
+    other container holds it: the Dask workers get a key for commit markers only, with each task."""
+    from tokenmill.core.signing import KEY_ENV
+
+    assert KEY_ENV == STATE_KEY
+    services = compose["services"]
+    assert {name for name, svc in services.items() if runs_flows(svc.get("command", []))} == {"prefect-worker"}
+    assert compose["secrets"] == {STATE_KEY_SECRET: {"environment": "TOKENMILL_STATE_KEY_HEX"}}
+    for name, svc in services.items():
+        given = [s for s in svc.get("secrets", []) if (s if isinstance(s, str) else s["source"]) == STATE_KEY_SECRET]
+        if not runs_flows(svc.get("command", [])):
+            assert not given and STATE_KEY not in svc.get("environment", {}), f"{name} holds the state key"
+            continue
+        (secret,) = given
+        assert (secret["uid"], secret["gid"], secret["mode"]) == (str(TOKENMILL_UID), str(TOKENMILL_UID), 0o400)
+        assert svc["environment"].get(STATE_KEY) == secret["target"], f"{name}: {STATE_KEY} is not the secret's file"
+
+
+def test_k8s_flows_sign_with_a_key_from_a_secret_that_outlasts_the_pod(manifests, operator_docs):
+    """In every pod that runs flows (a Prefect worker's), `TOKENMILL_STATE_KEY` names the file of Secret
+    tokenmill-state-key's key `state-key`, mounted read-only, root's and readable by the pod's group only (mode 0400,
+    which fsGroup makes 0440), as `state_key` takes it. Not optional: without the Secret the pod does not start,
+    rather than make a key of its own in its emptyDir HOME (each new pod would make every shard again). No other pod
+    (Dask's, fixed or the operator's) holds the key."""
+    flows = []
+    for where, pod in _all_pods(manifests, operator_docs):
+        secrets = {v["name"]: v["secret"] for v in pod.get("volumes", []) if "secret" in v}
+        keyed = {name for name, secret in secrets.items() if secret["secretName"] == STATE_KEY_SECRET}
+        for c in pod["containers"]:
+            env = {e["name"]: e for e in c.get("env", [])}
+            if not runs_flows(c.get("command", []) + c.get("args", [])):
+                assert not keyed and STATE_KEY not in env, f"{where} holds the state key"
+                continue
+            flows.append(where)
+            (mount,) = [m for m in c["volumeMounts"] if m["name"] in keyed]
+            secret = secrets[mount["name"]]
+            assert mount.get("readOnly") is True and not secret.get("optional", False), where
+            assert secret["defaultMode"] == 0o400 and secret["items"] == [{"key": "state-key", "path": "state-key"}]
+            assert env.get(STATE_KEY) == {"name": STATE_KEY, "value": f"{mount['mountPath']}/state-key"}, where
+    assert flows == ["30-prefect-worker.yaml: prefect-worker"]
+
+
+def test_the_readme_creates_every_secret_the_manifests_read(manifests, operator_docs):
+    """infra/README.md's `kubectl create secret` commands make each Secret a pod reads, and no other; the state key
+    as 32 random bytes in hex, under the key the Prefect worker mounts."""
+    read = set()
+    for _, pod in _all_pods(manifests, operator_docs):
+        read |= {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+        for c in pod["containers"]:
+            read |= {e["valueFrom"]["secretKeyRef"]["name"] for e in c.get("env", []) if "secretKeyRef" in e.get(
+                "valueFrom", {})}  # fmt: skip
+    readme = (INFRA / "README.md").read_text()
+    assert set(re.findall(r"kubectl -n tokenmill create secret generic (\S+)", readme)) == read
+    assert f'create secret generic {STATE_KEY_SECRET} --from-literal=state-key="$(openssl rand -hex 32)"' in readme
+
+
 def test_k8s_against_kubernetes_schemas_if_installed(manifests):
     kv = pytest.importorskip("kubernetes_validate")
     for fname, doc in manifests:

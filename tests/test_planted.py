@@ -552,6 +552,38 @@ def test_a_planted_run_config_is_not_taken_by_a_rerun_without_its_config(gpt2_ru
     assert "4 shards (3 reused)" in run_cli("rerun", str(out), "--shard", "1").stdout
 
 
+def test_a_named_key_that_is_missing_or_not_a_key_stops_the_run_and_none_is_made(
+    gpt2_run, run_cli, tmp_path, monkeypatch
+):
+    """`TOKENMILL_STATE_KEY` names the key (infra/ mounts it from a Secret). Where that file is missing, none is made
+    there (a new key would have every shard of the user's outputs made again) and a rerun stops, naming the file and
+    how to make one; empty, not hex, or short, it stops too. Named, the user's own key is taken: the rerun takes the
+    run's signed config and its markers."""
+    from tokenmill.core.signing import key_path
+
+    out, named = tmp_path / "out", tmp_path / "keys" / "state-key"
+    shutil.copytree(gpt2_run, out)
+    latest = (out / "demo-gpt2/LATEST").read_bytes()
+    own = key_path().read_text()  # the key gpt2_run signed with, in this environment's TOKENMILL_HOME
+    monkeypatch.setenv("TOKENMILL_STATE_KEY", str(named))
+
+    missing = run_cli("rerun", str(out), "--shard", "1", check=False)
+    assert missing.returncode == 1, missing.stdout
+    assert f"{named}: no such file, and TOKENMILL_STATE_KEY names it" in missing.stdout
+    assert f"openssl rand -hex 32 > {named}" in missing.stdout and not named.parent.exists()
+    named.parent.mkdir(mode=0o700)
+    for text, said in (("", "holds 0 characters"), ("not a key\n", "holds 9 characters that are not hex"),
+                       ("ab" * 15, "holds 30 characters")):  # fmt: skip
+        named.write_text(text)
+        named.chmod(0o600)
+        refused = run_cli("rerun", str(out), "--shard", "1", check=False)
+        assert refused.returncode == 1 and f"{named}: not a tokenmill key" in refused.stdout, refused.stdout
+        assert said in refused.stdout
+    assert (out / "demo-gpt2/LATEST").read_bytes() == latest
+    named.write_text(own)
+    assert "4 shards (3 reused)" in run_cli("rerun", str(out), "--shard", "1").stdout
+
+
 def test_a_previous_version_naming_a_directory_outside_is_not_pruned(gpt2_run, run_cli, tmp_path):
     """`keep_versions` deletes the versions of LATEST's lineage past the newest N, as each manifest names the one
     before it: a published manifest rewritten to name `../../victim` as its previous version stops the run, naming

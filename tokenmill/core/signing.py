@@ -9,7 +9,8 @@ found again first.
 
 The key: `$TOKENMILL_HOME/state-key` (default `~/.tokenmill/state-key`), 32 random bytes made on first use (mode
 0600, in a directory of mode 0700). A team that reruns each other's outputs shares one: a file its group can read,
-named by `TOKENMILL_STATE_KEY`. A key others can write, or anyone can read, is refused.
+named by `TOKENMILL_STATE_KEY` (infra/ mounts it from a Secret). A key others can write, or anyone can read, is
+refused; a named key that is missing stops the run (it is never made).
 
 Commit markers (`tokenmill.core.commits`) are written and read where the shards run, on Dask workers that may run on
 other hosts, as another user, with no such file. They are signed with a key derived from the state key
@@ -43,10 +44,16 @@ def key_path() -> Path:
     return Path(os.environ.get("TOKENMILL_HOME", "~/.tokenmill")).expanduser() / "state-key"
 
 
+MIN_KEY_BYTES = 16
+MAKE_ONE = "openssl rand -hex 32"  # what `state_key` writes: 32 random bytes as hex
+
+
 def state_key() -> bytes:
-    """The key, made on first use where none is named (`KEY_ENV`)."""
+    """The key, made on first use where none is named (`KEY_ENV`). A named key is never made: where it is missing
+    (a Secret that is not mounted, a path mistyped), a new key would have each shard of the user's outputs made
+    again and their reruns without `--config` refused, so the run stops, naming the file."""
     path = key_path()
-    if not path.exists() and KEY_ENV not in os.environ:
+    if not os.environ.get(KEY_ENV) and not path.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -55,13 +62,31 @@ def state_key() -> bytes:
         else:
             with os.fdopen(descriptor, "w") as f:
                 f.write(secrets.token_hex(32) + "\n")
-    found = os.stat(path)
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{path}: no such file, and {KEY_ENV} names it as the key tokenmill signs what it stores in an output "
+            f"with; tokenmill makes no key where one is named (with a new one, your outputs' shards would all be made "
+            f"again). Put your team's key there, or a new one (`(umask 077; {MAKE_ONE} > {path})`); in infra/, the "
+            f"Secret tokenmill-state-key (Kubernetes) or TOKENMILL_STATE_KEY_HEX (compose): infra/README.md"
+        ) from None
     if found.st_mode & 0o022 or found.st_mode & 0o004 or found.st_uid not in (os.getuid(), 0):
         raise PermissionError(
             f"{path}: the key tokenmill signs its stored state with must be readable by you (or your group) only, "
             f"and writable by its owner only (it is mode {stat.S_IMODE(found.st_mode):o}, uid {found.st_uid})"
         )
-    return bytes.fromhex(path.read_text().strip())
+    text = path.read_text().strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(
+            f"{path}: not a tokenmill key: it must hold at least {MIN_KEY_BYTES} random bytes written in hex "
+            f"(`{MAKE_ONE}`), and holds {len(text)} characters{'' if key or not text else ' that are not hex'}"
+        )
+    return key
 
 
 def signature(rel: str, data: bytes) -> str:
