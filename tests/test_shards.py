@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
 
 from tasks.shards import MAX_SHARDS_PER_TASK, TASK_BYTES, bundles
 from tokenmill.core.plan import Shard
@@ -68,20 +73,58 @@ def test_workers_import_no_prefect_and_the_scheduler_no_tokenmill(gpt2_run, dask
     assert scheduler == ["tokenmill", "tokenmill.core", "tokenmill.core.tries"], scheduler
 
 
-def test_the_local_clusters_own_process_imports_no_pandas():
+@pytest.fixture(scope="module")
+def local_cluster():
+    """The LocalCluster `tokenmill run` starts (its own process, its workers forked from tokenmill's forkserver), with
+    one worker; yields its `Running`."""
+    from flows.clusters.local import local_cluster_process
+    from tokenmill.config import DaskConfig
+
+    with local_cluster_process(DaskConfig(n_workers=1)) as started:
+        yield started()
+
+
+def test_the_local_clusters_own_process_imports_no_pandas(local_cluster):
     """The LocalCluster's process (its scheduler, nannies and dashboard) needs no pandas: Dask's first nanny imported
     it, with numpy and lz4, only to name them as the workers' forkserver's preload, which tokenmill's forkserver,
     already running, never read (`local_process.forkserver_preloaded`): 0.14 s of CPU as every run started."""
     from distributed import Client
 
-    from flows.clusters.local import local_cluster_process
-    from tokenmill.config import DaskConfig
+    with Client(local_cluster.address, security=local_cluster.security) as client:
+        assert client.run_on_scheduler(lambda: "pandas" in sys.modules) is False
+        assert client.submit(lambda: 1 + 1).result() == 2  # its worker, forked from tokenmill's forkserver, works
 
-    with local_cluster_process(DaskConfig(n_workers=1)) as started:
-        running = started()
-        with Client(running.address, security=running.security) as client:
-            assert client.run_on_scheduler(lambda: "pandas" in sys.modules) is False
-            assert client.submit(lambda: 1 + 1).result() == 2  # its worker, forked from tokenmill's forkserver, works
+
+def test_the_cluster_is_prepared_without_the_flow_waiting_for_it(local_cluster, tmp_path):
+    """`prepare_cluster` does not wait for the workers to answer: registering the plugin is the scheduler's first
+    message to each worker, which opens its connection to it (TLS), 0.1-0.4 s that every run spent waiting. Here the
+    worker's event loop is held for 3 s: it returns at once all the same, and the worker gets the plugin later."""
+    from distributed import Client
+
+    from flows.cluster import QuickExit, prepare_cluster
+
+    def hold(flag: str) -> None:  # on the worker's event loop, as `Client.run` calls a function
+        Path(flag).touch()
+        time.sleep(3)
+
+    def plugins(dask_worker) -> list[str]:
+        return [*dask_worker.plugins]
+
+    flag = tmp_path / "held"
+    with Client(local_cluster.address, security=local_cluster.security) as client:
+        holding = threading.Thread(target=client.run, args=(hold, str(flag)))
+        holding.start()
+        while not flag.exists():
+            time.sleep(0.01)
+        started = time.perf_counter()
+        prepare_cluster(client)
+        returned = time.perf_counter() - started
+        holding.join()
+        deadline = time.monotonic() + 60
+        while not all(QuickExit.name in names for names in client.run(plugins).values()):
+            assert time.monotonic() < deadline, "the worker never got the plugin"
+            time.sleep(0.05)
+    assert returned < 1.0, f"prepare_cluster waited {returned:.2f} s for a worker whose loop was held for 3 s"
 
 
 def test_no_task_hashes_its_inputs_or_persists_its_result():
