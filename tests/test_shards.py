@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -76,11 +77,11 @@ def test_workers_import_no_prefect_and_the_scheduler_no_tokenmill(gpt2_run, dask
 @pytest.fixture(scope="module")
 def local_cluster():
     """The LocalCluster `tokenmill run` starts (its own process, its workers forked from tokenmill's forkserver), with
-    one worker; yields its `Running`."""
+    two workers; yields its `Running`."""
     from flows.clusters.local import local_cluster_process
     from tokenmill.config import DaskConfig
 
-    with local_cluster_process(DaskConfig(n_workers=1)) as started:
+    with local_cluster_process(DaskConfig(n_workers=2)) as started:
         yield started()
 
 
@@ -125,6 +126,31 @@ def test_the_cluster_is_prepared_without_the_flow_waiting_for_it(local_cluster, 
             assert time.monotonic() < deadline, "the worker never got the plugin"
             time.sleep(0.05)
     assert returned < 1.0, f"prepare_cluster waited {returned:.2f} s for a worker whose loop was held for 3 s"
+
+
+def test_one_worker_imports_matplotlib_as_the_run_starts_and_draws_the_plots(local_cluster):
+    """The report's plots are drawn on the worker that `prepare_cluster` had import matplotlib (0.3 s of CPU that
+    the end of every run waited for, when the worker asked to draw imported it then); the other workers do not
+    import it."""
+    from distributed import Client
+
+    from flows.cluster import drawing_worker, prepare_cluster, workers_now
+    from tasks.shards import on_a_worker
+
+    def plotting() -> bool:
+        return "matplotlib.pyplot" in sys.modules
+
+    with Client(local_cluster.address, security=local_cluster.security, set_as_default=True) as client:
+        prepare_cluster(client)
+        workers = workers_now(client)
+        drawer = drawing_worker(workers)
+        deadline = time.monotonic() + 60
+        while not client.run(plotting, workers=[drawer])[drawer]:
+            assert time.monotonic() < deadline, "the drawing worker never imported matplotlib"
+            time.sleep(0.05)
+        assert client.run(plotting) == {w: w == drawer for w in workers}
+        pids = client.run(os.getpid)
+        assert {on_a_worker(os.getpid, preferred=drawer) for _ in range(4)} == {pids[drawer]}
 
 
 def test_no_task_hashes_its_inputs_or_persists_its_result():
