@@ -313,7 +313,8 @@ def on_a_worker(
     """`work(*args)` (a library call) on a worker of the cluster, waited for: for work that uses what every worker
     has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU). `priority`
     orders it among the shard tasks waiting for a worker (theirs is 0). `preferred`: the address of the worker to
-    run it on while that one is there (it has loaded what the work needs). What it raises is raised here, not
+    run it on (it has loaded what the work needs); Dask may still give it to another, an idle one or any if that
+    one has gone. What it raises is raised here, not
     logged by the worker with its traceback. `bounded_by`: the settings that bound its memory, for the message of a
     call that ran out of it."""
     client = default_client()
