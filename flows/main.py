@@ -246,13 +246,13 @@ def draw_plots_meanwhile(config: TokenmillConfig, table: pd.DataFrame, mixing: P
     """The report's plots (a mixture's too, once `mixing` has resolved it), drawn on a worker while validate's
     checks run (the flow only waits then): 0.2 s of matplotlib that publish, which nothing overlaps, used to
     spend, and its import (0.7 s) that this process, on a login node say, no longer pays. The worker is the one that
-    imported matplotlib as the run started (`flows.cluster.drawing_worker`), while it is there. Reading and drawing
+    imported matplotlib as the run started (`flows.cluster.drawing_worker`), unless Dask moves them. Reading and drawing
     only: a run that fails validation publishes nothing. Ahead of validate's shards, which publish waits for too."""
 
     def draw() -> dict[str, bytes]:
         mix = None if mixing is None else mixing.result()
-        workers = workers_now(default_client())  # the one that imported matplotlib as the run started
-        drawer = drawing_worker(workers) if workers else None
+        workers = workers_now(default_client())
+        drawer = drawing_worker(workers) if workers else None  # it imported matplotlib as the run started
         store, seq_len = config.output.store(), config.pack.seq_len
         return on_a_worker(report_plots, store, table, seq_len, mix, priority=1, preferred=drawer)
 

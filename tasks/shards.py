@@ -314,9 +314,8 @@ def on_a_worker(
     has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU). `priority`
     orders it among the shard tasks waiting for a worker (theirs is 0). `preferred`: the address of the worker to
     run it on (it has loaded what the work needs); Dask may still give it to another, an idle one or any if that
-    one has gone. What it raises is raised here, not
-    logged by the worker with its traceback. `bounded_by`: the settings that bound its memory, for the message of a
-    call that ran out of it."""
+    one has gone. What it raises is raised here, not logged by the worker with its traceback. `bounded_by`: the
+    settings that bound its memory, for the message of a call that ran out of it."""
     client = default_client()
     where = {"workers": [preferred], "allow_other_workers": True} if preferred else {}
     try:
