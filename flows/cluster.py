@@ -3,6 +3,7 @@ module each in `flows.clusters`), the flow's client of it, and the workers made 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 from collections.abc import Callable, Iterator
@@ -10,12 +11,14 @@ from typing import TYPE_CHECKING
 
 from distributed import Client, fire_and_forget
 from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.protocol.pickle import dumps
 
 import flows.dask_settings  # noqa: F401 (applied to the flow's client, and to a scheduler it starts)
 from flows.clusters import external, local, slurm
 from flows.startup import warm_up
 from tokenmill.core.client_waits import client_runs, on_client_loop
 from tokenmill.core.tries import Sealed, peak_rss
+from tokenmill.stages.report import load_plotting
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -71,9 +74,29 @@ def connect(address: str, security=None) -> Client:
 def prepare_cluster(client: Client) -> None:
     """Make the workers quick to exit (`QuickExit`) and have every worker import the shard stages and encoders
     now, while the flow partitions and chooses the encoder: a fresh worker spends about 2 s importing them
-    when its first shard arrives."""
-    client.register_plugin(QuickExit())
-    on_every_worker(client, warm_up)
+    when its first shard arrives. Neither is waited for: the plugin's registration is the scheduler's first
+    message to each worker, which opens its connection to it (TLS), 0.1-0.4 s that the flow spent waiting, idle,
+    as every run started. The scheduler keeps the plugin for workers that join later. And the worker that will draw
+    the report's plots (`drawing_worker`) imports matplotlib now, before the run's shards come: 0.3 s of CPU that
+    the end of every run waited for, the flow idle, when the plots' worker imported it as they were asked for."""
+    asyncio.run_coroutine_threadsafe(register_worker_plugin(client, QuickExit()), client.loop.asyncio_loop)
+    workers = workers_now(client)
+    for worker in workers:
+        on_worker(client, worker, warm_up)
+    if workers:
+        on_worker(client, drawing_worker(workers), load_plotting)
+
+
+def drawing_worker(workers: list[str]) -> str:
+    """Of the cluster's `workers` (addresses), the one that draws the report's plots: that one alone imports
+    matplotlib (`prepare_cluster`)."""
+    return min(workers)
+
+
+async def register_worker_plugin(client: Client, plugin: WorkerPlugin) -> None:
+    """`client.register_plugin(plugin)`, as a coroutine for the client's event loop, for a caller that does not
+    wait: the workers' answers are not read (QuickExit's setup does nothing that could fail)."""
+    await client.scheduler.register_worker_plugin(plugin=dumps(plugin), name=plugin.name, idempotent=False)
 
 
 class QuickExit(WorkerPlugin):
@@ -92,7 +115,12 @@ def on_every_worker(client: Client, work: Callable, *args) -> None:
     """Run `work(*args)` once on each worker the cluster has now, not awaited: the flow has other work
     meanwhile (a worker's shard tasks queue behind it)."""
     for worker in workers_now(client):
-        fire_and_forget(client.submit(Sealed(work, *args), workers=[worker], pure=False))
+        on_worker(client, worker, work, *args)
+
+
+def on_worker(client: Client, worker: str, work: Callable, *args) -> None:
+    """Run `work(*args)` on the worker at address `worker`, not awaited."""
+    fire_and_forget(client.submit(Sealed(work, *args), workers=[worker], pure=False))
 
 
 def largest_process(client: Client) -> int:

@@ -37,7 +37,15 @@ from prefect.utilities.annotations import quote
 from pydantic import ByteSize
 from pydantic.json_schema import SkipJsonSchema
 
-from flows.cluster import dask_client, kind, largest_process, on_every_worker, prepare_cluster
+from flows.cluster import (
+    dask_client,
+    drawing_worker,
+    kind,
+    largest_process,
+    on_every_worker,
+    prepare_cluster,
+    workers_now,
+)
 from flows.server import retry_refused_connections
 from flows.summary import published_summary, unchanged_summary
 from tasks.mix import resolve_mix
@@ -237,12 +245,16 @@ def preload_installed(config: TokenmillConfig, installed) -> None:
 def draw_plots_meanwhile(config: TokenmillConfig, table: pd.DataFrame, mixing: PrefectFuture | None) -> Future:
     """The report's plots (a mixture's too, once `mixing` has resolved it), drawn on a worker while validate's
     checks run (the flow only waits then): 0.2 s of matplotlib that publish, which nothing overlaps, used to
-    spend, and its import (0.7 s) that this process, on a login node say, no longer pays. Reading and drawing
+    spend, and its import (0.7 s) that this process, on a login node say, no longer pays. The worker is the one that
+    imported matplotlib as the run started (`flows.cluster.drawing_worker`), unless Dask moves them. Reading and drawing
     only: a run that fails validation publishes nothing. Ahead of validate's shards, which publish waits for too."""
 
     def draw() -> dict[str, bytes]:
         mix = None if mixing is None else mixing.result()
-        return on_a_worker(report_plots, config.output.store(), table, config.pack.seq_len, mix, priority=1)
+        workers = workers_now(default_client())
+        drawer = drawing_worker(workers) if workers else None  # it imported matplotlib as the run started
+        store, seq_len = config.output.store(), config.pack.seq_len
+        return on_a_worker(report_plots, store, table, seq_len, mix, priority=1, preferred=drawer)
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-plots")
     drawing = pool.submit(draw)

@@ -303,15 +303,23 @@ def bundles(items: list) -> list[range]:
     return found + [range(start, len(items))] if items else found
 
 
-def on_a_worker(work: Callable, *args, priority: int = 0, bounded_by: str = "Its memory is bounded by its settings"):
+def on_a_worker(
+    work: Callable,
+    *args,
+    priority: int = 0,
+    preferred: str | None = None,
+    bounded_by: str = "Its memory is bounded by its settings",
+):
     """`work(*args)` (a library call) on a worker of the cluster, waited for: for work that uses what every worker
     has loaded (the encoders), which the flow's process would load for it (about 0.5 s of its CPU). `priority`
-    orders it among the shard tasks waiting for a worker (theirs is 0). What it raises is raised here, not logged
-    by the worker with its traceback. `bounded_by`: the settings that bound its memory, for the message of a call
-    that ran out of it."""
+    orders it among the shard tasks waiting for a worker (theirs is 0). `preferred`: the address of the worker to
+    run it on (it has loaded what the work needs); Dask may still give it to another, an idle one or any if that
+    one has gone. What it raises is raised here, not logged by the worker with its traceback. `bounded_by`: the
+    settings that bound its memory, for the message of a call that ran out of it."""
     client = default_client()
+    where = {"workers": [preferred], "allow_other_workers": True} if preferred else {}
     try:
-        result = gather(client, client.submit(Sealed(caught, work, *args), pure=False, priority=priority))
+        result = gather(client, client.submit(Sealed(caught, work, *args), pure=False, priority=priority, **where))
     except Exception as e:
         if type(e).__name__ != "KilledWorker":
             raise

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
 
 from tasks.shards import MAX_SHARDS_PER_TASK, TASK_BYTES, bundles
 from tokenmill.core.plan import Shard
@@ -66,6 +72,91 @@ def test_workers_import_no_prefect_and_the_scheduler_no_tokenmill(gpt2_run, dask
         )
     assert len(loaded) == 2 and all(modules == [] for modules in loaded.values()), loaded
     assert scheduler == ["tokenmill", "tokenmill.core", "tokenmill.core.tries"], scheduler
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    """The LocalCluster `tokenmill run` starts (its own process, its workers forked from tokenmill's forkserver), with
+    two workers; yields its `Running`."""
+    from flows.clusters.local import local_cluster_process
+    from tokenmill.config import DaskConfig
+
+    with local_cluster_process(DaskConfig(n_workers=2)) as started:
+        yield started()
+
+
+def test_the_local_clusters_own_process_imports_no_pandas(local_cluster):
+    """The LocalCluster's process (its scheduler, nannies and dashboard) needs no pandas: Dask's first nanny imported
+    it, with numpy and lz4, only to name them as the workers' forkserver's preload, which tokenmill's forkserver,
+    already running, never read (`local_process.forkserver_preloaded`): 0.14 s of CPU as every run started."""
+    from distributed import Client
+
+    with Client(local_cluster.address, security=local_cluster.security) as client:
+        assert client.run_on_scheduler(lambda: "pandas" in sys.modules) is False
+        assert client.submit(lambda: 1 + 1).result() == 2  # its worker, forked from tokenmill's forkserver, works
+
+
+def test_the_cluster_is_prepared_without_the_flow_waiting_for_it(local_cluster, tmp_path):
+    """`prepare_cluster` does not wait for the workers to answer: registering the plugin is the scheduler's first
+    message to each worker, which opens its connection to it (TLS), 0.1-0.4 s that every run spent waiting. Here the
+    worker's event loop is held for 3 s: it returns at once all the same, and the worker gets the plugin later."""
+    from distributed import Client
+
+    from flows.cluster import QuickExit, prepare_cluster
+
+    def hold(flag: str) -> None:  # on the worker's event loop, as `Client.run` calls a function
+        Path(flag).touch()
+        time.sleep(3)
+
+    def plugins(dask_worker) -> list[str]:
+        return [*dask_worker.plugins]
+
+    flag = tmp_path / "held"
+    with Client(local_cluster.address, security=local_cluster.security) as client:
+        holding = threading.Thread(target=client.run, args=(hold, str(flag)))
+        holding.start()
+        while not flag.exists():
+            time.sleep(0.01)
+        started = time.perf_counter()
+        prepare_cluster(client)
+        returned = time.perf_counter() - started
+        holding.join()
+        deadline = time.monotonic() + 60
+        while not all(QuickExit.name in names for names in client.run(plugins).values()):
+            assert time.monotonic() < deadline, "the worker never got the plugin"
+            time.sleep(0.05)
+    assert returned < 1.0, f"prepare_cluster waited {returned:.2f} s for a worker whose loop was held for 3 s"
+
+
+def test_one_worker_imports_matplotlib_as_the_run_starts_and_draws_the_plots(monkeypatch):
+    """The report's plots are drawn on the worker that `prepare_cluster` had import matplotlib (0.3 s of CPU that
+    the end of every run waited for, when the worker asked to draw imported it then); the other workers do not
+    import it. The plots prefer that worker (Dask may still move them to an idle one, which then imports
+    matplotlib, as before: here its work stealing is off, so that the preference alone decides)."""
+    from distributed import Client
+
+    from flows.cluster import drawing_worker, prepare_cluster, workers_now
+    from flows.clusters.local import local_cluster_process
+    from tasks.shards import on_a_worker
+    from tokenmill.config import DaskConfig
+
+    def plotting() -> bool:
+        return "matplotlib.pyplot" in sys.modules
+
+    monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING", "False")  # the cluster's process reads it
+    with local_cluster_process(DaskConfig(n_workers=2)) as started:
+        running = started()
+        with Client(running.address, security=running.security, set_as_default=True) as client:
+            prepare_cluster(client)
+            workers = workers_now(client)
+            drawer = drawing_worker(workers)
+            deadline = time.monotonic() + 60
+            while not client.run(plotting, workers=[drawer])[drawer]:
+                assert time.monotonic() < deadline, "the drawing worker never imported matplotlib"
+                time.sleep(0.05)
+            assert client.run(plotting) == {w: w == drawer for w in workers}
+            pids = client.run(os.getpid)
+            assert {on_a_worker(os.getpid, preferred=drawer) for _ in range(4)} == {pids[drawer]}
 
 
 def test_no_task_hashes_its_inputs_or_persists_its_result():

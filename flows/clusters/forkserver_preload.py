@@ -25,7 +25,8 @@ def preload() -> None:
     # Whatever is wrong with the tokenizer, the run's install says it, naming the file; the workers then have
     # nothing preloaded, as with a tokenizer trained by the run.
     with contextlib.suppress(Exception):
-        preload_tokenizer(load_pretrained(config.path, config.hub, config.tiktoken).data, config.encoder)
+        pretrained = load_pretrained(config.path, config.hub, config.tiktoken)
+        preload_tokenizer(pretrained.data, config.encoder, pretrained.parsed)  # parsed once, for hf too
 
 
 with without_collector():

@@ -88,15 +88,18 @@ def serve_local_cluster(spec: str) -> None:
     tokenizer = json.loads(spec)["tokenizer"]
     import multiprocessing.forkserver
 
-    if "forkserver" in multiprocessing.get_all_start_methods():  # Linux and macOS; not Windows
+    forkserver = "forkserver" in multiprocessing.get_all_start_methods()  # Linux and macOS; not Windows
+    if forkserver:
         if tokenizer:
             os.environ[FORKSERVER_TOKENIZER] = tokenizer  # the forkserver's environment is this process's
         multiprocessing.get_context("forkserver").set_forkserver_preload(["flows.clusters.forkserver_preload"])
         multiprocessing.forkserver.ensure_running()  # now, with these: Dask's own preload list would replace them
         os.environ.pop(FORKSERVER_TOKENIZER, None)
     with without_collector():
-        from flows.clusters.local_process import run_local_cluster
+        from flows.clusters.local_process import forkserver_preloaded, run_local_cluster
 
+    if forkserver:
+        forkserver_preloaded()
     run_local_cluster(spec)
 
 

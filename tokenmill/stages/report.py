@@ -153,6 +153,11 @@ def load_matplotlib():
     return plt
 
 
+def load_plotting() -> None:
+    """`load_matplotlib` ahead of `plots`, on the worker that will draw them (`flows.cluster.prepare_cluster`)."""
+    load_matplotlib()
+
+
 def plots(store: Store, table: pd.DataFrame, seq_len: int, mix: dict | None = None) -> dict[str, bytes]:
     """The report's plots (PNG, by name), from the stats table and the Megatron indexes it names, and a mixture's
     `mix_plot` where `mix` is given: they need no manifest, so a worker draws them while validate runs (0.2 s of
