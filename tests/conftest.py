@@ -237,13 +237,20 @@ def pytest_runtest_makereport(item, call):
 STOP_CEILING = 180  # seconds: a loaded machine took a `tokenmill serve` over 30 s to exit after Ctrl-C
 
 
+def as_a_terminal_job() -> None:
+    """A child's Ctrl-C as a terminal's foreground job has it (`preexec_fn`): a suite started in the background (`make
+    test &`, nohup, a CI runner's script) passes SIGINT on ignored, and a Python process that starts with it ignored
+    never raises KeyboardInterrupt (a held run then ignored the test's Ctrl-C until the test gave up)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def served_process(command: list[str], env: dict, log: Path) -> subprocess.Popen:
-    """A long-running command (`tokenmill serve`, a Prefect worker) in a session of its own, its output in `log`
-    and Python's fault handler on, so that `stop` can show where it was stuck."""
+    """A long-running command (`tokenmill serve`, a Prefect worker, a held run) in a session of its own as a
+    terminal's job, its output in `log` and Python's fault handler on, so that `stop` can show where it was stuck."""
     with open(log, "wb") as out:
         return subprocess.Popen(
             command, cwd=REPO, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=as_a_terminal_job,
         )  # fmt: skip
 
 

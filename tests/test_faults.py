@@ -31,6 +31,7 @@ from .conftest import (
     TOKENIZERS,
     TOKENMILL,
     alive_in_session,
+    as_a_terminal_job,
     gated_news,
 )
 
@@ -319,7 +320,7 @@ def test_ctrl_c_mid_run_ends_the_run_and_its_cluster_at_once(prefect_api, tmp_pa
              "--set", f"input.paths=[{gate.url}]", *GATED_RUN],
             cwd=REPO, env=gate.env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's foreground job has it
+            preexec_fn=as_a_terminal_job,
         )  # fmt: skip
         gate.reached(run)  # its shards being tokenized, waiting at the gate
         os.killpg(run.pid, signal.SIGINT)
