@@ -246,9 +246,10 @@ def tokenize_stage_growth(tmp_path, name: str, texts: list[str], batch_bytes: st
 
 def test_the_tokenize_stages_memory_grows_neither_with_the_shard_nor_with_its_longest_documents_ids(tmp_path):
     """tokenizer.batch_bytes bounds what the stage holds: a shard twelve times larger takes the memory of a small one,
-    and a 24 MB document (encoded in pieces of batch_bytes, cut where hf splits alike) adds about its text as parsed,
-    not its ids, and has hf's ids. Before the pieces, the stage held ~8 bytes a byte of its longest document (the ids
-    as uint32, narrowed, then with the EOD inserted); a shard of 48 MB of short documents grew 85 MB at 8 MB batches."""
+    and a 24 MB document (encoded in pieces of batch_bytes, cut where hf splits alike) adds about its text as parsed
+    (at most 4 bytes a byte), not its ids, and has hf's ids. Before the pieces, the stage held ~8 bytes a byte of its
+    longest document (the ids as uint32, narrowed, then with the EOD inserted); a shard of 48 MB of short documents
+    grew 85 MB at 8 MB batches."""
     short = [ascii_code(random.Random(k).randrange(200, 8000), k) for k in range(1100)]  # about 4 MB
     longest = ascii_code(24_000_000, 99)
     small = tokenize_stage_growth(tmp_path, "small", short, "1MB")
@@ -256,7 +257,9 @@ def test_the_tokenize_stages_memory_grows_neither_with_the_shard_nor_with_its_lo
     long = tokenize_stage_growth(tmp_path, "long", [*short, longest], "1MB")
     assert small["encoder"] == large["encoder"] == long["encoder"] == "gigatoken"
     assert large["grew"] < small["grew"] + 20e6, (small, large)
-    assert long["grew"] < small["grew"] + 3.5 * len(longest), (small, long)  # its text, parsed: ~2-3 bytes a byte
+    # its text, parsed: ~2.6 bytes a byte measured, 3.75 once on a loaded host (pyarrow's mimalloc returns freed pages
+    # after a delay); the ids whole held ~8
+    assert long["grew"] < small["grew"] + 4 * len(longest), (small, long)
 
     reader = MegatronReader(tmp_path / "out-long" / "megatron" / "train" / "shard-00000")
     tok = Tokenizer.from_file(str(GPT2))
