@@ -227,7 +227,7 @@ def checkout(tool: str, code: Path, home: Path) -> Iterator[Checkout]:
     CLI (as a user's is) and stopped after them. One server for all would not do: a checkout from before issue 46
     starts one without a password, and a later one stops such a server as unsafe."""
     code = code.resolve()
-    unset = ("RAYON_NUM_THREADS", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING")
+    unset = ("RAYON_NUM_THREADS", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "OPENBLAS_NUM_THREADS")
     env = {k: v for k, v in os.environ.items() if k not in unset}
     # Ahead of the venv's editable install; and run from there, since `python -m` and `-c` (the flow, the cluster's
     # processes) put their working directory ahead of PYTHONPATH.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -254,3 +255,19 @@ def test_the_workers_are_asked_for_and_a_closed_client_gets_none_at_once(dask_cl
     started = time.monotonic()
     assert workers_now(client) == []
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no thread of its own on one core")
+def test_numpy_starts_no_blas_threads_in_tokenmills_processes():
+    """numpy's OpenBLAS starts a thread per core as it is imported, which spins for 0.1 s of CPU: in each process of
+    a run (the command's, the LocalCluster's, the forkserver's, which they inherit the setting from) it is one
+    thread, none spinning. Without tokenmill's setting (`flows/__init__.py`) the same import starts more."""
+    count = "import os, sys; {} import numpy; print(len(os.listdir('/proc/self/task')))"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+
+    def threads(before: str) -> int:
+        run = subprocess.run([sys.executable, "-c", count.format(before)], env=env, capture_output=True, text=True)
+        return int(run.stdout)
+
+    assert threads("import flows;") == 1
+    assert threads("") > 1
