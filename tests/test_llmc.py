@@ -49,3 +49,24 @@ def test_shards_are_cut_at_the_cap():
     assert shard_bounds(250, 100) == [(0, 100), (100, 200), (200, 250)]
     assert shard_bounds(200, 100) == [(0, 100), (100, 200)]
     assert shard_bounds(0, 100) == []
+
+
+@pytest.mark.parametrize(("tokens", "counted"), [(0, 1), (250, 2), (150, 3)])
+def test_stats_that_count_other_llmc_files_than_the_tokens_need_fail_naming_the_file(tmp_path, tokens, counted):
+    """validate holds a split's llm.c files against its stats (`formats.llmc.check`), also where the split has no
+    tokens but its stats count files: the stats' files are checked, and the count named."""
+    from types import SimpleNamespace
+
+    from tokenmill.formats import llmc
+    from tokenmill.formats.table import SplitFound
+
+    row = SimpleNamespace(split="train", shard_id=0, tokens=tokens, llmc_files=counted)
+    run = SimpleNamespace(llmc_shard_tokens=100, vocab_size=50257)
+    rels = llmc.split_files(row, run)
+    assert len(rels) == max(counted, -(-tokens // 100))  # validate finds those the stats count missing, too
+    paths = [tmp_path / f"{k}.bin" for k in range(len(rels))]
+    for path in paths:
+        write_llmc(path, np.zeros(min(100, tokens), np.uint16), np.uint16)
+    found = SplitFound(rels, paths, row, np.uint16, 0, run)
+    needed = -(-tokens // 100)
+    assert llmc.check(found) == [f"{rels[0]}: stats say {counted} llm.c files, {tokens} tokens need {needed}"]

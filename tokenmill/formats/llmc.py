@@ -80,17 +80,23 @@ class LlmcReader:
 
 
 def split_files(row, run) -> list[str]:
-    """A shard's split's files (`formats.table`): as many parts as its tokens need at `output.llmc_shard_tokens`
-    (the stats' count of them is checked against this)."""
-    return [layout.llmc_file(row.split, row.shard_id, part) for part in range(-(-row.tokens // run.llmc_shard_tokens))]
+    """A shard's split's files (`formats.table`): as many parts as its tokens need at `output.llmc_shard_tokens`,
+    or as its stats count where they count more (a split without tokens whose stats count files is checked too)."""
+    parts = max(_parts_needed(row.tokens, run.llmc_shard_tokens), row.llmc_files)
+    return [layout.llmc_file(row.split, row.shard_id, part) for part in range(parts)]
+
+
+def _parts_needed(tokens: int, cap: int) -> int:
+    return -(-tokens // cap)
 
 
 def check(found: SplitFound) -> list[str]:
-    """Each part's header, dtype and size, and the split's tokens in all."""
+    """The parts the stats count against those the split's tokens need, then each part's header, dtype and size,
+    and the split's tokens in all."""
     row, cap, dtype = found.row, found.run.llmc_shard_tokens, llmc_dtype(found.run.vocab_size)
     first = layout.llmc_file(row.split, row.shard_id, 0)
-    if row.llmc_files != len(found.rels):
-        return [f"{first}: stats say {row.llmc_files} llm.c files, {row.tokens} tokens need {len(found.rels)}"]
+    if row.llmc_files != (needed := _parts_needed(row.tokens, cap)):
+        return [f"{first}: stats say {row.llmc_files} llm.c files, {row.tokens} tokens need {needed}"]
     tokens = 0
     for rel, path in zip(found.rels, found.paths, strict=True):
         try:
