@@ -26,8 +26,9 @@ alternate; rounds a multiple of the tools put each tool in each place equally of
 With `--code`, a table then gives each checkout's medians (wall, CPU s, the server's CPU s, peak RSS) and their
 ratios to this checkout's, and each checkout's phases.
 
-With `--big-repeat N` it then runs once on enwiki_slice x N (x200: 12 GB): tokenmill's throughput against the
-encoder ceiling measured just before (bench/limits.py's: the cores x gigatoken alone on one core, the texts of
+With `--big-repeat N` it then runs once on enwiki_slice x N (x200: 12 GB; with `--corpus`, that file N times):
+tokenmill's throughput against the parse+encode limit and the encoder ceiling measured just before (bench/limits.py's:
+the cores over pyarrow's parse and gigatoken alone, and the cores x gigatoken alone, each on one core, the texts of
 the file's first `--ceiling-mb` in memory), the largest worker's memory, and what Megatron's tool does with it.
 bench/limits.py measures the other limits beside tokenmill at several sizes.
 
@@ -312,12 +313,14 @@ def _numbers(run: Watched) -> dict:
     }
 
 
-def ceiling_mb_s(corpus: Path, tokenizer: str, prefix_mb: float, cores: int, copy: int) -> float:
-    """The encoder ceiling now: `cores` x gigatoken alone on one core, texts in memory (bench/limits.py's; `copy`:
-    the bytes of one copy of the corpus's source)."""
+def limits_now(corpus: Path, tokenizer: str, prefix_mb: float, cores: int, copy: int) -> dict[str, float]:
+    """This machine's limits on the corpus now, MB/s (bench/limits.py's, on its first `prefix_mb`, texts in memory;
+    `copy`: the bytes of one copy of the corpus's source): the encoder ceiling (`cores` x gigatoken alone on one
+    core) and the parse+encode limit (`cores` / (1 / pyarrow's JSON parser + 1 / gigatoken alone))."""
     import limits  # beside this file; it imports this module too
 
-    return cores * limits.limits(corpus, tokenizer, prefix_mb, copy)["encoder"]
+    rates = limits.with_implied(limits.limits(corpus, tokenizer, prefix_mb, copy), cores)
+    return {name: rates[name] for name in ("encoder ceiling", "parse+encode limit")}
 
 
 def parse_encode_limit(corpus: Path, tokenizer: str, prefix_mb: float, cores: int) -> float:
@@ -464,14 +467,16 @@ def main() -> None:
             big, source = work / "big.jsonl", args.corpus or Path(args.source)
             size = throughput.make_corpus(source, args.big_repeat, big)
             print(f"\nbig corpus: {size / 1e9:.2f} GB ({args.big_repeat} x {source.name})")
-            ceiling = ceiling_mb_s(big, args.tokenizer, args.ceiling_mb, workers, size // args.big_repeat)
+            limit = limits_now(big, args.tokenizer, args.ceiling_mb, workers, size // args.big_repeat)
             load = os.getloadavg()[0]
             mill = run_tokenmill(args, checkouts[0], big, outs["tokenmill"], cap)
             rate = size / 1e6 / mill["wall_s"]
-            print(json.dumps({"load": load, "ceiling_mb_s": round(ceiling), **mill}))
-            print(f"tokenmill: {mill['wall_s']:.1f} s = {rate:.0f} MB/s = {rate / ceiling:.1%} of the "
-                  f"{ceiling:.0f} MB/s encoder ceiling measured just before; largest process "
-                  f"{mill['peak_process_gb']:.2f} GB, tree {mill['peak_tree_gb']:.2f} GB")  # fmt: skip
+            print(json.dumps({"load": load, **{k: round(v) for k, v in limit.items()}, **mill}))
+            both, ceiling = limit["parse+encode limit"], limit["encoder ceiling"]
+            print(f"tokenmill: {mill['wall_s']:.1f} s = {rate:.0f} MB/s = {rate / both:.2f} of the {both:.0f} MB/s "
+                  f"parse+encode limit and {rate / ceiling:.2f} of the {ceiling:.0f} MB/s encoder ceiling measured "
+                  f"just before; largest process {mill['peak_process_gb']:.2f} GB, "
+                  f"tree {mill['peak_tree_gb']:.2f} GB")  # fmt: skip
             shutil.rmtree(outs["tokenmill"], ignore_errors=True)
             load = os.getloadavg()[0]
             meg = run_megatron(args, big, outs["megatron"], cap)
