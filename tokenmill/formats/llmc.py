@@ -82,12 +82,8 @@ class LlmcReader:
 def split_files(row, run) -> list[str]:
     """A shard's split's files (`formats.table`): as many parts as its tokens need at `output.llmc_shard_tokens`,
     or as its stats count where they count more (a split without tokens whose stats count files is checked too)."""
-    parts = max(_parts_needed(row.tokens, run.llmc_shard_tokens), row.llmc_files)
+    parts = max(len(shard_bounds(row.tokens, run.llmc_shard_tokens)), row.llmc_files)
     return [layout.llmc_file(row.split, row.shard_id, part) for part in range(parts)]
-
-
-def _parts_needed(tokens: int, cap: int) -> int:
-    return -(-tokens // cap)
 
 
 def check(found: SplitFound) -> list[str]:
@@ -95,7 +91,7 @@ def check(found: SplitFound) -> list[str]:
     and the split's tokens in all."""
     row, cap, dtype = found.row, found.run.llmc_shard_tokens, llmc_dtype(found.run.vocab_size)
     first = layout.llmc_file(row.split, row.shard_id, 0)
-    if row.llmc_files != (needed := _parts_needed(row.tokens, cap)):
+    if row.llmc_files != (needed := len(shard_bounds(row.tokens, cap))):
         return [f"{first}: stats say {row.llmc_files} llm.c files, {row.tokens} tokens need {needed}"]
     tokens = 0
     for rel, path in zip(found.rels, found.paths, strict=True):
