@@ -62,11 +62,11 @@ def test_stats_that_count_other_llmc_files_than_the_tokens_need_fail_naming_the_
 
     row = SimpleNamespace(split="train", shard_id=0, tokens=tokens, llmc_files=counted)
     run = SimpleNamespace(llmc_shard_tokens=100, vocab_size=50257)
+    needed = -(-tokens // 100)
     rels = llmc.split_files(row, run)
-    assert len(rels) == max(counted, -(-tokens // 100))  # validate finds those the stats count missing, too
+    assert len(rels) == max(counted, needed)  # validate finds those the stats count missing, too
     paths = [tmp_path / f"{k}.bin" for k in range(len(rels))]
     for path in paths:
         write_llmc(path, np.zeros(min(100, tokens), np.uint16), np.uint16)
     found = SplitFound(rels, paths, row, np.uint16, 0, run)
-    needed = -(-tokens // 100)
     assert llmc.check(found) == [f"{rels[0]}: stats say {counted} llm.c files, {tokens} tokens need {needed}"]
