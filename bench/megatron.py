@@ -323,15 +323,6 @@ def limits_now(corpus: Path, tokenizer: str, prefix_mb: float, cores: int, copy:
     return {name: rates[name] for name in ("encoder ceiling", "parse+encode limit")}
 
 
-def parse_encode_limit(corpus: Path, tokenizer: str, prefix_mb: float, cores: int) -> float:
-    """This machine's parse+encode limit on the corpus now, MB/s (bench/limits.py's: `cores` / (1 / pyarrow's JSON
-    parser + 1 / gigatoken alone), each on one core, the corpus's first `prefix_mb` in memory)."""
-    import limits
-
-    rates = limits.limits(corpus, tokenizer, prefix_mb, corpus.stat().st_size)
-    return limits.with_implied(rates, cores)["parse+encode limit"]
-
-
 def print_rounds(rows: list[dict]) -> None:
     print("| round | tool | load | wall s | CPU s | largest process GB | process tree GB | documents | tokens |")
     print("|--:|---|--:|--:|--:|--:|--:|--:|--:|")
@@ -423,7 +414,8 @@ def main() -> None:
         rows, limits_mb_s = [], []
         for round_ in range(1, args.rounds + 1):
             if args.corpus:  # the limit beside the tools, in each round (the host's speed drifts)
-                limits_mb_s.append(parse_encode_limit(corpus, args.tokenizer, args.ceiling_mb, workers))
+                limit = limits_now(corpus, args.tokenizer, args.ceiling_mb, workers, corpus.stat().st_size)
+                limits_mb_s.append(limit["parse+encode limit"])
                 print(json.dumps({"round": round_, "parse_encode_limit_mb_s": round(limits_mb_s[-1])}), flush=True)
             turn = (round_ - 1) % len(tools)  # each tool first in turn (with two: alternated)
             for tool in [*tools][turn:] + [*tools][:turn]:
