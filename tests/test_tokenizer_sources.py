@@ -15,6 +15,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from tokenmill.config import HubConfig, TiktokenConfig, TokenizerConfig
+from tokenmill.tokenizers.encoders import new_backend
 from tokenmill.tokenizers.pretrained import TokenizerSourceError, load_pretrained
 from tokenmill.tokenizers.tiktoken_convert import PRESETS, parse_ranks
 from tokenmill.tokenizers.tokenizer_info import describe_tokenizer, encode
@@ -84,6 +85,41 @@ def test_tiktoken_rank_file_converts_to_the_same_ids(rank_file, texts):
     assert info.vocab_size == reference.n_vocab  # the largest id + 1, even with gaps (cl100k)
     assert info.eod_id == reference.eot_token if preset.name != "llama3" else info.eod_id == 128001
     assert tok.decode(ids(tok, texts[:1])[0]) == texts[0]
+
+
+@pytest.mark.parametrize("name", ["r50k_base", "cl100k_base", "o200k_base"])
+def test_a_rank_files_tokenizer_loads_into_gigatoken_with_tiktokens_ids(name, texts):
+    """gigatoken knows a split pattern by its text: the converted r50k and cl100k patterns, as Oniguruma must read
+    them, it refused (runs of them were left to hf, at a few MB/s), and is given them as it spells them."""
+    path = TOKENIZERS / "tiktoken" / f"{name}.tiktoken"
+    data = path.read_bytes()
+    _, pretrained = tokenizer_of(path)
+    preset = PRESETS[hashlib.sha256(data).hexdigest()]
+    reference = tiktoken.Encoding(preset.name, pat_str=preset.pattern, mergeable_ranks=parse_ranks(data, name),
+                                  special_tokens=preset.special_tokens)  # fmt: skip
+    flat, lengths = new_backend("gigatoken", pretrained.data).encode_batch(texts)
+    assert [ids.tolist() for ids in np.split(flat, np.cumsum(lengths)[:-1])] == reference.encode_ordinary_batch(texts)
+
+
+def test_a_rank_files_conversion_is_kept_in_the_users_cache(tmp_path, monkeypatch):
+    """Converting a large rank file takes seconds, in the flow's process and in the forkserver of every run: the
+    tokenizer.json is kept (0600) by the file, the pattern and special tokens; a cache file that another user could
+    have written is not taken."""
+    from tokenmill.tokenizers import pretrained as module
+
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "cache"))
+    conversions, convert = [], module.rank_file_to_tokenizer_json
+    monkeypatch.setattr(module, "rank_file_to_tokenizer_json", lambda *a: conversions.append(a) or convert(*a))
+    path = str(TOKENIZERS / "tiktoken" / "r50k_base.tiktoken")
+    first = load_pretrained(path)
+    (kept,) = (tmp_path / "cache" / "tiktoken-tokenizers").iterdir()
+    assert kept.stat().st_mode & 0o777 == 0o600 and kept.read_bytes() == first.data
+    assert load_pretrained(path) == first and len(conversions) == 1
+    other = TiktokenConfig(pattern=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+                           special_tokens={"<|endoftext|>": 50256})  # fmt: skip
+    assert load_pretrained(path, tiktoken=other).data != first.data and len(conversions) == 2
+    kept.chmod(0o666)
+    assert load_pretrained(path) == first and len(conversions) == 3
 
 
 def test_llama3_own_eos_and_bos(tmp_path):

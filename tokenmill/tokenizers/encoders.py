@@ -38,6 +38,7 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 
 from tokenmill.io.buffers import scan_parts
+from tokenmill.tokenizers.tiktoken_convert import in_gigatoken_spelling
 
 BACKENDS = ("gigatoken", "tiktoken", "hf")  # fastest first: `auto` takes the first one that is exact
 Texts = pa.Array | Sequence[str]
@@ -336,7 +337,7 @@ class GigatokenEncoder:
         import gigatoken
 
         try:
-            self.tokenizer = gigatoken.Tokenizer.from_json(tokenizer_json)
+            self.tokenizer = gigatoken.Tokenizer.from_json(in_gigatoken_spelling(tokenizer_json))
         except RuntimeError as e:  # its Rust loader's refusal (a byte without a vocabulary entry, say)
             raise NotRepresentable(f"gigatoken cannot load it ({str(e).splitlines()[0]})") from None
         self.version = package_version("gigatoken")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -151,6 +152,26 @@ def onig_pattern(pattern: str) -> str:
     return re.sub(r"(\{\d+(?:,\d*)?\})\+", r"\1", pattern)
 
 
+# The same splits as gigatoken spells them: it knows a split pattern by its text, and refuses these as `convert`
+# writes them (tiktoken's r50k/p50k and cl100k patterns, as Oniguruma must read them), which left a run with the
+# reference alone, `hf`, at a few MB/s a core. tests/test_tokenizer_sources.py finds tiktoken's ids in gigatoken's
+# on every document it encodes; a run checks the backend as any other (`encoders.choose_encoder`).
+GIGATOKEN_SPELLINGS = {
+    onig_pattern(_GPT2_PATTERN): r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+    onig_pattern(_CL100K_PATTERN): (
+        r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|"""
+        r"""\s+(?!\S)|\s+"""
+    ),
+}
+
+
+def in_gigatoken_spelling(tokenizer_json: bytes) -> bytes:
+    """`tokenizer_json` with its split pattern as gigatoken spells it, where it is one of GIGATOKEN_SPELLINGS."""
+    for written, spelled in GIGATOKEN_SPELLINGS.items():
+        tokenizer_json = tokenizer_json.replace(json.dumps(written).encode(), json.dumps(spelled).encode())
+    return tokenizer_json
+
+
 def convert(ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int]) -> Tokenizer:
     """A byte-level BPE `Tokenizer` that gives the ids `tiktoken.Encoding(pattern, ranks, special_tokens)` gives."""
     if missing := [b for b in range(256) if bytes([b]) not in ranks]:
@@ -175,11 +196,9 @@ def convert(ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int
     return tokenizer
 
 
-def rank_file_to_tokenizer_json(
-    data: bytes, source: str, pattern: str | None, special_tokens: dict[str, int] | None
-) -> tuple[bytes, Preset]:
-    """(tokenizer.json bytes, the preset used) for a rank file; pattern and special tokens default to the
-    preset of a known file, and are required for any other."""
+def rank_file_preset(data: bytes, source: str, pattern: str | None, special_tokens: dict[str, int] | None) -> Preset:
+    """What converting a rank file uses: the pattern and special tokens given, else the preset of a known file
+    (required for any other), with a known file's own EOS and BOS."""
     preset = PRESETS.get(hashlib.sha256(data).hexdigest())
     if preset is None and pattern is None:
         known = ", ".join(p.name for p in PRESETS.values())
@@ -187,12 +206,19 @@ def rank_file_to_tokenizer_json(
             f"{source} is a tiktoken rank file tokenmill does not know (known: {known}): "
             "set tokenizer.tiktoken.pattern (its split regex) and tokenizer.tiktoken.special_tokens"
         )
-    chosen = Preset(
+    return Preset(
         name=preset.name if preset else source,
         pattern=pattern if pattern is not None else preset.pattern,
         special_tokens=special_tokens if special_tokens is not None else preset.special_tokens,
         eos=preset.eos if preset else None,
         bos=preset.bos if preset else None,
     )
+
+
+def rank_file_to_tokenizer_json(
+    data: bytes, source: str, pattern: str | None, special_tokens: dict[str, int] | None
+) -> tuple[bytes, Preset]:
+    """(tokenizer.json bytes, the preset used) for a rank file (`rank_file_preset`)."""
+    chosen = rank_file_preset(data, source, pattern, special_tokens)
     tokenizer = convert(parse_ranks(data, source), chosen.pattern, chosen.special_tokens)
     return tokenizer.to_str().encode(), chosen
