@@ -1,6 +1,6 @@
 """The reference ids of every corpus of tests/data under each tested tokenizer, recorded as digests.
 
-HF `tokenizers` needs minutes of this machine's 2 cores for all of `tests/data/corpora` under the four
+HF `tokenizers` needs minutes of this machine's 2 cores for all of `tests/data/corpora` under the five
 tokenizers, too long to repeat in every CI run; the sha256 of its ids (per corpus, and per block of
 BLOCK documents to point at the documents that differ) is recorded once in `reference_ids.json` with the
 `tokenizers` version and the sha256 of the tokenizer and corpus files. Tests compare against the record when
@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from .conftest import CORPORA, EXAMPLES, TOKENIZERS
 
 RECORD = Path(__file__).with_name("reference_ids.json")
-TOKENIZER_NAMES = ["gpt2", "gpt-neox-20b", "phi3-mini", "deepseek-v3"]
+TOKENIZER_NAMES = ["gpt2", "gpt-neox-20b", "phi3-mini", "deepseek-v3", "granite-3.1"]
 # The text corpora (records with a `text` field): tests/data's and the examples' two web sets.
 CORPUS_FILES = sorted([*CORPORA.rglob("*.jsonl.gz"), *EXAMPLES.glob("data/*.jsonl.gz")], key=lambda p: p.name)
 BLOCK = 256  # documents per block digest

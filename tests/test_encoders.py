@@ -1,6 +1,6 @@
 """Encoder backends against the reference: the encoding tokenmill chooses gives, for every document of every
-corpus of tests/data and each of the GPT-2, GPT-NeoX, Phi-3 (Llama-2-style) and DeepSeek-V3 tokenizers, exactly the
-ids of `tokenizers.Tokenizer.encode(text, add_special_tokens=False)`.
+corpus of tests/data and each of the GPT-2, GPT-NeoX, Phi-3 (Llama-2-style), DeepSeek-V3 and Granite 3.1
+(StarCoder-style) tokenizers, exactly the ids of `tokenizers.Tokenizer.encode(text, add_special_tokens=False)`.
 
 The full reference costs minutes of HF time, so its digests are recorded in `reference_ids.json` (see
 `tests/reference_ids.py`); every run also re-encodes one document in SPOT_CHECK of each corpus with HF live
@@ -163,6 +163,23 @@ def test_a_letter_newer_than_the_reference_unicode_goes_to_the_reference():
     guarded = GuardedEncoder(fast, reference, unsafe)
     assert_same_ids(guarded.encode_batch(texts), expected, "guarded gigatoken")
     assert guarded.rerouted == 1
+
+
+def test_a_byte_level_vocabulary_without_every_byte_runs_on_gigatoken():
+    """Granite's (StarCoder's) vocabulary has no token of 14 bytes: those UTF-8 never holds, and 0xF1, which only
+    code points of planes 4-7 hold, which no Unicode version assigns. gigatoken, which needs a token for every byte
+    (it refused: the run was hf's, at a few MB/s), is given one for each; every code point holding one of those bytes
+    goes to hf, not only the probes' sample of the unassigned planes."""
+    data = tokenizer_json("granite-3.1")
+    fast = new_backend("gigatoken", data)
+    assert fast.lacking == (0xC0, 0xC1, 0xF1, *range(0xF5, 0x100))
+    texts = ["def f():\n    return 1\n", "plane 4 \U00040000 and \U0007fffe", "a flag \U0001f3f4\U000e0067\U000e007f"]
+    choice, report = choose_encoder(data, "auto", texts, log=lambda _: None)
+    assert choice.backend == "gigatoken", report
+    assert np.isin(np.arange(0x40000, 0x80000), choice.unsafe_code_points()).all()
+    encoder, reference = build_encoder(data, choice), encoders.HFEncoder(Tokenizer.from_str(data.decode()))
+    assert_same_ids(encoder.encode_batch(texts), reference.encode_batch(texts), "guarded gigatoken")
+    assert encoder.rerouted >= 1  # the second text, whose code points hold 0xF1
 
 
 def test_unsafe_documents_are_found_in_sliced_arrays_of_every_utf8_width():

@@ -336,9 +336,17 @@ class GigatokenEncoder:
     def __init__(self, tokenizer_json: bytes):
         import gigatoken
 
+        tokenizer_json = in_gigatoken_spelling(tokenizer_json)
+        self.lacking: tuple[int, ...] = ()  # bytes the vocabulary has no token of (`every_byte_a_token`)
         try:
-            self.tokenizer = gigatoken.Tokenizer.from_json(in_gigatoken_spelling(tokenizer_json))
-        except RuntimeError as e:  # its Rust loader's refusal (a byte without a vocabulary entry, say)
+            try:
+                self.tokenizer = gigatoken.Tokenizer.from_json(tokenizer_json)
+            except RuntimeError as e:
+                if "no single-byte vocab entry" not in str(e):
+                    raise
+                tokenizer_json, self.lacking = every_byte_a_token(tokenizer_json)
+                self.tokenizer = gigatoken.Tokenizer.from_json(tokenizer_json)
+        except RuntimeError as e:  # its Rust loader's refusal (a pre-tokenizer it does not know, say)
             raise NotRepresentable(f"gigatoken cannot load it ({str(e).splitlines()[0]})") from None
         self.version = package_version("gigatoken")
 
@@ -361,6 +369,32 @@ class GigatokenEncoder:
         ids_offsets = np.asarray(layout.offsets.data, dtype=np.int64)
         flat = np.asarray(layout.content.data, dtype=np.uint32)[ids_offsets[0] : ids_offsets[-1]]
         return flat, np.diff(ids_offsets)
+
+
+def every_byte_a_token(tokenizer_json: bytes) -> tuple[bytes, tuple[int, ...]]:
+    """A byte-level BPE as gigatoken can load it, which needs a token for every byte: the bytes its vocabulary has no
+    token of (StarCoder's and Granite's lack those UTF-8 never holds, and 0xF1, which only code points no Unicode
+    version assigns hold) each given one, with an id past the others; and those bytes. A document holding a code
+    point whose UTF-8 holds one of them is encoded by hf (`cached_unsafe_code_points`), so these ids are never
+    written."""
+    spec = orjson.loads(tokenizer_json)
+    vocab, chars = spec["model"]["vocab"], _bytes_to_unicode()
+    lacking = tuple(b for b, ch in chars.items() if ch not in vocab)
+    after = max([*vocab.values(), *(t["id"] for t in spec.get("added_tokens") or [])]) + 1
+    vocab |= {chars[b]: after + k for k, b in enumerate(lacking)}
+    return orjson.dumps(spec), lacking
+
+
+def code_points_holding(byte_values: Sequence[int]) -> np.ndarray:
+    """Every code point whose UTF-8 holds any of `byte_values`."""
+    cp = np.arange(0x110000, dtype=np.int64)
+    cp = cp[(cp < 0xD800) | (cp >= 0xE000)]
+    length = np.select([cp < 0x80, cp < 0x800, cp < 0x10000], [1, 2, 3], 4)
+    lead = np.select([length == 1, length == 2, length == 3], [cp, 0xC0 | cp >> 6, 0xE0 | cp >> 12], 0xF0 | cp >> 18)
+    holding = np.isin(lead, byte_values)
+    for k, shift in enumerate((0, 6, 12)):  # the last, second last and third last continuation bytes
+        holding |= (length > k + 1) & np.isin(0x80 | (cp >> shift) & 0x3F, byte_values)
+    return cp[holding]
 
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -784,7 +818,9 @@ def cached_unsafe_code_points(tokenizer_json: bytes, fast: Encoder, reference: H
     name = f"{digest}-{fast.name}-{fast.version}-hf-{reference.version}-probe{PROBE_VERSION}.json"
     if (cached := read_cached("encoder-probes", name)) is not None:
         return np.array(json.loads(cached), dtype=np.int64)
-    unsafe = probe_code_points(fast, reference)
+    # Code points holding a byte without a token (`every_byte_a_token`): all of them, not the probes' sample of those
+    # in unassigned planes
+    unsafe = np.union1d(probe_code_points(fast, reference), code_points_holding(getattr(fast, "lacking", ())))
     write_cached("encoder-probes", name, json.dumps(unsafe.tolist()).encode())
     return unsafe
 
