@@ -38,7 +38,7 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 
 from tokenmill.io.buffers import scan_parts
-from tokenmill.tokenizers.tiktoken_convert import in_gigatoken_spelling
+from tokenmill.tokenizers.tiktoken_convert import byte_to_unicode, in_gigatoken_spelling
 
 BACKENDS = ("gigatoken", "tiktoken", "hf")  # fastest first: `auto` takes the first one that is exact
 Texts = pa.Array | Sequence[str]
@@ -260,7 +260,7 @@ class TokenOffsets:
                 return len(token.replace(space, " ").encode())
 
         elif kind == "ByteLevel" and not part.get("add_prefix_space"):
-            byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
+            byte_of = {ch: b for b, ch in byte_to_unicode().items()}
 
             def length(token: str) -> int:
                 return sum(1 if ch in byte_of else len(ch.encode()) for ch in token)
@@ -378,7 +378,7 @@ def every_byte_a_token(tokenizer_json: bytes) -> tuple[bytes, tuple[int, ...]]:
     point whose UTF-8 holds one of them is encoded by hf (`cached_unsafe_code_points`), so these ids are never
     written."""
     spec = orjson.loads(tokenizer_json)
-    vocab, chars = spec["model"]["vocab"], _bytes_to_unicode()
+    vocab, chars = spec["model"]["vocab"], byte_to_unicode()
     lacking = tuple(b for b, ch in chars.items() if ch not in vocab)
     after = max([*vocab.values(), *(t["id"] for t in spec.get("added_tokens") or [])]) + 1
     vocab |= {chars[b]: after + k for k, b in enumerate(lacking)}
@@ -419,7 +419,7 @@ def tiktoken_parts(tokenizer_json: bytes) -> tuple[str, dict[bytes, int], dict[s
     if any(a != b and b.startswith(a) for a in contents for b in contents):
         raise NotRepresentable("an added token is a prefix of another (tiktoken does not match longest first)")
 
-    byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
+    byte_of = {ch: b for b, ch in byte_to_unicode().items()}
     vocab: dict[str, int] = model["vocab"]
     merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"]]
 
@@ -430,11 +430,11 @@ def tiktoken_parts(tokenizer_json: bytes) -> tuple[str, dict[bytes, int], dict[s
     # order. Ranks in merge order (single bytes first) make the two agree.
     ranks: dict[bytes, int] = {}
     try:
-        for b, ch in _bytes_to_unicode().items():
+        for b, ch in byte_to_unicode().items():
             if ch not in vocab:
                 raise NotRepresentable(f"byte {b} is not in the vocabulary")
             ranks[bytes([b])] = len(ranks)
-        ids = [vocab[ch] for ch in _bytes_to_unicode().values()]
+        ids = [vocab[ch] for ch in byte_to_unicode().values()]
         for left, right in merges:
             merged = raw(left + right)
             if merged in ranks:
@@ -443,11 +443,7 @@ def tiktoken_parts(tokenizer_json: bytes) -> tuple[str, dict[bytes, int], dict[s
             ids.append(vocab[left + right])
     except KeyError as e:
         raise NotRepresentable(f"a token is not written in GPT-2's byte alphabet ({e})") from e
-    if (
-        leftover := set(vocab)
-        - {t["content"] for t in added}
-        - {"".join(map(_bytes_to_unicode().get, r)) for r in ranks}
-    ):
+    if leftover := set(vocab) - {t["content"] for t in added} - {"".join(map(byte_to_unicode().get, r)) for r in ranks}:
         raise NotRepresentable(f"{len(leftover)} vocabulary entries are neither bytes, merges nor added tokens")
     specials = {content: len(ranks) + i for i, content in enumerate(contents)}
     ids += [t["id"] for t in added]
@@ -476,20 +472,6 @@ def _split_pattern(pre_tokenizer: dict | None) -> str:
     ):
         return steps[0]["pattern"]["Regex"]
     raise NotRepresentable(f"the pre-tokenizer ({kind} of {[s.get('type') for s in steps]}) is not one regex split")
-
-
-@functools.cache
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable characters, in which byte-level vocabularies are written."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
 
 
 class TiktokenEncoder:

@@ -116,19 +116,22 @@ def parse_ranks(data: bytes, source: str) -> dict[bytes, int]:
 
 
 @functools.cache
-def _byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable characters, which byte-level vocabularies are written in."""
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters, in which byte-level vocabularies are written (in
+    byte order)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = dict(zip(printable, printable, strict=True)), 0
+    chars, extra = {}, 0
     for b in range(256):
-        if b not in chars:
-            chars[b] = 256 + extra
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
             extra += 1
-    return {b: chr(c) for b, c in chars.items()}
+    return chars
 
 
 def _as_vocab_string(token: bytes) -> str:
-    table = _byte_to_unicode()
+    table = byte_to_unicode()
     return "".join(table[b] for b in token)
 
 
