@@ -1,5 +1,5 @@
-"""The tokenizer stage in the real flow: Llama-3's tiktoken rank file, its own EOS and BOS, BOS prepended,
-the fertility report published with the dataset; a missing EOD stops the run before any shard."""
+"""The tokenizer stage in the real flow: Llama-3's tiktoken rank file, its own EOS (the default's) and BOS, BOS
+prepended, the fertility report published with the dataset; a missing EOD stops the run before any shard."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ tiktoken = pytest.importorskip("tiktoken")
 
 
 def test_llama3_rank_file_with_bos_gives_tiktoken_ids_for_every_document(run_cli, tmp_path):
+    """tokenizer.eod left at <|endoftext|>, which Llama-3 lacks: its own EOS, <|end_of_text|>."""
     llama3 = maintainers_file("tokenizers/llama3/tokenizer.model")  # Meta's license keeps it out of the repository
     out = tmp_path / "llama3"
     run_cli("run", "examples/gpt2.yaml", "--set", f"output.path={out}", "--set", f"tokenizer.path={llama3}",
-            "--set", "tokenizer.eod=auto", "--set", "tokenizer.bos=auto", "--set", "tokenizer.prepend_bos=true",
+            "--set", "tokenizer.bos=auto", "--set", "tokenizer.prepend_bos=true",
             "--set", "split={train: 1.0}", "--set", "fertility.group_by=[source]")  # fmt: skip
     data = llama3.read_bytes()
     preset = PRESETS[hashlib.sha256(data).hexdigest()]

@@ -130,10 +130,12 @@ def test_llama3_own_eos_and_bos(tmp_path):
                               pretrained.eos, pretrained.bos)  # fmt: skip
     assert (pretrained.eos, pretrained.bos, info.eod_id, info.bos_id) == ("<|end_of_text|>", "<|begin_of_text|>",
                                                                           128001, 128000)  # fmt: skip
-    with pytest.raises(
-        ValueError, match=r"tokenizer.eod '<\|endoftext\|>' is not in the vocabulary.*'<\|end_of_text\|>'"
-    ):
-        describe_tokenizer(pretrained.data, TokenizerConfig(path="x"), False, pretrained.eos, source="llama3")
+    # The default EOD, which Llama-3's vocabulary lacks, is its own; a token named in the config is that token or
+    # an error (so is the default where the tokenizer names no EOS of its own: test_unknown_rank_file...)
+    assert describe_tokenizer(pretrained.data, TokenizerConfig(path="x"), False, pretrained.eos).eod_id == 128001
+    with pytest.raises(ValueError, match=r"tokenizer.eod '<\|eot\|>' is not in the vocabulary.*'<\|end_of_text\|>'"):
+        describe_tokenizer(pretrained.data, TokenizerConfig(path="x", eod="<|eot|>"), False, pretrained.eos,
+                           source="llama3")  # fmt: skip
 
 
 def test_unknown_rank_file_needs_a_pattern(tmp_path):
@@ -149,6 +151,10 @@ def test_unknown_rank_file_needs_a_pattern(tmp_path):
                                   special_tokens={"<|eot|>": 300})  # fmt: skip
     text = "the other thing that is in there <|eot|>"
     assert tok.encode(text, add_special_tokens=False).ids == reference.encode(text, allowed_special="all")
+    small = load_pretrained(str(path), tiktoken=options)
+    assert small.eos is None
+    with pytest.raises(ValueError, match=r"tokenizer.eod '<\|endoftext\|>' is not in the vocabulary of 'small'$"):
+        describe_tokenizer(small.data, TokenizerConfig(path="x"), False, small.eos, source="'small'")
 
 
 def test_hf_directory_names_its_own_eos_and_bos(tmp_path, texts):

@@ -360,6 +360,11 @@ class TiktokenConfig(_Section):
     special_tokens: dict[str, int] | None = Field(None, description="Special token -> id.")
 
 
+# The default is kept as a token string, not auto, so that the dataset hash of every config that leaves it unset is
+# unchanged; which token it resolves to follows from the tokenizer's file, which the hash covers too.
+DEFAULT_EOD = "<|endoftext|>"
+
+
 class TokenizerConfig(_Section):
     """The tokenizer: a pretrained one or one trained on a sample, its special tokens, the encoder backend, and
     how validate re-checks its ids (docs/tokenizers.md)."""
@@ -376,7 +381,9 @@ class TokenizerConfig(_Section):
     )
     train: TrainConfig | None = Field(None, description="Train a tokenizer on a sample of the input instead.")
     eod: str = Field(
-        "<|endoftext|>", description="End-of-document token, or auto: the pretrained tokenizer's own EOS token."
+        DEFAULT_EOD,
+        description="End-of-document token, or auto: the pretrained tokenizer's own EOS token. The default, "
+        "<|endoftext|>, is the tokenizer's own EOS where its vocabulary has no <|endoftext|>.",
     )
     bos: str | None = Field(None, description="Beginning-of-document token, auto (the tokenizer's own BOS), or null.")
     pad: str | None = Field(None, description="A padding token to add when training (its id is in the manifest).")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-from tokenmill.config import TokenizerConfig, TokenmillConfig
+from tokenmill.config import DEFAULT_EOD, TokenizerConfig, TokenmillConfig
 from tokenmill.io.readers import ReadOptions
 from tokenmill.tokenizers.chat import ChatTemplate
 
@@ -44,11 +44,15 @@ def special_token_id(
     tokenizer: Tokenizer, config: TokenizerConfig, key: str, own: str | None = None, source: str = "the tokenizer"
 ) -> int | None:
     """The id of `tokenizer.<key>` (eod, bos or pad): a token string, or `auto` for the tokenizer's own
-    (`own`); None when unset. A token the vocabulary lacks is an error naming the key."""
+    (`own`); None when unset. The default EOD, where the vocabulary lacks it, is the tokenizer's own, as `auto`
+    (Llama-3's, DeepSeek's and Granite's have none of GPT-2's <|endoftext|>). A token the vocabulary lacks is
+    an error naming the key."""
     token = getattr(config, key)
     if token is None:
         return None
     role = {"eod": "EOS", "bos": "BOS", "pad": "PAD"}[key]
+    if key == "eod" and token == DEFAULT_EOD and own is not None and tokenizer.token_to_id(token) is None:
+        token = own
     if token == "auto":
         if own is None:
             raise ValueError(
