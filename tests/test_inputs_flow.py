@@ -42,7 +42,7 @@ def test_quarantine_counts_and_keeps_every_bad_record(run_cli, tmp_path):
     assert [r["reason"].split(":")[0] for r in rejects] == [
         "malformed JSON",
         "invalid UTF-8 at byte 29",
-        "text field 'text' missing",
+        "text field 'text' missing or null",
     ]
     assert {"rejects"} <= {f["kind"] for f in manifest["files"]}
 

@@ -246,11 +246,11 @@ def test_budgets_over_the_total_and_a_source_with_no_tokens_are_named(tmp_path):
     empty.loc[empty.split.str.startswith("books/"), ["documents", "rejected"]] = [0, 7]
     rejects = tmp_path / "rejects" / "shard-00001.jsonl"
     rejects.parent.mkdir()
-    rejects.write_text(json.dumps({"file": "b.jsonl", "line": 3, "reason": "text field 'text' missing"}) + "\n")
+    rejects.write_text(json.dumps({"file": "b.jsonl", "line": 3, "reason": "text field 'text' missing or null"}) + "\n")
     config.output.path = str(tmp_path)
     said = (
         r"'books' made no train tokens: all 7 records were rejected, the first at b.jsonl line 3: text field 'text' "
-        r"missing \(each one's file, line and reason: rejects/shard-00001.jsonl in "
+        r"missing or null \(each one's file, line and reason: rejects/shard-00001.jsonl in "
     )
     with pytest.raises(MixError, match=said):
         resolve(config, empty)

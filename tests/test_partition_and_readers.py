@@ -372,9 +372,10 @@ def test_same_corpus_as_jsonl_gz_zst_and_parquet_gives_identical_tokens(tmp_path
 BAD_LINES = {
     "malformed JSON": (b'{"id": "x", "text": \n', "malformed JSON"),
     "invalid UTF-8": (b'{"id": "x", "text": "caf\xe9"}\n', "invalid UTF-8 at byte"),
-    "missing field": (b'{"id": "x", "body": "no text here"}\n', "text field 'text' missing"),
+    "missing field": (b'{"id": "x", "body": "no text here"}\n', "text field 'text' missing or null"),
+    "null text": (b'{"id": "x", "text": null}\n', "text field 'text' missing or null"),
     "text not a string": (b'{"id": "x", "text": 42}\n', "text field 'text' not a string"),
-    "missing id": (b'{"text": "no id"}\n', "id field 'id' missing"),
+    "missing id": (b'{"text": "no id"}\n', "id field 'id' missing or null"),
     "duplicate id": (b'{"id": "ok1", "text": "again"}\n', "duplicate id in this shard"),
     "empty text": (b'{"id": "x", "text": ""}\n', "text length outside [1,"),
 }

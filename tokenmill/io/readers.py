@@ -450,7 +450,9 @@ def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchem
         {
             "text": pa.Column(
                 checks=[
-                    pa.Check(lambda t: t.notna(), error=f"text field {options.text_field!r} missing", ignore_na=False),
+                    pa.Check(
+                        lambda t: t.notna(), error=f"text field {options.text_field!r} missing or null", ignore_na=False
+                    ),
                     pa.Check(is_string, error=f"text field {options.text_field!r} not a string", ignore_na=False),
                     pa.Check(
                         within_limits,
@@ -462,7 +464,9 @@ def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchem
             ),
             "doc_id": pa.Column(
                 checks=[
-                    pa.Check(lambda ids: ids.notna(), error=f"id field {options.id_field!r} missing", ignore_na=False),
+                    pa.Check(
+                        lambda ids: ids.notna(), error=f"id field {options.id_field!r} missing or null", ignore_na=False
+                    ),
                     pa.Check(lambda ids: ~ids.astype(str).isin(seen_ids), error="duplicate id in this shard"),
                 ],
                 nullable=True,
@@ -562,7 +566,7 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
     for raw in raws:
         problem, doc_id = raw.problem, None if raw.doc_id is None else str(raw.doc_id)
         if problem is None and doc_id is None:
-            problem = f"id field {options.id_field!r} missing"
+            problem = f"id field {options.id_field!r} missing or null"
         elif problem is None and doc_id in seen_ids:
             problem = "duplicate id in this shard"
         elif problem is None:
