@@ -82,14 +82,17 @@ def _measure(corpus: str, tokenizer: str, limit: int, copy: int) -> dict[str, fl
     import pyarrow.json as pj
 
     from tokenmill.io.readers import BATCH_BYTES, Piece, ReadOptions, read_documents
-    from tokenmill.tokenizers.encoders import build_encoder, choose_encoder
+    from tokenmill.tokenizers.encoders import GigatokenEncoder, build_encoder, choose_encoder
+    from tokenmill.tokenizers.pretrained import load_pretrained
 
     data = _prefix(Path(corpus), limit)
     size = len(data)
     rates = {}
 
     texts = [orjson.loads(line)["text"] for line in data.splitlines()]
-    raw = gigatoken.Tokenizer.from_json(Path(tokenizer).read_bytes())
+    # Any tokenizer a run takes (a rank file converted, a vocabulary lacking bytes given them), as gigatoken loads it
+    tokenizer_json = load_pretrained(tokenizer).data
+    raw = GigatokenEncoder(tokenizer_json).tokenizer
 
     def encode(texts: list[str]) -> None:
         for i in range(0, len(texts), BATCH):
@@ -138,7 +141,6 @@ def _measure(corpus: str, tokenizer: str, limit: int, copy: int) -> dict[str, fl
 
     rates["tokenmill reader"] = size / _seconds(read) / 1e6
 
-    tokenizer_json = Path(tokenizer).read_bytes()
     sample = batches[0].text_values()[:200].to_pylist()
     choice, _ = choose_encoder(tokenizer_json, "auto", sample)
     encoder = build_encoder(tokenizer_json, choice)

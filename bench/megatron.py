@@ -4,8 +4,11 @@ Both tools turn the same plain JSONL (enwiki_slice written `--repeat` times, uni
 is, e.g. the code or prose corpus bench/corpora.py builds) into GPT-2 ids with EOD appended, as Megatron
 `.bin/.idx`. With `--corpus`, each round first measures this machine's parse+encode limit on that corpus
 (bench/limits.py's, the library alone on its first `--ceiling-mb`, texts in memory), and tokenmill's median rate is
-given against the median limit. With `--code DIR` (repeatable), tokenmill from that checkout (e.g. the
-commit before a change) is one more tool in the same rounds. Each round runs every tool from scratch, the order
+given against the median limit. With `--code DIR` (repeatable), tokenmill from that checkout (e.g. the commit before
+a change) is one more tool in the same rounds. `--tokenizer` (GPT-2's by default; anything `tokenizer.path` takes)
+is tokenmill's and the limit's, as a run loads it (Megatron's is `--megatron-tokdir`, made from the same file);
+`--without-megatron` leaves Megatron out, for a tokenizer its fast path refuses (Granite's lacks bytes, and it knows
+no spelling of cl100k's pattern as HF tokenizers reads it). Each round runs every tool from scratch, the order
 rotated from round to round (Megatron first in the first, then tokenmill, then the next; with two tools, they
 alternate; rounds a multiple of the tools put each tool in each place equally often), and records:
 
@@ -384,9 +387,14 @@ def main() -> None:
     parser.add_argument("--pack-mode", default="none", help="tokenmill's pack.mode (Megatron's tool does not pack)")
     parser.add_argument("--work", default=None, help="directory for corpora and outputs (default: a temp dir)")
     parser.add_argument("--code", type=Path, action="append", default=[], help="another checkout to run too (repeats)")
+    parser.add_argument(
+        "--without-megatron",
+        action="store_true",
+        help="tokenmill against the limit alone: for a tokenizer Megatron's fast path refuses (Granite's, cl100k's)",
+    )
     args = parser.parse_args()
     missing = [n for n in ("megatron_dir", "megatron_python", "megatron_tokdir") if not getattr(args, n)]
-    if missing:
+    if missing and not args.without_megatron:
         parser.error("set " + ", ".join("--" + n.replace("_", "-") for n in missing) + " (see the docstring)")
     cap = int(args.memory_cap * 1e9)
     workers = os.cpu_count() or 1
@@ -408,7 +416,7 @@ def main() -> None:
         codes = {"tokenmill": REPO} | {f"tokenmill at {code.resolve()}": code for code in args.code}
         checkouts = [servers.enter_context(checkout(tool, code, work / f"prefect-{i}"))
                      for i, (tool, code) in enumerate(codes.items())]  # fmt: skip
-        tools = {"megatron": functools.partial(run_megatron, args)}
+        tools = {} if args.without_megatron else {"megatron": functools.partial(run_megatron, args)}
         tools |= {c.tool: functools.partial(run_tokenmill, args, c) for c in checkouts}
         outs = {tool: work / re.sub(r"\W+", "-", tool) for tool in tools}
         rows, limits_mb_s = [], []
@@ -470,6 +478,8 @@ def main() -> None:
                   f"just before; largest process {mill['peak_process_gb']:.2f} GB, "
                   f"tree {mill['peak_tree_gb']:.2f} GB")  # fmt: skip
             shutil.rmtree(outs["tokenmill"], ignore_errors=True)
+            if args.without_megatron:
+                return
             load = os.getloadavg()[0]
             meg = run_megatron(args, big, outs["megatron"], cap)
             print(json.dumps({"load": load, **meg}))
