@@ -545,3 +545,23 @@ def test_an_input_file_that_is_a_link_is_listed_by_a_glob_and_by_its_name(tmp_pa
     for pattern in (str(tmp_path / "corpus" / "*.jsonl"), str(tmp_path / "corpus" / "linked.jsonl")):
         (listed,) = list_files([pattern])
         assert listed["path"].endswith("linked.jsonl") and listed["size"] == elsewhere.stat().st_size
+
+
+def test_a_directory_names_the_data_files_under_it(tmp_path):
+    """A corpus's directory (or an S3 prefix: test_s3) stands for the files under it, at any depth, whose name gives
+    their format, compressed or not; not its README, nor anything hidden on the way. One with none is named."""
+    from tokenmill.io.storage import list_files
+
+    corpus = tmp_path / "corpus"
+    data = ["a.jsonl", "sub/b.jsonl.gz", "sub/deeper/c.parquet", "d.txt", "e.JSON.zst", "f.ndjson"]
+    other = ["README.md", "LICENSE", "_SUCCESS", ".hidden.jsonl", ".cache/g.jsonl", "_tmp/h.jsonl", "sub/notes.md"]
+    for name in data + other:
+        (corpus / name).parent.mkdir(parents=True, exist_ok=True)
+        (corpus / name).write_bytes(b'{"text": "x"}\n')
+    for directory in (corpus, f"{corpus}/"):
+        assert [f["path"] for f in list_files([str(directory)])] == sorted(str(corpus / name) for name in data)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("# docs\n")
+    said = r"a directory with no \.jsonl, .*\(compressed or not, hidden ones aside; 1 other files\): name other files "
+    with pytest.raises(FileNotFoundError, match=said + r"with a glob, e\.g\. '.*/docs/\*\*/\*\.md'"):
+        list_files([str(tmp_path / "docs")])

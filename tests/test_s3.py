@@ -18,11 +18,12 @@ def test_flow_reads_and_writes_s3(run_cli, s3_server, gpt2_run):
     s3.create_bucket(Bucket="datasets")
     for path in (EXAMPLES / "data").glob("*.jsonl*"):
         s3.upload_file(str(path), "corpus", f"demo/{path.name}")
+    s3.put_object(Bucket="corpus", Key="demo/README.md", Body=b"# not a document\n")  # the prefix names its data
 
     local = gpt2_run  # the same config, read and written locally
     run_cli(
         "run", "examples/gpt2.yaml", "--set", "partition.shard_size=1MB",
-        "--set", "input.paths=[s3://corpus/demo/*.jsonl*]", "--set", "output.path=s3://datasets/gpt2",
+        "--set", "input.paths=[s3://corpus/demo/]", "--set", "output.path=s3://datasets/gpt2",
     )  # fmt: skip
 
     manifest = json.loads(s3.get_object(Bucket="datasets", Key="gpt2/manifest.json")["Body"].read())

@@ -173,7 +173,10 @@ class InputConfig(_Section):
     """The corpus: which files, their format, where each record keeps its text and id, and what makes a record
     invalid (docs/inputs.md)."""
 
-    paths: list[str] = Field(description="Local paths, globs or fsspec URLs (s3://...) of the input files.")
+    paths: list[str] = Field(
+        description="Local paths, globs or fsspec URLs (s3://...) of the input files; a directory or prefix: the "
+        ".jsonl, .json, .ndjson, .parquet, .pq and .txt files under it (compressed or not, hidden ones aside)."
+    )
     format: Literal["auto", "jsonl", "parquet", "text"] = Field(
         "auto",
         description="auto: from the file name, a compression suffix (.gz, .zst, .zstd) set aside: .jsonl, .json or "

@@ -80,6 +80,23 @@ def compression_of(url: str) -> str | None:
     return None
 
 
+# What a directory in input.paths stands for: the files under it whose name gives their format (compressed or not)
+DATA_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet", ".pq", ".txt")
+
+
+def names_its_format(relative: str) -> bool:
+    """Whether a directory in `input.paths` stands for the file at `relative` below it: its name ends in one of
+    DATA_SUFFIXES (then perhaps a compression's), and nothing on the way is hidden (`.` or `_` first: a
+    README.md, Spark's `_SUCCESS` or a `.cache/` is not a document)."""
+    parts = relative.split("/")
+    if any(part.startswith((".", "_")) for part in parts):
+        return False
+    name = parts[-1].lower()
+    for suffix in COMPRESSIONS:
+        name = name.removesuffix(suffix)
+    return name.endswith(DATA_SUFFIXES)
+
+
 def format_of(url: str) -> str:
     """`jsonl`, `parquet` or `text`, from the file name (compression suffixes ignored)."""
     name = url.rsplit("/", 1)[-1].lower()

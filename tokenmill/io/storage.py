@@ -135,9 +135,9 @@ def cause(error: BaseException) -> str:
 
 def list_files(patterns: list[str], storage_options: dict | None = None) -> list[dict]:
     """The files that local paths, globs and fsspec URLs name now, sorted by URL, each with its fingerprint:
-    `{"path", "size", "etag"}` where the store gives an ETag (S3), else `{"path", "size", "mtime"}`. One
-    listing per pattern (its entries carry their size and ETag or mtime), so a prefix of 100,000 objects is
-    a few hundred requests, not one per file."""
+    `{"path", "size", "etag"}` where the store gives an ETag (S3), else `{"path", "size", "mtime"}`. A directory
+    (an S3 prefix) names its data files at any depth (`files_under`). One listing per pattern (its entries carry
+    their size and ETag or mtime), so a prefix of 100,000 objects is a few hundred requests, not one per file."""
     found: dict[str, dict] = {}
     for pattern in patterns:
         fs, _ = fsspec.core.url_to_fs(pattern, **options_for(pattern, storage_options))
@@ -148,6 +148,8 @@ def list_files(patterns: list[str], storage_options: dict | None = None) -> list
                 matches = {pattern: fs.info(pattern)}
             except FileNotFoundError:
                 matches = {}
+            if any(info.get("type") == "directory" for info in matches.values()):
+                matches = files_under(fs, pattern)
         # A local glob describes a link itself ("other"): an input file may be a link to one (not in the output)
         matches = {m: fs.info(m) if info.get("islink") else info for m, info in matches.items()}
         matches = {m: info for m, info in matches.items() if info.get("type") == "file"}
@@ -158,6 +160,23 @@ def list_files(patterns: list[str], storage_options: dict | None = None) -> list
             url = m if isinstance(fs, LocalFileSystem) else f"{protocol}://{m.split('://')[-1]}"
             found[url] = {"path": url, "size": int(info["size"]), **_version_of(info)}
     return [found[url] for url in sorted(found)]
+
+
+def files_under(fs: fsspec.AbstractFileSystem, directory: str) -> dict[str, dict]:
+    """The files a directory in `input.paths` stands for, at any depth, in one listing: those whose name gives
+    their format (`readers.names_its_format`), as a user who points at a corpus's directory means."""
+    from tokenmill.io.readers import DATA_SUFFIXES, names_its_format  # readers imports this module
+
+    root = fs._strip_protocol(directory).rstrip("/")
+    listed = fs.find(directory, detail=True)
+    found = {path: info for path, info in listed.items() if names_its_format(path[len(root) + 1 :])}
+    if not found:
+        raise FileNotFoundError(
+            f"input path {directory!r} is a directory with no {', '.join(DATA_SUFFIXES)} file under it (compressed "
+            f"or not, hidden ones aside; {len(listed)} other files): name other files with a glob, e.g. "
+            f"'{directory.rstrip('/')}/**/*.md'"
+        )
+    return found
 
 
 def _version_of(info: dict) -> dict:
