@@ -46,7 +46,8 @@ class Case:
 CASES = {
     "records without the text field": Case(
         files={"in/a.jsonl": b'{"id": 1, "body": "x"}\n{"id": 2, "body": "y"}\n'},
-        said=r"all 2 records were rejected, the first at a\.jsonl line 1: text field 'text' missing or null",
+        said=r"all 2 records were rejected, the first at a\.jsonl line 1: text field 'text' missing or null \(its "
+        r"fields: id, body\)",
     ),
     "a PNG named .jsonl": Case(files={"in/picture.jsonl": PNG}, said=r"picture\.jsonl line 1: "),
     "paths that match nothing": Case(

@@ -5,6 +5,7 @@ the counts or files say the dataset is not sound."""
 
 from __future__ import annotations
 
+import contextlib
 from array import array
 from dataclasses import asdict, dataclass, field, fields
 
@@ -91,10 +92,22 @@ def all_rejected(store: Store, rows: pd.DataFrame) -> str:
     with store.open(files[0]) as f:
         first = orjson.loads(f.readline())
     more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+    reason = first["reason"]
+    if "missing or null" in reason and (keys := record_fields(first.get("record", ""))):
+        reason += f" (its fields: {', '.join(keys[:12])}{', ...' if len(keys) > 12 else ''})"
     return (
         f"all {int(rejected.sum()):,} records were rejected, the first at {first['file']} line {first['line']}: "
-        f"{first['reason']} (each one's file, line and reason: {', '.join(files[:3])}{more} in {store.url})"
+        f"{reason} (each one's file, line and reason: {', '.join(files[:3])}{more} in {store.url})"
     )
+
+
+def record_fields(record: str) -> list[str]:
+    """The top-level fields of a rejected record as its reject keeps it (none where it is not a whole JSON object,
+    or was cut short)."""
+    with contextlib.suppress(orjson.JSONDecodeError):
+        if isinstance(parsed := orjson.loads(record), dict):
+            return list(parsed)
+    return []
 
 
 def stats_rows(tokenized: Tokenized, packed: Packed) -> list[tuple]:
