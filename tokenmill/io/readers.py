@@ -109,6 +109,11 @@ def format_of(url: str) -> str:
     return "text"
 
 
+def few(names: Sequence[str], most: int = 12) -> str:
+    """Names for a message: the first `most`, then "..." for the rest."""
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
 def display_name(url: str) -> str:
     """The file name used in document ids and messages: stable whatever directory the corpus sits in."""
     return url.rstrip("/").rsplit("/", 1)[-1]
@@ -310,7 +315,8 @@ def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[
         if options.conversations:  # a conversation's fields are the record's (input.chat names them)
             top = set(parquet.schema_arrow.names)
         if missing := top - set(parquet.schema_arrow.names):
-            raise InputError(f"{name}: no column {sorted(missing)[0]!r} in the Parquet schema")
+            columns = few(parquet.schema_arrow.names)
+            raise InputError(f"{name}: no column {sorted(missing)[0]!r} in the Parquet schema (its columns: {columns})")
         starts = [0]
         for g in range(parquet.num_row_groups):
             starts.append(starts[-1] + parquet.metadata.row_group(g).num_rows)
