@@ -554,7 +554,8 @@ def test_a_directory_names_the_data_files_under_it(tmp_path):
 
     corpus = tmp_path / "corpus"
     data = ["a.jsonl", "sub/b.jsonl.gz", "sub/deeper/c.parquet", "d.txt", "e.JSON.zst", "f.ndjson"]
-    other = ["README.md", "LICENSE", "_SUCCESS", ".hidden.jsonl", ".cache/g.jsonl", "_tmp/h.jsonl", "sub/notes.md"]
+    other = ["README.md", "LICENSE", "_SUCCESS", ".hidden.jsonl", ".cache/g.jsonl", "_tmp/h.jsonl", "sub/notes.md",
+             "dataset_info.json", "sub/state.json"]  # fmt: skip
     for name in data + other:
         (corpus / name).parent.mkdir(parents=True, exist_ok=True)
         (corpus / name).write_bytes(b'{"text": "x"}\n')

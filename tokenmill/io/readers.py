@@ -80,16 +80,18 @@ def compression_of(url: str) -> str | None:
     return None
 
 
-# What a directory in input.paths stands for: the files under it whose name gives their format (compressed or not)
+# What a directory in input.paths stands for: the files under it whose name gives their format (compressed or not),
+# but for the metadata that Hugging Face datasets writes beside its data (save_to_disk, legacy hub repos)
 DATA_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet", ".pq", ".txt")
+NOT_DATA = {"dataset_info.json", "dataset_infos.json", "dataset_dict.json", "state.json"}
 
 
 def names_its_format(relative: str) -> bool:
     """Whether a directory in `input.paths` stands for the file at `relative` below it: its name ends in one of
-    DATA_SUFFIXES (then perhaps a compression's), and nothing on the way is hidden (`.` or `_` first: a
-    README.md, Spark's `_SUCCESS` or a `.cache/` is not a document)."""
+    DATA_SUFFIXES (then perhaps a compression's), it is not NOT_DATA, and nothing on the way is hidden (`.` or
+    `_` first: a README.md, Spark's `_SUCCESS` or a `.cache/` is not a document)."""
     parts = relative.split("/")
-    if any(part.startswith((".", "_")) for part in parts):
+    if any(part.startswith((".", "_")) for part in parts) or parts[-1] in NOT_DATA:
         return False
     name = parts[-1].lower()
     for suffix in COMPRESSIONS:
