@@ -471,7 +471,7 @@ def _quoted_messages(page: Path) -> list[str]:
 def test_the_formats_table_is_how_the_readers_name_files():
     """inputs.md's table of formats: each file name ending it lists is read as that row says (`format_of`), those
     compressed decompressed, and every ending the readers know is in it."""
-    from tokenmill.io.readers import COMPRESSIONS, compression_of, format_of
+    from tokenmill.io.names import COMPRESSIONS, compression_of, format_of
 
     rows = re.findall(r"^\| (.+?) \| (.+?) \|", (ROOT / "docs" / "inputs.md").read_text(), flags=re.M)
     formats = dict(rows[rows.index(("input", "read as")) + 1 :][:4])

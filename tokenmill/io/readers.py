@@ -38,6 +38,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from tokenmill.io.buffers import scan_parts
 from tokenmill.io.direct import DIRECT_ALIGN, in_page_cache, mapped, open_direct
+from tokenmill.io.names import compression_of, format_of
 from tokenmill.io.storage import options_for
 
 if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 s of every worker's start)
@@ -47,7 +48,6 @@ if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 
     from tokenmill.tokenizers.chat import ChatReading, RenderedChat
     from tokenmill.tokenizers.preference import PairReading, PairTexts
 
-COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 # What reading a truncated or corrupt compressed file raises: gzip's stream ended early or its data is not gzip's
 # (EOFError, gzip.BadGzipFile, zlib.error), a zstd frame that does not decode.
 CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
@@ -71,44 +71,6 @@ def schema_library():
 LINE_PROBE = 64 << 10  # read at a cut until its line ends
 Buffer = bytes | memoryview
 OnInvalid = Literal["fail", "quarantine"]
-
-
-def compression_of(url: str) -> str | None:
-    for suffix, codec in COMPRESSIONS.items():
-        if url.endswith(suffix):
-            return codec
-    return None
-
-
-# What a directory in input.paths stands for: the files under it whose name gives their format (compressed or not),
-# but for the metadata that Hugging Face datasets writes beside its data (save_to_disk, legacy hub repos)
-DATA_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet", ".pq", ".txt")
-NOT_DATA = {"dataset_info.json", "dataset_infos.json", "dataset_dict.json", "state.json"}
-
-
-def names_its_format(relative: str) -> bool:
-    """Whether a directory in `input.paths` stands for the file at `relative` below it: its name ends in one of
-    DATA_SUFFIXES (then perhaps a compression's), it is not NOT_DATA, and nothing on the way is hidden (`.` or
-    `_` first: a README.md, Spark's `_SUCCESS` or a `.cache/` is not a document)."""
-    parts = relative.split("/")
-    if any(part.startswith((".", "_")) for part in parts) or parts[-1] in NOT_DATA:
-        return False
-    name = parts[-1].lower()
-    for suffix in COMPRESSIONS:
-        name = name.removesuffix(suffix)
-    return name.endswith(DATA_SUFFIXES)
-
-
-def format_of(url: str) -> str:
-    """`jsonl`, `parquet` or `text`, from the file name (compression suffixes ignored)."""
-    name = url.rsplit("/", 1)[-1].lower()
-    for suffix in COMPRESSIONS:
-        name = name.removesuffix(suffix)
-    if name.endswith((".jsonl", ".json", ".ndjson")):
-        return "jsonl"
-    if name.endswith((".parquet", ".pq")):
-        return "parquet"
-    return "text"
 
 
 def few(names: Sequence[str], most: int = 12) -> str:

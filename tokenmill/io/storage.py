@@ -33,6 +33,7 @@ import orjson
 from fsspec.implementations.local import LocalFileSystem
 
 from tokenmill.io.direct import UncachedFile
+from tokenmill.io.names import DATA_ENDINGS, names_its_format
 
 CHUNK = 8 << 20
 JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS  # every JSON file tokenmill writes
@@ -164,16 +165,14 @@ def list_files(patterns: list[str], storage_options: dict | None = None) -> list
 
 def files_under(fs: fsspec.AbstractFileSystem, directory: str) -> dict[str, dict]:
     """The files a directory in `input.paths` stands for, at any depth, in one listing: those whose name gives
-    their format (`readers.names_its_format`), as a user who points at a corpus's directory means."""
-    from tokenmill.io.readers import DATA_SUFFIXES, names_its_format  # readers imports this module
-
+    their format (`names_its_format`), as a user who points at a corpus's directory means."""
     root = fs._strip_protocol(directory).rstrip("/")
     listed = fs.find(directory, detail=True)
     found = {path: info for path, info in listed.items() if names_its_format(path[len(root) + 1 :])}
     if not found:
         raise FileNotFoundError(
-            f"input path {directory!r} is a directory with no {', '.join(DATA_SUFFIXES)} file under it (compressed "
-            f"or not, hidden ones aside; {len(listed)} other files): name other files with a glob, e.g. "
+            f"input path {directory!r} is a directory with no {', '.join(DATA_ENDINGS)} file under it (compressed or "
+            f"not, hidden ones aside; {len(listed)} other files): name other files with a glob, e.g. "
             f"'{directory.rstrip('/')}/**/*.md'"
         )
     return found

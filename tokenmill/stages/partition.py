@@ -39,7 +39,8 @@ from tokenmill.core.hashing import unit_interval
 from tokenmill.core.plan import Plan, Shard, Shards
 from tokenmill.core.signing import signed, write_signed
 from tokenmill.formats.table import FORMATS
-from tokenmill.io.readers import Piece, compression_of, count_newlines, fast_path_applies, format_of, line_start
+from tokenmill.io.names import compression_of, format_of
+from tokenmill.io.readers import Piece, count_newlines, fast_path_applies, line_start
 from tokenmill.io.storage import JSON_OPTIONS, list_files, options_for
 
 # The line count reads into one buffer of this size, reused: 16 MB reads were each a fresh allocation, paged in

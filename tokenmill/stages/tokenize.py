@@ -33,13 +33,13 @@ from tokenmill.core.plan import Shard
 from tokenmill.core.stats import Tokenized
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
 from tokenmill.formats.provenance import batch_origins, read_documents_table, split_rows, write_documents_table
+from tokenmill.io.names import compression_of
 from tokenmill.io.readers import (
     CORRUPT_STREAM,
     LINE_KINDS,
     SAMPLE_BLOCK_BYTES,
     Batch,
     ReadOptions,
-    compression_of,
     display_name,
     fast_path_applies,
     kind_of,

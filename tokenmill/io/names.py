@@ -1,0 +1,42 @@
+"""What an input file's name says of it: its compression, its format, and whether a directory in `input.paths`
+stands for it. Standard library only: the storage layer lists inputs with it, the readers read them by it."""
+
+from __future__ import annotations
+
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+# The endings that name a format; a file ending otherwise is read as plain text
+FORMATS = {"jsonl": (".jsonl", ".json", ".ndjson"), "parquet": (".parquet", ".pq"), "text": (".txt",)}
+DATA_ENDINGS = tuple(ending for endings in FORMATS.values() for ending in endings)
+# What Hugging Face datasets writes beside its data (save_to_disk, legacy hub repos): JSON, but not a corpus
+NOT_DATA = {"dataset_info.json", "dataset_infos.json", "dataset_dict.json", "state.json"}
+
+
+def compression_of(url: str) -> str | None:
+    for suffix, codec in COMPRESSIONS.items():
+        if url.endswith(suffix):
+            return codec
+    return None
+
+
+def uncompressed_name(url: str) -> str:
+    """The file's name, lower case, without a compression suffix."""
+    name = url.rsplit("/", 1)[-1].lower()
+    for suffix in COMPRESSIONS:
+        name = name.removesuffix(suffix)
+    return name
+
+
+def format_of(url: str) -> str:
+    """`jsonl`, `parquet` or `text`, from the file name (compression suffixes ignored)."""
+    name = uncompressed_name(url)
+    return next((kind for kind, endings in FORMATS.items() if name.endswith(endings)), "text")
+
+
+def names_its_format(relative: str) -> bool:
+    """Whether a directory in `input.paths` stands for the file at `relative` below it: a name that ends in one
+    of DATA_ENDINGS (then perhaps a compression's) and is not NOT_DATA, with nothing on the way hidden (`.`
+    or `_` first): a README.md, Spark's `_SUCCESS` or a `.cache/` is not a document."""
+    parts = relative.split("/")
+    if any(part.startswith((".", "_")) for part in parts) or parts[-1] in NOT_DATA:
+        return False
+    return uncompressed_name(parts[-1]).endswith(DATA_ENDINGS)
