@@ -50,6 +50,13 @@ CASES = {
         r"fields: id, body\)",
     ),
     "a PNG named .jsonl": Case(files={"in/picture.jsonl": PNG}, said=r"picture\.jsonl line 1: "),
+    "a JSON array file": Case(  # as Alpaca's and LLaMA-Factory's datasets are
+        files={
+            "in/alpaca.json": b'[\n  {"instruction": "a", "output": "b"},\n  {"instruction": "c", "output": "d"}\n]\n'
+        },
+        said=r"alpaca\.json line 1: malformed JSON: .* \(tokenmill reads JSON Lines, an object per line; a file "
+        r"holding one JSON array converts with jq -c '\.\[\]'\)",
+    ),
     "paths that match nothing": Case(
         config={"input": {"paths": ["{tmp}/nowhere/*.jsonl"]}},
         said=r"input path '.*/nowhere/\*\.jsonl' matches no file",

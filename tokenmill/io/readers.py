@@ -249,6 +249,10 @@ def _jsonl_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Re
             number += 1
 
 
+# A line that opens a JSON array: the file is most likely one array of records (Alpaca's, LLaMA-Factory's datasets)
+ARRAY_HINT = "tokenmill reads JSON Lines, an object per line; a file holding one JSON array converts with jq -c '.[]'"
+
+
 def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) -> Record:
     try:
         record = orjson.loads(line)
@@ -259,12 +263,13 @@ def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) 
         if record is None:
             try:
                 line.decode("utf-8")
-                problem = f"malformed JSON: {e}"
+                problem = f"malformed JSON: {e}" + (f" ({ARRAY_HINT})" if line.lstrip().startswith(b"[") else "")
             except UnicodeDecodeError as u:
                 problem = f"invalid UTF-8 at byte {u.start}"
             return Record(number, None, None, {}, line, problem)
     if not isinstance(record, dict):
-        return Record(number, None, None, {}, line, f"not a JSON object ({type(record).__name__})")
+        hint = f"; {ARRAY_HINT}" if isinstance(record, list) else ""
+        return Record(number, None, None, {}, line, f"not a JSON object ({type(record).__name__}{hint})")
     doc_id = f"{name}:{number}" if options.id_field is None else field_value(record, options.id_field)
     extra = {f: field_value(record, f) for f in options.fields}
     text = record if options.conversations else field_value(record, options.text_field)
