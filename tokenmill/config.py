@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from tokenmill.formats.table import CHAT, FORMATS, NAMES, PAIRS, TEXT, TRAINERS
+from tokenmill.io.names import DATA_ENDINGS
 
 # Imported where used: with pyarrow and fsspec, importing the config was half the time `tokenmill run` took to
 # start its cluster's process.
@@ -175,7 +176,7 @@ class InputConfig(_Section):
 
     paths: list[str] = Field(
         description="Local paths, globs or fsspec URLs (s3://...) of the input files; a directory or prefix: the "
-        ".jsonl, .json, .ndjson, .parquet, .pq and .txt files under it (compressed or not, hidden ones aside)."
+        f"{', '.join(DATA_ENDINGS)} files under it (compressed or not, hidden ones aside)."
     )
     format: Literal["auto", "jsonl", "parquet", "text"] = Field(
         "auto",

@@ -14,7 +14,7 @@ import orjson
 import pandas as pd
 
 from tokenmill.core import layout
-from tokenmill.io.readers import few
+from tokenmill.io.readers import MISSING, few
 from tokenmill.io.storage import Store
 
 # supervised_tokens: of a conversations' split (input.chat), the tokens that carry loss, else -1; too_long and
@@ -94,7 +94,7 @@ def all_rejected(store: Store, rows: pd.DataFrame) -> str:
         first = orjson.loads(f.readline())
     more = f" and {len(files) - 3} more" if len(files) > 3 else ""
     reason = first["reason"]
-    if "missing or null" in reason and (keys := record_fields(first.get("record", ""))):
+    if MISSING in reason and (keys := record_fields(first.get("record", ""))):
         reason += f" (its fields: {few(keys)})"
     return (
         f"all {int(rejected.sum()):,} records were rejected, the first at {first['file']} line {first['line']}: "

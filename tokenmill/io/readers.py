@@ -73,6 +73,9 @@ Buffer = bytes | memoryview
 OnInvalid = Literal["fail", "quarantine"]
 
 
+MISSING = "missing or null"  # how a reject says a record lacks a field (`stats.all_rejected` looks for it)
+
+
 def few(names: Sequence[str], most: int = 12) -> str:
     """Names for a message: the first `most`, then "..." for the rest."""
     return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
@@ -443,7 +446,7 @@ def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchem
             "text": pa.Column(
                 checks=[
                     pa.Check(
-                        lambda t: t.notna(), error=f"text field {options.text_field!r} missing or null", ignore_na=False
+                        lambda t: t.notna(), error=f"text field {options.text_field!r} {MISSING}", ignore_na=False
                     ),
                     pa.Check(is_string, error=f"text field {options.text_field!r} not a string", ignore_na=False),
                     pa.Check(
@@ -457,7 +460,7 @@ def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchem
             "doc_id": pa.Column(
                 checks=[
                     pa.Check(
-                        lambda ids: ids.notna(), error=f"id field {options.id_field!r} missing or null", ignore_na=False
+                        lambda ids: ids.notna(), error=f"id field {options.id_field!r} {MISSING}", ignore_na=False
                     ),
                     pa.Check(lambda ids: ~ids.astype(str).isin(seen_ids), error="duplicate id in this shard"),
                 ],
@@ -558,7 +561,7 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
     for raw in raws:
         problem, doc_id = raw.problem, None if raw.doc_id is None else str(raw.doc_id)
         if problem is None and doc_id is None:
-            problem = f"id field {options.id_field!r} missing or null"
+            problem = f"id field {options.id_field!r} {MISSING}"
         elif problem is None and doc_id in seen_ids:
             problem = "duplicate id in this shard"
         elif problem is None:

@@ -80,7 +80,7 @@ def _rank_file_converted(data: bytes, source: str, tiktoken: TiktokenConfig) -> 
         key.update(hashlib.sha256(part).digest())
     name = f"{key.hexdigest()[:24]}.json"
     if (converted := read_cached("tiktoken-tokenizers", name)) is None:
-        converted, _ = rank_file_to_tokenizer_json(data, source, preset.pattern, preset.special_tokens)
+        converted = rank_file_to_tokenizer_json(data, source, preset)
         write_cached("tiktoken-tokenizers", name, converted)
     return converted, preset
 

@@ -218,10 +218,6 @@ def rank_file_preset(data: bytes, source: str, pattern: str | None, special_toke
     )
 
 
-def rank_file_to_tokenizer_json(
-    data: bytes, source: str, pattern: str | None, special_tokens: dict[str, int] | None
-) -> tuple[bytes, Preset]:
-    """(tokenizer.json bytes, the preset used) for a rank file (`rank_file_preset`)."""
-    chosen = rank_file_preset(data, source, pattern, special_tokens)
-    tokenizer = convert(parse_ranks(data, source), chosen.pattern, chosen.special_tokens)
-    return tokenizer.to_str().encode(), chosen
+def rank_file_to_tokenizer_json(data: bytes, source: str, preset: Preset) -> bytes:
+    """The tokenizer.json of a rank file, converted with `preset` (`rank_file_preset`)."""
+    return convert(parse_ranks(data, source), preset.pattern, preset.special_tokens).to_str().encode()
