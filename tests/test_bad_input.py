@@ -50,12 +50,18 @@ CASES = {
         r"fields: id, body\)",
     ),
     "a PNG named .jsonl": Case(files={"in/picture.jsonl": PNG}, said=r"picture\.jsonl line 1: "),
-    "a JSON array file": Case(  # as Alpaca's and LLaMA-Factory's datasets are
+    "a JSON array in a file named for lines": Case(  # Alpaca's and LLaMA-Factory's datasets, renamed .jsonl
         files={
-            "in/alpaca.json": b'[\n  {"instruction": "a", "output": "b"},\n  {"instruction": "c", "output": "d"}\n]\n'
+            "in/alpaca.jsonl": b'[\n  {"instruction": "a", "output": "b"},\n  {"instruction": "c", "output": "d"}\n]\n'
         },
-        said=r"alpaca\.json line 1: malformed JSON: .* \(tokenmill reads JSON Lines, an object per line; a file "
-        r"holding one JSON array converts with jq -c '\.\[\]'\)",
+        said=r"alpaca\.jsonl line 1: malformed JSON: .* \(a file of one JSON array is read as such where its name ends "
+        r"in \.json, not \.jsonl\)",
+    ),
+    "a JSON array cut short, on_invalid: fail": Case(
+        files={"in/cut.json": b'[\n  {"text": "a"},\n  {"text": "b'},
+        config={"input": {"on_invalid": "fail"}},
+        said=r"cut\.json: cannot be read after 1 records \(JSONArrayError: record 2: Unterminated string starting at "
+        r"byte 30\)",
     ),
     "paths that match nothing": Case(
         config={"input": {"paths": ["{tmp}/nowhere/*.jsonl"]}},

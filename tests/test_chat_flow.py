@@ -20,7 +20,7 @@ from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import PackedReader
 from tokenmill.loader import PackedSplit
 
-from .conftest import EXAMPLES, TOKENIZERS
+from .conftest import CHAT, EXAMPLES, TOKENIZERS
 
 PHI3, GRANITE = TOKENIZERS / "phi3-mini", TOKENIZERS / "granite-3.1"
 SGD = EXAMPLES / "chat" / "sgd_dialogues_500.jsonl.gz"  # the first 500 of sgd-dialogues (its SOURCE.md)
@@ -66,9 +66,9 @@ def chat_config(tmp_path: Path, paths: list[Path], tokenizer: Path, **chat) -> P
     return path
 
 
-def documents(out: Path, split: str = "train") -> tuple[list[np.ndarray], list[np.ndarray]]:
+def documents(out: Path, split: str = "train", shard: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Each conversation's stored ids and loss mask, in order."""
-    prefix = out / "megatron" / split / "shard-00000"
+    prefix = out / "megatron" / split / f"shard-{shard:05d}"
     reader = MegatronReader(prefix)
     mask = np.fromfile(f"{prefix}.loss_mask.bin", dtype=np.uint8)
     starts = np.concatenate(([0], np.cumsum(reader.index.lengths)))
@@ -344,3 +344,31 @@ def test_conversations_in_parquet_are_read_as_in_jsonl(run_cli, sgd, tmp_path, t
     theirs = transformers_tokenizers[PHI3]
     assert [i.tolist() for i in ids] == [theirs.apply_chat_template(r["messages"])["input_ids"] for r in records]
     assert all(0 < m.sum() < len(m) for m in masks)
+
+
+def test_alpaca_records_in_a_json_array_file_are_read_as_json_lines_would_be(
+    run_cli, tmp_path, transformers_tokenizers
+):
+    """Alpaca's layout as GPTeacher ships it: one JSON array a file, indented, plain or gzipped. Each record is a
+    conversation (the user's instruction and input, the assistant's response) whose ids are apply_chat_template's,
+    in the array's order; a record without its response is quarantined by its place in the array."""
+    with gzip.open(CHAT / "gpteacher-alpaca" / "codegen-instruct.json.gz", "rt") as f:
+        records = json.load(f)[:120]
+    plain, packed = tmp_path / "a.json", tmp_path / "b.json.gz"
+    plain.write_text(json.dumps(records[:60] + [{"instruction": "no response"}], indent=4))
+    packed.write_bytes(gzip.compress(json.dumps(records[60:], indent=4).encode()))
+    prompt_completion = {"prompt_fields": ["instruction", "input"], "completion_field": "response"}
+    config = chat_config(tmp_path, [plain, packed], PHI3, format="prompt_completion", **prompt_completion)
+    run_cli("run", str(config))
+    out, theirs = tmp_path / "out", transformers_tokenizers[PHI3]
+    plan = json.loads((out / "plan.json").read_text())
+    stored = [ids for shard in range(len(plan["shards"])) for ids in documents(out, shard=shard)[0]]
+    expected = []
+    for r in records:
+        user = r["instruction"] + (f"\n\n{r['input']}" if r["input"] else "")
+        messages = [{"role": "user", "content": user}, {"role": "assistant", "content": r["response"]}]
+        expected.append(theirs.apply_chat_template(messages, tokenize=True)["input_ids"])
+    assert [ids.tolist() for ids in stored] == expected
+    rejects = [json.loads(line) for path in out.glob("rejects/*.jsonl") for line in path.read_text().splitlines()]
+    assert [(r["file"], r["line"]) for r in rejects] == [("a.json", 61)]
+    assert "response" in rejects[0]["reason"]

@@ -474,8 +474,8 @@ def test_the_formats_table_is_how_the_readers_name_files():
     from tokenmill.io.names import COMPRESSIONS, compression_of, format_of
 
     rows = re.findall(r"^\| (.+?) \| (.+?) \|", (ROOT / "docs" / "inputs.md").read_text(), flags=re.M)
-    formats = dict(rows[rows.index(("input", "read as")) + 1 :][:4])
-    kinds = ["jsonl", "jsonl", "parquet", "text"]
+    formats = dict(rows[rows.index(("input", "read as")) + 1 :][:5])
+    kinds = ["jsonl", "jsonl", "jsonl", "parquet", "text"]  # the second: a .json file of one array
     for (names, _), kind in zip(formats.items(), kinds, strict=True):
         for ending in (e for e in re.findall(r"`(\.[\w.]+)`", names) if e not in COMPRESSIONS):
             assert format_of(f"x{ending}") == kind, f"inputs.md: x{ending} is read as {format_of(f'x{ending}')}"

@@ -11,7 +11,7 @@ import zstandard
 
 from tokenmill.config import TokenmillConfig
 from tokenmill.core.plan import Shards
-from tokenmill.io import direct, readers
+from tokenmill.io import arrays, direct, readers
 from tokenmill.io.readers import InputError, Piece, ReadOptions, count_crlf, line_blocks, read_documents
 from tokenmill.stages import partition
 from tokenmill.stages.partition import auto_shard_size, load_or_plan, plan_shards
@@ -566,3 +566,61 @@ def test_a_directory_names_the_data_files_under_it(tmp_path):
     said = r"a directory with no \.jsonl, .*\(compressed or not, hidden ones aside; 1 other files\): name other files "
     with pytest.raises(FileNotFoundError, match=said + r"with a glob, e\.g\. '.*/docs/\*\*/\*\.md'"):
         list_files([str(tmp_path / "docs")])
+
+
+ALPACA = [  # escapes, multi-byte characters and lengths that put a chunk's end anywhere in a record
+    {"instruction": f"Say {i} twice.", "input": "", "output": f'{i} {i}\n"twice" \\ é 漢字 ' + "x" * (i * 37 % 300)}
+    for i in range(400)
+]
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 7], ids=["in MB reads", "in 7-byte reads"])
+@pytest.mark.parametrize("layout", ["indented", "compact", "gzip"])
+def test_a_json_file_of_one_array_is_read_as_its_records(tmp_path, monkeypatch, layout, chunk):
+    """Alpaca's layout: one JSON array in a .json file, pretty-printed or not, compressed or not. Its records are
+    json.load's, numbered by their place in the array, whether read record by record or by the fast path's
+    entry, and read a chunk at a time (a record, a character or an escape cut by a chunk's end); a small shard
+    size does not cut the file, where the same records as JSON Lines are cut."""
+    monkeypatch.setattr(arrays, "CHUNK", chunk)
+    data = json.dumps(ALPACA, indent=None if layout == "compact" else 2, ensure_ascii=False).encode()
+    path = tmp_path / ("alpaca.json.gz" if layout == "gzip" else "alpaca.json")
+    path.write_bytes(gzip.compress(data) if layout == "gzip" else data)
+    options = ReadOptions(text_field="output")
+    assert readers.holds_array(Piece(str(path)), options)
+    for columnar in (False, True):
+        read = list(read_documents([Piece(str(path))], options, columnar))
+        texts = [t for batch, _ in read for t in batch.text_values()]
+        assert [str(t) for t in texts] == [r["output"] for r in ALPACA]
+        assert [i for batch, _ in read for i in batch.ids] == [f"{path.name}:{n}" for n in range(1, 401)]
+        assert not any(rejects for _, rejects in read)
+    lines = tmp_path / "alpaca.jsonl"
+    lines.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in ALPACA))
+    config = make_config([str(path)], 10_000, tmp_path, id_field=None, text_field="output")
+    assert [[(p.start, p.end) for p in s.pieces] for s in plan_shards(config).shards] == [[(0, None)]]
+    config = make_config([str(lines)], 10_000, tmp_path, id_field=None, text_field="output")
+    assert len(plan_shards(config).shards) > 5
+
+
+BAD_ARRAYS = {  # the file (after `[{"text": "a"}, `): the reject of its one bad record, or the array's error
+    "a record that is no object": (b'5, {"text": "c"}]', 2, "not a JSON object (int)"),
+    "a raw line break in a string": (b'{"text": "b\nb"}, {"text": "c"}]', 2, "malformed JSON: "),
+    "a trailing comma": (b'{"text": "b"},]', 0, "JSONArrayError: record 3: Expecting value at byte 30"),
+    "no comma": (b'{"text": "b"} {"text": "c"}]', 0, "JSONArrayError: after record 2, at byte 30: expected"),
+    "cut short": (b'{"text": "b"}, {"te', 0, "JSONArrayError: record 3: Unterminated string starting at byte 32"),
+    "data after it": (b'{"text": "b"}] {"text": "c"}', 0, "JSONArrayError: more than blanks after the array's end"),
+}
+
+
+@pytest.mark.parametrize("rest", BAD_ARRAYS.values(), ids=BAD_ARRAYS)
+def test_a_bad_record_or_a_malformed_array_is_a_reject_that_keeps_the_records_before_it(tmp_path, rest):
+    """A bad record is a reject naming its place in the array, and the array is read on; where the array itself is
+    malformed (between records, cut short), the records before are kept and the rest is one reject saying where."""
+    tail, number, reason = rest
+    path = tmp_path / "bad.json"
+    path.write_bytes(b'[{"text": "a"}, ' + tail)
+    for columnar in (False, True):
+        read = list(read_documents([Piece(str(path))], ReadOptions(), columnar))
+        rejects = [(r.line, r.reason) for _, rs in read for r in rs]
+        assert len(rejects) == 1 and rejects[0][0] == number and reason in rejects[0][1], rejects
+        texts = [t for batch, _ in read for t in batch.texts]
+        assert texts[0] == "a" and "b\nb" not in texts

@@ -181,7 +181,8 @@ class InputConfig(_Section):
     format: Literal["auto", "jsonl", "parquet", "text"] = Field(
         "auto",
         description="auto: from the file name, a compression suffix (.gz, .zst, .zstd) set aside: .jsonl, .json or "
-        ".ndjson is JSON lines, .parquet or .pq Parquet, anything else plain text (compressed or not).",
+        ".ndjson is JSON lines (a .json file that opens with `[`: one JSON array of records), .parquet or .pq Parquet, "
+        "anything else plain text (compressed or not).",
     )
     text_field: str = Field("text", description="Field holding the document text; may be nested (meta.content).")
     id_field: str | None = Field(

@@ -1,4 +1,5 @@
-"""Reading documents out of input files: JSONL (plain, .gz, .zst), Parquet and plain text.
+"""Reading documents out of input files: JSONL (plain, .gz, .zst; a .json file of one JSON array as the JSON Lines of
+its records, `arrays`), Parquet and plain text.
 
 A shard is a list of pieces; a piece is one file, a newline-aligned byte range of an uncompressed JSONL
 file (whose first line number the partition recorded), or some row groups of a Parquet file. Every
@@ -36,6 +37,7 @@ import pyarrow.parquet as pq
 import zstandard
 from fsspec.implementations.local import LocalFileSystem
 
+from tokenmill.io.arrays import ArrayStream, JSONArrayError, may_hold_array, opens_array
 from tokenmill.io.buffers import scan_parts
 from tokenmill.io.direct import DIRECT_ALIGN, in_page_cache, mapped, open_direct
 from tokenmill.io.names import compression_of, format_of
@@ -49,8 +51,9 @@ if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 
     from tokenmill.tokenizers.preference import PairReading, PairTexts
 
 # What reading a truncated or corrupt compressed file raises: gzip's stream ended early or its data is not gzip's
-# (EOFError, gzip.BadGzipFile, zlib.error), a zstd frame that does not decode.
-CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
+# (EOFError, gzip.BadGzipFile, zlib.error), a zstd frame that does not decode; and a JSON array file malformed
+# between its records or cut short.
+CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError, JSONArrayError)
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
 SAMPLE_BLOCK_BYTES = 64 << 10  # a sample's run of neighbouring documents (`sampled_blocks`): ~40 Wikipedia articles
@@ -229,12 +232,34 @@ def field_value(record, dotted: str):
 
 @contextmanager
 def open_piece(piece: Piece, options: ReadOptions) -> Iterator[BinaryIO]:
-    """The piece's file as a binary stream, decompressed (positions are uncompressed offsets)."""
+    """The piece's file as a binary stream, decompressed (positions are uncompressed offsets); a file of one JSON
+    array as the JSON Lines of its records (`arrays`)."""
+    with _decompressed(piece, options) as f:
+        array = _may_hold_array(piece, options) and opens_array(f)
+        yield io.BufferedReader(ArrayStream(f), READ_BUFFER) if array else f
+
+
+@contextmanager
+def _decompressed(piece: Piece, options: ReadOptions) -> Iterator[BinaryIO]:
     storage = options_for(piece.path, options.storage_options)
     codec = compression_of(piece.path)
     with fsspec.open(piece.path, "rb", compression=codec, **storage) as f:
         # zstandard's stream reader reads but cannot iterate lines by itself
         yield io.BufferedReader(f, READ_BUFFER) if codec == "zstd" else f
+
+
+def _may_hold_array(piece: Piece, options: ReadOptions) -> bool:
+    """A JSON file read from its start whose name allows an array (`arrays.may_hold_array`); the partition never
+    cuts one that holds an array."""
+    return piece.start == 0 and kind_of(piece, options) == "jsonl" and may_hold_array(piece.path)
+
+
+def holds_array(piece: Piece, options: ReadOptions) -> bool:
+    """Whether the piece is a file of one JSON array (a look at its first bytes)."""
+    if not _may_hold_array(piece, options):
+        return False
+    with _decompressed(piece, options) as f:
+        return opens_array(f)
 
 
 def _jsonl_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
@@ -252,8 +277,8 @@ def _jsonl_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Re
             number += 1
 
 
-# A line that opens a JSON array: the file is most likely one array of records (Alpaca's, LLaMA-Factory's datasets)
-ARRAY_HINT = "tokenmill reads JSON Lines, an object per line; a file holding one JSON array converts with jq -c '.[]'"
+# A line that opens a JSON array in a file named for lines: most likely one array of records (Alpaca's datasets)
+ARRAY_HINT = "a file of one JSON array is read as such where its name ends in .json, not .jsonl"
 
 
 def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) -> Record:
@@ -266,12 +291,13 @@ def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) 
         if record is None:
             try:
                 line.decode("utf-8")
-                problem = f"malformed JSON: {e}" + (f" ({ARRAY_HINT})" if line.lstrip().startswith(b"[") else "")
+                opens = line.lstrip().startswith(b"[") and not may_hold_array(name)
+                problem = f"malformed JSON: {e}" + (f" ({ARRAY_HINT})" if opens else "")
             except UnicodeDecodeError as u:
                 problem = f"invalid UTF-8 at byte {u.start}"
             return Record(number, None, None, {}, line, problem)
     if not isinstance(record, dict):
-        hint = f"; {ARRAY_HINT}" if isinstance(record, list) else ""
+        hint = f"; {ARRAY_HINT}" if isinstance(record, list) and not may_hold_array(name) else ""
         return Record(number, None, None, {}, line, f"not a JSON object ({type(record).__name__}{hint})")
     doc_id = f"{name}:{number}" if options.id_field is None else field_value(record, options.id_field)
     extra = {f: field_value(record, f) for f in options.fields}
@@ -506,7 +532,7 @@ def read_documents(
     for piece in pieces:
         paths_named.setdefault(display_name(piece.path), set()).add(piece.path)
     for piece in pieces:
-        if columnar and fast_path_applies(piece, options):
+        if columnar and fast_path_applies(piece, options) and not holds_array(piece, options):
             own_name = len(paths_named[display_name(piece.path)]) == 1
             yield from _fast_jsonl(piece, options, seen_ids, batch_bytes, own_name)
             continue

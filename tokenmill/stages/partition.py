@@ -1,11 +1,12 @@
 """The partition stage: a deterministic plan of shards of about `shard_size` uncompressed bytes.
 
-Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets, found by seeking. The
-line number at each cut is counted here (a pass over the whole file) only where a document id `<file>:<line>` is
-hashed while the shards run (`counts_lines`); elsewhere a piece's first line is left unknown, and the rejects of a
-piece after the first are numbered once its file's earlier pieces are read (`tokenize.number_lines`). Parquet files
-by runs of row groups; compressed streams and plain text files cannot be cut and are taken whole; small
-files are grouped, where a hash of each file's name decides the group ends (see `_ends_group`).
+Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets, found by seeking (a `.json`
+file that holds one JSON array is not: it is read whole). The line number at each cut is counted here (a pass over
+the whole file) only where a document id `<file>:<line>` is hashed while the shards run (`counts_lines`); elsewhere
+a piece's first line is left unknown, and the rejects of a piece after the first are numbered once its file's
+earlier pieces are read (`tokenize.number_lines`). Parquet files by runs of row groups; compressed streams and plain
+text files cannot be cut and are taken whole; small files are grouped, where a hash of each file's name decides the
+group ends (see `_ends_group`).
 
 The shards are a function of the input set and the shard size alone, numbered in input order: the same
 files give the same shards with the same ids however the input grew. A file that lands or goes changes
@@ -39,6 +40,7 @@ from tokenmill.core.hashing import unit_interval
 from tokenmill.core.plan import Plan, Shard, Shards
 from tokenmill.core.signing import signed, write_signed
 from tokenmill.formats.table import FORMATS
+from tokenmill.io.arrays import may_hold_array, opens_array
 from tokenmill.io.names import compression_of, format_of
 from tokenmill.io.readers import Piece, count_newlines, fast_path_applies, line_start
 from tokenmill.io.storage import JSON_OPTIONS, list_files, options_for
@@ -104,9 +106,11 @@ def cut_points(
 
 def cut_offsets(url: str, size: int, n_pieces: int, storage_options: dict) -> list[int]:
     """The byte offsets of the first line at or after each of n_pieces - 1 even cuts, found by seeking (a read of a
-    line or so at each)."""
+    line or so at each). None in a file of one JSON array: its records are found by parsing, not at line starts."""
     fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
     with fs.open(path, "rb") as f:
+        if may_hold_array(url) and opens_array(f):
+            return []
         return sorted({line_start(f, size * k // n_pieces) for k in range(1, n_pieces)} - {size})
 
 
@@ -145,6 +149,8 @@ def _split_large_file(
         ]
     if format_of(url) == "jsonl" and compression_of(url) is None:
         cuts = cut_points(url, size, math.ceil(size / shard_size), storage_options, count_lines)
+        if not cuts:  # one line, or one JSON array
+            return None
         starts = [(0, 1), *cuts]
         ends = [c[0] for c in cuts] + [size]
         return [(Piece(url, s, e, line), e - s) for (s, line), e in zip(starts, ends, strict=True)]
