@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 from pathlib import Path
@@ -44,3 +45,28 @@ def test_flow_reads_and_writes_s3(run_cli, s3_server, gpt2_run):
         for row in expected:
             row["file"] = f"s3://corpus/demo/{Path(row['file']).name}"
         assert remote.to_pylist() == expected
+
+
+def test_a_json_array_file_on_s3_is_read_as_on_disk(s3_server, tmp_path):
+    """An object store's file has no peek: whether a .json object holds one array is read from its start and the
+    read sought back. Its records, plain or gzipped, are the local file's; the partition keeps it whole."""
+    from tokenmill.config import TokenmillConfig
+    from tokenmill.io.readers import Piece, ReadOptions, read_documents
+    from tokenmill.stages.partition import plan_shards
+
+    records = [{"text": f"record {i}\n" + "x" * (i * 31 % 200)} for i in range(300)]
+    data = json.dumps(records, indent=2).encode()
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="arrays")
+    s3.put_object(Bucket="arrays", Key="a.json", Body=data)
+    s3.put_object(Bucket="arrays", Key="b.json.gz", Body=gzip.compress(data))
+    for key in ("a.json", "b.json.gz"):
+        for columnar in (False, True):
+            read = list(read_documents([Piece(f"s3://arrays/{key}")], ReadOptions(), columnar))
+            assert [str(t) for batch, _ in read for t in batch.text_values()] == [r["text"] for r in records]
+            assert not any(rejects for _, rejects in read)
+    config = TokenmillConfig.model_validate(
+        {"name": "t", "input": {"paths": ["s3://arrays/a.json"]}, "partition": {"shard_size": 4000},
+         "tokenizer": {"path": "unused.json"}, "output": {"path": str(tmp_path / "out")}}
+    )  # fmt: skip
+    assert [[(p.start, p.end) for p in s.pieces] for s in plan_shards(config).shards] == [[(0, None)]]
