@@ -575,14 +575,15 @@ ALPACA = [  # escapes, multi-byte characters and lengths that put a chunk's end 
 
 
 @pytest.mark.parametrize("chunk", [1 << 20, 7], ids=["in MB reads", "in 7-byte reads"])
-@pytest.mark.parametrize("layout", ["indented", "compact", "gzip"])
+@pytest.mark.parametrize("layout", ["indented", "compact", "gzip", "byte order mark"])
 def test_a_json_file_of_one_array_is_read_as_its_records(tmp_path, monkeypatch, layout, chunk):
-    """Alpaca's layout: one JSON array in a .json file, pretty-printed or not, compressed or not. Its records are
-    json.load's, numbered by their place in the array, whether read record by record or by the fast path's
-    entry, and read a chunk at a time (a record, a character or an escape cut by a chunk's end); a small shard
-    size does not cut the file, where the same records as JSON Lines are cut."""
+    """Alpaca's layout: one JSON array in a .json file, pretty-printed or not, compressed or not, after a byte order
+    mark or not. Its records are json.load's, numbered by their place in the array, whether read record by record
+    or by the fast path's entry, and read a chunk at a time (a record, a character or an escape cut by a chunk's
+    end); a small shard size does not cut the file, where the same records as JSON Lines are cut."""
     monkeypatch.setattr(arrays, "CHUNK", chunk)
     data = json.dumps(ALPACA, indent=None if layout == "compact" else 2, ensure_ascii=False).encode()
+    data = b"\xef\xbb\xbf" + data if layout == "byte order mark" else data  # as Windows tools write JSON
     path = tmp_path / ("alpaca.json.gz" if layout == "gzip" else "alpaca.json")
     path.write_bytes(gzip.compress(data) if layout == "gzip" else data)
     options = ReadOptions(text_field="output")

@@ -40,7 +40,7 @@ def opens_array(f: BinaryIO) -> bool:
         f.seek(0)
     else:
         return False
-    return head.lstrip(b" \t\r\n")[:1] == b"["
+    return head.removeprefix(codecs.BOM_UTF8).lstrip(b" \t\r\n")[:1] == b"["
 
 
 def array_lines(f: BinaryIO) -> Iterator[bytes]:
@@ -82,8 +82,11 @@ class _Text:
     come back as they were): `text[at:]` is what is not yet taken, `offset` the byte of the file it starts at."""
 
     def __init__(self, f: BinaryIO):
+        bom = f.read(len(codecs.BOM_UTF8))  # a byte order mark (Windows tools write one) is not the text's
         self.f, self.decoder = f, codecs.getincrementaldecoder("utf-8")("surrogateescape")
-        self.text, self.at, self.offset, self.ended = "", 0, 0, False
+        self.text, self.at, self.offset, self.ended = "", 0, len(bom), False
+        if bom != codecs.BOM_UTF8:
+            self.text, self.offset = self.decoder.decode(bom), 0
 
     def more(self) -> bool:
         """Read on (as much again as is held, so a record spanning many chunks is parsed a few times, not once a
