@@ -142,17 +142,23 @@ def _value_end(text: str, at: int) -> tuple[int, bool]:
 
 
 class ArrayStream(io.RawIOBase):
-    """The stream of lines `array_lines` makes of a JSON array file, as a readable binary stream."""
+    """The stream of lines `array_lines` makes of a JSON array file, as a readable binary stream. Where the array is
+    malformed the stream ends, and `error` says why: raised there, it would take with it the lines a buffered read
+    had gathered before it; its reader raises it once it has read to the end (`readers.open_piece`)."""
 
     def __init__(self, f: BinaryIO):
         self.lines, self.line, self.position = array_lines(f), b"", 0
+        self.error: JSONArrayError | None = None
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
         while self.position == len(self.line):
-            self.line, self.position = next(self.lines, b""), 0
+            try:
+                self.line, self.position = next(self.lines, b""), 0
+            except JSONArrayError as e:
+                self.error, self.line, self.position = e, b"", 0
             if not self.line:
                 return 0
         n = min(len(buffer), len(self.line) - self.position)

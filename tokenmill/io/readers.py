@@ -235,8 +235,13 @@ def open_piece(piece: Piece, options: ReadOptions) -> Iterator[BinaryIO]:
     """The piece's file as a binary stream, decompressed (positions are uncompressed offsets); a file of one JSON
     array as the JSON Lines of its records (`arrays`)."""
     with _decompressed(piece, options) as f:
-        array = _may_hold_array(piece, options) and opens_array(f)
-        yield io.BufferedReader(ArrayStream(f), READ_BUFFER) if array else f
+        if not (_may_hold_array(piece, options) and opens_array(f)):
+            yield f
+            return
+        stream = ArrayStream(f)
+        yield io.BufferedReader(stream, READ_BUFFER)
+        if stream.error:  # the reader has read every record before it
+            raise stream.error
 
 
 @contextmanager
@@ -434,16 +439,22 @@ def records(piece: Piece, options: ReadOptions) -> Iterator[Record]:
     except InputError:
         raise
     except Exception as e:  # truncated gzip, corrupt zstd frame, unreadable Parquet: name the file, not the library
-        problem = f"cannot be read after {count} records ({type(e).__name__}: {e})"
-        if options.on_invalid == "fail":
-            raise InputError(f"{name}: {problem}") from e
-        yield Record(0, None, None, {}, b"", problem, name)
+        yield _unreadable(name, count, e, options)
         return
     if count == 0 and piece.start == 0 and not piece.row_groups and piece.format != "shuffled":
         problem = "empty file: no records"
         if options.on_invalid == "fail":
             raise InputError(f"{name}: {problem}")
         yield Record(0, None, None, {}, b"", problem, name)
+
+
+def _unreadable(name: str, count: int, error: Exception, options: ReadOptions) -> Record:
+    """The record that stands for the rest of a file that cannot be read on after `count` records (under `fail`, the
+    error that stops the read)."""
+    problem = f"cannot be read after {count} records ({type(error).__name__}: {error})"
+    if options.on_invalid == "fail":
+        raise InputError(f"{name}: {problem}") from error
+    return Record(0, None, None, {}, b"", problem, name)
 
 
 def largest_records(pieces: list[Piece], options: ReadOptions, most: int = 3) -> list[tuple[str, int, int]]:
@@ -532,7 +543,7 @@ def read_documents(
     for piece in pieces:
         paths_named.setdefault(display_name(piece.path), set()).add(piece.path)
     for piece in pieces:
-        if columnar and fast_path_applies(piece, options) and not holds_array(piece, options):
+        if columnar and fast_path_applies(piece, options):
             own_name = len(paths_named[display_name(piece.path)]) == 1
             yield from _fast_jsonl(piece, options, seen_ids, batch_bytes, own_name)
             continue
@@ -628,18 +639,24 @@ def _fast_jsonl(
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     name, read_any = display_name(piece.path), False
     counted, start = piece.first_line is not None, piece.start
+    array = holds_array(piece, options)  # its blocks are of the JSON Lines it stands for: not pieces of the file
+    count = 0  # the records read
     try:
-        for block, line, newlines in line_blocks(piece, options, batch_bytes):
+        for block, line, newlines in line_blocks(piece, options, batch_bytes, array):
             read_any = True
             batch, rejects = jsonl_block(block, line, name, options, seen_ids, newlines, own_name)
+            count += len(batch) + len(rejects)
             batch.lines = newlines + (block[-1:] != b"\n")
-            batch.block, start = Piece(piece.path, start, start + len(block), line), start + len(block)
+            batch.block = None if array else Piece(piece.path, start, start + len(block), line)
+            start += len(block)
             batch.doc_files = [piece.path] * len(batch)  # a block is of one file (its careful path names none)
             for reject in [] if counted else rejects:
                 reject.from_byte = piece.start
             yield batch, rejects
     except FileNotFoundError as e:
         raise InputError(f"{piece.path}: no such file") from e
+    except JSONArrayError as e:  # the records before it were read
+        yield _checked([_unreadable(name, count, e, options)], options, seen_ids)
     except InputError as e:  # a bad record under `fail`, in a piece whose first line was not counted
         if counted:
             raise
@@ -686,12 +703,13 @@ def line_start(f: BinaryIO, target: int) -> int:
 
 
 def line_blocks(
-    piece: Piece, options: ReadOptions, batch_bytes: int = BATCH_BYTES
+    piece: Piece, options: ReadOptions, batch_bytes: int = BATCH_BYTES, array: bool = False
 ) -> Iterator[tuple[Buffer, int, int]]:
     """A line-based piece as blocks of whole lines of about `batch_bytes`: (block, the number of its first line,
-    the line endings it holds), each block bytes or a memoryview. Nothing for an empty file."""
+    the line endings it holds), each block bytes or a memoryview. Nothing for an empty file. `array`: the piece is a
+    file of one JSON array (`holds_array`), read as the JSON Lines of its records."""
     pos, line = piece.start, piece.first_line or 1
-    for block in _whole_line_blocks(piece, options, batch_bytes):
+    for block in _whole_line_blocks(piece, options, batch_bytes, array):
         if pos == 0 and _blank(block):
             break
         newlines = count_newlines(block)  # once per block: it is a pass over 8 MB
@@ -699,12 +717,12 @@ def line_blocks(
         pos, line = pos + len(block), line + newlines + (block[-1:] != b"\n")
 
 
-def _whole_line_blocks(piece: Piece, options: ReadOptions, batch_bytes: int) -> Iterator[Buffer]:
+def _whole_line_blocks(piece: Piece, options: ReadOptions, batch_bytes: int, array: bool) -> Iterator[Buffer]:
     """The piece's bytes, in blocks of whole lines of about `batch_bytes`. A local uncompressed file's blocks are
     views of a memory map each, not copies: reading 8 MB blocks into fresh buffers cost 40% as much CPU as
     parsing them. A block's map goes with its last view, so a worker's memory holds a block or two of the file."""
     fs, path = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
-    if isinstance(fs, LocalFileSystem) and compression_of(piece.path) is None:
+    if isinstance(fs, LocalFileSystem) and compression_of(piece.path) is None and not array:
         with open(path, "rb") as f:
             status = os.fstat(f.fileno())
             if stat.S_ISREG(status.st_mode):  # not a pipe or a device: those have no size to map
