@@ -626,3 +626,20 @@ def test_a_bad_record_or_a_malformed_array_is_a_reject_that_keeps_the_records_be
         texts = [str(t) for batch, _ in read for t in batch.text_values()]
         assert texts == (["a", "c"] if number else ["a", "b"])
         assert number or rejects[0][1].startswith("cannot be read after 2 records")
+
+
+def test_a_plan_that_cut_a_json_array_at_its_lines_is_made_again_with_the_array_whole(tmp_path, monkeypatch):
+    """An earlier tokenmill read a .json file as lines and cut a large one at them; its plan, signed as this user's
+    own (whose cuts are otherwise taken unchecked), is not kept for a file that holds an array."""
+    path = tmp_path / "alpaca.json"
+    path.write_text(json.dumps(ALPACA, indent=2))
+    config = make_config([str(path)], 10_000, tmp_path, id_field=None, text_field="output")
+    monkeypatch.setattr(partition, "opens_array", lambda f: False)  # as the earlier tokenmill saw it
+    earlier, _ = load_or_plan(config)
+    assert len(earlier.shards) > 5
+    monkeypatch.undo()
+    plan, change = load_or_plan(config)
+    assert [[(p.start, p.end) for p in s.pieces] for s in plan.shards] == [[(0, None)]]
+    assert change["shards_new"] == 1
+    docs, rejects = read_all(config, plan)
+    assert len(docs) == len(ALPACA) and not rejects
