@@ -9,6 +9,7 @@ from pathlib import Path
 
 import boto3
 import pyarrow.parquet as pq
+import zstandard
 
 from .conftest import EXAMPLES
 
@@ -70,3 +71,34 @@ def test_a_json_array_file_on_s3_is_read_as_on_disk(s3_server, tmp_path):
          "tokenizer": {"path": "unused.json"}, "output": {"path": str(tmp_path / "out")}}
     )  # fmt: skip
     assert [[(p.start, p.end) for p in s.pieces] for s in plan_shards(config).shards] == [[(0, None)]]
+
+
+def test_the_partition_reads_a_probe_at_each_cut_of_an_s3_file_not_a_block(s3_server, tmp_path, monkeypatch):
+    """Finding a line start at each cut reads a line or so there, and a .jsonl.zst file's size is read from its
+    first 18 bytes: s3fs reads 50 MB ahead of a read by default, which read this 26 MB file whole (and a larger one
+    50 MB at every cut) before the reads were sized to the probe."""
+    import s3fs
+
+    from tokenmill.config import TokenmillConfig
+    from tokenmill.stages.partition import plan_shards, uncompressed_size
+
+    lines = b"".join(json.dumps({"text": f"line {i} " + "x" * (i % 300)}).encode() + b"\n" for i in range(150_000))
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="cuts")
+    s3.put_object(Bucket="cuts", Key="big.jsonl", Body=lines)
+    fetched = []
+    fetch = s3fs.S3File._fetch_range
+    monkeypatch.setattr(
+        s3fs.S3File, "_fetch_range", lambda f, start, end: fetched.append(end - start) or fetch(f, start, end)
+    )
+    config = TokenmillConfig.model_validate(
+        {"name": "t", "input": {"paths": ["s3://cuts/big.jsonl"]}, "partition": {"shard_size": len(lines) // 30},
+         "tokenizer": {"path": "unused.json"}, "output": {"path": str(tmp_path / "out")}}
+    )  # fmt: skip
+    assert len(plan_shards(config).shards) == 31
+    assert sum(fetched) < len(lines) / 4, f"{sum(fetched):,} bytes read to cut {len(lines):,}"
+    packed = zstandard.ZstdCompressor(level=1).compress(lines)  # records its content size in the frame header
+    s3.put_object(Bucket="cuts", Key="big.jsonl.zst", Body=packed)
+    fetched.clear()
+    assert uncompressed_size("s3://cuts/big.jsonl.zst", {}) == len(lines)
+    assert sum(fetched) < len(packed) / 4, f"{sum(fetched):,} bytes read for the size of {len(packed):,}"

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 import zstandard
 from fsspec.implementations.local import LocalFileSystem
 
-from tokenmill.io.arrays import ArrayStream, JSONArrayError, may_hold_array, opens_array
+from tokenmill.io.arrays import ARRAY_PROBE, ArrayStream, JSONArrayError, may_hold_array, opens_array
 from tokenmill.io.buffers import scan_parts
 from tokenmill.io.direct import DIRECT_ALIGN, in_page_cache, mapped, open_direct
 from tokenmill.io.names import compression_of, format_of
@@ -260,10 +260,15 @@ def _may_hold_array(piece: Piece, options: ReadOptions) -> bool:
 
 
 def holds_array(piece: Piece, options: ReadOptions) -> bool:
-    """Whether the piece is a file of one JSON array (a look at its first bytes)."""
+    """Whether the piece is a file of one JSON array: a look at its first bytes (of an uncompressed file, those
+    alone: an object store's file reads a block ahead, s3fs's 50 MB)."""
     if not _may_hold_array(piece, options):
         return False
-    with _decompressed(piece, options) as f:
+    if compression_of(piece.path) is not None:
+        with _decompressed(piece, options) as f:
+            return opens_array(f)
+    fs, path = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
+    with fs.open(path, "rb", block_size=ARRAY_PROBE) as f:
         return opens_array(f)
 
 
