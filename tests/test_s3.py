@@ -73,13 +73,16 @@ def test_a_json_array_file_on_s3_is_read_as_on_disk(s3_server, tmp_path):
     assert [[(p.start, p.end) for p in s.pieces] for s in plan_shards(config).shards] == [[(0, None)]]
 
 
-def test_the_partition_reads_a_probe_at_each_cut_of_an_s3_file_not_a_block(s3_server, tmp_path, monkeypatch):
-    """Finding a line start at each cut reads a line or so there, and a .jsonl.zst file's size is read from its
-    first 18 bytes: s3fs reads 50 MB ahead of a read by default, which read this 26 MB file whole (and a larger one
-    50 MB at every cut) before the reads were sized to the probe."""
+def test_the_partition_and_the_samples_read_what_they_look_at_of_an_s3_file_not_a_block_ahead(
+    s3_server, tmp_path, monkeypatch
+):
+    """Finding a line start at each cut reads a line or so there, a .jsonl.zst file's size is read from its first 18
+    bytes, and a sample's blocks far apart are read each alone: s3fs reads 50 MB ahead of a read by default, which
+    read this 26 MB file whole (and a larger one 50 MB at every cut or block) before the reads were sized."""
     import s3fs
 
     from tokenmill.config import TokenmillConfig
+    from tokenmill.io.readers import Piece, ReadOptions, sampled_blocks
     from tokenmill.stages.partition import plan_shards, uncompressed_size
 
     lines = b"".join(json.dumps({"text": f"line {i} " + "x" * (i % 300)}).encode() + b"\n" for i in range(150_000))
@@ -102,3 +105,10 @@ def test_the_partition_reads_a_probe_at_each_cut_of_an_s3_file_not_a_block(s3_se
     fetched.clear()
     assert uncompressed_size("s3://cuts/big.jsonl.zst", {}) == len(lines)
     assert sum(fetched) < len(packed) / 4, f"{sum(fetched):,} bytes read for the size of {len(packed):,}"
+    # a sample's blocks far apart (the fertility report's, the encoder's check): the blocks alone, the local file's
+    local = tmp_path / "big.jsonl"
+    local.write_bytes(lines)
+    fetched.clear()
+    blocks = list(sampled_blocks(Piece("s3://cuts/big.jsonl"), ReadOptions(), every=100, phase=7))
+    assert blocks == list(sampled_blocks(Piece(str(local)), ReadOptions(), every=100, phase=7)) and len(blocks) == 4
+    assert sum(fetched) < len(lines) / 4, f"{sum(fetched):,} bytes read for {len(blocks)} blocks"

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 import zstandard
+from fsspec.compression import compr
 from fsspec.implementations.local import LocalFileSystem
 
 from tokenmill.io.arrays import ARRAY_PROBE, ArrayStream, JSONArrayError, may_hold_array, opens_array
@@ -57,6 +58,7 @@ CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError, J
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
 SAMPLE_BLOCK_BYTES = 64 << 10  # a sample's run of neighbouring documents (`sampled_blocks`): ~40 Wikipedia articles
+SPARSE_BLOCKS = 64  # sampled blocks this many apart (4 MB) or more are read each alone, not with what lies between
 LONG_LINE = 1 << 20  # a line that ends a directly read block may run this far past it (longer: it is mapped)
 PANDERA_IMPORT = threading.Lock()
 
@@ -231,10 +233,11 @@ def field_value(record, dotted: str):
 
 
 @contextmanager
-def open_piece(piece: Piece, options: ReadOptions) -> Iterator[BinaryIO]:
+def open_piece(piece: Piece, options: ReadOptions, block_size: int | None = None) -> Iterator[BinaryIO]:
     """The piece's file as a binary stream, decompressed (positions are uncompressed offsets); a file of one JSON
-    array as the JSON Lines of its records (`arrays`)."""
-    with _decompressed(piece, options) as f:
+    array as the JSON Lines of its records (`arrays`). `block_size`: what an object store's file reads at a time
+    (None: its default, s3fs's 50 MB, which it reads ahead of a read)."""
+    with _decompressed(piece, options, block_size) as f:
         if not (_may_hold_array(piece, options) and opens_array(f)):
             yield f
             return
@@ -245,12 +248,16 @@ def open_piece(piece: Piece, options: ReadOptions) -> Iterator[BinaryIO]:
 
 
 @contextmanager
-def _decompressed(piece: Piece, options: ReadOptions) -> Iterator[BinaryIO]:
-    storage = options_for(piece.path, options.storage_options)
+def _decompressed(piece: Piece, options: ReadOptions, block_size: int | None = None) -> Iterator[BinaryIO]:
+    fs, path = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
     codec = compression_of(piece.path)
-    with fsspec.open(piece.path, "rb", compression=codec, **storage) as f:
-        # zstandard's stream reader reads but cannot iterate lines by itself
-        yield io.BufferedReader(f, READ_BUFFER) if codec == "zstd" else f
+    with fs.open(path, "rb", block_size=block_size) as raw:
+        if codec is None:
+            yield raw
+            return
+        with compr[codec](raw, mode="r") as f:  # as fsspec.open decompresses
+            # zstandard's stream reader reads but cannot iterate lines by itself
+            yield io.BufferedReader(f, READ_BUFFER) if codec == "zstd" else f
 
 
 def _may_hold_array(piece: Piece, options: ReadOptions) -> bool:
@@ -261,14 +268,10 @@ def _may_hold_array(piece: Piece, options: ReadOptions) -> bool:
 
 def holds_array(piece: Piece, options: ReadOptions) -> bool:
     """Whether the piece is a file of one JSON array: a look at its first bytes (of an uncompressed file, those
-    alone: an object store's file reads a block ahead, s3fs's 50 MB)."""
+    alone)."""
     if not _may_hold_array(piece, options):
         return False
-    if compression_of(piece.path) is not None:
-        with _decompressed(piece, options) as f:
-            return opens_array(f)
-    fs, path = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
-    with fs.open(path, "rb", block_size=ARRAY_PROBE) as f:
+    with _decompressed(piece, options, None if compression_of(piece.path) else ARRAY_PROBE) as f:
         return opens_array(f)
 
 
@@ -397,7 +400,9 @@ def sampled_blocks(piece: Piece, options: ReadOptions, every: int, phase: int) -
     its end. The same lines whatever the piece's bounds, so the sample does not depend on the shards."""
     first = -(-piece.start // SAMPLE_BLOCK_BYTES)  # the first block starting in the piece
     b = first + (phase - first) % every
-    with open_piece(piece, options) as f:
+    # Blocks far apart are each a read of their own: an object store's file reads a block (s3fs: 50 MB) ahead
+    sparse = every >= SPARSE_BLOCKS and compression_of(piece.path) is None
+    with open_piece(piece, options, 2 * SAMPLE_BLOCK_BYTES if sparse else None) as f:
         position = 0
         while piece.end is None or b * SAMPLE_BLOCK_BYTES < piece.end:
             lo, hi = b * SAMPLE_BLOCK_BYTES, (b + 1) * SAMPLE_BLOCK_BYTES
