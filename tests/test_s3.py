@@ -77,12 +77,14 @@ def test_the_partition_and_the_samples_read_what_they_look_at_of_an_s3_file_not_
     s3_server, tmp_path, monkeypatch
 ):
     """Finding a line start at each cut reads a line or so there, a .jsonl.zst file's size is read from its first 18
-    bytes, and a sample's blocks far apart are read each alone: s3fs reads 50 MB ahead of a read by default, which
-    read this 26 MB file whole (and a larger one 50 MB at every cut or block) before the reads were sized."""
+    bytes, a sample's blocks far apart are read each alone, and so is a block validate reads again: s3fs reads 50 MB
+    ahead of a read by default, which read this 26 MB file whole (and a larger one 50 MB at every cut or block)
+    before the reads were sized."""
     import s3fs
 
     from tokenmill.config import TokenmillConfig
-    from tokenmill.io.readers import Piece, ReadOptions, sampled_blocks
+    from tokenmill.io.readers import Piece, ReadOptions, read_documents, sampled_blocks
+    from tokenmill.stages import partition
     from tokenmill.stages.partition import plan_shards, uncompressed_size
 
     lines = b"".join(json.dumps({"text": f"line {i} " + "x" * (i % 300)}).encode() + b"\n" for i in range(150_000))
@@ -112,3 +114,10 @@ def test_the_partition_and_the_samples_read_what_they_look_at_of_an_s3_file_not_
     blocks = list(sampled_blocks(Piece("s3://cuts/big.jsonl"), ReadOptions(), every=100, phase=7))
     assert blocks == list(sampled_blocks(Piece(str(local)), ReadOptions(), every=100, phase=7)) and len(blocks) == 4
     assert sum(fetched) < len(lines) / 4, f"{sum(fetched):,} bytes read for {len(blocks)} blocks"
+    # a block the tokenize stage read, read again by validate for its reference sample
+    start, stop = partition.cut_offsets(str(local), len(lines), 4, {})[:2]
+    fetched.clear()
+    ((batch, _),) = read_documents([Piece("s3://cuts/big.jsonl", start, stop, None)], ReadOptions(), True, stop - start)
+    ((again, _),) = read_documents([Piece(str(local), start, stop, None)], ReadOptions(), True, stop - start)
+    assert batch.text_values() == again.text_values() and len(batch) > 1000
+    assert sum(fetched) < 1.1 * (stop - start), f"{sum(fetched):,} bytes read for a block of {stop - start:,}"

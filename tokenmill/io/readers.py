@@ -739,7 +739,9 @@ def _whole_line_blocks(piece: Piece, options: ReadOptions, batch_bytes: int, arr
                 end = status.st_size if piece.end is None else min(piece.end, status.st_size)
                 yield from _local_blocks(f, path, piece.start, end, batch_bytes)
                 return
-    with open_piece(piece, options) as f:
+    # A short piece (a block validate reads again) is read alone, not with an object store's read-ahead (s3fs: 50 MB)
+    short = piece.end is not None and piece.end - piece.start <= 2 * batch_bytes
+    with open_piece(piece, options, LINE_PROBE if short else None) as f:  # a read and its line's end
         if piece.start:
             f.seek(piece.start)
         pos = piece.start
