@@ -509,7 +509,11 @@ def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchem
                     pa.Check(
                         lambda ids: ids.notna(), error=f"id field {options.id_field!r} {MISSING}", ignore_na=False
                     ),
-                    pa.Check(lambda ids: ~ids.astype(str).isin(seen_ids), error="duplicate id in this shard"),
+                    # a lookup per id: `isin` copies the set first, each batch (quadratic over a shard of one file)
+                    pa.Check(
+                        lambda ids: ~ids.astype(str).map(seen_ids.__contains__).astype(bool),
+                        error="duplicate id in this shard",
+                    ),
                 ],
                 nullable=True,
             ),
