@@ -192,6 +192,27 @@ def test_plain_text_one_document_per_file_or_split_by_a_separator(tmp_path):
     assert docs == [("b.txt:1", "doc one"), ("b.txt:3", "doc two\nmore"), ("b.txt:8", "doc three")]
 
 
+def test_a_text_file_split_by_a_separator_is_read_a_document_at_a_time(tmp_path):
+    """TinyStories' layout: a large .txt of stories between `<|endoftext|>` lines. The reader holds a document, not
+    the file (the file was read whole, decoded and split: about four times its size); a document that is not
+    UTF-8 is a reject naming its first line, and the others are read."""
+    import tracemalloc
+
+    story = "Once upon a time there was a little robot. " * 100 + "\nThe end.\n"
+    path = tmp_path / "stories.txt"
+    path.write_text("".join(story + "<|endoftext|>\n" for _ in range(8000)))
+    options = ReadOptions(separator="<|endoftext|>")
+    tracemalloc.start()
+    count = sum(len(batch) for batch, _ in read_documents([Piece(str(path))], options, batch_bytes=1 << 20))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert count == 8000 and peak < path.stat().st_size / 4, f"{peak:,} bytes held reading {path.stat().st_size:,}"
+    path.write_bytes(b"a story\n<|endoftext|>\ncaf\xe9 au lait\nmore\n<|endoftext|>\nthe last one\n")
+    read = list(read_documents([Piece(str(path))], options))
+    assert [t for batch, _ in read for t in batch.texts] == ["a story", "the last one\n"]
+    assert [(r.line, r.reason) for _, rejects in read for r in rejects] == [(3, "invalid UTF-8 at byte 3")]
+
+
 def test_plan_is_deterministic_and_reused_while_the_input_is_unchanged(tmp_path):
     write_jsonl(tmp_path / "x.jsonl", 2000)
     config = make_config([str(tmp_path / "*.jsonl")], 25_000, tmp_path)

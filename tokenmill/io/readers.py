@@ -342,23 +342,35 @@ def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[
 
 
 def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
+    """A plain text file: one document, or the documents between lines equal to `input.separator`, read a line at a
+    time (memory holds a document, not the file: TinyStories' .txt is 2 GB). Each document is numbered by its first
+    line; one that is not UTF-8 is a reject (the whole file's, line 0, when it is one document)."""
     with open_piece(piece, options) as f:
-        data = f.read()
+        if options.separator is None:
+            yield _text_record(f.read(), name, 1, reject_at=0)
+            return
+        separator, lines, first = options.separator.encode(), [], 1
+        for number, line in enumerate(f, start=1):
+            if line.removesuffix(b"\n") != separator:
+                lines.append(line)
+                continue
+            yield from _text_document(b"".join(lines)[:-1], name, first)  # less the break before the separator
+            lines, first = [], number + 1
+        yield from _text_document(b"".join(lines), name, first)
+
+
+def _text_document(data: bytes, name: str, first: int) -> Iterator[Record]:
+    """A document of a text file split by its separator lines, from line `first`; nothing where it is blank."""
+    record = _text_record(data, f"{name}:{first}", first, reject_at=first)
+    if record.problem or record.text.strip():
+        yield record
+
+
+def _text_record(data: bytes, doc_id: str, line: int, reject_at: int) -> Record:
     try:
-        text = data.decode("utf-8")
+        return Record(line, doc_id, data.decode("utf-8"), {}, data)
     except UnicodeDecodeError as e:
-        yield Record(0, None, None, {}, data[:2000], f"invalid UTF-8 at byte {e.start}")
-        return
-    if options.separator is None:
-        yield Record(1, name, text, {}, data)
-        return
-    lines, start = text.split("\n"), 0
-    for number, line in enumerate([*lines, options.separator], start=1):
-        if line == options.separator:
-            doc = "\n".join(lines[start : number - 1])
-            if doc.strip():
-                yield Record(start + 1, f"{name}:{start + 1}", doc, {}, doc.encode())
-            start = number
+        return Record(reject_at, None, None, {}, data[:2000], f"invalid UTF-8 at byte {e.start}")
 
 
 def _shuffled_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
