@@ -478,26 +478,35 @@ def test_ids_from_line_numbers_are_unique_in_a_shard_even_when_two_files_share_a
     assert rejects == [("data.jsonl", n, "duplicate id in this shard") for n in (1, 2, 3)]
 
 
-def _truncated_gzip(tmp_path):
-    path = tmp_path / "cut.jsonl.gz"
-    with gzip.open(path, "wt") as f:
-        for i in range(2000):
-            f.write(json.dumps({"text": f"document number {i} " * 20}) + "\n")
-    path.write_bytes(path.read_bytes()[:-300])
+def _truncated(tmp_path, suffix=".gz"):
+    lines = "".join(json.dumps({"text": f"document number {i} " * 20}) + "\n" for i in range(2000)).encode()
+    path = tmp_path / f"cut.jsonl{suffix}"
+    packed = gzip.compress(lines) if suffix == ".gz" else zstandard.ZstdCompressor().compress(lines)
+    path.write_bytes(packed[:-300])
     return path
 
 
-def test_truncated_gzip_fails_naming_the_file(tmp_path):
+@pytest.mark.parametrize("columnar", [False, True], ids=["careful", "fast"])
+def test_truncated_gzip_fails_naming_the_file(tmp_path, columnar):
     with pytest.raises(InputError, match=r"cut.jsonl.gz: cannot be read after \d+ records"):
-        list(read_documents([Piece(str(_truncated_gzip(tmp_path)))], ReadOptions(on_invalid="fail")))
+        list(read_documents([Piece(str(_truncated(tmp_path)))], ReadOptions(on_invalid="fail"), columnar))
 
 
-def test_truncated_gzip_is_quarantined_keeping_what_was_readable(tmp_path):
-    results = list(read_documents([Piece(str(_truncated_gzip(tmp_path)))], ReadOptions()))
-    docs = sum(len(b) for b, _ in results)
-    rejects = [r for _, rs in results for r in rs]
-    assert 1000 < docs < 2000
-    assert len(rejects) == 1 and rejects[0].line == 0 and "cannot be read" in rejects[0].reason
+@pytest.mark.parametrize("suffix", [".gz"])
+def test_a_truncated_compressed_file_is_quarantined_keeping_what_was_readable(tmp_path, suffix):
+    """Read record by record or by the columnar path (whose block, read where the stream broke, is lost with it:
+    it reads on record by record from the last record it gave), the same records are kept and one reject says where
+    reading stopped."""
+    path = _truncated(tmp_path, suffix)
+    read = {}
+    for columnar in (False, True):
+        results = list(read_documents([Piece(str(path))], ReadOptions(), columnar, batch_bytes=20_000))
+        texts = [str(t) for batch, _ in results for t in batch.text_values()]
+        rejects = [(r.line, r.reason) for _, rs in results for r in rs]
+        assert 1000 < len(texts) < 2000 and len(rejects) == 1 and rejects[0][0] == 0, rejects
+        assert rejects[0][1].startswith(f"cannot be read after {len(texts)} records")
+        read[columnar] = texts, rejects
+    assert read[True] == read[False]
 
 
 def test_empty_file_is_a_clear_error_or_a_reject(tmp_path):

@@ -563,7 +563,7 @@ def read_documents(
     pieces: list[Piece], options: ReadOptions, columnar: bool = False, batch_bytes: int = BATCH_BYTES
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     """Yield (batch of valid documents, rejects among the same records), batches of about `batch_bytes`.
-    With `columnar`, plain JSONL is read by the fast path (`_fast_jsonl`) where it applies."""
+    With `columnar`, JSONL (plain or compressed) is read by the fast path (`_fast_jsonl`) where it applies."""
     seen_ids: set[str] = set()
     paths_named: dict[str, set[str]] = {}
     for piece in pieces:
@@ -572,22 +572,28 @@ def read_documents(
         if columnar and fast_path_applies(piece, options):
             own_name = len(paths_named[display_name(piece.path)]) == 1
             yield from _fast_jsonl(piece, options, seen_ids, batch_bytes, own_name)
-            continue
-        pending: list[Record] = []
-        pending_bytes = 0
-        stream = records(piece, options)
-        while True:
-            raw = next(stream, None)
-            if raw is not None:
-                pending.append(raw)
-                pending_bytes += raw.size
-                if pending_bytes < batch_bytes:
-                    continue
-            if pending:
-                yield _checked(pending, options, seen_ids)
-                pending, pending_bytes = [], 0
-            if raw is None:
-                break
+        else:
+            yield from _careful_batches(records(piece, options), options, seen_ids, batch_bytes)
+
+
+def _careful_batches(
+    stream: Iterator[Record], options: ReadOptions, seen_ids: set[str], batch_bytes: int
+) -> Iterator[tuple[Batch, list[Reject]]]:
+    """The records of `stream`, checked a batch of about `batch_bytes` at a time (`_checked`)."""
+    pending: list[Record] = []
+    pending_bytes = 0
+    while True:
+        raw = next(stream, None)
+        if raw is not None:
+            pending.append(raw)
+            pending_bytes += raw.size
+            if pending_bytes < batch_bytes:
+                continue
+        if pending:
+            yield _checked(pending, options, seen_ids)
+            pending, pending_bytes = [], 0
+        if raw is None:
+            break
 
 
 def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tuple[Batch, list[Reject]]:
@@ -645,19 +651,18 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
 
 
 # --- the columnar fast path -------------------------------------------------------------------------------
-# Plain (uncompressed) JSONL with top-level text, id and extra fields is parsed by pyarrow a block of whole lines
-# at a time, and the batch schema's checks run vectorised on the columns. A block with any problem at all
-# (a parse error, invalid UTF-8, a blank line, a missing or non-string text, a length out of bounds, a missing,
-# non-string or repeated id) is read again by the careful path above, record by record, so every bad record still
-# becomes a reject naming its file, line and reason, exactly as without the fast path. pyarrow and orjson decode
-# escaped surrogates alike (pairs to the same UTF-8, a lone or misordered one is an error to both: tested), so
-# escapes need no scan of their own.
+# JSONL with top-level text, id and extra fields (plain, compressed, or a JSON array file's lines) is parsed by
+# pyarrow a block of whole lines at a time, and the batch schema's checks run vectorised on the columns. A block
+# with any problem at all (a parse error, invalid UTF-8, a blank line, a missing or non-string text, a length out of
+# bounds, a missing, non-string or repeated id) is read again by the careful path above, record by record, so every
+# bad record still becomes a reject naming its file, line and reason, exactly as without the fast path. pyarrow and
+# orjson decode escaped surrogates alike (pairs to the same UTF-8, a lone or misordered one is an error to both:
+# tested), so escapes need no scan of their own.
 
 
 def fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
     dotted = any("." in n for n in (options.text_field, options.id_field or "", *options.fields))
-    plain = kind_of(piece, options) == "jsonl" and compression_of(piece.path) is None
-    return plain and not dotted and not options.conversations
+    return kind_of(piece, options) == "jsonl" and not dotted and not options.conversations
 
 
 def _fast_jsonl(
@@ -665,7 +670,9 @@ def _fast_jsonl(
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     name, read_any = display_name(piece.path), False
     counted, start = piece.first_line is not None, piece.start
-    array = holds_array(piece, options)  # its blocks are of the JSON Lines it stands for: not pieces of the file
+    array = holds_array(piece, options)
+    # A compressed stream's blocks are not pieces of the file to read again, nor an array's (of its JSON Lines)
+    unplaced = array or compression_of(piece.path) is not None
     count = 0  # the records read
     try:
         for block, line, newlines in line_blocks(piece, options, batch_bytes, array):
@@ -673,7 +680,7 @@ def _fast_jsonl(
             batch, rejects = jsonl_block(block, line, name, options, seen_ids, newlines, own_name)
             count += len(batch) + len(rejects)
             batch.lines = newlines + (block[-1:] != b"\n")
-            batch.block = None if array else Piece(piece.path, start, start + len(block), line)
+            batch.block = None if unplaced else Piece(piece.path, start, start + len(block), line)
             start += len(block)
             batch.doc_files = [piece.path] * len(batch)  # a block is of one file (its careful path names none)
             for reject in [] if counted else rejects:
@@ -681,8 +688,10 @@ def _fast_jsonl(
             yield batch, rejects
     except FileNotFoundError as e:
         raise InputError(f"{piece.path}: no such file") from e
-    except JSONArrayError as e:  # the records before it were read
-        yield _checked([_unreadable(name, count, e, options)], options, seen_ids)
+    except CORRUPT_STREAM:  # read on record by record: a block read where the stream broke went with it
+        rest = itertools.islice(records(piece, options), count, None)
+        yield from _careful_batches(rest, options, seen_ids, batch_bytes)
+        return
     except InputError as e:  # a bad record under `fail`, in a piece whose first line was not counted
         if counted:
             raise
