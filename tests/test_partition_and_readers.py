@@ -492,7 +492,7 @@ def test_truncated_gzip_fails_naming_the_file(tmp_path, columnar):
         list(read_documents([Piece(str(_truncated(tmp_path)))], ReadOptions(on_invalid="fail"), columnar))
 
 
-@pytest.mark.parametrize("suffix", [".gz"])
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
 def test_a_truncated_compressed_file_is_quarantined_keeping_what_was_readable(tmp_path, suffix):
     """Read record by record or by the columnar path (whose block, read where the stream broke, is lost with it:
     it reads on record by record from the last record it gave), the same records are kept and one reject says where

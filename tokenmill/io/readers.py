@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 
 CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError, JSONArrayError)
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
+ZSTD_CHUNK = 64 << 10  # compressed bytes decompressed at once: a chunk of repetitive text can grow a thousandfold
 SAMPLE_BLOCK_BYTES = 64 << 10  # a sample's run of neighbouring documents (`sampled_blocks`): ~40 Wikipedia articles
 SPARSE_BLOCKS = 64  # sampled blocks this many apart (4 MB) or more are read each alone, not with what lies between
 LONG_LINE = 1 << 20  # a line that ends a directly read block may run this far past it (longer: it is mapped)
@@ -255,9 +256,42 @@ def _decompressed(piece: Piece, options: ReadOptions, block_size: int | None = N
         if codec is None:
             yield raw
             return
+        if codec == "zstd":
+            yield io.BufferedReader(ZstdFrames(raw), READ_BUFFER)
+            return
         with compr[codec](raw, mode="r") as f:  # as fsspec.open decompresses
-            # zstandard's stream reader reads but cannot iterate lines by itself
-            yield io.BufferedReader(f, READ_BUFFER) if codec == "zstd" else f
+            yield f
+
+
+class ZstdFrames(io.RawIOBase):
+    """A zstd file's frames, decompressed, a chunk at a time. A file that ends inside a frame (a download cut
+    short) raises EOFError, as a cut gzip file does: zstandard's stream reader ends there as if the file did."""
+
+    def __init__(self, raw: BinaryIO):
+        self.raw, self.decompressor = raw, zstandard.ZstdDecompressor()
+        self.frame, self.out, self.position, self.started = self.decompressor.decompressobj(), b"", 0, False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self.position == len(self.out):
+            chunk = self.raw.read(ZSTD_CHUNK)
+            if not chunk:
+                if self.started and not self.frame.eof:
+                    raise EOFError("the file ends inside a zstd frame: cut short")
+                return 0
+            self.started = True
+            self.out, self.position = b"", 0
+            while chunk:
+                if self.frame.eof:  # the next frame (pzstd and zstd -T write several)
+                    self.frame = self.decompressor.decompressobj()
+                self.out += self.frame.decompress(chunk)
+                chunk = self.frame.unused_data if self.frame.eof else b""
+        n = min(len(buffer), len(self.out) - self.position)
+        buffer[:n] = self.out[self.position : self.position + n]
+        self.position += n
+        return n
 
 
 def _may_hold_array(piece: Piece, options: ReadOptions) -> bool:
