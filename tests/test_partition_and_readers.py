@@ -181,6 +181,42 @@ def test_parquet_is_partitioned_by_row_groups(tmp_path):
     assert docs[7][1] == rows[7]["meta"]["content"]
 
 
+@pytest.mark.parametrize("ids", ["strings", "numbers"])
+def test_parquet_is_read_on_its_columns_as_it_is_record_by_record(tmp_path, ids):
+    """The columnar path reads a Parquet file a batch of rows at a time (several a row group here) and checks them on
+    their columns; a batch with a bad row, or ids that are numbers, goes record by record. Either way the same
+    documents, numbered by their row, and the same rejects as reading record by record."""
+    rows = [
+        {"id": f"p{i}" if ids == "strings" else i, "text": f"row {i} " * (i % 40 + 1), "lang": "en"}
+        for i in range(3000)
+    ]
+    rows[1234]["text"] = None  # a row without its text
+    rows[2345]["id"] = rows[2344]["id"]  # an id twice
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=1000)
+    options = ReadOptions(id_field="id", fields=("lang",))
+    read = {}
+    for columnar in (False, True):
+        for group in (None, [1, 2]):
+            batches = list(read_documents([Piece(str(path), row_groups=group)], options, columnar, batch_bytes=20_000))
+            documents = [
+                (i, str(t), int(line), lang)
+                for batch, _ in batches
+                for i, t, line, lang in zip(
+                    batch.ids, batch.text_values(), batch.doc_lines, batch.extra["lang"], strict=True
+                )
+            ]
+            read[columnar, str(group)] = documents, [(r.line, r.reason) for _, rejects in batches for r in rejects]
+            on_columns = sum(batch.text_array is not None for batch, _ in batches)
+            assert on_columns >= (len(batches) - 2 if columnar and ids == "strings" else 0)
+    assert len(batches) > 6  # several batches a row group
+    documents, rejects = read[False, "None"]
+    assert len(documents) == 2998 and documents[0] == (str(rows[0]["id"]), "row 0 ", 1, "en")
+    assert rejects == [(1235, "text field 'text' missing or null"), (2346, "duplicate id in this shard")]
+    assert read[True, "None"] == read[False, "None"] and read[True, "[1, 2]"] == read[False, "[1, 2]"]
+    assert read[True, "[1, 2]"][0][0][2] == 1001
+
+
 def test_plain_text_one_document_per_file_or_split_by_a_separator(tmp_path):
     (tmp_path / "a.txt").write_text("first file\nsecond line\n")
     (tmp_path / "b.txt").write_text("doc one\n---\ndoc two\nmore\n---\n\n---\ndoc three")

@@ -353,6 +353,16 @@ def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) 
 
 
 def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
+    for first, table in _parquet_tables(piece, options, name, BATCH_BYTES):
+        yield from _table_records(table, first, options, name)
+
+
+def _parquet_tables(
+    piece: Piece, options: ReadOptions, name: str, batch_bytes: int
+) -> Iterator[tuple[int, pyarrow.Table]]:
+    """(the number of its first row, from 1; a table of the columns the records need) for the piece's row groups, a
+    batch of about `batch_bytes` (uncompressed, as the footer counts them) at a time: memory holds a batch decoded
+    and its row group's columns compressed, not the row group decoded (a Hugging Face file's can be hundreds of MB)."""
     with fsspec.open(piece.path, "rb", **options_for(piece.path, options.storage_options)) as f:
         parquet = pq.ParquetFile(f)
         groups = piece.row_groups if piece.row_groups is not None else list(range(parquet.num_row_groups))
@@ -366,13 +376,20 @@ def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[
         for g in range(parquet.num_row_groups):
             starts.append(starts[-1] + parquet.metadata.row_group(g).num_rows)
         for g in groups:
-            rows = parquet.read_row_group(g, columns=sorted(top)).to_pylist()
-            for offset, record in enumerate(rows):
-                number = starts[g] + offset + 1
-                doc_id = f"{name}:{number}" if options.id_field is None else field_value(record, options.id_field)
-                extra = {f: field_value(record, f) for f in options.fields}
-                text = record if options.conversations else field_value(record, options.text_field)
-                yield Record(number, doc_id, text, extra, orjson.dumps(record, default=str))
+            group, first = parquet.metadata.row_group(g), starts[g] + 1
+            rows = max(1, batch_bytes * group.num_rows // max(1, group.total_byte_size))
+            for batch in parquet.iter_batches(batch_size=rows, row_groups=[g], columns=sorted(top)):
+                yield first, pyarrow.Table.from_batches([batch])
+                first += batch.num_rows
+
+
+def _table_records(table: pyarrow.Table, first: int, options: ReadOptions, name: str) -> Iterator[Record]:
+    """A table's rows as records, numbered from `first`."""
+    for number, record in enumerate(table.to_pylist(), start=first):
+        doc_id = f"{name}:{number}" if options.id_field is None else field_value(record, options.id_field)
+        extra = {f: field_value(record, f) for f in options.fields}
+        text = record if options.conversations else field_value(record, options.text_field)
+        yield Record(number, doc_id, text, extra, orjson.dumps(record, default=str))
 
 
 def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
@@ -605,7 +622,8 @@ def read_documents(
     for piece in pieces:
         if columnar and fast_path_applies(piece, options):
             own_name = len(paths_named[display_name(piece.path)]) == 1
-            yield from _fast_jsonl(piece, options, seen_ids, batch_bytes, own_name)
+            fast = _fast_parquet if kind_of(piece, options) == "parquet" else _fast_jsonl
+            yield from fast(piece, options, seen_ids, batch_bytes, own_name)
         else:
             yield from _careful_batches(records(piece, options), options, seen_ids, batch_bytes)
 
@@ -696,7 +714,7 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
 
 def fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
     dotted = any("." in n for n in (options.text_field, options.id_field or "", *options.fields))
-    return kind_of(piece, options) == "jsonl" and not dotted and not options.conversations
+    return kind_of(piece, options) in ("jsonl", "parquet") and not dotted and not options.conversations
 
 
 def _fast_jsonl(
@@ -903,33 +921,71 @@ def _fast_batch(
 ) -> Batch | None:
     """The block's documents if every record in it is a valid document, else None."""
     table = _arrow_table(block, options)
-    if table is None:
+    if table is None or table.num_rows != newlines + (block[-1:] != b"\n"):
         return None
-    lines = newlines + (block[-1:] != b"\n")
-    column = table.column(options.text_field)
+    batch = _table_batch(table, first_line, name, options, seen_ids, own_name)
+    if batch is not None:  # bytes as the careful path counts them: each line without its line ending
+        batch.nbytes = len(block) - newlines - count_crlf(block)
+    return batch
+
+
+def _table_batch(
+    table: pyarrow.Table, first: int, name: str, options: ReadOptions, seen_ids: set[str], own_name: bool
+) -> Batch | None:
+    """The documents of a table of records numbered from `first` (lines, or a Parquet file's rows) if every one is a
+    valid document (the checks `record_schema` makes, on the columns), else None."""
+    rows, column = table.num_rows, table.column(options.text_field)
+    if not (pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)):
+        return None
     texts = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # one block: no copy
-    if table.num_rows != lines or texts.null_count:
-        return None
-    if not _lengths_within(texts, options):
+    if texts.null_count or not _lengths_within(texts, options):
         return None
     if options.id_field is None and own_name:
-        ids = LineIds(name, first_line, lines)  # `<file>:<line>` of a name no other file has: unique
+        ids = LineIds(name, first, rows)  # `<file>:<line>` of a name no other file has: unique
     else:
         if options.id_field is None:
-            ids = LineIds(name, first_line, lines).as_list()
+            ids = LineIds(name, first, rows).as_list()
         else:
             id_column = table.column(options.id_field)
-            if id_column.null_count:
-                return None
+            if id_column.null_count or not pyarrow.types.is_string(id_column.type):
+                return None  # a number is an id as the careful path writes it (str)
             ids = id_column.to_pylist()
         if len(set(ids)) != len(ids) or not seen_ids.isdisjoint(ids):
             return None
         seen_ids.update(ids)
-    # bytes as the careful path counts them: each line without its line ending
-    nbytes = len(block) - newlines - count_crlf(block)
     extra = {f: table.column(f).to_pylist() for f in options.fields}
-    doc_lines = np.arange(first_line, first_line + lines, dtype=np.int64)  # every line is a document
-    return Batch(ids=ids, nbytes=nbytes, text_array=texts, extra=extra, doc_lines=doc_lines)
+    doc_lines = np.arange(first, first + rows, dtype=np.int64)  # every line (row) is a document
+    return Batch(ids=ids, nbytes=table.nbytes, text_array=texts, extra=extra, doc_lines=doc_lines)
+
+
+def _fast_parquet(
+    piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int, own_name: bool = False
+) -> Iterator[tuple[Batch, list[Reject]]]:
+    """A Parquet piece a batch of rows at a time, each checked on its columns (`_table_batch`), or record by record
+    where any is not a valid document."""
+    name, count = display_name(piece.path), 0  # the records read
+    try:
+        for first, table in _parquet_tables(piece, options, name, batch_bytes):
+            batch = _table_batch(table, first, name, options, seen_ids, own_name)
+            if batch is None:
+                raws = list(_table_records(table, first, options, name))
+                for raw in raws:
+                    raw.file, raw.path = name, piece.path
+                batch, rejects = _checked(raws, options, seen_ids)
+            else:
+                batch.doc_files, rejects = [piece.path] * len(batch), []
+            count += table.num_rows
+            yield batch, rejects
+    except FileNotFoundError as e:
+        raise InputError(f"{piece.path}: no such file") from e
+    except InputError:
+        raise
+    except Exception:  # unreadable from some row group on: the careful reader says where, after the same records
+        rest = itertools.islice(records(piece, options), count, None)
+        yield from _careful_batches(rest, options, seen_ids, batch_bytes)
+        return
+    if count == 0 and piece.row_groups is None:  # an empty file: the careful path says so
+        yield from read_documents([piece], options)
 
 
 def _arrow_table(block: Buffer, options: ReadOptions) -> pyarrow.Table | None:
