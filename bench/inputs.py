@@ -1,0 +1,114 @@
+"""What the input layouts cost: the same documents as JSON Lines, JSON Lines compressed with zstd, Parquet (row groups
+of 5,000 rows, as the Hugging Face hub writes them), one JSON array (Alpaca's layout) and plain text split by
+`<|endoftext|>` lines (TinyStories' layout), each read by `tokenmill run` with the default config but `pack.mode:
+none`, side by side, the order rotating each round.
+
+The corpus is a JSONL file of `{"text"}` records (`bench/corpora.py prose` builds 0.16 GB of unique prose; default:
+enwiki_slice written `--repeat` times), the tokenizer GPT-2's. Every run is from scratch (its output removed),
+reporting to one Prefect server started before the rounds, as a user's is. It prints each run's wall, then per layout
+the median wall, its ratio to the JSON Lines', the largest process's peak RSS, and the machine. Every layout must give
+the same tokens.
+
+    .venv/bin/python bench/inputs.py --corpus /tmp/corpora/prose.jsonl --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+import orjson
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+from megatron import RESERVE, Watched, checkout  # beside this file
+from throughput import SHARED, make_corpus, tokenmill_command
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def layouts(corpus: Path, work: Path) -> dict[str, Path]:
+    """The corpus's texts written in each layout."""
+    texts = [orjson.loads(line)["text"] for line in corpus.open("rb")]
+    paths = {name: work / f"corpus{suffix}" for name, suffix in [
+        ("JSON Lines", ".jsonl"), ("JSON Lines, zstd", ".jsonl.zst"), ("Parquet", ".parquet"),
+        ("one JSON array", ".json"), ("text, separated", ".txt"),
+    ]}  # fmt: skip
+    lines = b"".join(orjson.dumps({"text": text}) + b"\n" for text in texts)
+    paths["JSON Lines"].write_bytes(lines)
+    paths["JSON Lines, zstd"].write_bytes(zstandard.ZstdCompressor(level=3).compress(lines))
+    pq.write_table(pa.table({"text": texts}), paths["Parquet"], row_group_size=5000)
+    paths["one JSON array"].write_bytes(orjson.dumps([{"text": text} for text in texts], option=orjson.OPT_INDENT_2))
+    # a separator line ends each document: a text that holds one would be split (none of these corpora's does)
+    paths["text, separated"].write_text("".join(f"{text}\n<|endoftext|>\n" for text in texts))
+    return paths
+
+
+def run(mill, corpus: Path, work: Path) -> tuple[float, int, int]:
+    """(wall seconds, largest process's peak RSS, tokens) of a default run on the file."""
+    out = work / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    os.sync()  # the run before it written out: no run pays for another's writeback
+    config = work / "tokenmill.yaml"
+    config.write_text(json.dumps({
+        "name": "inputs-bench",
+        "input": {"paths": [str(corpus)]} | ({"separator": "<|endoftext|>"} if corpus.suffix == ".txt" else {}),
+        "tokenizer": {"path": str(SHARED / "tokenizers/gpt2/tokenizer.json")}, "split": {"train": 1.0},
+        "pack": {"mode": "none"}, "output": {"path": str(out)},
+    }))  # fmt: skip
+    command = [*tokenmill_command(code=REPO), "run", str(config)]
+    watched = Watched(command, mill.env, psutil.virtual_memory().total - RESERVE, work / "run.log", mill.server, REPO)
+    if watched.returncode != 0:
+        raise SystemExit(f"tokenmill failed on {corpus.name}:\n{watched.log[-3000:]}")
+    tokens = json.loads((out / "manifest.json").read_text())["splits"]["train"]["tokens"]
+    return watched.wall, watched.peak_process, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", type=Path, help="a JSONL file of {text} records (default: enwiki_slice)")
+    parser.add_argument("--repeat", type=int, default=1, help="enwiki_slice written this many times")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tokenmill-inputs-bench-"))
+    corpus = args.corpus or work / "enwiki.jsonl"
+    if args.corpus is None:
+        make_corpus(SHARED / "corpora/enwiki_slice/enwiki_slice.jsonl.gz", args.repeat, corpus)
+    paths = layouts(corpus, work)
+    size = paths["JSON Lines"].stat().st_size
+    print(f"{size / 1e9:.2f} GB of JSON Lines; {args.rounds} rounds of {', '.join(paths)}", flush=True)
+    measured: dict[str, list[tuple[float, int, int]]] = {name: [] for name in paths}
+    with checkout("tokenmill", REPO, work / "prefect-home") as mill:
+        run(mill, paths["JSON Lines"], work)  # a warm-up: the server's first run, the page cache
+        names = list(paths)
+        for round_ in range(args.rounds):
+            for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+                measured[name].append(run(mill, paths[name], work))
+                wall, peak, tokens = measured[name][-1]
+                print(json.dumps({"layout": name, "round": round_, "wall_s": round(wall, 2), "tokens": tokens}))
+    shutil.rmtree(work, ignore_errors=True)
+    if len({tokens for runs in measured.values() for *_, tokens in runs}) != 1:
+        raise SystemExit("the layouts gave different numbers of tokens")
+    base = statistics.median(wall for wall, *_ in measured["JSON Lines"])
+    print("\n| layout | median wall s (range) | / JSON Lines | largest process, GB |\n|---|--:|--:|--:|")
+    for name, runs in measured.items():
+        walls, peaks = [wall for wall, *_ in runs], [peak for _, peak, _ in runs]
+        print(
+            f"| {name} | {statistics.median(walls):.1f} ({min(walls):.1f}-{max(walls):.1f}) | "
+            f"{statistics.median(walls) / base:.2f} | {min(peaks) / 1e9:.2f}-{max(peaks) / 1e9:.2f} |"
+        )
+    memory = psutil.virtual_memory().total / 2**30
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, {memory:.0f} GiB, {platform.python_version()}")
+
+
+if __name__ == "__main__":
+    if not SHARED.is_dir():  # the benchmarks' corpora and tokenizers; the tests read tests/data
+        raise SystemExit(f"bench/inputs.py reads the tokenizers of {SHARED}, which is missing")
+    main()
