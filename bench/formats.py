@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import psutil
 from megatron import RESERVE, Watched, checkout  # beside this file
-from throughput import SHARED, make_corpus, tokenmill_command
+from throughput import SHARED, machine, make_corpus, tokenmill_command
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = ["megatron", "packed"]
@@ -73,8 +72,7 @@ def main() -> None:
     print("\n| output.formats | median wall s | / default |\n|---|--:|--:|")
     for name, measured in walls.items():
         print(f"| {name} | {statistics.median(measured):.1f} | {statistics.median(measured) / base:.2f} |")
-    memory = psutil.virtual_memory().total / 2**30
-    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, {memory:.0f} GiB, {platform.python_version()}")
+    print(f"\n{machine()}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -29,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 from megatron import RESERVE, Watched, checkout  # beside this file
-from throughput import SHARED, make_corpus, tokenmill_command
+from throughput import SHARED, machine, make_corpus, tokenmill_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,8 +103,7 @@ def main() -> None:
             f"| {name} | {statistics.median(walls):.1f} ({min(walls):.1f}-{max(walls):.1f}) | "
             f"{statistics.median(walls) / base:.2f} | {min(peaks) / 1e9:.2f}-{max(peaks) / 1e9:.2f} |"
         )
-    memory = psutil.virtual_memory().total / 2**30
-    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, {memory:.0f} GiB, {platform.python_version()}")
+    print(f"\n{machine()}")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,12 @@ def timed_run(config: Path, env: dict) -> tuple[float, str]:
     return wall, done.stdout
 
 
+def machine() -> str:
+    """The machine a benchmark ran on, for the caption of its table."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"machine: {platform.machine()}, {os.cpu_count()} cores, {memory:.0f} GiB, {platform.python_version()}"
+
+
 def make_corpus(source: Path, repeat: int, target: Path) -> int:
     """Write `source` (JSONL, gzipped or not) `repeat` times over as one plain JSONL with unique ids; its size."""
     docs = [orjson.loads(line) for line in (gzip.open if source.suffix == ".gz" else open)(source, "rb")]
