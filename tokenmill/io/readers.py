@@ -947,8 +947,10 @@ def _table_batch(
             ids = LineIds(name, first, rows).as_list()
         else:
             id_column = table.column(options.id_field)
+            if pyarrow.types.is_integer(id_column.type):  # a whole number's id is its digits, as str() writes it
+                id_column = id_column.cast(pyarrow.string())
             if id_column.null_count or not pyarrow.types.is_string(id_column.type):
-                return None  # a number is an id as the careful path writes it (str)
+                return None
             ids = id_column.to_pylist()
         if len(set(ids)) != len(ids) or not seen_ids.isdisjoint(ids):
             return None
