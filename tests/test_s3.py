@@ -77,13 +77,13 @@ def test_the_partition_and_the_samples_read_what_they_look_at_of_an_s3_file_not_
     s3_server, tmp_path, monkeypatch
 ):
     """Finding a line start at each cut reads a line or so there, a .jsonl.zst file's size is read from its first 18
-    bytes, a sample's blocks far apart are read each alone, and so is a block validate reads again: s3fs reads 50 MB
-    ahead of a read by default, which read this 26 MB file whole (and a larger one 50 MB at every cut or block)
-    before the reads were sized."""
+    bytes (and whether a .json.zst holds an array, from its first), a sample's blocks far apart are read each alone,
+    and so is a block validate reads again: s3fs reads 50 MB ahead of a read by default, which read this 26 MB file
+    whole (and a larger one 50 MB at every cut or block) before the reads were sized."""
     import s3fs
 
     from tokenmill.config import TokenmillConfig
-    from tokenmill.io.readers import Piece, ReadOptions, read_documents, sampled_blocks
+    from tokenmill.io.readers import Piece, ReadOptions, holds_array, read_documents, sampled_blocks
     from tokenmill.stages import partition
     from tokenmill.stages.partition import plan_shards, uncompressed_size
 
@@ -107,6 +107,10 @@ def test_the_partition_and_the_samples_read_what_they_look_at_of_an_s3_file_not_
     fetched.clear()
     assert uncompressed_size("s3://cuts/big.jsonl.zst", {}) == len(lines)
     assert sum(fetched) < len(packed) / 4, f"{sum(fetched):,} bytes read for the size of {len(packed):,}"
+    s3.put_object(Bucket="cuts", Key="big.json.zst", Body=packed)  # JSON lines named .json: a look at its start
+    fetched.clear()
+    assert not holds_array(Piece("s3://cuts/big.json.zst"), ReadOptions())
+    assert sum(fetched) < len(packed) / 2, f"{sum(fetched):,} bytes read to see whether it holds an array"
     # a sample's blocks far apart (the fertility report's, the encoder's check): the blocks alone, the local file's
     local = tmp_path / "big.jsonl"
     local.write_bytes(lines)

@@ -301,11 +301,11 @@ def _may_hold_array(piece: Piece, options: ReadOptions) -> bool:
 
 
 def holds_array(piece: Piece, options: ReadOptions) -> bool:
-    """Whether the piece is a file of one JSON array: a look at its first bytes (of an uncompressed file, those
-    alone)."""
+    """Whether the piece is a file of one JSON array: a look at its first bytes, those alone (not an object store's
+    read-ahead: the read that follows would download them again)."""
     if not _may_hold_array(piece, options):
         return False
-    with _decompressed(piece, options, None if compression_of(piece.path) else ARRAY_PROBE) as f:
+    with _decompressed(piece, options, ARRAY_PROBE) as f:
         return opens_array(f)
 
 
@@ -614,7 +614,7 @@ def read_documents(
     pieces: list[Piece], options: ReadOptions, columnar: bool = False, batch_bytes: int = BATCH_BYTES
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     """Yield (batch of valid documents, rejects among the same records), batches of about `batch_bytes`.
-    With `columnar`, JSONL (plain or compressed) is read by the fast path (`_fast_jsonl`) where it applies."""
+    With `columnar`, JSONL and Parquet are read by the fast paths (`_fast_jsonl`, `_fast_parquet`) where they apply."""
     seen_ids: set[str] = set()
     paths_named: dict[str, set[str]] = {}
     for piece in pieces:
@@ -646,6 +646,14 @@ def _careful_batches(
             pending, pending_bytes = [], 0
         if raw is None:
             break
+
+
+def _read_on(
+    piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int, count: int
+) -> Iterator[tuple[Batch, list[Reject]]]:
+    """Where a fast path could not read on: the piece record by record after its first `count` records, so that the
+    records kept, and the reject that says where reading stopped, are the careful reader's."""
+    yield from _careful_batches(itertools.islice(records(piece, options), count, None), options, seen_ids, batch_bytes)
 
 
 def _checked(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> tuple[Batch, list[Reject]]:
@@ -740,9 +748,8 @@ def _fast_jsonl(
             yield batch, rejects
     except FileNotFoundError as e:
         raise InputError(f"{piece.path}: no such file") from e
-    except CORRUPT_STREAM:  # read on record by record: a block read where the stream broke went with it
-        rest = itertools.islice(records(piece, options), count, None)
-        yield from _careful_batches(rest, options, seen_ids, batch_bytes)
+    except CORRUPT_STREAM:  # a block read where the stream broke went with it
+        yield from _read_on(piece, options, seen_ids, batch_bytes, count)
         return
     except InputError as e:  # a bad record under `fail`, in a piece whose first line was not counted
         if counted:
@@ -982,9 +989,8 @@ def _fast_parquet(
         raise InputError(f"{piece.path}: no such file") from e
     except InputError:
         raise
-    except Exception:  # unreadable from some row group on: the careful reader says where, after the same records
-        rest = itertools.islice(records(piece, options), count, None)
-        yield from _careful_batches(rest, options, seen_ids, batch_bytes)
+    except Exception:  # unreadable from some row group on
+        yield from _read_on(piece, options, seen_ids, batch_bytes, count)
         return
     if count == 0 and piece.row_groups is None:  # an empty file: the careful path says so
         yield from read_documents([piece], options)

@@ -106,7 +106,7 @@ def cut_points(
 
 def cut_offsets(url: str, size: int, n_pieces: int, storage_options: dict) -> list[int]:
     """The byte offsets of the first line at or after each of n_pieces - 1 even cuts, found by seeking (a read of a
-    line or so at each). None in a file of one JSON array: its records are found by parsing, not at line starts."""
+    line or so at each). None in a file of one JSON array (an empty list): its records are found by parsing."""
     fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
     # Blocks of a probe's size: an object store's file reads a block ahead of each read (s3fs: 50 MB at every cut)
     with fs.open(path, "rb", block_size=LINE_PROBE) as f:
