@@ -165,6 +165,8 @@ def start_server(port: int | None = None, new_secret: bool = True) -> dict:
         "PREFECT_SERVER_API_AUTH_STRING": given or server_auth(renew=new_secret),
         "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "true",
         "PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS": ui_url(api_url),  # its own UI's pages only
+        # A call it answers 503 ("retry": SQLite busy) is logged too, with its cause: the UI shows only "Oops".
+        "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true",
     }
     env.pop("PREFECT_API_URL", None)
     if not any(env.get(name) for name in UI_API_SETTINGS):
