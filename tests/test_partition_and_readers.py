@@ -249,6 +249,43 @@ def test_a_text_file_split_by_a_separator_is_read_a_document_at_a_time(tmp_path)
     assert [(r.line, r.reason) for _, rejects in read for r in rejects] == [(3, "invalid UTF-8 at byte 3")]
 
 
+def test_a_large_text_file_is_cut_just_after_separator_lines(tmp_path):
+    """A text file split by a separator and larger than a shard is cut like JSONL, but just after separator lines,
+    so that every piece holds whole documents, each numbered by its first line (counted at the cuts, with one
+    split too): the same documents as the file read whole. One long document spanning a cut moves it to the next
+    separator; none after a cut leaves the file whole. A file read as text whatever its name (`input.format`)
+    is cut by its separators, or not at all without one, never by its name's lines (each piece was the whole
+    file: its document read once a piece)."""
+    stories = [f"story {i}\n" + "and then more words.\n" * (i * 37 % 90) for i in range(3000)]
+    stories[1500] = "a long one\n" + "line\n" * 60_000  # 300 KB: across several cuts
+    path = tmp_path / "stories.txt"
+    path.write_text("".join(story + "<|endoftext|>\n" for story in stories))
+    config = make_config([str(path)], 100_000, tmp_path, id_field=None, separator="<|endoftext|>")
+    plan = plan_shards(config)
+    whole = read_all(config, replace(plan, shards=Shards([replace(plan.shards[0], pieces=(Piece(str(path)),))])))
+    assert len(whole[0]) == 3000 and not whole[1]
+    assert len(plan.shards) > 10 and read_all(config, plan) == whole
+    data = path.read_bytes()
+    for shard in plan.shards[1:]:
+        (piece,) = shard.pieces
+        assert (
+            data[: piece.start].endswith(b"\n<|endoftext|>\n")
+            and piece.first_line == data.count(b"\n", 0, piece.start) + 1
+        )
+    assert max(s.bytes for s in plan.shards) > 300_000  # the long story's shard
+
+    once = make_config([str(path)], 100_000, tmp_path, id_field=None, separator="no such line")
+    assert [s.pieces for s in plan_shards(once).shards] == [(Piece(str(path)),)]
+    named = tmp_path / "stories.jsonl"
+    named.write_bytes(data)
+    as_text = make_config([str(named)], 100_000, tmp_path, id_field=None, format="text")
+    assert [s.pieces for s in plan_shards(as_text).shards] == [(Piece(str(named)),)]
+    docs, _ = read_all(as_text, plan_shards(as_text))
+    assert len(docs) == 1 and docs[0][1] == path.read_text()
+    separated = as_text.model_copy(update={"input": as_text.input.model_copy(update={"separator": "<|endoftext|>"})})
+    assert read_all(separated, plan_shards(separated))[0] == [(i.replace(".txt", ".jsonl"), t) for i, t in whole[0]]
+
+
 def test_plan_is_deterministic_and_reused_while_the_input_is_unchanged(tmp_path):
     write_jsonl(tmp_path / "x.jsonl", 2000)
     config = make_config([str(tmp_path / "*.jsonl")], 25_000, tmp_path)

@@ -395,19 +395,41 @@ def _table_records(table: pyarrow.Table, first: int, options: ReadOptions, name:
 def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
     """A plain text file: one document, or the documents between lines equal to `input.separator`, read a line at a
     time (memory holds a document, not the file: TinyStories' .txt is 2 GB). Each document is numbered by its first
-    line; one that is not UTF-8 is a reject (the whole file's, line 0, when it is one document)."""
+    line; one that is not UTF-8 is a reject (the whole file's, line 0, when it is one document). A piece of a file
+    cut by the partition starts just after a separator line and ends just after one (`separated_start`)."""
     with open_piece(piece, options) as f:
         if options.separator is None:
             yield _text_record(f.read(), name, 1, reject_at=0)
             return
-        separator, lines, first = options.separator.encode(), [], 1
-        for number, line in enumerate(f, start=1):
+        if piece.start:
+            f.seek(piece.start)
+        separator, lines, first, position = options.separator.encode(), [], piece.first_line or 1, piece.start
+        for number, line in enumerate(f, start=first):
+            if piece.end is not None and position >= piece.end:
+                break
+            position += len(line)
             if line.removesuffix(b"\n") != separator:
                 lines.append(line)
                 continue
             yield from _text_document(b"".join(lines)[:-1], name, first)  # less the break before the separator
             lines, first = [], number + 1
         yield from _text_document(b"".join(lines), name, first)
+
+
+def separated_start(f: BinaryIO, target: int, separator: bytes) -> int:
+    """Where a document of a text file split by `separator` lines starts after `target` (> 0): just past the first
+    separator line that starts after the line `target` is in (a line equal to it, ended by a newline, as
+    `_text_records` reads it), or at the file's end."""
+    marker = b"\n" + separator + b"\n"
+    position = line_start(f, target) - 1  # the newline that ends the line before
+    f.seek(position)
+    tail = b""
+    while chunk := f.read(LINE_PROBE):
+        data = tail + chunk
+        if (found := data.find(marker)) >= 0:
+            return position - len(tail) + found + len(marker)
+        tail, position = data[-(len(marker) - 1) :], position + len(chunk)
+    return position
 
 
 def _text_document(data: bytes, name: str, first: int) -> Iterator[Record]:

@@ -1,11 +1,13 @@
 """The partition stage: a deterministic plan of shards of about `shard_size` uncompressed bytes.
 
 Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets, found by seeking (a `.json`
-file that holds one JSON array is not: it is read whole). The line number at each cut is counted here (a pass over
+file that holds one JSON array is not: it is read whole), and plain text files split by `input.separator` lines just
+after such a line. The line number at each cut is counted here (a pass over
 the whole file) only where a document id `<file>:<line>` is hashed while the shards run (`counts_lines`); elsewhere
 a piece's first line is left unknown, and the rejects of a piece after the first are numbered once its file's
-earlier pieces are read (`tokenize.number_lines`). Parquet files by runs of row groups; compressed streams and plain
-text files cannot be cut and are taken whole; small files are grouped, where a hash of each file's name decides the
+earlier pieces are read (`tokenize.number_lines`); a text document's id is its first line, so a text file's are
+always counted. Parquet files by runs of row groups; compressed streams and a text file that is one document cannot
+be cut and are taken whole; small files are grouped, where a hash of each file's name decides the
 group ends (see `_ends_group`).
 
 The shards are a function of the input set and the shard size alone, numbered in input order: the same
@@ -42,7 +44,16 @@ from tokenmill.core.signing import signed, write_signed
 from tokenmill.formats.table import FORMATS
 from tokenmill.io.arrays import may_hold_array, opens_array
 from tokenmill.io.names import compression_of, format_of
-from tokenmill.io.readers import LINE_PROBE, Piece, count_newlines, fast_path_applies, line_start
+from tokenmill.io.readers import (
+    LINE_PROBE,
+    Piece,
+    ReadOptions,
+    count_newlines,
+    fast_path_applies,
+    kind_of,
+    line_start,
+    separated_start,
+)
 from tokenmill.io.storage import JSON_OPTIONS, list_files, options_for
 
 # The line count reads into one buffer of this size, reused: 16 MB reads were each a fresh allocation, paged in
@@ -89,13 +100,13 @@ def counts_lines(config: TokenmillConfig, source_input: InputConfig) -> bool:
 
 
 def cut_points(
-    url: str, size: int, n_pieces: int, storage_options: dict, count_lines: bool = True
+    url: str, size: int, n_pieces: int, storage_options: dict, count_lines: bool = True, separator: str | None = None
 ) -> list[tuple[int, int | None]]:
-    """(byte offset, line number) of the first line at or after each of n_pieces - 1 even cuts. The cuts are found
-    by seeking; with `count_lines` the line endings before each are counted a range per thread (file reads and
-    numpy release the GIL): a pass over the whole file, on every core. Without, the line numbers are None."""
+    """(byte offset, line number) of the first line at or after each of n_pieces - 1 even cuts (`cut_offsets`). The
+    cuts are found by seeking; with `count_lines` the line endings before each are counted a range per thread (file
+    reads and numpy release the GIL): a pass over the whole file, on every core. Without, the line numbers are None."""
     fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
-    offsets = cut_offsets(url, size, n_pieces, storage_options)
+    offsets = cut_offsets(url, size, n_pieces, storage_options, separator)
     if not offsets or not count_lines:
         return [(offset, None) for offset in offsets]
     starts = [0, *offsets[:-1]]
@@ -104,15 +115,19 @@ def cut_points(
         return [(offset, lines + 1) for offset, lines in zip(offsets, itertools.accumulate(counts), strict=True)]
 
 
-def cut_offsets(url: str, size: int, n_pieces: int, storage_options: dict) -> list[int]:
+def cut_offsets(url: str, size: int, n_pieces: int, storage_options: dict, separator: str | None = None) -> list[int]:
     """The byte offsets of the first line at or after each of n_pieces - 1 even cuts, found by seeking (a read of a
-    line or so at each). None in a file of one JSON array (an empty list): its records are found by parsing."""
+    line or so at each). None in a file of one JSON array (an empty list): its records are found by parsing. With a
+    `separator` (plain text), the first line after a separator line past each cut: a document's first line."""
     fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+    targets = [size * k // n_pieces for k in range(1, n_pieces)]
     # Blocks of a probe's size: an object store's file reads a block ahead of each read (s3fs: 50 MB at every cut)
     with fs.open(path, "rb", block_size=LINE_PROBE) as f:
+        if separator is not None:
+            return sorted({separated_start(f, target, separator.encode()) for target in targets} - {size})
         if may_hold_array(url) and opens_array(f):
             return []
-        return sorted({line_start(f, size * k // n_pieces) for k in range(1, n_pieces)} - {size})
+        return sorted({line_start(f, target) for target in targets} - {size})
 
 
 def _newlines(fs, path: str, start: int, end: int) -> int:
@@ -141,21 +156,25 @@ def row_group_runs(url: str, shard_size: int, storage_options: dict) -> list[tup
 
 
 def _split_large_file(
-    url: str, size: int, shard_size: int, storage_options: dict, count_lines: bool
+    url: str, size: int, shard_size: int, options: ReadOptions, count_lines: bool
 ) -> list[tuple[Piece, int]] | None:
     """The pieces (with their sizes) of a file larger than a shard, or None if it cannot be split."""
-    if format_of(url) == "parquet":
+    kind, storage_options = kind_of(Piece(url), options), options.storage_options
+    if kind == "parquet":
         return [
             (Piece(url, row_groups=run), nbytes) for run, nbytes in row_group_runs(url, shard_size, storage_options)
         ]
-    if format_of(url) == "jsonl" and compression_of(url) is None:
-        cuts = cut_points(url, size, math.ceil(size / shard_size), storage_options, count_lines)
-        if not cuts:  # one line, or one JSON array
+    separated = kind == "text" and options.separator is not None
+    if (kind == "jsonl" or separated) and compression_of(url) is None:
+        separator = options.separator if separated else None
+        # A text document's id is the line it starts on: counted whatever the run hashes
+        cuts = cut_points(url, size, math.ceil(size / shard_size), storage_options, count_lines or separated, separator)
+        if not cuts:  # one line, one JSON array, or no separator line after the first cut
             return None
         starts = [(0, 1), *cuts]
         ends = [c[0] for c in cuts] + [size]
         return [(Piece(url, s, e, line), e - s) for (s, line), e in zip(starts, ends, strict=True)]
-    return None  # compressed streams and plain text files are read whole
+    return None  # compressed streams and a text file that is one document are read whole
 
 
 def auto_shard_size(total_bytes: int, cluster_threads: int) -> int:
@@ -179,11 +198,11 @@ def plan_shards(
     seeking (`_checked_cuts`) unless it is `own`: signed with this user's key (`signing`), written by their run."""
     files = list_inputs(config)
     known = {f["path"]: f for f in earlier.files} if earlier else {}
-    options_of = {name: source_input.storage.fsspec_options() for name, source_input in config.inputs().items()}
+    options_of = {name: source_input.read_options() for name, source_input in config.inputs().items()}
     for f in files:  # an unchanged file's uncompressed size is known (measuring it reads the file's end)
         before = known.get(f["path"])
-        options = options_of[f.get("mix_source", "")]
-        f["bytes"] = before["bytes"] if before and _fingerprint(before) == f else uncompressed_size(f["path"], options)
+        storage = options_of[f.get("mix_source", "")].storage_options
+        f["bytes"] = before["bytes"] if before and _fingerprint(before) == f else uncompressed_size(f["path"], storage)
     total = sum(f["bytes"] for f in files)
     if shard_size is None:
         configured = config.partition.shard_size
@@ -288,7 +307,7 @@ def _cuts_of(earlier: Plan, unchanged: set[str]) -> dict[str, list[tuple[Piece, 
 def _cut_into_shards(
     files: list[dict],
     shard_size: int,
-    options: dict,
+    options: ReadOptions,
     count_lines: bool,
     cuts: dict[str, list[tuple[Piece, int]]],
     own: bool = False,
@@ -305,8 +324,9 @@ def _cut_into_shards(
             continue
         shards += _group(small, shard_size)
         small = []
-        # A .json file's own cuts are checked too: an earlier tokenmill, which read arrays as lines, cut arrays
-        trusted = own and not may_hold_array(url)
+        # A .json file's own cuts are checked too: an earlier tokenmill, which read arrays as lines, cut arrays; and
+        # so are a file's read in another format than its name's: an earlier one cut files by their names
+        trusted = own and not may_hold_array(url) and kind_of(Piece(url), options) == format_of(url)
         known = cuts.get(url) if trusted else _checked_cuts(url, size, shard_size, options, cuts.get(url))
         pieces = known or _split_large_file(url, size, shard_size, options, count_lines) or [(Piece(url), size)]
         shards += [([piece], nbytes) for piece, nbytes in pieces]
@@ -314,15 +334,15 @@ def _cut_into_shards(
 
 
 def _checked_cuts(
-    url: str, size: int, shard_size: int, options: dict, stored: list[tuple[Piece, int]] | None
+    url: str, size: int, shard_size: int, options: ReadOptions, stored: list[tuple[Piece, int]] | None
 ) -> list[tuple[Piece, int]] | None:
     """An earlier plan's pieces of an unchanged JSONL file if they are the cut this plan makes, found again by seeking
     (a read at each cut), so that only the count of the lines before each cut is saved; else None (cut it again).
     plan.json is data in the output location: pieces cut elsewhere (a planted plan, whose shards would drop or repeat
     documents) are never taken. Parquet files are cut again: their row groups are read from the footer alone."""
-    if not stored or format_of(url) != "jsonl" or compression_of(url) is not None:
+    if not stored or kind_of(Piece(url), options) != "jsonl" or compression_of(url) is not None:
         return None
-    offsets = cut_offsets(url, size, math.ceil(size / shard_size), options)
+    offsets = cut_offsets(url, size, math.ceil(size / shard_size), options.storage_options)
     bounds = list(zip([0, *offsets], [*offsets, size], strict=True))
     first, *lines = [piece.first_line for piece, _ in stored]  # the first piece's is 1; the others' counted or None
     counted = all(isinstance(line, int) and line > 1 for line in lines) and lines == sorted(set(lines))
