@@ -129,6 +129,31 @@ def test_rejects_in_a_cut_file_are_numbered_by_their_line_in_the_file(run_cli, t
         assert text[int(start) :].splitlines(keepends=True)[int(line) - 1] in BAD_LINES
 
 
+def test_a_text_file_split_by_a_separator_is_cut_and_gives_the_jsonl_runs_tokens(run_cli, gpt2_run, tmp_path):
+    """The bundled corpus's documents as one text file of documents between `<|endoftext|>` lines (TinyStories'
+    layout), larger than a shard: the plan cuts it just after separator lines, each piece numbered by its first
+    line; every document is read once (the same count and tokens as the JSONL run of the same texts), and validate's
+    reference check, drawn from the blocks tokenize read, finds them equal to the reference's."""
+    texts = [r["text"] for p in sorted((EXAMPLES / "data").glob("*.jsonl*")) for r in read_jsonl(p)]
+    data = tmp_path / "stories.txt"
+    data.write_text("".join(text + "\n<|endoftext|>\n" for text in texts))
+    out = tmp_path / "out"
+    sets = [f"input.paths=[{data}]", "input.id_field=null", "input.separator=<|endoftext|>", f"output.path={out}"]
+    run_cli("run", "examples/gpt2.yaml", "--set", "partition.shard_size=1MB", *(f"--set={s}" for s in sets))
+    manifest, jsonl = (json.loads((root / "manifest.json").read_text()) for root in (out, gpt2_run))
+    assert manifest["counts"] == jsonl["counts"] and manifest["counts"]["documents_in"] == len(texts)
+    pieces = [piece for shard in json.loads((out / "plan.json").read_text())["shards"] for piece in shard["pieces"]]
+    whole = data.read_bytes()
+    assert len(pieces) == 4 and pieces[0]["start"] == 0
+    for piece in pieces[1:]:
+        assert whole[: piece["start"]].endswith(b"\n<|endoftext|>\n")
+        assert piece["first_line"] == whole.count(b"\n", 0, piece["start"]) + 1
+    markers = [json.loads(p.read_text()) for p in sorted((out / "_commits" / "tokenize").glob("shard-*.json"))]
+    assert len(markers) == 4 and all(marker["result"]["blocks"] for marker in markers)  # where validate re-reads
+    check = manifest["encoder"]["reference_check"]
+    assert check["documents"] > 50 and check["mismatches"] == 0
+
+
 def test_shuffled_run_has_the_same_documents_in_another_order(run_cli, gpt2_run, tmp_path):
     plain, shuffled = gpt2_run, tmp_path / "shuffled"
     result = run_cli(

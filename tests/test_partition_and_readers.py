@@ -286,6 +286,71 @@ def test_a_large_text_file_is_cut_just_after_separator_lines(tmp_path):
     assert read_all(separated, plan_shards(separated))[0] == [(i.replace(".txt", ".jsonl"), t) for i, t in whole[0]]
 
 
+SEPARATED = {  # text files split by "<|endoftext|>" lines, each awkward in its own way
+    "clean": "".join(f"story {i}\n" + "words " * (i % 30) + "\n<|endoftext|>\n" for i in range(400)),
+    "blank and spaces": "a\n<|endoftext|>\n\n<|endoftext|>\n \t\n<|endoftext|>\n\x1c\u3000\xa0\n<|endoftext|>\nb",
+    "not ascii": "\n<|endoftext|>\n".join(["雪が降る", "Ünïcödé", "\u2003", "мир"] * 50),
+    "ends at a separator": "one\ntwo\n<|endoftext|>\nthree\n<|endoftext|>",
+    "starts at one": "<|endoftext|>\nfirst\n<|endoftext|>\n<|endoftext|>\nlast\n",
+    "crlf": "a\r\n<|endoftext|>\r\nb\r\n<|endoftext|>\nc\r\n",
+    "a bad byte": "good\n<|endoftext|>\n",  # the bad document is appended below
+    "too short and long": "\n<|endoftext|>\n".join(["ok text", "x", "y" * 300, "fine again"] * 30),
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_separated_text_is_read_on_its_columns_as_it_is_record_by_record(tmp_path, compressed):
+    """The columnar path reads a text file split by a separator a run of documents at a time and checks them on
+    their columns (UTF-8, blank, the length limits); a run with a bad document goes record by record. Either way the
+    same documents, lines, bytes and rejects as the careful reader, in batches of 7 bytes and of 1 MB, for the whole
+    file and for a piece of it; each batch's block, read alone, gives its documents again."""
+    options = ReadOptions(separator="<|endoftext|>", min_chars=2, max_chars=200)
+    pieces = []
+    for name, text in SEPARATED.items():
+        data = text.encode() + (b"caf\xe9\n<|endoftext|>\nafter it\n" if name == "a bad byte" else b"")
+        path = tmp_path / (name.replace(" ", "-") + (".txt.gz" if compressed else ".txt"))
+        path.write_bytes(gzip.compress(data) if compressed else data)
+        pieces.append(Piece(str(path)))
+    clean = SEPARATED["clean"].encode()
+    if not compressed:  # a piece as the partition cuts it, from its 101st story
+        start = [i for i in range(len(clean)) if clean[i - 14 : i] == b"<|endoftext|>\n"][100]
+        pieces.append(Piece(pieces[0].path, start, len(clean) - 30, clean.count(b"\n", 0, start) + 1))
+    for piece in pieces:
+        read = {}
+        for columnar, batch_bytes in ((False, 1 << 20), (True, 7), (True, 1 << 20)):
+            batches = list(read_documents([piece], options, columnar, batch_bytes))
+            documents = [
+                (i, str(t), int(line), file)
+                for batch, _ in batches
+                for i, t, line, file in zip(
+                    batch.ids, batch.text_values(), batch.doc_lines, batch.doc_files, strict=True
+                )
+            ]
+            rejects = [(r.file, r.line, r.reason) for _, rejects in batches for r in rejects]
+            read[columnar, batch_bytes] = documents, rejects, sum(batch.nbytes for batch, _ in batches)
+            if columnar and not compressed:
+                for batch, bad in batches:
+                    if batch.block is None:  # an empty file's reject, read by the careful reader
+                        assert piece.path.endswith("empty.txt") and [r.reason for r in bad] == [
+                            "empty file: no records"
+                        ]
+                        continue
+                    again = list(read_documents([batch.block], options, True, batch.block.end - batch.block.start))
+                    assert len(again) == 1 and list(again[0][0].ids) == list(batch.ids) and again[0][1] == bad
+            if columnar and piece.path.endswith(("clean.txt", "clean.txt.gz")):
+                assert all(batch.text_array is not None for batch, _ in batches), piece
+        assert read[True, 7] == read[False, 1 << 20] == read[True, 1 << 20], piece
+    reads = {
+        os.path.basename(p.path).split(".")[0]: read_documents([p], replace(options, min_chars=1, max_chars=None))
+        for p in pieces[: -1 if not compressed else None]
+    }
+    texts = {name: [t for batch, _ in batches for t in batch.texts] for name, batches in reads.items()}
+    assert texts["blank-and-spaces"] == ["a", "b"] and texts["ends-at-a-separator"] == ["one\ntwo", "three"]
+    assert texts["starts-at-one"] == ["first", "last\n"] and len(texts["not-ascii"]) == 150
+    assert texts["crlf"] == ["a\r\n<|endoftext|>\r\nb\r", "c\r\n"]  # a line "<|endoftext|>\r" is no separator
+
+
 def test_plan_is_deterministic_and_reused_while_the_input_is_unchanged(tmp_path):
     write_jsonl(tmp_path / "x.jsonl", 2000)
     config = make_config([str(tmp_path / "*.jsonl")], 25_000, tmp_path)

@@ -61,7 +61,7 @@ def split_rows(origins: pa.Table, chosen: np.ndarray | None, lengths: np.ndarray
 def _ids(ids: Sequence[str]) -> pa.Array:
     """The batch's ids as arrow strings; the fast path's `<file>:<line>` made by arrow, not one Python string each."""
     if isinstance(ids, LineIds):
-        lines = pc.cast(pa.array(np.arange(ids.first, ids.first + ids.count, dtype=np.int64)), pa.string())
+        lines = pc.cast(pa.array(ids.lines), pa.string())
         return pc.binary_join_element_wise(ids.name, lines, ":")
     return pa.array(ids, pa.string())
 

@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, BinaryIO, Literal
 
 import fsspec
@@ -123,14 +123,14 @@ class ReadOptions:
 
 
 class LineIds(Sequence[str]):
-    """The ids `<file>:<line>` of a block's `count` lines from `first`, made only when asked for: a run into one
+    """The ids `<file>:<line>` of a block's documents, by their `lines`, made only when asked for: a run into one
     split hashes none of them."""
 
-    def __init__(self, name: str, first: int, count: int):
-        self.name, self.first, self.count = name, first, count
+    def __init__(self, name: str, lines: np.ndarray):
+        self.name, self.lines = name, lines
 
     def __len__(self) -> int:
-        return self.count
+        return len(self.lines)
 
     def __getitem__(self, index):
         return self.as_list()[index]
@@ -139,7 +139,7 @@ class LineIds(Sequence[str]):
         return iter(self.as_list())
 
     def as_list(self) -> list[str]:
-        return [f"{self.name}:{n}" for n in range(self.first, self.first + self.count)]
+        return [f"{self.name}:{n}" for n in self.lines.tolist()]
 
 
 @dataclass
@@ -393,7 +393,7 @@ def _table_records(table: pyarrow.Table, first: int, options: ReadOptions, name:
 
 
 def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
-    """A plain text file: one document, or the documents between lines equal to `input.separator`, read a line at a
+    """A plain text file: one document, or the documents between lines equal to `input.separator`, read a chunk at a
     time (memory holds a document, not the file: TinyStories' .txt is 2 GB). Each document is numbered by its first
     line; one that is not UTF-8 is a reject (the whole file's, line 0, when it is one document). A piece of a file
     cut by the partition starts just after a separator line and ends just after one (`separated_start`)."""
@@ -403,17 +403,38 @@ def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Rec
             return
         if piece.start:
             f.seek(piece.start)
-        separator, lines, first, position = options.separator.encode(), [], piece.first_line or 1, piece.start
-        for number, line in enumerate(f, start=first):
-            if piece.end is not None and position >= piece.end:
-                break
-            position += len(line)
-            if line.removesuffix(b"\n") != separator:
-                lines.append(line)
-                continue
-            yield from _text_document(b"".join(lines)[:-1], name, first)  # less the break before the separator
-            lines, first = [], number + 1
-        yield from _text_document(b"".join(lines), name, first)
+        left = None if piece.end is None else piece.end - piece.start
+        for first, data, _, _ in _separated(f, options.separator.encode(), piece.first_line or 1, left):
+            record = _text_record(data, f"{name}:{first}", first, reject_at=first)
+            if record.problem or record.text.strip():  # a blank document is no document
+                yield record
+
+
+def _separated(f: BinaryIO, separator: bytes, first: int, left: int | None) -> Iterator[tuple[int, bytes, int, int]]:
+    """(first line, bytes, end, next line) of each document of the stream (its next `left` bytes, or all): the text
+    between lines equal to `separator` (each ended by a newline, or the stream's end), less the line break before a
+    separator; where it ends (the bytes of the stream through its separator line) and the line after that."""
+    marker = b"\n" + separator + b"\n"
+    buffer, searched, start = bytearray(b"\n"), 0, 0  # buffer[0]: the newline before the document at `start`
+    while True:
+        chunk = f.read(READ_BUFFER if left is None else min(READ_BUFFER, left))
+        if left is not None:
+            left -= len(chunk)
+        buffer += chunk
+        while (found := buffer.find(marker, searched)) >= 0:
+            after = first + buffer.count(b"\n", 1, found + 1) + 1  # the document's lines and the separator's
+            start += found + len(marker) - 1
+            yield first, bytes(buffer[1:found]), start, after
+            del buffer[: found + len(marker) - 1]
+            first, searched = after, 0
+        if not chunk:
+            break
+        searched = max(len(buffer) - len(marker) + 1, 0)
+    ends_separated = buffer.endswith(marker[:-1])  # a last separator line without its newline
+    rest = buffer[1:]
+    after = first + rest.count(b"\n") + (rest[-1:] not in (b"", b"\n"))
+    kept = max(len(rest) - len(marker) + 1, 0) if ends_separated else len(rest)
+    yield first, bytes(rest[:kept]), start + len(rest), after
 
 
 def separated_start(f: BinaryIO, target: int, separator: bytes) -> int:
@@ -430,13 +451,6 @@ def separated_start(f: BinaryIO, target: int, separator: bytes) -> int:
             return position - len(tail) + found + len(marker)
         tail, position = data[-(len(marker) - 1) :], position + len(chunk)
     return position
-
-
-def _text_document(data: bytes, name: str, first: int) -> Iterator[Record]:
-    """A document of a text file split by its separator lines, from line `first`; nothing where it is blank."""
-    record = _text_record(data, f"{name}:{first}", first, reject_at=first)
-    if record.problem or record.text.strip():
-        yield record
 
 
 def _text_record(data: bytes, doc_id: str, line: int, reject_at: int) -> Record:
@@ -636,7 +650,8 @@ def read_documents(
     pieces: list[Piece], options: ReadOptions, columnar: bool = False, batch_bytes: int = BATCH_BYTES
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     """Yield (batch of valid documents, rejects among the same records), batches of about `batch_bytes`.
-    With `columnar`, JSONL and Parquet are read by the fast paths (`_fast_jsonl`, `_fast_parquet`) where they apply."""
+    With `columnar`, JSONL, Parquet and text split by a separator are read by the fast paths (`_fast_jsonl`,
+    `_fast_parquet`, `_fast_text`) where they apply."""
     seen_ids: set[str] = set()
     paths_named: dict[str, set[str]] = {}
     for piece in pieces:
@@ -644,7 +659,7 @@ def read_documents(
     for piece in pieces:
         if columnar and fast_path_applies(piece, options):
             own_name = len(paths_named[display_name(piece.path)]) == 1
-            fast = _fast_parquet if kind_of(piece, options) == "parquet" else _fast_jsonl
+            fast = {"parquet": _fast_parquet, "text": _fast_text}.get(kind_of(piece, options), _fast_jsonl)
             yield from fast(piece, options, seen_ids, batch_bytes, own_name)
         else:
             yield from _careful_batches(records(piece, options), options, seen_ids, batch_bytes)
@@ -744,7 +759,10 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
 
 def fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
     dotted = any("." in n for n in (options.text_field, options.id_field or "", *options.fields))
-    return kind_of(piece, options) in ("jsonl", "parquet") and not dotted and not options.conversations
+    kind = kind_of(piece, options)
+    if kind == "text":
+        return options.separator is not None and not options.conversations
+    return kind in ("jsonl", "parquet") and not dotted and not options.conversations
 
 
 def _fast_jsonl(
@@ -969,11 +987,12 @@ def _table_batch(
     texts = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # one block: no copy
     if texts.null_count or not _lengths_within(texts, options):
         return None
+    doc_lines = np.arange(first, first + rows, dtype=np.int64)  # every line (row) is a document
     if options.id_field is None and own_name:
-        ids = LineIds(name, first, rows)  # `<file>:<line>` of a name no other file has: unique
+        ids = LineIds(name, doc_lines)  # `<file>:<line>` of a name no other file has: unique
     else:
         if options.id_field is None:
-            ids = LineIds(name, first, rows).as_list()
+            ids = LineIds(name, doc_lines).as_list()
         else:
             id_column = table.column(options.id_field)
             if pyarrow.types.is_integer(id_column.type):  # a whole number's id is its digits, as str() writes it
@@ -985,7 +1004,6 @@ def _table_batch(
             return None
         seen_ids.update(ids)
     extra = {f: table.column(f).to_pylist() for f in options.fields}
-    doc_lines = np.arange(first, first + rows, dtype=np.int64)  # every line (row) is a document
     return Batch(ids=ids, nbytes=table.nbytes, text_array=texts, extra=extra, doc_lines=doc_lines)
 
 
@@ -1016,6 +1034,82 @@ def _fast_parquet(
         return
     if count == 0 and piece.row_groups is None:  # an empty file: the careful path says so
         yield from read_documents([piece], options)
+
+
+def _fast_text(
+    piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int, own_name: bool = False
+) -> Iterator[tuple[Batch, list[Reject]]]:
+    """A text file split by separator lines (`_separated`), a batch of its documents of about `batch_bytes` of text at
+    a time, each batch a piece of the file (validate reads it again alone) that `_text_batch` checks on its columns."""
+    name, path = display_name(piece.path), piece.path
+    unplaced = compression_of(path) is not None  # a compressed stream's positions are not the file's
+    count = 0  # the records read (as `records` counts them: documents and rejects)
+    try:
+        with open_piece(piece, options) as f:
+            if piece.start:
+                f.seek(piece.start)
+            left = None if piece.end is None else piece.end - piece.start
+            start, line, separator = piece.start, piece.first_line or 1, options.separator.encode()
+            for documents, end, after in _runs(_separated(f, separator, line, left), batch_bytes):
+                batch, rejects = _text_batch(documents, name, path, options, seen_ids, own_name)
+                count += len(batch) + len(rejects)
+                batch.lines, batch.doc_files = after - line, [path] * len(batch)
+                batch.block = None if unplaced else Piece(path, start, piece.start + end, line)
+                if len(batch) or rejects:  # not a run of blank documents (an empty file's: said below)
+                    yield batch, rejects
+                start, line = piece.start + end, after
+    except FileNotFoundError as e:
+        raise InputError(f"{piece.path}: no such file") from e
+    except CORRUPT_STREAM:  # a cut compressed file: where it breaks, as the careful reader says it
+        yield from _read_on(piece, options, seen_ids, batch_bytes, count)
+        return
+    if piece.start == 0 and count == 0:  # an empty (or blank) file: the careful path says so
+        yield from _read_on(piece, options, seen_ids, batch_bytes, 0)
+
+
+def _runs(
+    documents: Iterator[tuple[int, bytes, int, int]], batch_bytes: int
+) -> Iterator[tuple[list[tuple[int, bytes]], int, int]]:
+    """`_separated`'s documents in runs of about `batch_bytes`: each run's (first line, bytes) and where it ends."""
+    run, held = [], 0
+    for first, data, end, after in documents:
+        run.append((first, data))
+        held += len(data)
+        if held >= batch_bytes:
+            yield run, end, after
+            run, held = [], 0
+    if run:
+        yield run, end, after
+
+
+def _text_batch(
+    documents: list[tuple[int, bytes]], name: str, path: str, options: ReadOptions, seen_ids: set[str], own_name: bool
+) -> tuple[Batch, list[Reject]]:
+    """The documents (first line, bytes) of a text file, less blank ones: checked on their columns where each is
+    UTF-8 within the length limits, else record by record (`_checked`, the rejects naming each document's line)."""
+    lines = np.fromiter((first for first, _ in documents), np.int64, len(documents))
+    try:
+        texts = pyarrow.array([data for _, data in documents], pyarrow.binary()).cast(pyarrow.string())
+    except pyarrow.ArrowInvalid:  # not UTF-8
+        texts = None
+    if texts is not None:
+        # A character 0x21-0x7e is none of str.isspace's; a text without one is checked as str.strip() checks it
+        visible = pc.match_substring_regex(texts, "[!-~]").to_numpy(zero_copy_only=False)
+        unsure = np.flatnonzero(~visible)
+        visible[unsure] = [bool(text.strip()) for text in texts.take(unsure).to_pylist()]
+        if not visible.all():
+            texts, lines = texts.filter(visible), lines[visible]
+        ids = LineIds(name, lines)
+        named = [] if own_name else ids.as_list()  # `<file>:<line>`: unique unless another file has the name
+        unique = len(set(named)) == len(named) and seen_ids.isdisjoint(named)
+        if not len(texts) or (_lengths_within(texts, options) and unique):
+            seen_ids.update(named)
+            extra = {f: [None] * len(texts) for f in options.fields}  # a text has no fields
+            nbytes = pc.sum(pc.binary_length(texts)).as_py() or 0
+            return Batch(ids=ids, nbytes=nbytes, text_array=texts, extra=extra, doc_lines=lines), []
+    records = (_text_record(data, f"{name}:{first}", first, reject_at=first) for first, data in documents)
+    kept = [replace(r, file=name, path=path) for r in records if r.problem or r.text.strip()]
+    return _checked(kept, options, seen_ids)
 
 
 def _arrow_table(block: Buffer, options: ReadOptions) -> pyarrow.Table | None:
