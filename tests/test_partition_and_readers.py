@@ -274,6 +274,14 @@ def test_a_large_text_file_is_cut_just_after_separator_lines(tmp_path):
         )
     assert max(s.bytes for s in plan.shards) > 300_000  # the long story's shard
 
+    windows = tmp_path / "windows.txt"  # the same with \r\n line endings: cut at its separator lines too
+    windows.write_bytes(data.replace(b"\n", b"\r\n"))
+    crlf = make_config([str(windows)], 100_000, tmp_path, id_field=None, separator="<|endoftext|>")
+    cut = plan_shards(crlf)
+    assert len(cut.shards) > 10 and [t for _, t in read_all(crlf, cut)[0]] == [
+        t.replace("\n", "\r\n") for _, t in whole[0]
+    ]
+
     once = make_config([str(path)], 100_000, tmp_path, id_field=None, separator="no such line")
     assert [s.pieces for s in plan_shards(once).shards] == [(Piece(str(path)),)]
     named = tmp_path / "stories.jsonl"
@@ -292,7 +300,8 @@ SEPARATED = {  # text files split by "<|endoftext|>" lines, each awkward in its 
     "not ascii": "\n<|endoftext|>\n".join(["雪が降る", "Ünïcödé", "\u2003", "мир"] * 50),
     "ends at a separator": "one\ntwo\n<|endoftext|>\nthree\n<|endoftext|>",
     "starts at one": "<|endoftext|>\nfirst\n<|endoftext|>\n<|endoftext|>\nlast\n",
-    "crlf": "a\r\n<|endoftext|>\r\nb\r\n<|endoftext|>\nc\r\n",
+    "crlf": "a\r\n<|endoftext|>\r\nb\r\n<|endoftext|>\nc\r\n<|endoftext|>x\r\nd\r\n<|endoftext|>\r",
+    "crlf no end": "e\r\n<|endoftext|>\r\nf\r",
     "a bad byte": "good\n<|endoftext|>\n",  # the bad document is appended below
     "too short and long": "\n<|endoftext|>\n".join(["ok text", "x", "y" * 300, "fine again"] * 30),
     "empty": "",
@@ -348,7 +357,8 @@ def test_separated_text_is_read_on_its_columns_as_it_is_record_by_record(tmp_pat
     texts = {name: [t for batch, _ in batches for t in batch.texts] for name, batches in reads.items()}
     assert texts["blank-and-spaces"] == ["a", "b"] and texts["ends-at-a-separator"] == ["one\ntwo", "three"]
     assert texts["starts-at-one"] == ["first", "last\n"] and len(texts["not-ascii"]) == 150
-    assert texts["crlf"] == ["a\r\n<|endoftext|>\r\nb\r", "c\r\n"]  # a line "<|endoftext|>\r" is no separator
+    # Windows line endings: a separator line ends with \r\n, and the line break before it is \r\n
+    assert texts["crlf"] == ["a", "b", "c\r\n<|endoftext|>x\r\nd"] and texts["crlf-no-end"] == ["e", "f\r"]
 
 
 def test_plan_is_deterministic_and_reused_while_the_input_is_unchanged(tmp_path):

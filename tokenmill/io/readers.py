@@ -412,45 +412,66 @@ def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Rec
 
 def _separated(f: BinaryIO, separator: bytes, first: int, left: int | None) -> Iterator[tuple[int, bytes, int, int]]:
     """(first line, bytes, end, next line) of each document of the stream (its next `left` bytes, or all): the text
-    between lines equal to `separator` (each ended by a newline, or the stream's end), less the line break before a
-    separator; where it ends (the bytes of the stream through its separator line) and the line after that."""
-    marker = b"\n" + separator + b"\n"
+    between separator lines (`_separator_line`), less the line break before a separator; where it ends (the bytes of
+    the stream through its separator line) and the line after that."""
     buffer, searched, start = bytearray(b"\n"), 0, 0  # buffer[0]: the newline before the document at `start`
     while True:
         chunk = f.read(READ_BUFFER if left is None else min(READ_BUFFER, left))
         if left is not None:
             left -= len(chunk)
         buffer += chunk
-        while (found := buffer.find(marker, searched)) >= 0:
-            after = first + buffer.count(b"\n", 1, found + 1) + 1  # the document's lines and the separator's
-            start += found + len(marker) - 1
-            yield first, bytes(buffer[1:found]), start, after
-            del buffer[: found + len(marker) - 1]
+        while found := _separator_line(buffer, separator, searched):
+            line_break, end = found
+            after = first + buffer.count(b"\n", 1, line_break + 1) + 1  # the document's lines and the separator's
+            start += end - 1
+            yield first, _before(buffer, line_break), start, after
+            del buffer[: end - 1]
             first, searched = after, 0
         if not chunk:
             break
-        searched = max(len(buffer) - len(marker) + 1, 0)
-    ends_separated = buffer.endswith(marker[:-1])  # a last separator line without its newline
+        searched = max(len(buffer) - len(separator) - 3, 0)  # a separator line whose end is not read yet
     rest = buffer[1:]
     after = first + rest.count(b"\n") + (rest[-1:] not in (b"", b"\n"))
-    kept = max(len(rest) - len(marker) + 1, 0) if ends_separated else len(rest)
-    yield first, bytes(rest[:kept]), start + len(rest), after
+    # The stream's last line may be a separator line without its newline
+    ending = next((end for end in (b"\n" + separator, b"\n" + separator + b"\r") if buffer.endswith(end)), None)
+    document = bytes(rest) if ending is None else _before(buffer, len(buffer) - len(ending))
+    yield first, document, start + len(rest), after
+
+
+def _before(buffer: bytearray, line_break: int) -> bytes:
+    """The document from buffer[1] to the line break (`\\n` or `\\r\\n`) whose newline is at `line_break`."""
+    return bytes(buffer[1 : line_break - (buffer[line_break - 1 : line_break] == b"\r")])
+
+
+def _separator_line(buffer: bytearray, separator: bytes, at: int) -> tuple[int, int] | None:
+    """The first line of `buffer` equal to `separator` once its line ending (`\\n` or `\\r\\n`) is taken off, that
+    starts after a newline at or after `at`: (that newline's place, the end of the line's ending); None where there is
+    none whose ending is read."""
+    head = b"\n" + separator
+    while (found := buffer.find(head, at)) >= 0:
+        end = found + len(head)
+        for ending in (b"\n", b"\r\n"):
+            if buffer[end : end + len(ending)] == ending:
+                return found, end + len(ending)
+        at = found + 1
+    return None
 
 
 def separated_start(f: BinaryIO, target: int, separator: bytes) -> int:
     """Where a document of a text file split by `separator` lines starts after `target` (> 0): just past the first
-    separator line that starts after the line `target` is in (a line equal to it, ended by a newline, as
-    `_text_records` reads it), or at the file's end."""
-    marker = b"\n" + separator + b"\n"
-    position = line_start(f, target) - 1  # the newline that ends the line before
-    f.seek(position)
-    tail = b""
+    separator line (`_separator_line`, as `_text_records` reads them) that starts after the line `target` is in, or
+    at the file's end."""
+    start = line_start(f, target) - 1  # the newline that ends the line before
+    f.seek(start)
+    buffer = bytearray()  # the file from `start`
     while chunk := f.read(LINE_PROBE):
-        data = tail + chunk
-        if (found := data.find(marker)) >= 0:
-            return position - len(tail) + found + len(marker)
-        tail, position = data[-(len(marker) - 1) :], position + len(chunk)
-    return position
+        buffer += chunk
+        if found := _separator_line(buffer, separator, 0):
+            return start + found[1]
+        dropped = max(len(buffer) - len(separator) - 3, 0)  # keep what a separator line cut by the read may start
+        start += dropped
+        del buffer[:dropped]
+    return start + len(buffer)
 
 
 def _text_record(data: bytes, doc_id: str, line: int, reject_at: int) -> Record:
