@@ -142,11 +142,11 @@ def plain_enwiki(tmp_path_factory):
     return write_enwiki(tmp_path_factory.mktemp("plain") / "enwiki.jsonl")
 
 
-def held_out(out, path, shard_size: str, id_field: str | None) -> tuple[list[dict], list[str]]:
+def held_out(out, path, shard_size: str, id_field: str | None, **read) -> tuple[list[dict], list[str]]:
     """The held-out sample for a pretrained tokenizer's fertility report (no training sample)."""
     config = TokenmillConfig.model_validate({
         "name": "holdout-test",
-        "input": {"paths": [str(path)], "id_field": id_field},
+        "input": {"paths": [str(path)], "id_field": id_field, **read},
         "partition": {"shard_size": shard_size},
         "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json")},
         "fertility": {"holdout_size": "500KB"},
@@ -169,6 +169,23 @@ def test_held_out_sample_of_plain_jsonl_reads_a_few_percent_the_same_whatever_th
         assert all(s.holdout_documents > 0 for s in samples)  # every shard contributes
         assert 0.7 * 500_000 < sum(s.holdout_bytes for s in samples) < 1.1 * 500_000
     assert not any(s.documents for s in small)  # no training sample for a pretrained tokenizer
+    assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100
+
+
+def test_held_out_sample_of_separated_text_reads_a_few_percent_the_same_whatever_the_shards(tmp_path, plain_enwiki):
+    """The English corpus's texts as one text file split by `<|endoftext|>` lines (TinyStories' layout): read in
+    blocks too, not whole, and a document's block is fixed by the file, not by where the partition cut it."""
+    stories = tmp_path / "stories.txt"
+    with open(stories, "w") as f:
+        f.writelines(record["text"] + "\n<|endoftext|>\n" for record in read_jsonl(plain_enwiki))
+    corpus, text = stories.stat().st_size, {"separator": "<|endoftext|>"}
+    small, small_texts = held_out(tmp_path / "small", stories, "8MB", None, **text)
+    large, large_texts = held_out(tmp_path / "large", stories, "25MB", None, **text)
+    assert len(small) == 7 and len(large) == 3
+    for samples in (small, large):
+        assert sum(s.bytes_read for s in samples) < 0.05 * corpus  # not the whole of each piece
+        assert all(s.holdout_documents > 0 for s in samples)
+        assert 0.7 * 500_000 < sum(s.holdout_bytes for s in samples) < 1.1 * 500_000
     assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100
 
 

@@ -545,6 +545,36 @@ def sampled_blocks(piece: Piece, options: ReadOptions, every: int, phase: int) -
             b += every
 
 
+def sampled_texts(piece: Piece, options: ReadOptions, every: int, phase: int) -> Iterator[tuple[int, Batch, int]]:
+    """`sampled_blocks` for an uncompressed text file split by a separator: (block number, its documents, ids
+    `<file>#<block>:<line in the block>`, the bytes read) for the blocks b = phase (mod every) that start in the
+    piece. Block b holds the documents from S(b) to S(b + 1), where S(b) is the first document start after the line
+    that offset b * SAMPLE_BLOCK_BYTES is in (`separated_start`, as the partition cuts; S(0) = 0): the same documents
+    whatever the piece's bounds. Each block is a read of its own, found by seeking."""
+    name, separator = display_name(piece.path), options.separator.encode()
+    with open_piece(piece, options, 2 * SAMPLE_BLOCK_BYTES if every >= SPARSE_BLOCKS else None) as f:
+        size = f.seek(0, os.SEEK_END)
+        starts = {0: 0}
+
+        def start(b: int) -> int:
+            if b not in starts:
+                starts[b] = min(separated_start(f, b * SAMPLE_BLOCK_BYTES, separator), size)
+            return starts[b]
+
+        end, first = size if piece.end is None else piece.end, -(-piece.start // SAMPLE_BLOCK_BYTES)
+        # S(first - 1) is at most the piece's start (a document start): the block is the piece's if it is there
+        blocks = [first - 1] if first and (first - 1) % every == phase and start(first - 1) == piece.start else []
+        blocks += range(first + (phase - first) % every, -(-end // SAMPLE_BLOCK_BYTES), every)
+        for b in blocks:
+            lo, hi = start(b), start(b + 1)
+            if lo >= end or hi <= lo:  # the next piece's, or no document starts in it
+                continue
+            f.seek(lo)
+            documents = [(line, data) for line, data, _, _ in _separated(f, separator, 1, hi - lo)]
+            batch, _ = _text_batch(documents, f"{name}#{b}", piece.path, options, set(), own_name=True)
+            yield b, batch, hi - lo
+
+
 def read_lines(
     block: bytes, first_line: int, name: str, kind: str, options: ReadOptions, seen_ids: set[str]
 ) -> tuple[Batch, list[Reject]]:

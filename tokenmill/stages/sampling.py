@@ -15,7 +15,8 @@ Each document is still in the training sample with probability f and held out wi
 blocks do not depend on how the file is cut into shards, so the sample does not either. `stride` is chosen
 so that the blocks read hold `OVERSAMPLE` times the sample's bytes (a quarter of each block's documents is
 taken: runs of neighbouring documents stay short) and every stretch of `stride` blocks of every file gives
-one. Parquet and plain-text pieces are read whole (stride 1).
+one. A text file split by a separator is read in blocks too (`sampled_texts`: a document belongs to the block
+its start follows); Parquet, compressed text and a text file that is one document are read whole (stride 1).
 
 With `stratify_by`, every value of that field (a source, a language) also gets at least `min_group_size`
 bytes of text, or all of its documents if it has fewer: each shard keeps, per value, its lowest-hash
@@ -47,6 +48,7 @@ from tokenmill.core.hashing import unit_interval
 from tokenmill.core.plan import Plan, Shard
 from tokenmill.core.samples import Sampled, group_name
 from tokenmill.core.shares import sample_shares
+from tokenmill.io.names import compression_of
 from tokenmill.io.readers import (
     CORRUPT_STREAM,
     LINE_KINDS,
@@ -58,6 +60,7 @@ from tokenmill.io.readers import (
     read_documents,
     read_lines,
     sampled_blocks,
+    sampled_texts,
 )
 from tokenmill.io.storage import Store
 from tokenmill.tokenizers.reference import excerpt
@@ -167,18 +170,23 @@ def _documents(
     shard: Shard, options: ReadOptions, every: int, salt: str, read_all: bool
 ) -> Iterator[tuple[int, Batch, list[str], int]]:
     """(scale, documents, their sampling keys, bytes read) for what the sample reads of the shard: the
-    blocks of line-based pieces that the sample draws from (scale `every`), with `read_all` the other blocks
-    too (scale 0: only for the stratification's reserve), and the whole of other pieces (scale 1). A key is
-    the document's id, or without an id field its file, block and line in the block."""
+    blocks of line-based pieces and of uncompressed separated text that the sample draws from (scale `every`), with
+    `read_all` the other blocks too (scale 0: only for the stratification's reserve), and the whole of other pieces
+    (scale 1). A key is the document's id, or without an id field its file, block and line in the block."""
     for piece in shard.pieces:
         kind, name = kind_of(piece, options), display_name(piece.path)
+        phase = int(unit_interval([name], f"block:{salt}")[0] * every)
+        step, at = (1, 0) if read_all else (every, phase)  # the blocks read
+        if kind == "text" and options.separator is not None and compression_of(piece.path) is None:
+            for block, batch, nbytes in sampled_texts(piece, options, step, at):
+                yield (every if block % every == phase else 0), batch, batch.ids, nbytes
+            continue
         if kind not in LINE_KINDS:
             for batch, _ in read_documents([piece], options, columnar=True):
                 yield 1, batch, batch.ids, batch.nbytes
             continue
-        phase = int(unit_interval([name], f"block:{salt}")[0] * every)
         try:
-            for block, lines in sampled_blocks(piece, options, 1 if read_all else every, 0 if read_all else phase):
+            for block, lines in sampled_blocks(piece, options, step, at):
                 batch, _ = read_lines(lines, 1, f"{name}#{block}", kind, options, set())
                 yield (every if block % every == phase else 0), batch, batch.ids, len(lines)
         except CORRUPT_STREAM:  # truncated or corrupt: the sample keeps what came before (tokenize names the file)
