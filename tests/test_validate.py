@@ -150,9 +150,14 @@ def test_documents_without_their_bos_fail(dataset):
         validate(config, plan, with_bos, table)
 
 
-def library_dataset(tmp_path, lines: list[bytes], **config) -> tuple:
-    """A dataset of 3 shards of one plain JSONL file made of `lines`, made by the library's stages with the
-    config's other sections `config`: (config, plan, tokenizer, stats table)."""
+def library_dataset(tmp_path, lines: list[bytes], compressed: bool = False, **config) -> tuple:
+    """A dataset of 3 shards of one plain JSONL file made of `lines` (`compressed`: of three compressed files, zstd,
+    gzip and zstd, a shard each), made by the library's stages with the config's other sections `config`: (config,
+    plan, tokenizer, stats table)."""
+    import gzip
+
+    import zstandard
+
     from tokenmill.config import TokenmillConfig
     from tokenmill.core import stats
     from tokenmill.stages.partition import load_or_plan
@@ -161,13 +166,23 @@ def library_dataset(tmp_path, lines: list[bytes], **config) -> tuple:
 
     from .conftest import TOKENIZERS
 
-    path = tmp_path / "corpus.jsonl"
-    path.write_bytes(b"\n".join(line + (b"\r" if i % 7 == 0 else b"") for i, line in enumerate(lines)) + b"\n")
+    lines = [line + (b"\r" if i % 7 == 0 else b"") for i, line in enumerate(lines)]
+    data = b"".join(line + b"\n" for line in lines)
+    path, shard_size = tmp_path / "corpus.jsonl", len(data) // 3 + 1
+    path.write_bytes(data)
+    if compressed:
+        path.unlink()
+        thirds = [len(lines) * k // 3 for k in range(4)]
+        for k, (ending, compress) in enumerate([("zst", zstandard.compress), ("gz", gzip.compress)] * 2):
+            if k < 3:
+                part = b"".join(line + b"\n" for line in lines[thirds[k] : thirds[k + 1]])
+                (tmp_path / f"corpus-{k}.jsonl.{ending}").write_bytes(compress(part))
+        path, shard_size = tmp_path / "corpus-*.jsonl.*", len(data) // 6  # a file is a shard: it is not cut
     config = TokenmillConfig.model_validate(
         {
             "name": "library",
             "input": {"paths": [str(path)], "id_field": "id"},
-            "partition": {"shard_size": f"{path.stat().st_size // 3 + 1}B"},
+            "partition": {"shard_size": f"{shard_size}B"},
             "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json"), "check_min_documents": 100},
             "pack": {"mode": "none"},
             "output": {"path": str(tmp_path / "out")},
@@ -195,12 +210,15 @@ def one_split_dataset(tmp_path):
     return library_dataset(tmp_path, lines)
 
 
-def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_tokenize_put_it(tmp_path, monkeypatch):
-    """Two splits, blocks of about 20 KB (tokenize records where each lies), blank and CRLF-ended lines, and a
-    reject: the sample reads only blocks without rejects, never a whole shard, and each document it draws is the
-    one at its split and index in the shard as tokenize read it; the stored ids of the sample equal the
-    reference's (validate passes). A marker that does not say where its blocks lie (an earlier tokenmill's) has
-    its documents drawn from the whole shard."""
+@pytest.mark.parametrize("compressed", [False, True])
+def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_tokenize_put_it(
+    tmp_path, monkeypatch, compressed
+):
+    """Two splits, blocks of about 20 KB (tokenize records where each lies; in a compressed file, by its place in
+    the decompressed stream), blank and CRLF-ended lines, and a reject: the sample reads only blocks without rejects,
+    never a whole shard, and each document it draws is the one at its split and index in the shard as tokenize read
+    it; the stored ids of the sample equal the reference's (validate passes). A marker that does not say where its
+    blocks lie (an earlier tokenmill's) has its documents drawn from the whole shard."""
     from tokenmill.io.readers import read_documents
     from tokenmill.stages import validate as library
 
@@ -211,7 +229,7 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     lines[250:250] = [b'{"id": "a number", "text": 5}']
     tokenizer = {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json"), "check_min_documents": 100, "batch_bytes": 20_000}
     config, plan, tokenizer, table = library_dataset(
-        tmp_path, lines, split={"train": 0.7, "val": 0.3}, tokenizer=tokenizer
+        tmp_path, lines, compressed, split={"train": 0.7, "val": 0.3}, tokenizer=tokenizer
     )
     assert int(table.groupby("shard_id").rejected.first().sum()) == 1
     # every document drawn is checked (auto would bound this small run's check to 256 KiB of text)

@@ -311,8 +311,7 @@ def holds_array(piece: Piece, options: ReadOptions) -> bool:
 
 def _jsonl_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
     with open_piece(piece, options) as f:
-        if piece.start:
-            f.seek(piece.start)
+        _skip_to(f, 0, piece.start)
         pos, number = piece.start, piece.first_line or 1
         for line in f:
             if piece.end is not None and pos >= piece.end:
@@ -401,8 +400,7 @@ def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Rec
         if options.separator is None:
             yield _text_record(f.read(), name, 1, reject_at=0)
             return
-        if piece.start:
-            f.seek(piece.start)
+        _skip_to(f, 0, piece.start)
         left = None if piece.end is None else piece.end - piece.start
         for first, data, _, _ in _separated(f, options.separator.encode(), piece.first_line or 1, left):
             record = _text_record(data, f"{name}:{first}", first, reject_at=first)
@@ -505,7 +503,8 @@ def kind_of(piece: Piece, options: ReadOptions) -> str:
 
 
 def _skip_to(f: BinaryIO, position: int, target: int) -> int:
-    """Move forward to `target` (reading and dropping where the stream cannot seek); return the position."""
+    """Move forward to `target` (reading and dropping where the stream cannot seek, as a zstd stream; a gzip stream
+    seeks so, decompressing); return the position."""
     if f.seekable():
         f.seek(target)
         return target
@@ -822,8 +821,9 @@ def _fast_jsonl(
     name, read_any = display_name(piece.path), False
     counted, start = piece.first_line is not None, piece.start
     array = holds_array(piece, options)
-    # A compressed stream's blocks are not pieces of the file to read again, nor an array's (of its JSON Lines)
-    unplaced = array or compression_of(piece.path) is not None
+    # An array's blocks (of the JSON Lines it stands for) are not pieces of the file to read again; a compressed
+    # stream's are, by their place in the decompressed stream (read again by decompressing up to it: no parse)
+    unplaced = array
     count = 0  # the records read
     try:
         for block, line, newlines in line_blocks(piece, options, batch_bytes, array):
@@ -914,11 +914,11 @@ def _whole_line_blocks(piece: Piece, options: ReadOptions, batch_bytes: int, arr
                 end = status.st_size if piece.end is None else min(piece.end, status.st_size)
                 yield from _local_blocks(f, path, piece.start, end, batch_bytes)
                 return
-    # A short piece (a block validate reads again) is read alone, not with an object store's read-ahead (s3fs: 50 MB)
-    short = piece.end is not None and piece.end - piece.start <= 2 * batch_bytes
+    # A short piece (a block validate reads again) is read alone, not with an object store's read-ahead (s3fs: 50 MB);
+    # but a compressed one is decompressed from the file's start
+    short = piece.end is not None and piece.end - piece.start <= 2 * batch_bytes and compression_of(piece.path) is None
     with open_piece(piece, options, LINE_PROBE if short else None) as f:  # a read and its line's end
-        if piece.start:
-            f.seek(piece.start)
+        _skip_to(f, 0, piece.start)
         pos = piece.start
         while piece.end is None or pos < piece.end:
             block = f.read(batch_bytes if piece.end is None else min(batch_bytes, piece.end - pos))
@@ -1093,19 +1093,17 @@ def _fast_text(
     """A text file split by separator lines (`_separated`), a batch of its documents of about `batch_bytes` of text at
     a time, each batch a piece of the file (validate reads it again alone) that `_text_batch` checks on its columns."""
     name, path = display_name(piece.path), piece.path
-    unplaced = compression_of(path) is not None  # a compressed stream's positions are not the file's
     count = 0  # the records read (as `records` counts them: documents and rejects)
     try:
         with open_piece(piece, options) as f:
-            if piece.start:
-                f.seek(piece.start)
+            _skip_to(f, 0, piece.start)
             left = None if piece.end is None else piece.end - piece.start
             start, line, separator = piece.start, piece.first_line or 1, options.separator.encode()
             for documents, end, after in _runs(_separated(f, separator, line, left), batch_bytes):
                 batch, rejects = _text_batch(documents, name, path, options, seen_ids, own_name)
                 count += len(batch) + len(rejects)
                 batch.lines, batch.doc_files = after - line, [path] * len(batch)
-                batch.block = None if unplaced else Piece(path, start, piece.start + end, line)
+                batch.block = Piece(path, start, piece.start + end, line)
                 if len(batch) or rejects:  # not a run of blank documents (an empty file's: said below)
                     yield batch, rejects
                 start, line = piece.start + end, after
