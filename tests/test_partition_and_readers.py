@@ -338,12 +338,10 @@ def test_separated_text_is_read_on_its_columns_as_it_is_record_by_record(tmp_pat
             ]
             rejects = [(r.file, r.line, r.reason) for _, rejects in batches for r in rejects]
             read[columnar, batch_bytes] = documents, rejects, sum(batch.nbytes for batch, _ in batches)
-            if columnar and not compressed:
+            if columnar:  # a compressed file's blocks lie in its decompressed stream
                 for batch, bad in batches:
                     if batch.block is None:  # an empty file's reject, read by the careful reader
-                        assert piece.path.endswith("empty.txt") and [r.reason for r in bad] == [
-                            "empty file: no records"
-                        ]
+                        assert "empty.txt" in piece.path and [r.reason for r in bad] == ["empty file: no records"]
                         continue
                     again = list(read_documents([batch.block], options, True, batch.block.end - batch.block.start))
                     assert len(again) == 1 and list(again[0][0].ids) == list(batch.ids) and again[0][1] == bad
