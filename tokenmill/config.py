@@ -180,7 +180,7 @@ class InputConfig(_Section):
     )
     format: Literal["auto", "jsonl", "parquet", "text"] = Field(
         "auto",
-        description="auto: from the file name, a compression suffix (.gz, .zst, .zstd) set aside: .jsonl, .json or "
+        description="auto: from the file name, a compression suffix (.gz, .zst, .zstd, .xz, .bz2) set aside: .jsonl, .json or "
         ".ndjson is JSON lines (a .json file that opens with `[`: one JSON array of records), .parquet or .pq Parquet, "
         "anything else plain text (compressed or not).",
     )

@@ -3,7 +3,7 @@ stands for it. Standard library only: the storage layer lists inputs with it, th
 
 from __future__ import annotations
 
-COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".bz2": "bz2"}  # as HF datasets reads
 # The endings that name a format; a file ending otherwise is read as plain text
 FORMATS = {"jsonl": (".jsonl", ".json", ".ndjson"), "parquet": (".parquet", ".pq"), "text": (".txt",)}
 DATA_ENDINGS = tuple(ending for endings in FORMATS.values() for ending in endings)

@@ -11,11 +11,13 @@ present and unique within the shard.
 
 from __future__ import annotations
 
+import bz2
 import errno
 import gzip
 import heapq
 import io
 import itertools
+import lzma
 import mmap
 import os
 import stat
@@ -51,10 +53,15 @@ if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 
     from tokenmill.tokenizers.chat import ChatReading, RenderedChat
     from tokenmill.tokenizers.preference import PairReading, PairTexts
 
+
 # What reading a truncated or corrupt compressed file raises: gzip's stream ended early or its data is not gzip's
 # (EOFError, gzip.BadGzipFile, zlib.error), a zstd frame that does not decode; and a JSON array file malformed
 # between its records or cut short.
-CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError, JSONArrayError)
+class Bz2Error(ValueError):
+    """A corrupt bz2 stream (bz2 raises a bare OSError, as a disk's fault would be)."""
+
+
+CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError, lzma.LZMAError, Bz2Error, JSONArrayError)
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
 ZSTD_CHUNK = 64 << 10  # compressed bytes decompressed at once: a chunk of repetitive text can grow a thousandfold
@@ -256,8 +263,8 @@ def _decompressed(piece: Piece, options: ReadOptions, block_size: int | None = N
         if codec is None:
             yield raw
             return
-        if codec == "zstd":
-            yield io.BufferedReader(ZstdFrames(raw), READ_BUFFER)
+        if codec in ("zstd", "bz2"):
+            yield io.BufferedReader(ZstdFrames(raw) if codec == "zstd" else Bz2Stream(raw), READ_BUFFER)
             return
         with compr[codec](raw, mode="r") as f:  # as fsspec.open decompresses
             yield f
@@ -292,6 +299,26 @@ class ZstdFrames(io.RawIOBase):
         buffer[:n] = self.out[self.position : self.position + n]
         self.position += n
         return n
+
+
+class Bz2Stream(io.RawIOBase):
+    """A bz2 file, decompressed; corrupt data raises Bz2Error, not the bare OSError bz2 raises."""
+
+    def __init__(self, raw: BinaryIO):
+        self.file = bz2.BZ2File(raw)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        try:  # what one read decompresses: a read filling the buffer would lose it to an error further on
+            data = self.file.read1(len(buffer))
+        except OSError as e:
+            if e.errno is not None:  # the file's own read failed
+                raise
+            raise Bz2Error(str(e)) from None
+        buffer[: len(data)] = data
+        return len(data)
 
 
 def _may_hold_array(piece: Piece, options: ReadOptions) -> bool:

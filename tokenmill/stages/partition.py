@@ -64,7 +64,7 @@ SCAN_CHUNK = 256 << 10
 # 100 TB corpus at about 100,000 shards, where a retried shard costs seconds, not minutes.
 SHARDS_PER_THREAD, MIN_AUTO_SHARD, MAX_AUTO_SHARD = 8, 16_000_000, 1_000_000_000
 LOOSE_FILES = 64  # at most this many small files at the end of a run stand alone (see `_group`)
-ZSTD_RATIO_GUESS = 4  # when a zstd frame does not record its content size
+RATIO_GUESS = 4  # where a compressed file does not record its size (xz's index is not read; bz2 has none)
 
 
 def uncompressed_size(url: str, storage_options: dict) -> int:
@@ -84,8 +84,8 @@ def uncompressed_size(url: str, storage_options: dict) -> int:
     if codec == "zstd":
         with fs.open(path, "rb", block_size=LINE_PROBE) as f:  # not a block ahead (s3fs: 50 MB) for 18 bytes
             content = zstandard.get_frame_parameters(f.read(18)).content_size
-        return content if content > 0 else size * ZSTD_RATIO_GUESS
-    return size
+        return content if content > 0 else size * RATIO_GUESS
+    return size * RATIO_GUESS if codec else size
 
 
 def counts_lines(config: TokenmillConfig, source_input: InputConfig) -> bool:
