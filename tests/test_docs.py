@@ -471,11 +471,11 @@ def _quoted_messages(page: Path) -> list[str]:
 def test_the_formats_table_is_how_the_readers_name_files():
     """inputs.md's table of formats: each file name ending it lists is read as that row says (`format_of`), those
     compressed decompressed, and every ending the readers know is in it."""
-    from tokenmill.io.names import COMPRESSIONS, compression_of, format_of
+    from tokenmill.io.names import COMPRESSIONS, DATA_ENDINGS, compression_of, format_of
 
     rows = re.findall(r"^\| (.+?) \| (.+?) \|", (ROOT / "docs" / "inputs.md").read_text(), flags=re.M)
-    formats = dict(rows[rows.index(("input", "read as")) + 1 :][:5])
-    kinds = ["jsonl", "jsonl", "jsonl", "parquet", "text"]  # the second: a .json file of one array
+    formats = dict(rows[rows.index(("input", "read as")) + 1 :][:6])
+    kinds = ["jsonl", "jsonl", "jsonl", "parquet", "arrow", "text"]  # the second: a .json file of one array
     for (names, _), kind in zip(formats.items(), kinds, strict=True):
         for ending in (e for e in re.findall(r"`(\.[\w.]+)`", names) if e not in COMPRESSIONS):
             assert format_of(f"x{ending}") == kind, f"inputs.md: x{ending} is read as {format_of(f'x{ending}')}"
@@ -483,7 +483,7 @@ def test_the_formats_table_is_how_the_readers_name_files():
             assert (compression_of(f"x{ending}") is not None) == compressed, ending
     listed = " ".join(formats)
     assert all(f"`{c}`" in listed for c in COMPRESSIONS), f"inputs.md lacks one of {list(COMPRESSIONS)}"
-    assert all(f"`{e}`" in listed for e in (".jsonl", ".json", ".ndjson", ".parquet", ".pq"))
+    assert all(f"`{e}`" in listed for e in DATA_ENDINGS), f"inputs.md lacks one of {DATA_ENDINGS}"
 
 
 def test_the_readmes_layout_names_every_example_and_benchmark():

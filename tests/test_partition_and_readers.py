@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import fsspec
 import pyarrow as pa
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 import zstandard
@@ -15,6 +16,7 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.core.plan import Shards
 from tokenmill.io import arrays, direct, readers
 from tokenmill.io.readers import InputError, Piece, ReadOptions, count_crlf, line_blocks, read_documents
+from tokenmill.io.storage import list_files
 from tokenmill.stages import partition
 from tokenmill.stages.partition import auto_shard_size, load_or_plan, plan_shards
 
@@ -217,6 +219,42 @@ def test_parquet_is_read_on_its_columns_as_it_is_record_by_record(tmp_path, ids)
     assert rejects == [(1235, "text field 'text' missing or null"), (2346, "duplicate id in this shard")]
     assert read[True, "None"] == read[False, "None"] and read[True, "[1, 2]"] == read[False, "[1, 2]"]
     assert read[True, "[1, 2]"][0][0][2] == 1001
+
+
+def test_a_hugging_face_dataset_saved_to_disk_is_read_as_arrow_on_its_columns(tmp_path):
+    """`Dataset.save_to_disk` writes Arrow IPC streams beside two JSON files that are not data: the directory stands
+    for its `.arrow` files, read a slice of a record batch at a time, checked on the columns or record by record
+    where a row is bad, with the same documents, row numbers and rejects either way; the random-access Arrow file
+    format is read too, and a missing column is named."""
+    import pyarrow.ipc
+
+    datasets = pytest.importorskip("datasets")
+    rows = {"text": [f"row {i} " * (i % 40 + 1) for i in range(3000)], "id": [f"r{i}" for i in range(3000)]}
+    rows["text"][1234] = None
+    rows["id"][2345] = rows["id"][2344]
+    datasets.Dataset.from_dict(rows | {"lang": ["en"] * 3000}).save_to_disk(tmp_path / "saved")
+    (path,) = [f["path"] for f in list_files([str(tmp_path / "saved")])]
+    assert path.endswith("data-00000-of-00001.arrow")
+    table = pa.Table.from_pydict(rows)
+    with pa.OSFile(str(tmp_path / "file.arrow"), "wb") as sink, pyarrow.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=700)
+    options = ReadOptions(id_field="id", fields=("lang",))
+    read = {}
+    for name, columnar in ((path, False), (path, True), (str(tmp_path / "file.arrow"), True)):
+        fields = options if name == path else ReadOptions(id_field="id")
+        batches = list(read_documents([Piece(name)], fields, columnar, batch_bytes=20_000))
+        documents = [
+            (i, str(t), int(n)) for b, _ in batches for i, t, n in zip(b.ids, b.text_values(), b.doc_lines, strict=True)
+        ]
+        read[name, columnar] = documents, [(r.line, r.reason) for _, rejects in batches for r in rejects]
+        on_columns = sum(b.text_array is not None for b, _ in batches)
+        assert len(batches) > 6 and on_columns >= (len(batches) - 2 if columnar else 0)
+    documents, rejects = read[path, False]
+    assert len(documents) == 2998 and documents[1] == ("r1", "row 1 row 1 ", 2)
+    assert rejects == [(1235, "text field 'text' missing or null"), (2346, "duplicate id in this shard")]
+    assert read[path, True] == read[path, False] == read[str(tmp_path / "file.arrow"), True]
+    with pytest.raises(InputError, match="no column 'body' in the Arrow schema"):
+        list(read_documents([Piece(path)], ReadOptions(text_field="body"), True))
 
 
 def test_plain_text_one_document_per_file_or_split_by_a_separator(tmp_path):
@@ -525,8 +563,9 @@ def test_same_corpus_as_jsonl_compressed_and_parquet_gives_identical_tokens(tmp_
     for suffix, compress in COMPRESS.items():
         (tmp_path / f"c.jsonl{suffix}").write_bytes(compress(data))
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet", row_group_size=64)
+    feather.write_feather(pa.Table.from_pylist(rows), tmp_path / "c.arrow", compression="uncompressed")
     outputs = {}
-    for name in ("c.jsonl", *(f"c.jsonl{suffix}" for suffix in COMPRESS), "c.parquet"):
+    for name in ("c.jsonl", *(f"c.jsonl{suffix}" for suffix in COMPRESS), "c.parquet", "c.arrow"):
         config = make_config([str(tmp_path / name)], "100MB", tmp_path)
         config.output.path = str(tmp_path / f"out-{name}")
         info = gpt2_info(config)

@@ -178,11 +178,11 @@ class InputConfig(_Section):
         description="Local paths, globs or fsspec URLs (s3://...) of the input files; a directory or prefix: the "
         f"{', '.join(DATA_ENDINGS)} files under it (compressed or not, hidden ones aside)."
     )
-    format: Literal["auto", "jsonl", "parquet", "text"] = Field(
+    format: Literal["auto", "jsonl", "parquet", "arrow", "text"] = Field(
         "auto",
-        description="auto: from the file name, a compression suffix (.gz, .zst, .zstd, .xz, .bz2) set aside: .jsonl, .json or "
-        ".ndjson is JSON lines (a .json file that opens with `[`: one JSON array of records), .parquet or .pq Parquet, "
-        "anything else plain text (compressed or not).",
+        description="auto: from the file name, a compression suffix (.gz, .zst, .zstd, .xz, .bz2) set aside: .jsonl, "
+        ".json or .ndjson is JSON lines (a .json file that opens with `[`: one JSON array of records), .parquet or .pq "
+        "Parquet, .arrow Arrow (Hugging Face datasets' save_to_disk), anything else plain text (compressed or not).",
     )
     text_field: str = Field("text", description="Field holding the document text; may be nested (meta.content).")
     id_field: str | None = Field(

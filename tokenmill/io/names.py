@@ -5,7 +5,12 @@ from __future__ import annotations
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".bz2": "bz2"}  # as HF datasets reads
 # The endings that name a format; a file ending otherwise is read as plain text
-FORMATS = {"jsonl": (".jsonl", ".json", ".ndjson"), "parquet": (".parquet", ".pq"), "text": (".txt",)}
+FORMATS = {
+    "jsonl": (".jsonl", ".json", ".ndjson"),
+    "parquet": (".parquet", ".pq"),
+    "arrow": (".arrow",),  # Hugging Face datasets' save_to_disk
+    "text": (".txt",),
+}
 DATA_ENDINGS = tuple(ending for endings in FORMATS.values() for ending in endings)
 # What Hugging Face datasets writes beside its data (save_to_disk, legacy hub repos): JSON, but not a corpus
 NOT_DATA = {"dataset_info.json", "dataset_infos.json", "dataset_dict.json", "state.json"}
@@ -27,7 +32,7 @@ def uncompressed_name(url: str) -> str:
 
 
 def format_of(url: str) -> str:
-    """`jsonl`, `parquet` or `text`, from the file name (compression suffixes ignored)."""
+    """`jsonl`, `parquet`, `arrow` or `text`, from the file name (compression suffixes ignored)."""
     name = uncompressed_name(url)
     return next((kind for kind, endings in FORMATS.items() if name.endswith(endings)), "text")
 

@@ -117,7 +117,7 @@ class ReadOptions:
 
     text_field: str = "text"
     id_field: str | None = None
-    format: str = "auto"  # jsonl | parquet | text, or auto: from the file name
+    format: str = "auto"  # jsonl | parquet | arrow | text, or auto: from the file name
     on_invalid: OnInvalid = "quarantine"
     min_chars: int = 1
     max_chars: int | None = None
@@ -378,8 +378,9 @@ def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) 
     return Record(number, doc_id, text, extra, line)
 
 
-def _parquet_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
-    for first, table in _parquet_tables(piece, options, name, BATCH_BYTES):
+def _table_file_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
+    """A Parquet or Arrow file's rows (`TABLES`)."""
+    for first, table in TABLES[kind_of(piece, options)](piece, options, name, BATCH_BYTES):
         yield from _table_records(table, first, options, name)
 
 
@@ -392,21 +393,52 @@ def _parquet_tables(
     with fsspec.open(piece.path, "rb", **options_for(piece.path, options.storage_options)) as f:
         parquet = pq.ParquetFile(f)
         groups = piece.row_groups if piece.row_groups is not None else list(range(parquet.num_row_groups))
-        top = {name.split(".")[0] for name in (options.text_field, options.id_field, *options.fields) if name}
-        if options.conversations:  # a conversation's fields are the record's (input.chat names them)
-            top = set(parquet.schema_arrow.names)
-        if missing := top - set(parquet.schema_arrow.names):
-            columns = few(parquet.schema_arrow.names)
-            raise InputError(f"{name}: no column {sorted(missing)[0]!r} in the Parquet schema (its columns: {columns})")
+        top = _columns(parquet.schema_arrow.names, options, name, "Parquet")
         starts = [0]
         for g in range(parquet.num_row_groups):
             starts.append(starts[-1] + parquet.metadata.row_group(g).num_rows)
         for g in groups:
             group, first = parquet.metadata.row_group(g), starts[g] + 1
             rows = max(1, batch_bytes * group.num_rows // max(1, group.total_byte_size))
-            for batch in parquet.iter_batches(batch_size=rows, row_groups=[g], columns=sorted(top)):
+            for batch in parquet.iter_batches(batch_size=rows, row_groups=[g], columns=top):
                 yield first, pyarrow.Table.from_batches([batch])
                 first += batch.num_rows
+
+
+def _arrow_tables(
+    piece: Piece, options: ReadOptions, name: str, batch_bytes: int
+) -> Iterator[tuple[int, pyarrow.Table]]:
+    """`_parquet_tables` for an Arrow IPC file, as Hugging Face datasets writes one (`save_to_disk`, its cache): a
+    stream of record batches (or the random-access file format, Feather 2), each read in turn, in tables of about
+    `batch_bytes`."""
+    with fsspec.open(piece.path, "rb", **options_for(piece.path, options.storage_options)) as f:
+        try:
+            stream = pyarrow.ipc.open_stream(f)
+            schema, batches = stream.schema, iter(stream)
+        except pyarrow.ArrowInvalid:  # the file format (Feather 2): its batches by number
+            f.seek(0)
+            reader = pyarrow.ipc.open_file(f)
+            schema, batches = reader.schema, (reader.get_batch(k) for k in range(reader.num_record_batches))
+        top, first = _columns(schema.names, options, name, "Arrow"), 1
+        for batch in batches:
+            rows = max(1, batch_bytes * batch.num_rows // max(1, batch.nbytes))
+            for start in range(0, batch.num_rows, rows):
+                part = batch.slice(start, rows).select(top)
+                yield first, pyarrow.Table.from_batches([part])
+                first += part.num_rows
+
+
+def _columns(names: list[str], options: ReadOptions, name: str, kind: str) -> list[str]:
+    """The columns the records need, of a table file's `names`; an InputError where one is missing."""
+    top = {field.split(".")[0] for field in (options.text_field, options.id_field, *options.fields) if field}
+    if options.conversations:  # a conversation's fields are the record's (input.chat names them)
+        top = set(names)
+    if missing := top - set(names):
+        raise InputError(f"{name}: no column {sorted(missing)[0]!r} in the {kind} schema (its columns: {few(names)})")
+    return sorted(top)
+
+
+TABLES = {"parquet": _parquet_tables, "arrow": _arrow_tables}  # files of tables: their rows are the records
 
 
 def _table_records(table: pyarrow.Table, first: int, options: ReadOptions, name: str) -> Iterator[Record]:
@@ -520,7 +552,13 @@ def _shuffled_record(line: bytes) -> Record:
     return Record(r["line"], r["id"], r["text"], r["extra"], raw, r["problem"], r["file"], r["size"], path)
 
 
-READERS = {"jsonl": _jsonl_records, "parquet": _parquet_records, "text": _text_records, "shuffled": _shuffled_records}
+READERS = {
+    "jsonl": _jsonl_records,
+    "parquet": _table_file_records,
+    "arrow": _table_file_records,
+    "text": _text_records,
+    "shuffled": _shuffled_records,
+}
 LINE_KINDS = ("jsonl", "shuffled")  # one record per line: a block of whole lines can be read on its own
 
 
@@ -727,8 +765,8 @@ def read_documents(
     pieces: list[Piece], options: ReadOptions, columnar: bool = False, batch_bytes: int = BATCH_BYTES
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     """Yield (batch of valid documents, rejects among the same records), batches of about `batch_bytes`.
-    With `columnar`, JSONL, Parquet and text split by a separator are read by the fast paths (`_fast_jsonl`,
-    `_fast_parquet`, `_fast_text`) where they apply."""
+    With `columnar`, JSONL, Parquet, Arrow and text split by a separator are read by the fast paths (`_fast_jsonl`,
+    `_fast_tables`, `_fast_text`) where they apply."""
     seen_ids: set[str] = set()
     paths_named: dict[str, set[str]] = {}
     for piece in pieces:
@@ -736,8 +774,7 @@ def read_documents(
     for piece in pieces:
         if columnar and fast_path_applies(piece, options):
             own_name = len(paths_named[display_name(piece.path)]) == 1
-            fast = {"parquet": _fast_parquet, "text": _fast_text}.get(kind_of(piece, options), _fast_jsonl)
-            yield from fast(piece, options, seen_ids, batch_bytes, own_name)
+            yield from FAST_READERS[kind_of(piece, options)](piece, options, seen_ids, batch_bytes, own_name)
         else:
             yield from _careful_batches(records(piece, options), options, seen_ids, batch_bytes)
 
@@ -839,7 +876,7 @@ def fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
     kind = kind_of(piece, options)
     if kind == "text":
         return options.separator is not None and not options.conversations
-    return kind in ("jsonl", "parquet") and not dotted and not options.conversations
+    return kind in ("jsonl", *TABLES) and not dotted and not options.conversations
 
 
 def _fast_jsonl(
@@ -1085,14 +1122,14 @@ def _table_batch(
     return Batch(ids=ids, nbytes=table.nbytes, text_array=texts, extra=extra, doc_lines=doc_lines)
 
 
-def _fast_parquet(
+def _fast_tables(
     piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int, own_name: bool = False
 ) -> Iterator[tuple[Batch, list[Reject]]]:
-    """A Parquet piece a batch of rows at a time, each checked on its columns (`_table_batch`), or record by record
-    where any is not a valid document."""
+    """A Parquet or Arrow piece a batch of rows at a time, each checked on its columns (`_table_batch`), or record by
+    record where any is not a valid document."""
     name, count = display_name(piece.path), 0  # the records read
     try:
-        for first, table in _parquet_tables(piece, options, name, batch_bytes):
+        for first, table in TABLES[kind_of(piece, options)](piece, options, name, batch_bytes):
             batch = _table_batch(table, first, name, options, seen_ids, own_name)
             if batch is None:
                 raws = list(_table_records(table, first, options, name))
@@ -1141,6 +1178,9 @@ def _fast_text(
         return
     if piece.start == 0 and count == 0:  # an empty (or blank) file: the careful path says so
         yield from _read_on(piece, options, seen_ids, batch_bytes, 0)
+
+
+FAST_READERS = {"jsonl": _fast_jsonl, "parquet": _fast_tables, "arrow": _fast_tables, "text": _fast_text}
 
 
 def _runs(
