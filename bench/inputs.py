@@ -1,7 +1,8 @@
 """What the input layouts cost: the same documents as JSON Lines, JSON Lines compressed with zstd, Parquet (row groups
-of 5,000 rows, as the Hugging Face hub writes them), one JSON array (Alpaca's layout) and plain text split by
-`<|endoftext|>` lines (TinyStories' layout), each read by `tokenmill run` with the default config but `pack.mode:
-none`, side by side, the order rotating each round.
+of 5,000 rows, as the Hugging Face hub writes them), an Arrow stream (record batches of 1,000 rows, as Hugging Face
+datasets' `save_to_disk` writes them), one JSON array (Alpaca's layout) and plain text split by `<|endoftext|>` lines
+(TinyStories' layout), each read by `tokenmill run` with the default config but `pack.mode: none`, side by side,
+the order rotating each round.
 
 The corpus is a JSONL file of `{"text"}` records (`bench/corpora.py prose` builds 0.16 GB of unique prose; default:
 enwiki_slice written `--repeat` times), the tokenizer GPT-2's. Every run is from scratch (its output removed),
@@ -38,12 +39,17 @@ def layouts(corpus: Path, work: Path) -> dict[str, Path]:
     texts = [orjson.loads(line)["text"] for line in corpus.open("rb")]
     paths = {name: work / f"corpus{suffix}" for name, suffix in [
         ("JSON Lines", ".jsonl"), ("JSON Lines, zstd", ".jsonl.zst"), ("Parquet", ".parquet"),
-        ("one JSON array", ".json"), ("text, separated", ".txt"),
+        ("Arrow (save_to_disk)", ".arrow"), ("one JSON array", ".json"), ("text, separated", ".txt"),
     ]}  # fmt: skip
     lines = b"".join(orjson.dumps({"text": text}) + b"\n" for text in texts)
     paths["JSON Lines"].write_bytes(lines)
     paths["JSON Lines, zstd"].write_bytes(zstandard.ZstdCompressor(level=3).compress(lines))
     pq.write_table(pa.table({"text": texts}), paths["Parquet"], row_group_size=5000)
+    with (
+        pa.OSFile(str(paths["Arrow (save_to_disk)"]), "wb") as sink,
+        pa.ipc.new_stream(sink, pa.schema([("text", pa.string())])) as arrow,
+    ):
+        arrow.write_table(pa.table({"text": texts}), max_chunksize=1000)
     paths["one JSON array"].write_bytes(orjson.dumps([{"text": text} for text in texts], option=orjson.OPT_INDENT_2))
     # a separator line ends each document: a text that holds one would be split (none of these corpora's does)
     paths["text, separated"].write_text("".join(f"{text}\n<|endoftext|>\n" for text in texts))
