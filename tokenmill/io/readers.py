@@ -54,13 +54,13 @@ if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 
     from tokenmill.tokenizers.preference import PairReading, PairTexts
 
 
-# What reading a truncated or corrupt compressed file raises: gzip's stream ended early or its data is not gzip's
-# (EOFError, gzip.BadGzipFile, zlib.error), a zstd frame that does not decode; and a JSON array file malformed
-# between its records or cut short.
 class Bz2Error(ValueError):
     """A corrupt bz2 stream (bz2 raises a bare OSError, as a disk's fault would be)."""
 
 
+# What reading a truncated or corrupt compressed file raises: a stream that ended early (EOFError), data that is not
+# gzip's (gzip.BadGzipFile, zlib.error), a zstd frame, xz or bz2 data that does not decode; and a JSON array file
+# malformed between its records or cut short.
 CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError, lzma.LZMAError, Bz2Error, JSONArrayError)
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
@@ -462,8 +462,7 @@ def _text_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Rec
         _skip_to(f, 0, piece.start)
         left = None if piece.end is None else piece.end - piece.start
         for first, data, _, _ in _separated(f, options.separator.encode(), piece.first_line or 1, left):
-            record = _text_record(data, f"{name}:{first}", first, reject_at=first)
-            if record.problem or record.text.strip():  # a blank document is no document
+            if record := _text_document(first, data, name):
                 yield record
 
 
@@ -529,6 +528,17 @@ def separated_start(f: BinaryIO, target: int, separator: bytes) -> int:
         start += dropped
         del buffer[:dropped]
     return start + len(buffer)
+
+
+def _text_document(first: int, data: bytes, name: str) -> Record | None:
+    """A document of a text file split by a separator, from line `first`; None where it is blank (no document)."""
+    record = _text_record(data, f"{name}:{first}", first, reject_at=first)
+    return record if record.problem or record.text.strip() else None
+
+
+def separated_text(piece: Piece, options: ReadOptions) -> bool:
+    """Whether the piece is of a text file split by `input.separator` lines (cut, sampled and read in blocks)."""
+    return kind_of(piece, options) == "text" and options.separator is not None and not options.conversations
 
 
 def _text_record(data: bytes, doc_id: str, line: int, reject_at: int) -> Record:
@@ -863,7 +873,8 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
 
 # --- the columnar fast path -------------------------------------------------------------------------------
 # JSONL with top-level text, id and extra fields (plain, compressed, or a JSON array file's lines) is parsed by
-# pyarrow a block of whole lines at a time, and the batch schema's checks run vectorised on the columns. A block
+# pyarrow a block of whole lines at a time (Parquet and Arrow are read a batch of rows at a time, text split by a
+# separator a run of documents), and the batch schema's checks run vectorised on the columns. A block
 # with any problem at all (a parse error, invalid UTF-8, a blank line, a missing or non-string text, a length out of
 # bounds, a missing, non-string or repeated id) is read again by the careful path above, record by record, so every
 # bad record still becomes a reject naming its file, line and reason, exactly as without the fast path. pyarrow and
@@ -873,10 +884,8 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
 
 def fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
     dotted = any("." in n for n in (options.text_field, options.id_field or "", *options.fields))
-    kind = kind_of(piece, options)
-    if kind == "text":
-        return options.separator is not None and not options.conversations
-    return kind in ("jsonl", *TABLES) and not dotted and not options.conversations
+    tabular = kind_of(piece, options) in ("jsonl", *TABLES) and not dotted and not options.conversations
+    return tabular or separated_text(piece, options)
 
 
 def _fast_jsonl(
@@ -884,10 +893,9 @@ def _fast_jsonl(
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     name, read_any = display_name(piece.path), False
     counted, start = piece.first_line is not None, piece.start
-    array = holds_array(piece, options)
     # An array's blocks (of the JSON Lines it stands for) are not pieces of the file to read again; a compressed
     # stream's are, by their place in the decompressed stream (read again by decompressing up to it: no parse)
-    unplaced = array
+    array = holds_array(piece, options)
     count = 0  # the records read
     try:
         for block, line, newlines in line_blocks(piece, options, batch_bytes, array):
@@ -895,7 +903,7 @@ def _fast_jsonl(
             batch, rejects = jsonl_block(block, line, name, options, seen_ids, newlines, own_name)
             count += len(batch) + len(rejects)
             batch.lines = newlines + (block[-1:] != b"\n")
-            batch.block = None if unplaced else Piece(piece.path, start, start + len(block), line)
+            batch.block = None if array else Piece(piece.path, start, start + len(block), line)
             start += len(block)
             batch.doc_files = [piece.path] * len(batch)  # a block is of one file (its careful path names none)
             for reject in [] if counted else rejects:
@@ -1115,11 +1123,18 @@ def _table_batch(
             if id_column.null_count or not pyarrow.types.is_string(id_column.type):
                 return None
             ids = id_column.to_pylist()
-        if len(set(ids)) != len(ids) or not seen_ids.isdisjoint(ids):
+        if not _claimed(ids, seen_ids):
             return None
-        seen_ids.update(ids)
     extra = {f: table.column(f).to_pylist() for f in options.fields}
     return Batch(ids=ids, nbytes=table.nbytes, text_array=texts, extra=extra, doc_lines=doc_lines)
+
+
+def _claimed(ids: list[str], seen_ids: set[str]) -> bool:
+    """Whether the ids are unique and new to the shard; if so, they are the shard's now."""
+    if len(set(ids)) != len(ids) or not seen_ids.isdisjoint(ids):
+        return False
+    seen_ids.update(ids)
+    return True
 
 
 def _fast_tables(
@@ -1148,7 +1163,7 @@ def _fast_tables(
         yield from _read_on(piece, options, seen_ids, batch_bytes, count)
         return
     if count == 0 and piece.row_groups is None:  # an empty file: the careful path says so
-        yield from read_documents([piece], options)
+        yield from _read_on(piece, options, seen_ids, batch_bytes, 0)
 
 
 def _fast_text(
@@ -1215,17 +1230,14 @@ def _text_batch(
         visible[unsure] = [bool(text.strip()) for text in texts.take(unsure).to_pylist()]
         if not visible.all():
             texts, lines = texts.filter(visible), lines[visible]
-        ids = LineIds(name, lines)
-        named = [] if own_name else ids.as_list()  # `<file>:<line>`: unique unless another file has the name
-        unique = len(set(named)) == len(named) and seen_ids.isdisjoint(named)
-        if not len(texts) or (_lengths_within(texts, options) and unique):
-            seen_ids.update(named)
+        # `<file>:<line>`: unique unless another file of the shard has the name
+        ids = LineIds(name, lines) if own_name else LineIds(name, lines).as_list()
+        if not len(texts) or (_lengths_within(texts, options) and (own_name or _claimed(ids, seen_ids))):
             extra = {f: [None] * len(texts) for f in options.fields}  # a text has no fields
             nbytes = pc.sum(pc.binary_length(texts)).as_py() or 0
             return Batch(ids=ids, nbytes=nbytes, text_array=texts, extra=extra, doc_lines=lines), []
-    records = (_text_record(data, f"{name}:{first}", first, reject_at=first) for first, data in documents)
-    kept = [replace(r, file=name, path=path) for r in records if r.problem or r.text.strip()]
-    return _checked(kept, options, seen_ids)
+    records = (_text_document(first, data, name) for first, data in documents)
+    return _checked([replace(r, file=name, path=path) for r in records if r], options, seen_ids)
 
 
 def _arrow_table(block: Buffer, options: ReadOptions) -> pyarrow.Table | None:

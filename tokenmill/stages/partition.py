@@ -2,13 +2,12 @@
 
 Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets, found by seeking (a `.json`
 file that holds one JSON array is not: it is read whole), and plain text files split by `input.separator` lines just
-after such a line. The line number at each cut is counted here (a pass over
-the whole file) only where a document id `<file>:<line>` is hashed while the shards run (`counts_lines`); elsewhere
-a piece's first line is left unknown, and the rejects of a piece after the first are numbered once its file's
-earlier pieces are read (`tokenize.number_lines`); a text document's id is its first line, so a text file's are
-always counted. Parquet files by runs of row groups; compressed streams and a text file that is one document cannot
-be cut and are taken whole; small files are grouped, where a hash of each file's name decides the
-group ends (see `_ends_group`).
+after such a line. The line number at each cut is counted here (a pass over the whole file) only where a document id
+`<file>:<line>` is hashed while the shards run (`counts_lines`); elsewhere a piece's first line is left unknown, and
+the rejects of a piece after the first are numbered once its file's earlier pieces are read
+(`tokenize.number_lines`); a text document's id is its first line, so a text file's are always counted. Parquet
+files are cut by runs of row groups; compressed streams, Arrow files and a text file that is one document are taken
+whole; small files are grouped, where a hash of each file's name decides the group ends (see `_ends_group`).
 
 The shards are a function of the input set and the shard size alone, numbered in input order: the same
 files give the same shards with the same ids however the input grew. A file that lands or goes changes
@@ -53,6 +52,7 @@ from tokenmill.io.readers import (
     kind_of,
     line_start,
     separated_start,
+    separated_text,
 )
 from tokenmill.io.storage import JSON_OPTIONS, list_files, options_for
 
@@ -164,7 +164,7 @@ def _split_large_file(
         return [
             (Piece(url, row_groups=run), nbytes) for run, nbytes in row_group_runs(url, shard_size, storage_options)
         ]
-    separated = kind == "text" and options.separator is not None
+    separated = separated_text(Piece(url), options)
     if (kind == "jsonl" or separated) and compression_of(url) is None:
         separator = options.separator if separated else None
         # A text document's id is the line it starts on: counted whatever the run hashes

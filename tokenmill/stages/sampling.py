@@ -61,6 +61,7 @@ from tokenmill.io.readers import (
     read_lines,
     sampled_blocks,
     sampled_texts,
+    separated_text,
 )
 from tokenmill.io.storage import Store
 from tokenmill.tokenizers.reference import excerpt
@@ -177,7 +178,7 @@ def _documents(
         kind, name = kind_of(piece, options), display_name(piece.path)
         phase = int(unit_interval([name], f"block:{salt}")[0] * every)
         step, at = (1, 0) if read_all else (every, phase)  # the blocks read
-        if kind == "text" and options.separator is not None and compression_of(piece.path) is None:
+        if separated_text(piece, options) and compression_of(piece.path) is None:
             for block, batch, nbytes in sampled_texts(piece, options, step, at):
                 yield (every if block % every == phase else 0), batch, batch.ids, nbytes
             continue
