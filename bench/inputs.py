@@ -4,6 +4,10 @@ datasets' `save_to_disk` writes them), one JSON array (Alpaca's layout) and plai
 (TinyStories' layout), each read by `tokenmill run` with the default config but `pack.mode: none`, side by side,
 the order rotating each round.
 
+In each round it measures this machine's parse+encode limit on the corpus as `bench/megatron.py` does (pyarrow's JSON
+reader and gigatoken alone, the first 300 MB in memory, times the cores), and gives each layout's rate (the JSON Lines'
+bytes over its wall) against the median of those limits.
+
 The corpus is a JSONL file of `{"text"}` records (`bench/corpora.py prose` builds 0.16 GB of unique prose; default:
 enwiki_slice written `--repeat` times), the tokenizer GPT-2's. Every run is from scratch (its output removed),
 reporting to one Prefect server started before the rounds, as a user's is. It prints each run's wall, then per layout
@@ -28,10 +32,11 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
-from megatron import RESERVE, Watched, checkout  # beside this file
+from megatron import RESERVE, Watched, checkout, limits_now  # beside this file
 from throughput import SHARED, machine, make_corpus, tokenmill_command
 
 REPO = Path(__file__).resolve().parents[1]
+TOKENIZER = SHARED / "tokenizers/gpt2/tokenizer.json"
 
 
 def layouts(corpus: Path, work: Path) -> dict[str, Path]:
@@ -65,7 +70,7 @@ def run(mill, corpus: Path, work: Path) -> tuple[float, int, int]:
     config.write_text(json.dumps({
         "name": "inputs-bench",
         "input": {"paths": [str(corpus)]} | ({"separator": "<|endoftext|>"} if corpus.suffix == ".txt" else {}),
-        "tokenizer": {"path": str(SHARED / "tokenizers/gpt2/tokenizer.json")}, "split": {"train": 1.0},
+        "tokenizer": {"path": str(TOKENIZER)}, "split": {"train": 1.0},
         "pack": {"mode": "none"}, "output": {"path": str(out)},
     }))  # fmt: skip
     command = [*tokenmill_command(code=REPO), "run", str(config)]
@@ -90,10 +95,14 @@ def main() -> None:
     size = paths["JSON Lines"].stat().st_size
     print(f"{size / 1e9:.2f} GB of JSON Lines; {args.rounds} rounds of {', '.join(paths)}", flush=True)
     measured: dict[str, list[tuple[float, int, int]]] = {name: [] for name in paths}
+    limits: list[float] = []  # the parse+encode limit, MB/s, measured in each round (the host's speed drifts)
     with checkout("tokenmill", REPO, work / "prefect-home") as mill:
         run(mill, paths["JSON Lines"], work)  # a warm-up: the server's first run, the page cache
         names = list(paths)
         for round_ in range(args.rounds):
+            limit = limits_now(paths["JSON Lines"], str(TOKENIZER), 300, os.cpu_count() or 1, size)
+            limits.append(limit["parse+encode limit"])
+            print(json.dumps({"round": round_, "parse_encode_limit_mb_s": round(limits[-1])}), flush=True)
             for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
                 measured[name].append(run(mill, paths[name], work))
                 wall, peak, tokens = measured[name][-1]
@@ -101,15 +110,17 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     if len({tokens for runs in measured.values() for *_, tokens in runs}) != 1:
         raise SystemExit("the layouts gave different numbers of tokens")
-    base = statistics.median(wall for wall, *_ in measured["JSON Lines"])
-    print("\n| layout | median wall s (range) | / JSON Lines | largest process, GB |\n|---|--:|--:|--:|")
+    base, limit = statistics.median(wall for wall, *_ in measured["JSON Lines"]), statistics.median(limits)
+    print("\n| layout | median wall s (range) | / JSON Lines | MB/s: / limit | largest process, GB |")
+    print("|---|--:|--:|--:|--:|")
     for name, runs in measured.items():
         walls, peaks = [wall for wall, *_ in runs], [peak for _, peak, _ in runs]
+        wall, rate = statistics.median(walls), size / 1e6 / statistics.median(walls)
         print(
-            f"| {name} | {statistics.median(walls):.1f} ({min(walls):.1f}-{max(walls):.1f}) | "
-            f"{statistics.median(walls) / base:.2f} | {min(peaks) / 1e9:.2f}-{max(peaks) / 1e9:.2f} |"
+            f"| {name} | {wall:.1f} ({min(walls):.1f}-{max(walls):.1f}) | {wall / base:.2f} | "
+            f"{rate:.0f}: {rate / limit:.2f} | {min(peaks) / 1e9:.2f}-{max(peaks) / 1e9:.2f} |"
         )
-    print(f"\n{machine()}")
+    print(f"\nthe parse+encode limit: {limit:.0f} MB/s (the median of {len(limits)}, one a round)\n{machine()}")
 
 
 if __name__ == "__main__":
