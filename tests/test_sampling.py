@@ -189,6 +189,37 @@ def test_held_out_sample_of_separated_text_reads_a_few_percent_the_same_whatever
     assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100
 
 
+def test_held_out_sample_of_parquet_and_arrow_reads_a_few_groups_of_rows_the_same_whatever_the_shards(
+    tmp_path, plain_enwiki
+):
+    """A Parquet file's row groups and an Arrow file's record batches are the sample's blocks: one in `stride` is
+    read, not the file decoded whole, and a document's block is fixed by the file, not by where the partition cut it.
+    A file with fewer groups than the stride (the small Arrow file's 3) still gives one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = list(read_jsonl(plain_enwiki))
+    table = pa.table({"id": [r["id"] for r in records], "text": [r["text"] for r in records]})
+    parquet = tmp_path / "enwiki.parquet"
+    pq.write_table(table, parquet, row_group_size=100)  # 320 row groups of about 170 KB
+    small, small_texts = held_out(tmp_path / "small", parquet, "8MB", "id")
+    large, large_texts = held_out(tmp_path / "large", parquet, "25MB", "id")
+    assert len(small) == 7 and len(large) == 3
+    for samples in (small, large):
+        assert sum(s.bytes_read for s in samples) < 0.1 * table.nbytes  # about 1 group in 27
+        assert 0.6 * 500_000 < sum(s.holdout_bytes for s in samples) < 1.4 * 500_000
+    assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100
+
+    streams = tmp_path / "streams"
+    streams.mkdir()
+    for name, rows, batch_rows in [("big", table, 100), ("small", table.slice(0, 900), 300)]:
+        with pa.OSFile(str(streams / f"{name}.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(rows, max_chunksize=batch_rows)
+    samples, _ = held_out(tmp_path / "arrow", streams / "*.arrow", "8MB", None)
+    assert len(samples) == 2 and all(s.holdout_documents > 0 for s in samples)  # files are not cut: a shard each
+    assert sum(s.bytes_read for s in samples) < 0.1 * table.nbytes + 900 / len(records) * table.nbytes
+
+
 def test_holdout_records_of_shard_ids_are_those_of_the_sample_results(sampled):
     """The report is sent the shard ids alone (a result dict per shard went through Dask's scheduler)."""
     config, samples = sampled

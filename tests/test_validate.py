@@ -150,12 +150,16 @@ def test_documents_without_their_bos_fail(dataset):
         validate(config, plan, with_bos, table)
 
 
-def library_dataset(tmp_path, lines: list[bytes], compressed: bool = False, **config) -> tuple:
-    """A dataset of 3 shards of one plain JSONL file made of `lines` (`compressed`: of three compressed files, zstd,
-    gzip and zstd, a shard each), made by the library's stages with the config's other sections `config`: (config,
-    plan, tokenizer, stats table)."""
+def library_dataset(tmp_path, lines: list[bytes], layout: str = "jsonl", **config) -> tuple:
+    """A dataset of 3 shards of one plain JSONL file made of `lines` (`layout` "compressed": of three compressed files,
+    zstd, gzip and zstd, a shard each; "parquet": of one Parquet file of 12-row groups, cut at them; "arrow": of three
+    Arrow streams of 12-row record batches, a shard each; a record whose text is not a string has a null text in a
+    table), made by the library's stages with the config's other sections `config`: (config, plan, tokenizer, stats
+    table)."""
     import gzip
 
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     import zstandard
 
     from tokenmill.config import TokenmillConfig
@@ -170,14 +174,33 @@ def library_dataset(tmp_path, lines: list[bytes], compressed: bool = False, **co
     data = b"".join(line + b"\n" for line in lines)
     path, shard_size = tmp_path / "corpus.jsonl", len(data) // 3 + 1
     path.write_bytes(data)
-    if compressed:
+    thirds = [len(lines) * k // 3 for k in range(4)]
+    records = [orjson.loads(line) for line in lines if line.strip()]
+    table = pa.table({
+        "id": [r["id"] for r in records], "text": [t if isinstance(t := r["text"], str) else None for r in records]
+    })  # fmt: skip
+    if layout == "compressed":
         path.unlink()
-        thirds = [len(lines) * k // 3 for k in range(4)]
         for k, (ending, compress) in enumerate([("zst", zstandard.compress), ("gz", gzip.compress)] * 2):
             if k < 3:
                 part = b"".join(line + b"\n" for line in lines[thirds[k] : thirds[k + 1]])
                 (tmp_path / f"corpus-{k}.jsonl.{ending}").write_bytes(compress(part))
         path, shard_size = tmp_path / "corpus-*.jsonl.*", len(data) // 6  # a file is a shard: it is not cut
+    elif layout == "parquet":
+        path.unlink()
+        path = tmp_path / "corpus.parquet"
+        pq.write_table(table, path, row_group_size=12)
+        shard_size = sum(pq.ParquetFile(path).metadata.row_group(g).total_byte_size for g in range(42)) // 3 + 1
+    elif layout == "arrow":
+        path.unlink()
+        for k in range(3):
+            part = table.slice(len(records) * k // 3, len(records) * (k + 1) // 3 - len(records) * k // 3)
+            with (
+                pa.OSFile(str(tmp_path / f"corpus-{k}.arrow"), "wb") as sink,
+                pa.ipc.new_stream(sink, table.schema) as w,
+            ):
+                w.write_table(part, max_chunksize=12)
+        path, shard_size = tmp_path / "corpus-*.arrow", len(data) // 6  # a file is a shard: it is not cut
     config = TokenmillConfig.model_validate(
         {
             "name": "library",
@@ -210,16 +233,17 @@ def one_split_dataset(tmp_path):
     return library_dataset(tmp_path, lines)
 
 
-@pytest.mark.parametrize("compressed", [False, True])
+@pytest.mark.parametrize("layout", ["jsonl", "compressed", "parquet", "arrow"])
 def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_tokenize_put_it(
-    tmp_path, monkeypatch, compressed
+    tmp_path, monkeypatch, layout
 ):
     """Two splits, blocks of about 20 KB (tokenize records where each lies; in a compressed file, by its place in
-    the decompressed stream), blank and CRLF-ended lines, and a reject: the sample reads only blocks without rejects,
-    never a whole shard, and each document it draws is the one at its split and index in the shard as tokenize read
-    it; the stored ids of the sample equal the reference's (validate passes). A marker that does not say where its
-    blocks lie (an earlier tokenmill's) has its documents drawn from the whole shard."""
-    from tokenmill.io.readers import read_documents
+    the decompressed stream; in a Parquet or Arrow file, its group of rows, read in several batches), blank and
+    CRLF-ended lines, and a reject: the sample reads only blocks without rejects, never a whole shard, and each
+    document it draws is the one at its split and index in the shard as tokenize read it; the stored ids of the
+    sample equal the reference's (validate passes). A marker that does not say where its blocks lie (an earlier
+    tokenmill's) has its documents drawn from the whole shard."""
+    from tokenmill.io.readers import block_place, read_documents
     from tokenmill.stages import validate as library
 
     from .conftest import TOKENIZERS
@@ -229,7 +253,7 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     lines[250:250] = [b'{"id": "a number", "text": 5}']
     tokenizer = {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json"), "check_min_documents": 100, "batch_bytes": 20_000}
     config, plan, tokenizer, table = library_dataset(
-        tmp_path, lines, compressed, split={"train": 0.7, "val": 0.3}, tokenizer=tokenizer
+        tmp_path, lines, layout, split={"train": 0.7, "val": 0.3}, tokenizer=tokenizer
     )
     assert int(table.groupby("shard_id").rejected.first().sum()) == 1
     # every document drawn is checked (auto would bound this small run's check to 256 KiB of text)
@@ -258,14 +282,14 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     monkeypatch.setattr(library, "read_documents", reading)
     items = library.reference_items(config, plan, table)
     assert len(items) == 3 and sum(item.sample for item in items) == 100
-    rejected_at = {start for shard in blocks for _, start, _, _, rejects, *_ in shard if rejects}
+    rejected_at = [{start for _, start, _, _, rejects, *_ in shard if rejects} for shard in blocks]
     for item in items:
         read.clear()
         sample = library.sampled_documents(referencing, item)
         assert len(sample) == item.sample and {split for split, *_ in sample} == {"train", "val"}
         recorded = {(start, stop) for _, start, stop, *_ in blocks[item.shard_id]}
-        assert 1 <= len(read) < len(recorded) and {(piece.start, piece.end) for piece in read} <= recorded
-        assert not {piece.start for piece in read} & rejected_at
+        assert 1 <= len(read) < len(recorded) and {block_place(piece) for piece in read} <= recorded
+        assert not {block_place(piece)[0] for piece in read} & rejected_at[item.shard_id]
         everything = every_document(plan.shards[item.shard_id])
         assert all(everything[split, index] == text for split, _, index, text in sample)
     validate(config, plan, tokenizer, table)

@@ -25,7 +25,7 @@ import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, BinaryIO, Literal
 
@@ -107,7 +107,8 @@ class Piece:
     # None: not counted (see partition.counts_lines): its lines are numbered from 1 at `start` until its file's
     # earlier pieces have been read
     first_line: int | None = 1
-    row_groups: list[int] | None = None  # Parquet: which row groups; None: all
+    # A file of tables: which of its groups of rows (Parquet's row groups, an Arrow file's record batches); None: all
+    row_groups: list[int] | None = None
     format: str | None = None  # overrides the configured format (the shuffle's own files are "shuffled")
 
 
@@ -159,7 +160,8 @@ class Batch:
     chats: list[RenderedChat] | None = None  # conversations: each rendered, with its spans that carry loss (`texts`)
     pairs: list[PairTexts] | None = None  # preference pairs: each one's texts (`texts`: its longest)
     lines: int = 0  # the fast path's: the lines of the file its block spans, blank and rejected ones included
-    # the fast path's: its block, as a piece of its file (read alone, it gives this batch's records again)
+    # the fast path's: its block, as a piece of its file (read alone, it gives this batch's records again; a table
+    # file's group of rows gives those of each of its batches)
     block: Piece | None = None
     # Where each document came from, for its row of the documents table (`formats.provenance`): its input file
     # (the path as the plan lists it), and its line there (JSONL, text; from 1) or row (Parquet; from 1)
@@ -380,16 +382,17 @@ def _parse_json_line(number: int, line: bytes, options: ReadOptions, name: str) 
 
 def _table_file_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
     """A Parquet or Arrow file's rows (`TABLES`)."""
-    for first, table in TABLES[kind_of(piece, options)](piece, options, name, BATCH_BYTES):
+    for _, first, table in TABLES[kind_of(piece, options)](piece, options, name, BATCH_BYTES):
         yield from _table_records(table, first, options, name)
 
 
 def _parquet_tables(
     piece: Piece, options: ReadOptions, name: str, batch_bytes: int
-) -> Iterator[tuple[int, pyarrow.Table]]:
-    """(the number of its first row, from 1; a table of the columns the records need) for the piece's row groups, a
-    batch of about `batch_bytes` (uncompressed, as the footer counts them) at a time: memory holds a batch decoded
-    and its row group's columns compressed, not the row group decoded (a Hugging Face file's can be hundreds of MB)."""
+) -> Iterator[tuple[int, int, pyarrow.Table]]:
+    """(its row group, the number of its first row, from 1; a table of the columns the records need) for the piece's
+    row groups, a batch of about `batch_bytes` (uncompressed, as the footer counts them) at a time: memory holds a
+    batch decoded and its row group's columns compressed, not the row group decoded (a Hugging Face file's can be
+    hundreds of MB)."""
     with fsspec.open(piece.path, "rb", **options_for(piece.path, options.storage_options)) as f:
         parquet = pq.ParquetFile(f)
         groups = piece.row_groups if piece.row_groups is not None else list(range(parquet.num_row_groups))
@@ -401,31 +404,84 @@ def _parquet_tables(
             group, first = parquet.metadata.row_group(g), starts[g] + 1
             rows = max(1, batch_bytes * group.num_rows // max(1, group.total_byte_size))
             for batch in parquet.iter_batches(batch_size=rows, row_groups=[g], columns=top):
-                yield first, pyarrow.Table.from_batches([batch])
+                yield g, first, pyarrow.Table.from_batches([batch])
                 first += batch.num_rows
+
+
+@contextmanager
+def _arrow_batches(
+    piece: Piece, options: ReadOptions, count_stream: bool = False
+) -> Iterator[tuple[pyarrow.Schema, Iterator, int | None]]:
+    """An Arrow IPC file's schema, its record batches in turn, and their number where the file says it: the file
+    format (Feather 2) does, in its footer; a stream (as Hugging Face datasets writes one: `save_to_disk`, its cache)
+    does not, but with `count_stream` a local one's are counted (None where one is unreadable). A local file is
+    mapped, as `datasets` maps it: a batch passed over (counted, skipped) is not read."""
+    fs, path = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
+    local = isinstance(fs, LocalFileSystem)
+    with pyarrow.memory_map(path) if local else fs.open(path, "rb") as f:
+        count = None
+        try:
+            stream = pyarrow.ipc.open_stream(f)
+            if count_stream and local:
+                with suppress(pyarrow.ArrowInvalid, OSError):  # a stream cut short, damaged
+                    count = sum(1 for _ in stream)
+                f.seek(0)
+                stream = pyarrow.ipc.open_stream(f)
+            schema, batches = stream.schema, iter(stream)
+        except pyarrow.ArrowInvalid:  # the file format: its batches by number
+            f.seek(0)
+            reader = pyarrow.ipc.open_file(f)
+            count = reader.num_record_batches
+            schema, batches = reader.schema, (reader.get_batch(k) for k in range(count))
+        yield schema, batches, count
 
 
 def _arrow_tables(
     piece: Piece, options: ReadOptions, name: str, batch_bytes: int
-) -> Iterator[tuple[int, pyarrow.Table]]:
-    """`_parquet_tables` for an Arrow IPC file, as Hugging Face datasets writes one (`save_to_disk`, its cache): a
-    stream of record batches (or the random-access file format, Feather 2), each read in turn, in tables of about
-    `batch_bytes`."""
-    with fsspec.open(piece.path, "rb", **options_for(piece.path, options.storage_options)) as f:
-        try:
-            stream = pyarrow.ipc.open_stream(f)
-            schema, batches = stream.schema, iter(stream)
-        except pyarrow.ArrowInvalid:  # the file format (Feather 2): its batches by number
-            f.seek(0)
-            reader = pyarrow.ipc.open_file(f)
-            schema, batches = reader.schema, (reader.get_batch(k) for k in range(reader.num_record_batches))
+) -> Iterator[tuple[int, int, pyarrow.Table]]:
+    """`_parquet_tables` for an Arrow IPC file (`_arrow_batches`): its record batches are its groups of rows, each
+    read in turn (those the piece names), in tables of about `batch_bytes`."""
+    wanted = None if piece.row_groups is None else set(piece.row_groups)
+    with _arrow_batches(piece, options) as (schema, batches, _):
         top, first = _columns(schema.names, options, name, "Arrow"), 1
-        for batch in batches:
+        for k, batch in enumerate(batches):
+            if wanted is not None and k not in wanted:
+                if k > max(wanted, default=-1):
+                    return
+                first += batch.num_rows
+                continue
             rows = max(1, batch_bytes * batch.num_rows // max(1, batch.nbytes))
             for start in range(0, batch.num_rows, rows):
                 part = batch.slice(start, rows).select(top)
-                yield first, pyarrow.Table.from_batches([part])
+                yield k, first, pyarrow.Table.from_batches([part])
                 first += part.num_rows
+
+
+def table_groups(piece: Piece, options: ReadOptions) -> tuple[list[int], int | None]:
+    """A Parquet or Arrow piece's groups of rows (`Piece.row_groups`; None where it names none and they are not
+    known) and its file's number of them where no read of the file tells it (`_arrow_batches`), else None."""
+    if kind_of(piece, options) == "parquet":
+        with fsspec.open(piece.path, "rb", **options_for(piece.path, options.storage_options)) as f:
+            count = pq.ParquetFile(f).metadata.num_row_groups
+    else:
+        with _arrow_batches(piece, options, count_stream=True) as (_, _, count):
+            pass
+    if piece.row_groups is not None or count is None:
+        return piece.row_groups, count
+    return list(range(count)), count
+
+
+def block_place(block: Piece) -> tuple[int, int]:
+    """Where a batch's block (`Batch.block`) lies in its file, as the tokenize stage records it: its bytes, or
+    [g, g + 1) for a table file's group of rows g (`block_piece` reads it again)."""
+    return (block.row_groups[0], block.row_groups[0] + 1) if block.row_groups else (block.start, block.end)
+
+
+def block_piece(path: str, start: int, stop: int, first_line: int, options: ReadOptions) -> Piece:
+    """The block at `block_place`'s (start, stop) of the file at `path`, as a piece to read again alone."""
+    if kind_of(Piece(path), options) in TABLES:
+        return Piece(path, first_line=first_line, row_groups=[start])
+    return Piece(path, start, stop, first_line)
 
 
 def _columns(names: list[str], options: ReadOptions, name: str, kind: str) -> list[str]:
@@ -1141,10 +1197,11 @@ def _fast_tables(
     piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int, own_name: bool = False
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     """A Parquet or Arrow piece a batch of rows at a time, each checked on its columns (`_table_batch`), or record by
-    record where any is not a valid document."""
+    record where any is not a valid document; a batch's block is its group of rows."""
     name, count = display_name(piece.path), 0  # the records read
     try:
-        for first, table in TABLES[kind_of(piece, options)](piece, options, name, batch_bytes):
+        block = None
+        for group, first, table in TABLES[kind_of(piece, options)](piece, options, name, batch_bytes):
             batch = _table_batch(table, first, name, options, seen_ids, own_name)
             if batch is None:
                 raws = list(_table_records(table, first, options, name))
@@ -1153,6 +1210,9 @@ def _fast_tables(
                 batch, rejects = _checked(raws, options, seen_ids)
             else:
                 batch.doc_files, rejects = [piece.path] * len(batch), []
+            if block is None or block.row_groups != [group]:  # its first batch: the group starts at its first row
+                block = Piece(piece.path, first_line=first, row_groups=[group])
+            batch.block = block  # validate re-reads a group alone, not the shard
             count += table.num_rows
             yield batch, rejects
     except FileNotFoundError as e:

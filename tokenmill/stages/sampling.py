@@ -16,7 +16,9 @@ blocks do not depend on how the file is cut into shards, so the sample does not 
 so that the blocks read hold `OVERSAMPLE` times the sample's bytes (a quarter of each block's documents is
 taken: runs of neighbouring documents stay short) and every stretch of `stride` blocks of every file gives
 one. A text file split by a separator is read in blocks too (`sampled_texts`: a document belongs to the block
-its start follows); Parquet, compressed text and a text file that is one document are read whole (stride 1).
+its start follows). A Parquet or Arrow file's blocks are its groups of rows (row groups, record batches), one in
+every `stride` read, or one in every n where the file has n < `stride` (its thresholds scale by n): each file gives
+one, and is not decoded whole. Compressed text and a text file that is one document are read whole (stride 1).
 
 With `stratify_by`, every value of that field (a source, a language) also gets at least `min_group_size`
 bytes of text, or all of its documents if it has fewer: each shard keeps, per value, its lowest-hash
@@ -53,6 +55,7 @@ from tokenmill.io.readers import (
     CORRUPT_STREAM,
     LINE_KINDS,
     SAMPLE_BLOCK_BYTES,
+    TABLES,
     Batch,
     ReadOptions,
     display_name,
@@ -62,6 +65,7 @@ from tokenmill.io.readers import (
     sampled_blocks,
     sampled_texts,
     separated_text,
+    table_groups,
 )
 from tokenmill.io.storage import Store
 from tokenmill.tokenizers.reference import excerpt
@@ -170,19 +174,33 @@ def stage_key(run: Sampling, shard: Shard, f: float) -> str:
 def _documents(
     shard: Shard, options: ReadOptions, every: int, salt: str, read_all: bool
 ) -> Iterator[tuple[int, Batch, list[str], int]]:
-    """(scale, documents, their sampling keys, bytes read) for what the sample reads of the shard: the
-    blocks of line-based pieces and of uncompressed separated text that the sample draws from (scale `every`), with
-    `read_all` the other blocks too (scale 0: only for the stratification's reserve), and the whole of other pieces
-    (scale 1). A key is the document's id, or without an id field its file, block and line in the block."""
+    """(scale, documents, their sampling keys, bytes read) for what the sample reads of the shard: the blocks it draws
+    from (scale: the stride they were drawn at, `every`, or a table file's own, where it has fewer groups of rows),
+    with `read_all` the other blocks too (scale 0: only for the stratification's reserve), and the whole of other
+    pieces (scale 1). A block is SAMPLE_BLOCK_BYTES of a line-based file or of uncompressed separated text, a group
+    of rows of a Parquet or Arrow file. A key is the document's id, or without an id field its file, block and line
+    in the block."""
     for piece in shard.pieces:
         kind, name = kind_of(piece, options), display_name(piece.path)
-        phase = int(unit_interval([name], f"block:{salt}")[0] * every)
+        place = unit_interval([name], f"block:{salt}")[0]  # the file's phase, as a fraction of the stride
+        if kind in TABLES:  # at least one group of rows of each file is read; all where they are not counted
+            groups, count = table_groups(piece, options)
+            per = 1 if count is None else max(1, min(every, count))
+            phase = int(place * per)
+            wanted = groups if read_all or groups is None else [g for g in groups if g % per == phase]
+            if wanted == []:
+                continue
+            for batch, _ in read_documents([dataclasses.replace(piece, row_groups=wanted)], options, columnar=True):
+                drawn = batch.block is not None and batch.block.row_groups[0] % per == phase  # else read on, unplaced
+                yield (per if drawn else 0), batch, batch.ids, batch.nbytes
+            continue
+        phase = int(place * every)
         step, at = (1, 0) if read_all else (every, phase)  # the blocks read
         if separated_text(piece, options) and compression_of(piece.path) is None:
             for block, batch, nbytes in sampled_texts(piece, options, step, at):
                 yield (every if block % every == phase else 0), batch, batch.ids, nbytes
             continue
-        if kind not in LINE_KINDS:
+        if kind not in LINE_KINDS:  # text: a document a file, or compressed
             for batch, _ in read_documents([piece], options, columnar=True):
                 yield 1, batch, batch.ids, batch.nbytes
             continue

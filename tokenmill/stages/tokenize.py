@@ -40,6 +40,7 @@ from tokenmill.io.readers import (
     SAMPLE_BLOCK_BYTES,
     Batch,
     ReadOptions,
+    block_place,
     display_name,
     fast_path_applies,
     kind_of,
@@ -191,8 +192,10 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     files: dict[str, dict] = {}  # size and sha256 of each file written, for the marker
     # Where each block the fast path read lies, so that validate's reference sample re-reads a few blocks, not
     # the shard (`tokenmill.stages.validate.sampled_documents`): [its piece, start, stop, first line, rejects, documents
-    # before it in each split]. None where a batch came another way (compressed, Parquet, text, dotted fields).
+    # before it in each split], where a table file's group of rows g (read in several batches) is [g, g + 1). None
+    # where a batch came another way (a JSON array, a text file of one document, dotted fields, conversations).
     blocks: list[list[int]] | None = []
+    block = None  # the last one
     documents: dict[str, list] = {s: [] for s in splits}  # each split's rows of its documents table, batch by batch
     metadata_fields = run.metadata_fields[shard.mix_source]
     with ExitStack() as stack:
@@ -209,10 +212,12 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
         for batch, batch_rejects in read_documents(pieces, options, True, run.batch_bytes):
             if batch.block is None:
                 blocks = None
+            elif blocks is not None and batch.block is block:  # the next batch of a group of rows
+                blocks[-1][4] += len(batch_rejects)
             elif blocks is not None:
                 block, before = batch.block, [counts[s]["documents"] for s in splits]
                 blocks.append(
-                    [piece_of[block.path], block.start, block.end, block.first_line, len(batch_rejects), *before]
+                    [piece_of[block.path], *block_place(block), block.first_line, len(batch_rejects), *before]
                 )
             documents_in += len(batch) + len(batch_rejects)
             bytes_in += batch.nbytes

@@ -33,7 +33,7 @@ from tokenmill.core.stats import COLUMNS, Tokenized, ValidationFailed, all_rejec
 from tokenmill.formats.megatron import MegatronReader, token_dtype
 from tokenmill.formats.packed import read_shuffle_index
 from tokenmill.formats.table import FORMATS, Format, SplitFound
-from tokenmill.io.readers import BATCH_BYTES, Piece, ReadOptions, read_documents, schema_library
+from tokenmill.io.readers import BATCH_BYTES, ReadOptions, block_piece, read_documents, schema_library
 from tokenmill.io.storage import STREAMED, Store
 from tokenmill.tokenizers.chat import RenderedChat, mask_problems
 from tokenmill.tokenizers.encoders import in_runs, loaded_backend
@@ -318,19 +318,22 @@ def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator
         return None
     taken = np.sort(order[: np.searchsorted(enough, 2 * sample) + 1])  # until they hold twice the sample, or all
     pieces, options = item.shard.pieces, run.reading[item.shard.mix_source]
-    read = []  # (split names, their indexes, texts) of each block's documents
+    read = []  # (split names, their indexes, texts) of each batch of each block's documents
     for b in taken:
         piece, start, stop, first_line, _, *counts = blocks[b].tolist()
-        block = Piece(pieces[piece].path, start, stop, first_line)
-        batches = list(read_documents([block], options, columnar=True, batch_bytes=stop - start))
-        if len(batches) != 1 or batches[0][1] or len(batches[0][0]) != held[b].sum():
+        block = block_piece(pieces[piece].path, start, stop, first_line, options)
+        size = BATCH_BYTES if block.row_groups else stop - start  # a range of bytes is one batch; a group of rows, any
+        batches = list(read_documents([block], options, columnar=True, batch_bytes=size))
+        if any(rejects for _, rejects in batches) or sum(len(batch) for batch, _ in batches) != held[b].sum():
             return None  # the file changed since: read the shard as tokenize did
-        batch = batches[0][0]
-        splits = assign_splits(batch.ids, run.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
-        indexes = np.zeros(len(batch), np.int64)
-        for split, count in enumerate(counts):
-            indexes[splits == split] = count + np.arange(np.count_nonzero(splits == split))
-        read.append((splits, indexes, batch.text_values()))
+        for batch, _ in batches:
+            splits = assign_splits(batch.ids, run.split) if len(names) > 1 else np.zeros(len(batch), np.int64)
+            indexes = np.zeros(len(batch), np.int64)
+            for split, count in enumerate(counts):
+                taken_here = np.count_nonzero(splits == split)
+                indexes[splits == split] = count + np.arange(taken_here)
+                counts[split] += taken_here
+            read.append((splits, indexes, batch.text_values()))
     bounds = np.cumsum([0] + [len(splits) for splits, _, _ in read])
     found = []
     for drawn in np.sort(rng.choice(bounds[-1], size=sample, replace=False)):
