@@ -172,10 +172,20 @@ def test_small_and_compressed_files_are_grouped_whole_in_order(tmp_path):
     assert len(read_all(config, plan)[0]) == 150
 
 
-def test_parquet_is_partitioned_by_row_groups(tmp_path):
-    rows = [{"id": f"p{i}", "meta": {"content": f"parquet document {i} " * 20}} for i in range(3000)]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "t.parquet", row_group_size=100)
-    config = make_config([str(tmp_path / "t.parquet")], 50_000, tmp_path, text_field="meta.content")
+@pytest.mark.parametrize("layout", ["parquet", "arrow stream", "arrow file"])
+def test_a_table_file_is_partitioned_by_its_groups_of_rows(tmp_path, layout):
+    """A Parquet file by its row groups, an Arrow file (a stream, as save_to_disk writes one, or the file format) by
+    its record batches: each group in one shard, every row read once, by its row number, on the columns or not."""
+    rows = [{"id": f"p{i}", "meta": {"content": f"table document {i} " * 20}} for i in range(3000)]
+    table, path = pa.Table.from_pylist(rows), tmp_path / ("t.parquet" if layout == "parquet" else "t.arrow")
+    if layout == "parquet":
+        pq.write_table(table, path, row_group_size=100)
+    else:
+        with pa.OSFile(str(path), "wb") as sink:
+            new = pa.ipc.new_stream if layout == "arrow stream" else pa.ipc.new_file
+            with new(sink, table.schema) as writer:
+                writer.write_table(table, max_chunksize=100)
+    config = make_config([str(path)], 50_000, tmp_path, text_field="meta.content")
     plan = plan_shards(config)
     assert len(plan.shards) > 5
     groups = [g for s in plan.shards for p in s.pieces for g in p.row_groups]
@@ -183,6 +193,15 @@ def test_parquet_is_partitioned_by_row_groups(tmp_path):
     docs, rejects = read_all(config, plan)
     assert [d[0] for d in docs] == [r["id"] for r in rows] and not rejects
     assert docs[7][1] == rows[7]["meta"]["content"]
+    flat = pa.table({"id": table.column("id"), "text": [r["meta"]["content"] for r in rows]})
+    if layout == "arrow stream":  # the columnar path, a piece at a time: the rows by their number
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, flat.schema) as writer:
+            writer.write_table(flat, max_chunksize=100)
+        ids = []
+        for shard in plan.shards:
+            for batch, _ in read_documents(shard.pieces, ReadOptions(), columnar=True):
+                ids += list(batch.ids)
+        assert ids == [f"t.arrow:{i}" for i in range(1, 3001)]
 
 
 @pytest.mark.parametrize("ids", ["strings", "numbers"])

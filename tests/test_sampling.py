@@ -142,14 +142,16 @@ def plain_enwiki(tmp_path_factory):
     return write_enwiki(tmp_path_factory.mktemp("plain") / "enwiki.jsonl")
 
 
-def held_out(out, path, shard_size: str, id_field: str | None, **read) -> tuple[list[dict], list[str]]:
+def held_out(
+    out, path, shard_size: str, id_field: str | None, holdout_size: str = "500KB", **read
+) -> tuple[list[dict], list[str]]:
     """The held-out sample for a pretrained tokenizer's fertility report (no training sample)."""
     config = TokenmillConfig.model_validate({
         "name": "holdout-test",
         "input": {"paths": [str(path)], "id_field": id_field, **read},
         "partition": {"shard_size": shard_size},
         "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json")},
-        "fertility": {"holdout_size": "500KB"},
+        "fertility": {"holdout_size": holdout_size},
         "output": {"path": str(out)},
     })  # fmt: skip
     samples = run_sample(config)
@@ -189,35 +191,39 @@ def test_held_out_sample_of_separated_text_reads_a_few_percent_the_same_whatever
     assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100
 
 
+@pytest.mark.parametrize("layout", ["parquet", "arrow"])
 def test_held_out_sample_of_parquet_and_arrow_reads_a_few_groups_of_rows_the_same_whatever_the_shards(
-    tmp_path, plain_enwiki
+    tmp_path, plain_enwiki, layout
 ):
     """A Parquet file's row groups and an Arrow file's record batches are the sample's blocks: one in `stride` is
     read, not the file decoded whole, and a document's block is fixed by the file, not by where the partition cut it.
-    A file with fewer groups than the stride (the small Arrow file's 3) still gives one."""
+    A file with fewer groups than the stride (the small one's 3) still gives documents."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     records = list(read_jsonl(plain_enwiki))
     table = pa.table({"id": [r["id"] for r in records], "text": [r["text"] for r in records]})
-    parquet = tmp_path / "enwiki.parquet"
-    pq.write_table(table, parquet, row_group_size=100)  # 320 row groups of about 170 KB
-    small, small_texts = held_out(tmp_path / "small", parquet, "8MB", "id")
-    large, large_texts = held_out(tmp_path / "large", parquet, "25MB", "id")
+
+    def write(path: Path, rows: pa.Table, group_rows: int) -> Path:
+        if layout == "parquet":
+            pq.write_table(rows, path, row_group_size=group_rows)
+        else:
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, rows.schema) as writer:
+                writer.write_table(rows, max_chunksize=group_rows)
+        return path
+
+    big = write(tmp_path / f"enwiki.{layout}", table, 100)  # 320 groups of about 170 KB
+    small, small_texts = held_out(tmp_path / "small", big, "8MB", "id")
+    large, large_texts = held_out(tmp_path / "large", big, "25MB", "id")
     assert len(small) == 7 and len(large) == 3
     for samples in (small, large):
         assert sum(s.bytes_read for s in samples) < 0.1 * table.nbytes  # about 1 group in 27
         assert 0.6 * 500_000 < sum(s.holdout_bytes for s in samples) < 1.4 * 500_000
     assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100
 
-    streams = tmp_path / "streams"
-    streams.mkdir()
-    for name, rows, batch_rows in [("big", table, 100), ("small", table.slice(0, 900), 300)]:
-        with pa.OSFile(str(streams / f"{name}.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
-            w.write_table(rows, max_chunksize=batch_rows)
-    samples, _ = held_out(tmp_path / "arrow", streams / "*.arrow", "8MB", None)
-    assert len(samples) == 2 and all(s.holdout_documents > 0 for s in samples)  # files are not cut: a shard each
-    assert sum(s.bytes_read for s in samples) < 0.1 * table.nbytes + 900 / len(records) * table.nbytes
+    rows = table.slice(0, 900)
+    samples, _ = held_out(tmp_path / "few", write(tmp_path / f"few.{layout}", rows, 300), "8MB", None, "50KB")
+    assert len(samples) == 1 and samples[0].holdout_documents > 0 and samples[0].bytes_read < 0.4 * rows.nbytes
 
 
 def test_holdout_records_of_shard_ids_are_those_of_the_sample_results(sampled):

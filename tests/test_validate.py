@@ -152,8 +152,8 @@ def test_documents_without_their_bos_fail(dataset):
 
 def library_dataset(tmp_path, lines: list[bytes], layout: str = "jsonl", **config) -> tuple:
     """A dataset of 3 shards of one plain JSONL file made of `lines` (`layout` "compressed": of three compressed files,
-    zstd, gzip and zstd, a shard each; "parquet": of one Parquet file of 12-row groups, cut at them; "arrow": of three
-    Arrow streams of 12-row record batches, a shard each; a record whose text is not a string has a null text in a
+    zstd, gzip and zstd, a shard each; "parquet", "arrow": of one Parquet file of 12-row groups, or one Arrow
+    stream of 12-row record batches, cut at them; a record whose text is not a string has a null text in a
     table), made by the library's stages with the config's other sections `config`: (config, plan, tokenizer, stats
     table)."""
     import gzip
@@ -164,6 +164,7 @@ def library_dataset(tmp_path, lines: list[bytes], layout: str = "jsonl", **confi
 
     from tokenmill.config import TokenmillConfig
     from tokenmill.core import stats
+    from tokenmill.io.readers import Piece, ReadOptions, group_sizes
     from tokenmill.stages.partition import load_or_plan
     from tokenmill.stages.tokenize import Tokenizing, tokenize_shard
     from tokenmill.stages.train_tokenizer import install_pretrained
@@ -186,21 +187,15 @@ def library_dataset(tmp_path, lines: list[bytes], layout: str = "jsonl", **confi
                 part = b"".join(line + b"\n" for line in lines[thirds[k] : thirds[k + 1]])
                 (tmp_path / f"corpus-{k}.jsonl.{ending}").write_bytes(compress(part))
         path, shard_size = tmp_path / "corpus-*.jsonl.*", len(data) // 6  # a file is a shard: it is not cut
-    elif layout == "parquet":
+    elif layout in ("parquet", "arrow"):
         path.unlink()
-        path = tmp_path / "corpus.parquet"
-        pq.write_table(table, path, row_group_size=12)
-        shard_size = sum(pq.ParquetFile(path).metadata.row_group(g).total_byte_size for g in range(42)) // 3 + 1
-    elif layout == "arrow":
-        path.unlink()
-        for k in range(3):
-            part = table.slice(len(records) * k // 3, len(records) * (k + 1) // 3 - len(records) * k // 3)
-            with (
-                pa.OSFile(str(tmp_path / f"corpus-{k}.arrow"), "wb") as sink,
-                pa.ipc.new_stream(sink, table.schema) as w,
-            ):
-                w.write_table(part, max_chunksize=12)
-        path, shard_size = tmp_path / "corpus-*.arrow", len(data) // 6  # a file is a shard: it is not cut
+        path = tmp_path / f"corpus.{layout}"
+        if layout == "parquet":
+            pq.write_table(table, path, row_group_size=12)
+        else:
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table, max_chunksize=12)
+        shard_size = sum(group_sizes(Piece(str(path)), ReadOptions())) // 3 + 1
     config = TokenmillConfig.model_validate(
         {
             "name": "library",

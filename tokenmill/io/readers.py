@@ -410,30 +410,33 @@ def _parquet_tables(
 
 @contextmanager
 def _arrow_batches(
-    piece: Piece, options: ReadOptions, count_stream: bool = False
-) -> Iterator[tuple[pyarrow.Schema, Iterator, int | None]]:
-    """An Arrow IPC file's schema, its record batches in turn, and their number where the file says it: the file
-    format (Feather 2) does, in its footer; a stream (as Hugging Face datasets writes one: `save_to_disk`, its cache)
-    does not, but with `count_stream` a local one's are counted (None where one is unreadable). A local file is
-    mapped, as `datasets` maps it: a batch passed over (counted, skipped) is not read."""
+    piece: Piece, options: ReadOptions, sizes: bool = False
+) -> Iterator[tuple[pyarrow.Schema, Iterator[pyarrow.RecordBatch], list[int] | None]]:
+    """An Arrow IPC file's schema and its record batches in turn: a stream (as Hugging Face datasets writes one:
+    `save_to_disk`, its cache) or the file format (Feather 2). A local file is mapped, as `datasets` maps it: a batch
+    passed over (skipped, measured) is not read. With `sizes`, a local file's batches' sizes (bytes), passed over; None
+    for a file elsewhere, or one that cannot be read through (cut short, damaged)."""
     fs, path = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
     local = isinstance(fs, LocalFileSystem)
     with pyarrow.memory_map(path) if local else fs.open(path, "rb") as f:
-        count = None
-        try:
-            stream = pyarrow.ipc.open_stream(f)
-            if count_stream and local:
-                with suppress(pyarrow.ArrowInvalid, OSError):  # a stream cut short, damaged
-                    count = sum(1 for _ in stream)
-                f.seek(0)
-                stream = pyarrow.ipc.open_stream(f)
-            schema, batches = stream.schema, iter(stream)
-        except pyarrow.ArrowInvalid:  # the file format: its batches by number
+        measured = None
+        if sizes and local:
+            with suppress(pyarrow.ArrowInvalid, OSError):  # not Arrow, cut short, damaged: said where it is read
+                measured = [batch.get_total_buffer_size() for batch in _ipc_batches(f)[1]]
             f.seek(0)
-            reader = pyarrow.ipc.open_file(f)
-            count = reader.num_record_batches
-            schema, batches = reader.schema, (reader.get_batch(k) for k in range(count))
-        yield schema, batches, count
+        schema, batches = _ipc_batches(f)
+        yield schema, batches, measured
+
+
+def _ipc_batches(f) -> tuple[pyarrow.Schema, Iterator[pyarrow.RecordBatch]]:
+    """The schema and the record batches of the Arrow IPC stream, or file (Feather 2), that `f` holds."""
+    try:
+        stream = pyarrow.ipc.open_stream(f)
+        return stream.schema, iter(stream)
+    except pyarrow.ArrowInvalid:  # the file format: its batches by number
+        f.seek(0)
+        reader = pyarrow.ipc.open_file(f)
+        return reader.schema, (reader.get_batch(k) for k in range(reader.num_record_batches))
 
 
 def _arrow_tables(
@@ -457,18 +460,16 @@ def _arrow_tables(
                 first += part.num_rows
 
 
-def table_groups(piece: Piece, options: ReadOptions) -> tuple[list[int], int | None]:
-    """A Parquet or Arrow piece's groups of rows (`Piece.row_groups`; None where it names none and they are not
-    known) and its file's number of them where no read of the file tells it (`_arrow_batches`), else None."""
+def group_sizes(piece: Piece, options: ReadOptions) -> list[int] | None:
+    """The sizes (bytes, uncompressed) of the groups of rows of a Parquet or Arrow piece's file, which
+    `Piece.row_groups` names by their number: a Parquet footer's, an Arrow file's measured where it is local
+    (`_arrow_batches`), else None (they are not known without reading the file)."""
     if kind_of(piece, options) == "parquet":
         with fsspec.open(piece.path, "rb", **options_for(piece.path, options.storage_options)) as f:
-            count = pq.ParquetFile(f).metadata.num_row_groups
-    else:
-        with _arrow_batches(piece, options, count_stream=True) as (_, _, count):
-            pass
-    if piece.row_groups is not None or count is None:
-        return piece.row_groups, count
-    return list(range(count)), count
+            meta = pq.ParquetFile(f).metadata
+        return [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
+    with _arrow_batches(piece, options, sizes=True) as (_, _, sizes):
+        return sizes
 
 
 def block_place(block: Piece) -> tuple[int, int]:

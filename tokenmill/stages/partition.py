@@ -6,8 +6,10 @@ after such a line. The line number at each cut is counted here (a pass over the 
 `<file>:<line>` is hashed while the shards run (`counts_lines`); elsewhere a piece's first line is left unknown, and
 the rejects of a piece after the first are numbered once its file's earlier pieces are read
 (`tokenize.number_lines`); a text document's id is its first line, so a text file's are always counted. Parquet
-files are cut by runs of row groups; compressed streams, Arrow files and a text file that is one document are taken
-whole; small files are grouped, where a hash of each file's name decides the group ends (see `_ends_group`).
+and Arrow files are cut by runs of their groups of rows (row groups, record batches; an Arrow file only where it is
+local: its batches are measured by passing over its memory map); compressed streams and a text file that is one
+document are taken whole; small files are grouped, where a hash of each file's name decides the group ends (see
+`_ends_group`).
 
 The shards are a function of the input set and the shard size alone, numbered in input order: the same
 files give the same shards with the same ids however the input grew. A file that lands or goes changes
@@ -45,10 +47,12 @@ from tokenmill.io.arrays import may_hold_array, opens_array
 from tokenmill.io.names import compression_of, format_of
 from tokenmill.io.readers import (
     LINE_PROBE,
+    TABLES,
     Piece,
     ReadOptions,
     count_newlines,
     fast_path_applies,
+    group_sizes,
     kind_of,
     line_start,
     separated_start,
@@ -141,14 +145,15 @@ def _newlines(fs, path: str, start: int, end: int) -> int:
     return count
 
 
-def row_group_runs(url: str, shard_size: int, storage_options: dict) -> list[tuple[list[int], int]]:
-    """Consecutive row groups of a Parquet file, gathered into runs of about shard_size bytes."""
-    with fsspec.open(url, "rb", **options_for(url, storage_options)) as f:
-        meta = pq.ParquetFile(f).metadata
+def group_runs(url: str, shard_size: int, options: ReadOptions) -> list[tuple[list[int], int]] | None:
+    """Consecutive groups of rows of a Parquet or Arrow file (`readers.group_sizes`), gathered into runs of about
+    shard_size bytes; None where their sizes are not known."""
+    if (sizes := group_sizes(Piece(url), options)) is None:
+        return None
     runs, run, run_bytes = [], [], 0
-    for g in range(meta.num_row_groups):
+    for g, size in enumerate(sizes):
         run.append(g)
-        run_bytes += meta.row_group(g).total_byte_size
+        run_bytes += size
         if run_bytes >= shard_size:
             runs.append((run, run_bytes))
             run, run_bytes = [], 0
@@ -158,12 +163,12 @@ def row_group_runs(url: str, shard_size: int, storage_options: dict) -> list[tup
 def _split_large_file(
     url: str, size: int, shard_size: int, options: ReadOptions, count_lines: bool
 ) -> list[tuple[Piece, int]] | None:
-    """The pieces (with their sizes) of a file larger than a shard, or None if it cannot be split."""
+    """The pieces (with their sizes) of a file larger than a shard, or None if it cannot be split: a compressed
+    stream, a text file that is one document, an Arrow file whose batches' sizes are not known (`group_runs`)."""
     kind, storage_options = kind_of(Piece(url), options), options.storage_options
-    if kind == "parquet":
-        return [
-            (Piece(url, row_groups=run), nbytes) for run, nbytes in row_group_runs(url, shard_size, storage_options)
-        ]
+    if kind in TABLES:
+        runs = group_runs(url, shard_size, options)
+        return None if runs is None else [(Piece(url, row_groups=run), nbytes) for run, nbytes in runs]
     separated = separated_text(Piece(url), options)
     if (kind == "jsonl" or separated) and compression_of(url) is None:
         separator = options.separator if separated else None
@@ -174,7 +179,7 @@ def _split_large_file(
         starts = [(0, 1), *cuts]
         ends = [c[0] for c in cuts] + [size]
         return [(Piece(url, s, e, line), e - s) for (s, line), e in zip(starts, ends, strict=True)]
-    return None  # compressed streams and a text file that is one document are read whole
+    return None
 
 
 def auto_shard_size(total_bytes: int, cluster_threads: int) -> int:
@@ -339,7 +344,8 @@ def _checked_cuts(
     """An earlier plan's pieces of an unchanged JSONL file if they are the cut this plan makes, found again by seeking
     (a read at each cut), so that only the count of the lines before each cut is saved; else None (cut it again).
     plan.json is data in the output location: pieces cut elsewhere (a planted plan, whose shards would drop or repeat
-    documents) are never taken. Parquet files are cut again: their row groups are read from the footer alone."""
+    documents) are never taken. Parquet and Arrow files are cut again: their groups of rows are measured without
+    reading them (`readers.group_sizes`)."""
     if not stored or kind_of(Piece(url), options) != "jsonl" or compression_of(url) is not None:
         return None
     offsets = cut_offsets(url, size, math.ceil(size / shard_size), options.storage_options)

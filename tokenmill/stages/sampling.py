@@ -59,13 +59,13 @@ from tokenmill.io.readers import (
     Batch,
     ReadOptions,
     display_name,
+    group_sizes,
     kind_of,
     read_documents,
     read_lines,
     sampled_blocks,
     sampled_texts,
     separated_text,
-    table_groups,
 )
 from tokenmill.io.storage import Store
 from tokenmill.tokenizers.reference import excerpt
@@ -183,12 +183,13 @@ def _documents(
     for piece in shard.pieces:
         kind, name = kind_of(piece, options), display_name(piece.path)
         place = unit_interval([name], f"block:{salt}")[0]  # the file's phase, as a fraction of the stride
-        if kind in TABLES:  # at least one group of rows of each file is read; all where they are not counted
-            groups, count = table_groups(piece, options)
-            per = 1 if count is None else max(1, min(every, count))
+        if kind in TABLES:  # at least one group of rows of each file is read; all where they are not known
+            sizes = group_sizes(piece, options)
+            per = 1 if sizes is None else max(1, min(every, len(sizes)))
             phase = int(place * per)
+            groups = piece.row_groups if piece.row_groups is not None or sizes is None else range(len(sizes))
             wanted = groups if read_all or groups is None else [g for g in groups if g % per == phase]
-            if wanted == []:
+            if wanted is not None and not wanted:
                 continue
             for batch, _ in read_documents([dataclasses.replace(piece, row_groups=wanted)], options, columnar=True):
                 drawn = batch.block is not None and batch.block.row_groups[0] % per == phase  # else read on, unplaced
