@@ -175,33 +175,47 @@ def test_small_and_compressed_files_are_grouped_whole_in_order(tmp_path):
 @pytest.mark.parametrize("layout", ["parquet", "arrow stream", "arrow file"])
 def test_a_table_file_is_partitioned_by_its_groups_of_rows(tmp_path, layout):
     """A Parquet file by its row groups, an Arrow file (a stream, as save_to_disk writes one, or the file format) by
-    its record batches: each group in one shard, every row read once, by its row number, on the columns or not."""
+    its record batches, and a group of two shards or more into ranges of its rows: every row read once, by its row
+    number, on the columns or not; a block of a piece (its rows of a group) read again alone gives its rows again."""
     rows = [{"id": f"p{i}", "meta": {"content": f"table document {i} " * 20}} for i in range(3000)]
-    table, path = pa.Table.from_pylist(rows), tmp_path / ("t.parquet" if layout == "parquet" else "t.arrow")
-    if layout == "parquet":
-        pq.write_table(table, path, row_group_size=100)
-    else:
+    path = tmp_path / ("t.parquet" if layout == "parquet" else "t.arrow")
+
+    def write(table: pa.Table) -> None:  # a first group of 1,000 rows (8 shards), then groups of 100
+        first, rest = table.slice(0, 1000), table.slice(1000)
+        if layout == "parquet":
+            with pq.ParquetWriter(path, table.schema) as writer:
+                writer.write_table(first, row_group_size=1000)
+                writer.write_table(rest, row_group_size=100)
+            return
         with pa.OSFile(str(path), "wb") as sink:
             new = pa.ipc.new_stream if layout == "arrow stream" else pa.ipc.new_file
             with new(sink, table.schema) as writer:
-                writer.write_table(table, max_chunksize=100)
+                writer.write_table(first, max_chunksize=1000)
+                writer.write_table(rest, max_chunksize=100)
+
+    table = pa.Table.from_pylist(rows)
+    write(table)
     config = make_config([str(path)], 50_000, tmp_path, text_field="meta.content")
     plan = plan_shards(config)
-    assert len(plan.shards) > 5
-    groups = [g for s in plan.shards for p in s.pieces for g in p.row_groups]
-    assert groups == list(range(30))
+    pieces = [piece for shard in plan.shards for piece in shard.pieces]
+    cut = [piece for piece in pieces if piece.row_groups == [0]]
+    assert [(p.start, p.end) for p in cut] == [(k * 125, (k + 1) * 125 if k < 7 else None) for k in range(8)]
+    assert [g for p in pieces[8:] for g in p.row_groups] == list(range(1, 21))
     docs, rejects = read_all(config, plan)
     assert [d[0] for d in docs] == [r["id"] for r in rows] and not rejects
     assert docs[7][1] == rows[7]["meta"]["content"]
-    flat = pa.table({"id": table.column("id"), "text": [r["meta"]["content"] for r in rows]})
-    if layout == "arrow stream":  # the columnar path, a piece at a time: the rows by their number
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, flat.schema) as writer:
-            writer.write_table(flat, max_chunksize=100)
-        ids = []
-        for shard in plan.shards:
-            for batch, _ in read_documents(shard.pieces, ReadOptions(), columnar=True):
-                ids += list(batch.ids)
-        assert ids == [f"t.arrow:{i}" for i in range(1, 3001)]
+
+    write(pa.table({"id": table.column("id"), "text": [r["meta"]["content"] for r in rows]}))  # the columnar path
+    ids, blocks = [], {}  # the ids of each block's batches, by (its piece, its place, its first row)
+    for k, piece in enumerate(pieces):
+        for batch, _ in read_documents([piece], ReadOptions(), columnar=True, batch_bytes=10_000):
+            ids += list(batch.ids)
+            place = (k, *readers.block_place(batch.block), batch.block.first_line)
+            blocks.setdefault(place, []).extend(batch.ids)
+    assert ids == [f"{path.name}:{i}" for i in range(1, 3001)] and len(blocks) == 28 < len(ids) // 10
+    for (k, *place), block_ids in blocks.items():
+        again = readers.block_piece(pieces[k], *place, ReadOptions())
+        assert [i for batch, _ in read_documents([again], ReadOptions(), columnar=True) for i in batch.ids] == block_ids
 
 
 @pytest.mark.parametrize("ids", ["strings", "numbers"])

@@ -196,8 +196,9 @@ def test_held_out_sample_of_parquet_and_arrow_reads_a_few_groups_of_rows_the_sam
     tmp_path, plain_enwiki, layout
 ):
     """A Parquet file's row groups and an Arrow file's record batches are the sample's blocks: one in `stride` is
-    read, not the file decoded whole, and a document's block is fixed by the file, not by where the partition cut it.
-    A file with fewer groups than the stride (the small one's 3) still gives documents."""
+    read, not the file decoded whole, and a document's block is fixed by the file, not by where the partition cut it
+    (a group of several shards too, cut into ranges of its rows). A file with fewer groups than the stride (the small
+    one's 3) still gives documents."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -224,6 +225,12 @@ def test_held_out_sample_of_parquet_and_arrow_reads_a_few_groups_of_rows_the_sam
     rows = table.slice(0, 900)
     samples, _ = held_out(tmp_path / "few", write(tmp_path / f"few.{layout}", rows, 300), "8MB", None, "50KB")
     assert len(samples) == 1 and samples[0].holdout_documents > 0 and samples[0].bytes_read < 0.4 * rows.nbytes
+
+    one = write(tmp_path / f"one.{layout}", table, len(records))  # one group, cut into ranges of its rows
+    small, small_texts = held_out(tmp_path / "one-small", one, "8MB", "id")
+    large, large_texts = held_out(tmp_path / "one-large", one, "25MB", "id")
+    assert len(small) == 7 and len(large) == 2
+    assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100
 
 
 def test_holdout_records_of_shard_ids_are_those_of_the_sample_results(sampled):

@@ -164,7 +164,7 @@ def library_dataset(tmp_path, lines: list[bytes], layout: str = "jsonl", **confi
 
     from tokenmill.config import TokenmillConfig
     from tokenmill.core import stats
-    from tokenmill.io.readers import Piece, ReadOptions, group_sizes
+    from tokenmill.io.readers import Piece, ReadOptions, groups_of
     from tokenmill.stages.partition import load_or_plan
     from tokenmill.stages.tokenize import Tokenizing, tokenize_shard
     from tokenmill.stages.train_tokenizer import install_pretrained
@@ -195,7 +195,7 @@ def library_dataset(tmp_path, lines: list[bytes], layout: str = "jsonl", **confi
         else:
             with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
                 writer.write_table(table, max_chunksize=12)
-        shard_size = sum(group_sizes(Piece(str(path)), ReadOptions())) // 3 + 1
+        shard_size = sum(size for _, size in groups_of(Piece(str(path)), ReadOptions())) // 3 + 1
     config = TokenmillConfig.model_validate(
         {
             "name": "library",

@@ -102,8 +102,10 @@ def display_name(url: str) -> str:
 @dataclass
 class Piece:
     path: str
-    start: int = 0  # byte offset in the uncompressed stream (always 0 for compressed files)
-    end: int | None = None  # exclusive; None: to the end of the file
+    # A byte offset in the uncompressed stream (always 0 for compressed files); of a piece of one group of rows of a
+    # table file, a row in the group
+    start: int = 0
+    end: int | None = None  # exclusive; None: to the end of the file (of the group)
     # None: not counted (see partition.counts_lines): its lines are numbered from 1 at `start` until its file's
     # earlier pieces have been read
     first_line: int | None = 1
@@ -390,9 +392,9 @@ def _parquet_tables(
     piece: Piece, options: ReadOptions, name: str, batch_bytes: int
 ) -> Iterator[tuple[int, int, pyarrow.Table]]:
     """(its row group, the number of its first row, from 1; a table of the columns the records need) for the piece's
-    row groups, a batch of about `batch_bytes` (uncompressed, as the footer counts them) at a time: memory holds a
-    batch decoded and its row group's columns compressed, not the row group decoded (a Hugging Face file's can be
-    hundreds of MB)."""
+    row groups (its rows of one), a batch of about `batch_bytes` (uncompressed, as the footer counts them) at a time:
+    memory holds a batch decoded and its row group's columns compressed, not the row group decoded (a Hugging Face
+    file's can be hundreds of MB). The pages before a piece's first row are decoded and passed over."""
     with fsspec.open(piece.path, "rb", **options_for(piece.path, options.storage_options)) as f:
         parquet = pq.ParquetFile(f)
         groups = piece.row_groups if piece.row_groups is not None else list(range(parquet.num_row_groups))
@@ -401,28 +403,41 @@ def _parquet_tables(
         for g in range(parquet.num_row_groups):
             starts.append(starts[-1] + parquet.metadata.row_group(g).num_rows)
         for g in groups:
-            group, first = parquet.metadata.row_group(g), starts[g] + 1
+            group = parquet.metadata.row_group(g)
             rows = max(1, batch_bytes * group.num_rows // max(1, group.total_byte_size))
-            for batch in parquet.iter_batches(batch_size=rows, row_groups=[g], columns=top):
-                yield g, first, pyarrow.Table.from_batches([batch])
-                first += batch.num_rows
+            batches = parquet.iter_batches(batch_size=rows, row_groups=[g], columns=top)
+            for row, batch in _rows_of(piece, batches):
+                yield g, starts[g] + row + 1, pyarrow.Table.from_batches([batch])
+
+
+def _rows_of(piece: Piece, batches: Iterator[pyarrow.RecordBatch]) -> Iterator[tuple[int, pyarrow.RecordBatch]]:
+    """(the number of its first row in the group, from 0; the rows) of a group's `batches` that the piece reads: all,
+    or its rows [start, end) of the group."""
+    at = 0  # the group's row the batch starts at
+    for batch in batches:
+        lo, hi = max(piece.start, at), at + batch.num_rows if piece.end is None else min(piece.end, at + batch.num_rows)
+        if lo < hi:
+            yield lo, batch.slice(lo - at, hi - lo)
+        at += batch.num_rows
+        if piece.end is not None and at >= piece.end:
+            return
 
 
 @contextmanager
 def _arrow_batches(
     piece: Piece, options: ReadOptions, sizes: bool = False
-) -> Iterator[tuple[pyarrow.Schema, Iterator[pyarrow.RecordBatch], list[int] | None]]:
+) -> Iterator[tuple[pyarrow.Schema, Iterator[pyarrow.RecordBatch], list[tuple[int, int]] | None]]:
     """An Arrow IPC file's schema and its record batches in turn: a stream (as Hugging Face datasets writes one:
     `save_to_disk`, its cache) or the file format (Feather 2). A local file is mapped, as `datasets` maps it: a batch
-    passed over (skipped, measured) is not read. With `sizes`, a local file's batches' sizes (bytes), passed over; None
-    for a file elsewhere, or one that cannot be read through (cut short, damaged)."""
+    passed over (skipped, measured) is not read. With `sizes`, a local file's batches' rows and bytes, passed over;
+    None for a file elsewhere, or one that cannot be read through (cut short, damaged)."""
     fs, path = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
     local = isinstance(fs, LocalFileSystem)
     with pyarrow.memory_map(path) if local else fs.open(path, "rb") as f:
         measured = None
         if sizes and local:
             with suppress(pyarrow.ArrowInvalid, OSError):  # not Arrow, cut short, damaged: said where it is read
-                measured = [batch.get_total_buffer_size() for batch in _ipc_batches(f)[1]]
+                measured = [(batch.num_rows, batch.get_total_buffer_size()) for batch in _ipc_batches(f)[1]]
             f.seek(0)
         schema, batches = _ipc_batches(f)
         yield schema, batches, measured
@@ -446,43 +461,41 @@ def _arrow_tables(
     read in turn (those the piece names), in tables of about `batch_bytes`."""
     wanted = None if piece.row_groups is None else set(piece.row_groups)
     with _arrow_batches(piece, options) as (schema, batches, _):
-        top, first = _columns(schema.names, options, name, "Arrow"), 1
+        top, first = _columns(schema.names, options, name, "Arrow"), 1  # the batch's first row
         for k, batch in enumerate(batches):
-            if wanted is not None and k not in wanted:
-                if k > max(wanted, default=-1):
-                    return
-                first += batch.num_rows
-                continue
-            rows = max(1, batch_bytes * batch.num_rows // max(1, batch.nbytes))
-            for start in range(0, batch.num_rows, rows):
-                part = batch.slice(start, rows).select(top)
-                yield k, first, pyarrow.Table.from_batches([part])
-                first += part.num_rows
+            if wanted is None or k in wanted:
+                rows = max(1, batch_bytes * batch.num_rows // max(1, batch.nbytes))
+                parts = (batch.slice(start, rows) for start in range(0, batch.num_rows, rows))
+                for row, part in _rows_of(piece, parts):
+                    yield k, first + row, pyarrow.Table.from_batches([part.select(top)])
+            elif k > max(wanted, default=-1):
+                return
+            first += batch.num_rows
 
 
-def group_sizes(piece: Piece, options: ReadOptions) -> list[int] | None:
-    """The sizes (bytes, uncompressed) of the groups of rows of a Parquet or Arrow piece's file, which
-    `Piece.row_groups` names by their number: a Parquet footer's, an Arrow file's measured where it is local
-    (`_arrow_batches`), else None (they are not known without reading the file)."""
+def groups_of(piece: Piece, options: ReadOptions) -> list[tuple[int, int]] | None:
+    """(rows, bytes uncompressed) of each group of rows of a Parquet or Arrow piece's file, which `Piece.row_groups`
+    names by their number: a Parquet footer's, an Arrow file's measured where it is local (`_arrow_batches`), else
+    None (they are not known without reading the file)."""
     if kind_of(piece, options) == "parquet":
         with fsspec.open(piece.path, "rb", **options_for(piece.path, options.storage_options)) as f:
             meta = pq.ParquetFile(f).metadata
-        return [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
+        return [(meta.row_group(g).num_rows, meta.row_group(g).total_byte_size) for g in range(meta.num_row_groups)]
     with _arrow_batches(piece, options, sizes=True) as (_, _, sizes):
         return sizes
 
 
 def block_place(block: Piece) -> tuple[int, int]:
     """Where a batch's block (`Batch.block`) lies in its file, as the tokenize stage records it: its bytes, or
-    [g, g + 1) for a table file's group of rows g (`block_piece` reads it again)."""
+    [g, g + 1) for a table file's group of rows g, the piece's rows of it (`block_piece` reads it again)."""
     return (block.row_groups[0], block.row_groups[0] + 1) if block.row_groups else (block.start, block.end)
 
 
-def block_piece(path: str, start: int, stop: int, first_line: int, options: ReadOptions) -> Piece:
-    """The block at `block_place`'s (start, stop) of the file at `path`, as a piece to read again alone."""
-    if kind_of(Piece(path), options) in TABLES:
-        return Piece(path, first_line=first_line, row_groups=[start])
-    return Piece(path, start, stop, first_line)
+def block_piece(piece: Piece, start: int, stop: int, first_line: int, options: ReadOptions) -> Piece:
+    """The block at `block_place`'s (start, stop) of the shard's `piece`, as a piece to read again alone."""
+    if kind_of(piece, options) in TABLES:
+        return Piece(piece.path, piece.start, piece.end, first_line, row_groups=[start])
+    return Piece(piece.path, start, stop, first_line)
 
 
 def _columns(names: list[str], options: ReadOptions, name: str, kind: str) -> list[str]:
@@ -1211,8 +1224,8 @@ def _fast_tables(
                 batch, rejects = _checked(raws, options, seen_ids)
             else:
                 batch.doc_files, rejects = [piece.path] * len(batch), []
-            if block is None or block.row_groups != [group]:  # its first batch: the group starts at its first row
-                block = Piece(piece.path, first_line=first, row_groups=[group])
+            if block is None or block.row_groups != [group]:  # its first batch: the block starts at its first row
+                block = Piece(piece.path, piece.start, piece.end, first, row_groups=[group])
             batch.block = block  # validate re-reads a group alone, not the shard
             count += table.num_rows
             yield batch, rejects

@@ -52,7 +52,7 @@ from tokenmill.io.readers import (
     ReadOptions,
     count_newlines,
     fast_path_applies,
-    group_sizes,
+    groups_of,
     kind_of,
     line_start,
     separated_start,
@@ -145,30 +145,41 @@ def _newlines(fs, path: str, start: int, end: int) -> int:
     return count
 
 
-def group_runs(url: str, shard_size: int, options: ReadOptions) -> list[tuple[list[int], int]] | None:
-    """Consecutive groups of rows of a Parquet or Arrow file (`readers.group_sizes`), gathered into runs of about
-    shard_size bytes; None where their sizes are not known."""
-    if (sizes := group_sizes(Piece(url), options)) is None:
+def group_pieces(url: str, shard_size: int, options: ReadOptions) -> list[tuple[Piece, int]] | None:
+    """A Parquet or Arrow file's pieces (with their sizes): runs of consecutive groups of rows (`readers.groups_of`) of
+    about shard_size bytes, and a group of two shards or more cut into ranges of rows, as many as shards it holds (a
+    Parquet piece decodes its group's pages before its first row; an Arrow one passes over them); None where the
+    groups' sizes are not known."""
+    if (groups := groups_of(Piece(url), options)) is None:
         return None
-    runs, run, run_bytes = [], [], 0
-    for g, size in enumerate(sizes):
+    pieces, run, run_bytes = [], [], 0
+    for g, (rows, size) in enumerate(groups):
+        if size >= 2 * shard_size and rows > 1:
+            if run:
+                pieces.append((Piece(url, row_groups=run), run_bytes))
+                run, run_bytes = [], 0
+            parts = min(rows, round(size / shard_size))
+            bounds = [rows * k // parts for k in range(parts + 1)]
+            for lo, hi in itertools.pairwise(bounds):
+                end = None if hi == rows else hi
+                pieces.append((Piece(url, lo, end, row_groups=[g]), size * (hi - lo) // rows))
+            continue
         run.append(g)
         run_bytes += size
         if run_bytes >= shard_size:
-            runs.append((run, run_bytes))
+            pieces.append((Piece(url, row_groups=run), run_bytes))
             run, run_bytes = [], 0
-    return runs + [(run, run_bytes)] if run else runs
+    return pieces + [(Piece(url, row_groups=run), run_bytes)] if run else pieces
 
 
 def _split_large_file(
     url: str, size: int, shard_size: int, options: ReadOptions, count_lines: bool
 ) -> list[tuple[Piece, int]] | None:
     """The pieces (with their sizes) of a file larger than a shard, or None if it cannot be split: a compressed
-    stream, a text file that is one document, an Arrow file whose batches' sizes are not known (`group_runs`)."""
+    stream, a text file that is one document, an Arrow file whose batches' sizes are not known (`group_pieces`)."""
     kind, storage_options = kind_of(Piece(url), options), options.storage_options
     if kind in TABLES:
-        runs = group_runs(url, shard_size, options)
-        return None if runs is None else [(Piece(url, row_groups=run), nbytes) for run, nbytes in runs]
+        return group_pieces(url, shard_size, options)
     separated = separated_text(Piece(url), options)
     if (kind == "jsonl" or separated) and compression_of(url) is None:
         separator = options.separator if separated else None
@@ -234,9 +245,10 @@ def plan_shards(
 
 
 def check_covers(files: list[dict], shards: list[Shard]) -> None:
-    """Every byte (or row group) of every input file in exactly one shard's pieces, so every document is in exactly
-    one shard: a file whole in one piece, or cut into byte ranges that follow one another from its start to its end,
-    or into runs of row groups that together take each of them once. Raises naming the file otherwise."""
+    """Every byte (or row) of every input file in exactly one shard's pieces, so every document is in exactly one
+    shard: a file whole in one piece, or cut into byte ranges that follow one another from its start to its end, or
+    into runs of groups of rows and ranges of a group's rows that together take each row once. Raises naming the file
+    otherwise."""
     pieces: dict[str, list[Piece]] = {f["path"]: [] for f in files}
     for shard in shards:
         for piece in shard.pieces:
@@ -247,12 +259,13 @@ def check_covers(files: list[dict], shards: list[Shard]) -> None:
         of_file = pieces[f["path"]]
         if len(of_file) == 1 and (of_file[0].start, of_file[0].end, of_file[0].row_groups) == (0, None, None):
             continue
-        groups = sorted(g for piece in of_file for g in piece.row_groups or ())
-        ranges = sorted((piece.start, piece.end) for piece in of_file)
+        # by where each starts (an end is None at a file's or group's end)
+        groups = sorted(((g, p.start, p.end) for p in of_file for g in p.row_groups or ()), key=lambda r: r[:2])
+        ranges = sorted(((piece.start, piece.end) for piece in of_file), key=lambda r: r[0])
         if not of_file:
             whole = False
         elif all(piece.row_groups for piece in of_file):
-            whole = groups == list(range(len(groups)))
+            whole = _takes_every_row(groups)
         else:
             ends = [end for _, end in ranges]
             whole = ranges[0][0] == 0 and ends[-1] in (None, f["bytes"]) and ends[:-1] == [s for s, _ in ranges[1:]]
@@ -297,6 +310,18 @@ def change_between(earlier: Plan, plan: Plan) -> dict:
         "shards_renumbered": len(plan.shards) - kept - new,
         "shards_new": new,
     }
+
+
+def _takes_every_row(groups: list[tuple[int, int, int | None]]) -> bool:
+    """Whether a table file's pieces, as (group, first row, end row) of each group each takes (sorted), take every
+    group 0, 1, ... once: whole (0, None), or in ranges of its rows that follow one another from 0 to its end."""
+    numbers = []
+    for g, parts in itertools.groupby(groups, key=lambda part: part[0]):
+        starts, ends = zip(*((start, end) for _, start, end in parts), strict=True)
+        if starts[0] != 0 or ends[-1] is not None or list(ends[:-1]) != list(starts[1:]):
+            return False
+        numbers.append(g)
+    return numbers == list(range(len(numbers)))
 
 
 def _cuts_of(earlier: Plan, unchanged: set[str]) -> dict[str, list[tuple[Piece, int]]]:

@@ -59,7 +59,7 @@ from tokenmill.io.readers import (
     Batch,
     ReadOptions,
     display_name,
-    group_sizes,
+    groups_of,
     kind_of,
     read_documents,
     read_lines,
@@ -184,7 +184,7 @@ def _documents(
         kind, name = kind_of(piece, options), display_name(piece.path)
         place = unit_interval([name], f"block:{salt}")[0]  # the file's phase, as a fraction of the stride
         if kind in TABLES:  # at least one group of rows of each file is read; all where they are not known
-            sizes = group_sizes(piece, options)
+            sizes = groups_of(piece, options)
             per = 1 if sizes is None else max(1, min(every, len(sizes)))
             phase = int(place * per)
             groups = piece.row_groups if piece.row_groups is not None or sizes is None else range(len(sizes))
