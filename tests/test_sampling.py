@@ -227,8 +227,9 @@ def test_held_out_sample_of_parquet_and_arrow_reads_a_few_groups_of_rows_the_sam
     assert len(samples) == 1 and samples[0].holdout_documents > 0 and samples[0].bytes_read < 0.4 * rows.nbytes
 
     one = write(tmp_path / f"one.{layout}", table, len(records))  # one group, cut into ranges of its rows
-    small, small_texts = held_out(tmp_path / "one-small", one, "8MB", "id")
-    large, large_texts = held_out(tmp_path / "one-large", one, "25MB", "id")
+    sizes = ["1MB", "3MB"] if layout == "parquet" else ["8MB", "25MB"]  # a Parquet range is 8 shards
+    small, small_texts = held_out(tmp_path / "one-small", one, sizes[0], "id")
+    large, large_texts = held_out(tmp_path / "one-large", one, sizes[1], "id")
     assert len(small) == 7 and len(large) == 2
     assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100
 

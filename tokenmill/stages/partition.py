@@ -147,18 +147,20 @@ def _newlines(fs, path: str, start: int, end: int) -> int:
 
 def group_pieces(url: str, shard_size: int, options: ReadOptions) -> list[tuple[Piece, int]] | None:
     """A Parquet or Arrow file's pieces (with their sizes): runs of consecutive groups of rows (`readers.groups_of`) of
-    about shard_size bytes, and a group of two shards or more cut into ranges of rows, as many as shards it holds (a
-    Parquet piece decodes its group's pages before its first row; an Arrow one passes over them); None where the
-    groups' sizes are not known."""
+    about shard_size bytes, and a group of two ranges or more cut into ranges of its rows: of about shard_size in an
+    Arrow file (a piece passes over the rows before its first in the memory map), of a thread's share of an auto-sized
+    run in a Parquet file (SHARDS_PER_THREAD shards: a piece decodes its group's pages before its first row, so
+    smaller ranges cost more decoding than they balance). None where the groups' sizes are not known."""
     if (groups := groups_of(Piece(url), options)) is None:
         return None
+    part = shard_size * (SHARDS_PER_THREAD if kind_of(Piece(url), options) == "parquet" else 1)
     pieces, run, run_bytes = [], [], 0
     for g, (rows, size) in enumerate(groups):
-        if size >= 2 * shard_size and rows > 1:
+        if size >= 2 * part and rows > 1:
             if run:
                 pieces.append((Piece(url, row_groups=run), run_bytes))
                 run, run_bytes = [], 0
-            parts = min(rows, round(size / shard_size))
+            parts = min(rows, round(size / part))
             bounds = [rows * k // parts for k in range(parts + 1)]
             for lo, hi in itertools.pairwise(bounds):
                 end = None if hi == rows else hi
