@@ -460,6 +460,7 @@ def _arrow_tables(
     """`_parquet_tables` for an Arrow IPC file (`_arrow_batches`): its record batches are its groups of rows, each
     read in turn (those the piece names), in tables of about `batch_bytes`."""
     wanted = None if piece.row_groups is None else set(piece.row_groups)
+    last = None if wanted is None else max(wanted, default=-1)
     with _arrow_batches(piece, options) as (schema, batches, _):
         top, first = _columns(schema.names, options, name, "Arrow"), 1  # the batch's first row
         for k, batch in enumerate(batches):
@@ -468,7 +469,7 @@ def _arrow_tables(
                 parts = (batch.slice(start, rows) for start in range(0, batch.num_rows, rows))
                 for row, part in _rows_of(piece, parts):
                     yield k, first + row, pyarrow.Table.from_batches([part.select(top)])
-            elif k > max(wanted, default=-1):
+            elif k > last:
                 return
             first += batch.num_rows
 

@@ -372,7 +372,7 @@ def _checked_cuts(
     (a read at each cut), so that only the count of the lines before each cut is saved; else None (cut it again).
     plan.json is data in the output location: pieces cut elsewhere (a planted plan, whose shards would drop or repeat
     documents) are never taken. Parquet and Arrow files are cut again: their groups of rows are measured without
-    reading them (`readers.group_sizes`)."""
+    reading them (`readers.groups_of`)."""
     if not stored or kind_of(Piece(url), options) != "jsonl" or compression_of(url) is not None:
         return None
     offsets = cut_offsets(url, size, math.ceil(size / shard_size), options.storage_options)
