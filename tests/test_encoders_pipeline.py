@@ -188,3 +188,29 @@ def test_a_verified_encoder_choice_is_kept_per_tokenizer_and_backend_versions_an
     monkeypatch.setattr(encoders, "package_version", lambda p: "0.0.0-other" if p == "gigatoken" else real(p))
     assert choose()[1]  # another gigatoken version: verified again
     assert len(os.listdir(cache / "encoder-choices")) == 2
+
+
+def test_the_verification_sample_of_a_table_file_comes_from_groups_at_seeded_places_not_its_start(tmp_path):
+    """A Parquet file's verification sample is read from its row groups in a seeded order, not from its first
+    batches: a file ordered by source (here, by group) is verified on text from across it, and the same seed gives the
+    same texts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tokenmill.stages.tokenize import verification_sample
+
+    texts = [f"group {i // 100}: document {i} " * 30 for i in range(3000)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet", row_group_size=100)
+    config = TokenmillConfig.model_validate({
+        "name": "verify",
+        "input": {"paths": [str(tmp_path / "t.parquet")]},
+        "partition": {"shard_size": "100MB"},
+        "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json"), "verify_documents": 20},
+        "output": {"path": str(tmp_path / "out")},
+    })  # fmt: skip
+    plan, _ = load_or_plan(config)
+    tokenizer = install_pretrained(config)
+    sample = verification_sample(config, plan.shards, tokenizer)
+    groups = {int(text.split(":")[0].removeprefix("group ")) for text in sample}
+    assert len(sample) == 20 and groups and groups != {0}
+    assert sample == verification_sample(config, plan.shards, tokenizer)

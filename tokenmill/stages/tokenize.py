@@ -38,11 +38,13 @@ from tokenmill.io.readers import (
     CORRUPT_STREAM,
     LINE_KINDS,
     SAMPLE_BLOCK_BYTES,
+    TABLES,
     Batch,
     ReadOptions,
     block_place,
     display_name,
     fast_path_applies,
+    groups_of,
     kind_of,
     read_documents,
     read_lines,
@@ -412,7 +414,8 @@ def verification_texts(
 ) -> Iterator[list]:
     """The texts (a conversation's rendered text) of the shard's pieces in a seeded order, as they are read: of blocks
     spread evenly from a seeded place across a line-based piece that can be read from anywhere (enough to hold twice
-    `share_bytes`, at least VERIFY_BLOCKS), of the first batches of the others."""
+    `share_bytes`, at least VERIFY_BLOCKS), of a table file's groups of rows in a seeded order, of the first batches of
+    the others."""
     wanted = max(VERIFY_BLOCKS, 2 * share_bytes // SAMPLE_BLOCK_BYTES)
     # Bad records are the tokenize stage's to report (it names their file and line; a block read here cannot know
     # its line numbers): the sample only leaves them out.
@@ -426,6 +429,12 @@ def verification_texts(
             batches = (
                 read_lines(lines, 1, f"{display_name(piece.path)}#{block}", kind, options, set())[0]
                 for block, lines in blocks
+            )
+        elif kind in TABLES and (groups := groups_of(piece, options)) is not None:
+            numbers = piece.row_groups if piece.row_groups is not None else range(len(groups))
+            each = (dataclasses.replace(piece, row_groups=[int(g)]) for g in rng.permutation(numbers))
+            batches = (
+                batch for group in each for batch, _ in read_documents([group], options, True, SAMPLE_BATCH_BYTES)
             )
         else:
             batches = (batch for batch, _ in read_documents([piece], options, True, SAMPLE_BATCH_BYTES))
