@@ -128,13 +128,13 @@ def run_cli(prefect_api, dask_cluster):
     unless `log_level` says otherwise (a user's runs log at INFO, which the UI's Logs tab shows)."""
 
     def run(
-        *args: str, check: bool = True, local_cluster: bool = False, log_level: str = "WARNING"
+        *args: str, check: bool = True, local_cluster: bool = False, log_level: str = "WARNING", cwd: Path = REPO
     ) -> subprocess.CompletedProcess:
         env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": log_level}
         if not local_cluster:
             env["TOKENMILL_DASK_ADDRESS"] = dask_cluster
         started = time.monotonic()
-        result = run_or_show_stacks([*TOKENMILL, *args], env)
+        result = run_or_show_stacks([*TOKENMILL, *args], env, cwd)
         if check and result.returncode != 0:
             raise AssertionError(
                 f"tokenmill {' '.join(args)} exited {result.returncode} after {time.monotonic() - started:.0f} s:\n"
@@ -150,10 +150,10 @@ def run_cli(prefect_api, dask_cluster):
 RUN_TIMEOUT_S = 300
 
 
-def run_or_show_stacks(command: list, env: dict) -> subprocess.CompletedProcess:
-    """`command` run to its end; one still running after RUN_TIMEOUT_S fails the test with what it printed and every
-    thread's stack (`tokenmill` prints them on SIGUSR1), then is killed."""
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_or_show_stacks(command: list, env: dict, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`command` run to its end (in `cwd`); one still running after RUN_TIMEOUT_S fails the test with what it printed
+    and every thread's stack (`tokenmill` prints them on SIGUSR1), then is killed."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -146,6 +146,28 @@ def test_a_flow_given_no_scheduler_starts_its_own_local_cluster():
     assert not alive_in_session(flow.pid)  # the cluster's processes ended with the flow's
 
 
+def test_a_run_started_in_a_project_with_its_own_flows_and_tasks_packages_runs_tokenmills(run_cli, tmp_path):
+    """A Prefect project has a `flows/` package of its own, and often `tasks/`: `tokenmill run` started in one runs
+    tokenmill's, in its LocalCluster's process and workers too (`python -c` puts the working directory first on
+    sys.path: the cluster's process died importing the project's `flows`)."""
+    project = tmp_path / "project"
+    for package in ("flows", "tasks"):
+        (project / package).mkdir(parents=True)
+        (project / package / "__init__.py").write_text(f"raise ImportError('the project imported its own {package}')\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps({
+        "name": "in-a-project",
+        "input": {"paths": [str(EXAMPLES / "data" / "web_scrapinghub_aeb.jsonl.gz")]},
+        "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json")},
+        "pack": {"mode": "none"},
+        "output": {"path": str(tmp_path / "out")},
+        "dask": {"n_workers": 1},
+    }))  # fmt: skip
+    run_cli("run", str(config), local_cluster=True, cwd=project)
+    (published,) = (tmp_path / "out" / "in-a-project").glob("*/manifest.json")
+    assert json.loads(published.read_text())["counts"]["documents_out"] > 0
+
+
 def test_a_run_that_packs_nothing_publishes_the_packing_runs_megatron_files(gpt2_run, run_cli, tmp_path):
     """`pack.mode: none` (Megatron's layout alone, as bench/megatron.py runs it): no pack stage, so each shard's
     check of its files follows its tokenize directly; the Megatron files are the packing run's, byte for byte."""

@@ -121,7 +121,10 @@ def local_cluster_process(
         }
     )
     body = "import sys; from flows.clusters.local import serve_local_cluster as s; s(sys.argv[1])"
-    command = [sys.executable, "-c", body]
+    # -P: the working directory is not on sys.path (`python -c` puts it first), so a project's own `flows/` or `tasks/`
+    # (a Prefect project's) is not imported for tokenmill's, here or in the workers' forkserver, which takes this
+    # process's sys.path
+    command = [sys.executable, "-P", "-c", body]
     process = subprocess.Popen([*command, spec], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     @functools.cache

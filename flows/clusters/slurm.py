@@ -142,7 +142,8 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
                 cores=slurm.processes,  # one thread per worker process
                 processes=slurm.processes,
                 memory=slurm.memory,
-                python=slurm.python or sys.executable,
+                # -P: not the job's working directory (where it was submitted) on sys.path, as `tokenmill run`'s cluster
+                python=f"{slurm.python or sys.executable} -P",
                 job_extra_directives=["--export=NONE", *slurm.directives],  # none of this environment: `environment`
                 job_script_prologue=[
                     f"set -a; . {shlex.quote(str(environment))}; set +a",

@@ -145,7 +145,8 @@ def as_transformers_builds_it(pretrained: Pretrained) -> Pretrained:
         build = "import sys; sys.modules['torch'] = None; from transformers import AutoTokenizer; " + (
             "sys.stdout.write(AutoTokenizer.from_pretrained(sys.argv[1]).backend_tokenizer.to_str())"
         )
-        built = subprocess.run([sys.executable, "-c", build, pretrained.directory], capture_output=True, text=True)
+        command = [sys.executable, "-P", "-c", build, pretrained.directory]  # -P: not the working directory's modules
+        built = subprocess.run(command, capture_output=True, text=True)
         if built.returncode != 0:
             said = (built.stderr.strip().splitlines() or [f"exit status {built.returncode}"])[-1]
             raise TokenizerSourceError(f"tokenizer {pretrained.origin!r}: transformers cannot build it: {said}")
