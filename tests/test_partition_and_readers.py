@@ -89,6 +89,41 @@ def test_line_numbers_at_cuts_are_counted_where_ids_are_hashed(tmp_path):
     assert partition.counts_lines(dotted, dotted.input)  # the careful reader reports no line counts
 
 
+@pytest.mark.parametrize("codec", ["zst", "gz"])
+def test_a_compressed_stream_of_two_threads_shares_is_cut_anywhere_and_each_piece_reads_the_lines_starting_in_it(
+    tmp_path, codec
+):
+    """A compressed JSONL file cannot be cut at line starts without reading it: it is cut at offsets of its
+    decompressed stream (a thread's share of an auto-sized run apart: 8 shards), each piece reading the lines that
+    start in it, the last to the stream's end. Every record once, in order; each piece's line count numbers the next
+    (`tokenize.number_lines`), as for a plain file's uncounted cuts. Where ids are hashed, it is read whole."""
+    plain = tmp_path / "plain.jsonl"
+    write_jsonl(plain, 3000)
+    data = plain.read_bytes()
+    path = tmp_path / f"big.jsonl.{codec}"
+    path.write_bytes(zstandard.ZstdCompressor().compress(data) if codec == "zst" else gzip.compress(data))
+    config = make_config([str(path)], len(data) // 32, tmp_path, id_field=None)  # a thread's share: 1/4 of the file
+    plan = plan_shards(config)
+    pieces = [shard.pieces[0] for shard in plan.shards]
+    assert [(p.start, p.end) for p in pieces] == [(k * len(data) // 4, (k + 1) * len(data) // 4) for k in range(3)] + [
+        (3 * len(data) // 4, None)
+    ]
+    assert [p.first_line for p in pieces] == [1, None, None, None]
+    assert any(data[p.start - 1 : p.start] != b"\n" for p in pieces[1:])  # not at line starts
+    options = config.input.read_options()
+    read = [list(read_documents([p], options, columnar=True)) for p in pieces]
+    texts = [t for batches in read for b, _ in batches for t in b.text_values().to_pylist()]
+    assert texts == [json.loads(line)["text"] for line in data.splitlines()]
+    lines = [sum(b.lines for b, _ in batches) for batches in read]
+    assert sum(lines) == 3000 and [b.block.start for b, _ in read[1][:1]] == [
+        data.index(b"\n", pieces[1].start - 1) + 1
+    ]
+    careful = [r.text for p in pieces for r in readers.records(p, options)]  # the careful path: the same lines
+    assert careful == texts
+    hashed = config.model_copy(update={"split": {"train": 0.9, "valid": 0.1}})
+    assert [list(s.pieces) for s in plan_shards(hashed).shards] == [[Piece(str(path))]]
+
+
 @pytest.mark.parametrize("long_line", [readers.LONG_LINE, 0])
 def test_a_local_files_blocks_are_mapped_or_read_directly_and_read_as_a_stream_reads_them(
     tmp_path, monkeypatch, long_line
@@ -114,7 +149,7 @@ def test_a_local_files_blocks_are_mapped_or_read_directly_and_read_as_a_stream_r
     def read(path: str, start: int, end: int | None, line: int) -> list[tuple[bytes, int, int]]:
         """Each block as bytes, taken before the next is asked for (a directly read block is valid until then)."""
         blocks = line_blocks(Piece(path, start, end, line), ReadOptions(), batch_bytes=30_000)
-        return [(bytes(block), first_line, newlines) for block, first_line, newlines in blocks]
+        return [(bytes(block), first_line, newlines) for block, first_line, newlines, _ in blocks]
 
     with open(local, "rb") as f:
 

@@ -187,6 +187,10 @@ def library_dataset(tmp_path, lines: list[bytes], layout: str = "jsonl", **confi
                 part = b"".join(line + b"\n" for line in lines[thirds[k] : thirds[k + 1]])
                 (tmp_path / f"corpus-{k}.jsonl.{ending}").write_bytes(compress(part))
         path, shard_size = tmp_path / "corpus-*.jsonl.*", len(data) // 6  # a file is a shard: it is not cut
+    elif layout == "one zstd stream":  # cut into 3 pieces at offsets of its stream, not at line starts
+        path.unlink()
+        path, shard_size = tmp_path / "corpus.jsonl.zst", len(data) // 24 + 1  # a thread's share: 8 shards
+        path.write_bytes(zstandard.compress(data))
     elif layout in ("parquet", "arrow"):
         path.unlink()
         path = tmp_path / f"corpus.{layout}"
@@ -228,16 +232,17 @@ def one_split_dataset(tmp_path):
     return library_dataset(tmp_path, lines)
 
 
-@pytest.mark.parametrize("layout", ["jsonl", "compressed", "parquet", "arrow"])
+@pytest.mark.parametrize("layout", ["jsonl", "compressed", "one zstd stream", "parquet", "arrow"])
 def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_tokenize_put_it(
     tmp_path, monkeypatch, layout
 ):
     """Two splits, blocks of about 20 KB (tokenize records where each lies; in a compressed file, by its place in
-    the decompressed stream; in a Parquet or Arrow file, its group of rows, read in several batches), blank and
-    CRLF-ended lines, and a reject: the sample reads only blocks without rejects, never a whole shard, and each
-    document it draws is the one at its split and index in the shard as tokenize read it; the stored ids of the
-    sample equal the reference's (validate passes). A marker that does not say where its blocks lie (an earlier
-    tokenmill's) has its documents drawn from the whole shard."""
+    the decompressed stream, also where the partition cut it anywhere; in a Parquet or Arrow file, its group of rows,
+    read in several batches), blank and CRLF-ended lines, and a reject: the sample reads only blocks without rejects,
+    never a whole shard, and each document it draws is the one at its split and index in the shard as tokenize read
+    it; the stored ids of the sample equal the reference's (validate passes). A marker that does not say where its
+    blocks lie (an earlier tokenmill's) has its documents drawn from the whole shard. Documents read from pieces whose
+    first line was not counted are numbered by their line in the file once the pieces before are read."""
     from tokenmill.io.readers import block_place, read_documents
     from tokenmill.stages import validate as library
 
@@ -288,6 +293,15 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
         everything = every_document(plan.shards[item.shard_id])
         assert all(everything[split, index] == text for split, _, index, text in sample)
     validate(config, plan, tokenizer, table)
+    if unnumbered := [s.shard_id for s in plan.shards if s.pieces[0].first_line is None]:
+        from tokenmill.formats.provenance import read_documents_table
+        from tokenmill.stages.tokenize import number_lines
+
+        number_lines(config, plan.shards, unnumbered)
+        tables = sorted((Path(config.output.path) / "megatron").glob("*/*.docs.parquet"))
+        numbered = sorted(line for t in tables for line in read_documents_table(t).column("line").to_pylist())
+        valid = [k + 1 for k, line in enumerate(lines) if line.strip() and b'"text": 5' not in line]
+        assert len(unnumbered) == 2 and numbered == valid
 
     first = Path(config.output.path) / "_commits/tokenize/shard-00000.json"
     marker = json.loads(first.read_text())

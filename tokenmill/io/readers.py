@@ -342,8 +342,9 @@ def holds_array(piece: Piece, options: ReadOptions) -> bool:
 
 def _jsonl_records(piece: Piece, options: ReadOptions, name: str) -> Iterator[Record]:
     with open_piece(piece, options) as f:
-        _skip_to(f, 0, piece.start)
-        pos, number = piece.start, piece.first_line or 1
+        pos, number = first_line_at(f, piece.start), piece.first_line or 1
+        if pos is None:
+            return
         for line in f:
             if piece.end is not None and pos >= piece.end:
                 break
@@ -659,6 +660,20 @@ def _skip_to(f: BinaryIO, position: int, target: int) -> int:
     return position
 
 
+def first_line_at(f: BinaryIO, start: int) -> int | None:
+    """Move the stream `f` (at its start) to the first line that starts at or after `start`, and return where that is:
+    a piece holds the lines that start in it. A compressed file is cut where the partition cannot see its lines. None
+    where a compressed stream breaks (cut short, damaged) before: no line starts in the piece, and the piece the break
+    is in says so (a reject naming the file); the pieces after it would each have said it again."""
+    if start == 0:
+        return 0
+    try:
+        position = _skip_to(f, 0, start - 1)
+        return position + len(f.readline())
+    except CORRUPT_STREAM:
+        return None
+
+
 def sampled_blocks(piece: Piece, options: ReadOptions, every: int, phase: int) -> Iterator[tuple[int, bytes]]:
     """(block number, its whole lines) for the blocks b = phase (mod every) of the piece's file that start in the
     piece: the lines starting at offsets [b * SAMPLE_BLOCK_BYTES, (b + 1) * SAMPLE_BLOCK_BYTES), the last one read to
@@ -963,19 +978,18 @@ def _fast_jsonl(
     piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int, own_name: bool = False
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     name, read_any = display_name(piece.path), False
-    counted, start = piece.first_line is not None, piece.start
+    counted = piece.first_line is not None
     # An array's blocks (of the JSON Lines it stands for) are not pieces of the file to read again; a compressed
     # stream's are, by their place in the decompressed stream (read again by decompressing up to it: no parse)
     array = holds_array(piece, options)
     count = 0  # the records read
     try:
-        for block, line, newlines in line_blocks(piece, options, batch_bytes, array):
+        for block, line, newlines, start in line_blocks(piece, options, batch_bytes, array):
             read_any = True
             batch, rejects = jsonl_block(block, line, name, options, seen_ids, newlines, own_name)
             count += len(batch) + len(rejects)
             batch.lines = newlines + (block[-1:] != b"\n")
             batch.block = None if array else Piece(piece.path, start, start + len(block), line)
-            start += len(block)
             batch.doc_files = [piece.path] * len(batch)  # a block is of one file (its careful path names none)
             for reject in [] if counted else rejects:
                 reject.from_byte = piece.start
@@ -1032,46 +1046,50 @@ def line_start(f: BinaryIO, target: int) -> int:
 
 def line_blocks(
     piece: Piece, options: ReadOptions, batch_bytes: int = BATCH_BYTES, array: bool = False
-) -> Iterator[tuple[Buffer, int, int]]:
+) -> Iterator[tuple[Buffer, int, int, int]]:
     """A line-based piece as blocks of whole lines of about `batch_bytes`: (block, the number of its first line,
-    the line endings it holds), each block bytes or a memoryview. Nothing for an empty file. `array`: the piece is a
-    file of one JSON array (`holds_array`), read as the JSON Lines of its records."""
-    pos, line = piece.start, piece.first_line or 1
-    for block in _whole_line_blocks(piece, options, batch_bytes, array):
+    the line endings it holds, where it starts), each block bytes or a memoryview. Nothing for an empty file.
+    `array`: the piece is a file of one JSON array (`holds_array`), read as the JSON Lines of its records."""
+    line = piece.first_line or 1
+    for pos, block in _whole_line_blocks(piece, options, batch_bytes, array):
         if pos == 0 and _blank(block):
             break
         newlines = count_newlines(block)  # once per block: it is a pass over 8 MB
-        yield block, line, newlines
-        pos, line = pos + len(block), line + newlines + (block[-1:] != b"\n")
+        yield block, line, newlines, pos
+        line += newlines + (block[-1:] != b"\n")
 
 
-def _whole_line_blocks(piece: Piece, options: ReadOptions, batch_bytes: int, array: bool) -> Iterator[Buffer]:
-    """The piece's bytes, in blocks of whole lines of about `batch_bytes`. A local uncompressed file's blocks are
-    views of a memory map each, not copies: reading 8 MB blocks into fresh buffers cost 40% as much CPU as
-    parsing them. A block's map goes with its last view, so a worker's memory holds a block or two of the file."""
+def _whole_line_blocks(
+    piece: Piece, options: ReadOptions, batch_bytes: int, array: bool
+) -> Iterator[tuple[int, Buffer]]:
+    """(where it starts, the block) for the piece's lines, in blocks of whole lines of about `batch_bytes`: the lines
+    that start in the piece (`first_line_at`: a plain file's pieces start and end at line starts, a compressed one's
+    anywhere). A local uncompressed file's blocks are views of a memory map each, not copies: reading 8 MB blocks into
+    fresh buffers cost 40% as much CPU as parsing them. A block's map goes with its last view, so a worker's memory
+    holds a block or two of the file."""
     fs, path = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
     if isinstance(fs, LocalFileSystem) and compression_of(piece.path) is None and not array:
         with open(path, "rb") as f:
             status = os.fstat(f.fileno())
             if stat.S_ISREG(status.st_mode):  # not a pipe or a device: those have no size to map
                 end = status.st_size if piece.end is None else min(piece.end, status.st_size)
-                yield from _local_blocks(f, path, piece.start, end, batch_bytes)
+                start = piece.start
+                for block in _local_blocks(f, path, piece.start, end, batch_bytes):
+                    yield start, block
+                    start += len(block)
                 return
     # A short piece (a block validate reads again) is read alone, not with an object store's read-ahead (s3fs: 50 MB);
     # but a compressed one is decompressed from the file's start
     short = piece.end is not None and piece.end - piece.start <= 2 * batch_bytes and compression_of(piece.path) is None
     with open_piece(piece, options, LINE_PROBE if short else None) as f:  # a read and its line's end
-        _skip_to(f, 0, piece.start)
-        pos = piece.start
-        while piece.end is None or pos < piece.end:
+        pos = first_line_at(f, piece.start)
+        while pos is not None and (piece.end is None or pos < piece.end):
             block = f.read(batch_bytes if piece.end is None else min(batch_bytes, piece.end - pos))
-            if block and not block.endswith(b"\n") and (piece.end is None or pos + len(block) < piece.end):
-                block += f.readline()  # whole lines only
+            if block and not block.endswith(b"\n"):
+                block += f.readline()  # whole lines only: a line that starts in the piece is read to its end
             if not block:
                 break
-            if piece.end is not None and pos + len(block) > piece.end:
-                block = block[: piece.end - pos]
-            yield block
+            yield pos, block
             pos += len(block)
 
 

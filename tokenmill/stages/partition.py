@@ -147,20 +147,19 @@ def _newlines(fs, path: str, start: int, end: int) -> int:
 
 def group_pieces(url: str, shard_size: int, options: ReadOptions) -> list[tuple[Piece, int]] | None:
     """A Parquet or Arrow file's pieces (with their sizes): runs of consecutive groups of rows (`readers.groups_of`) of
-    about shard_size bytes, and a group of two ranges or more cut into ranges of its rows: of about shard_size in an
-    Arrow file (a piece passes over the rows before its first in the memory map), of a thread's share of an auto-sized
-    run in a Parquet file (SHARDS_PER_THREAD shards: a piece decodes its group's pages before its first row, so
-    smaller ranges cost more decoding than they balance). None where the groups' sizes are not known."""
+    about shard_size bytes, and a group of about two ranges or more cut into ranges of its rows: of about shard_size
+    in an Arrow file (a piece passes over the rows before its first in the memory map), of a thread's share of an
+    auto-sized run in a Parquet file (SHARDS_PER_THREAD shards: a piece decodes its group's pages before its first row,
+    so smaller ranges cost more decoding than they balance). None where the groups' sizes are not known."""
     if (groups := groups_of(Piece(url), options)) is None:
         return None
     part = shard_size * (SHARDS_PER_THREAD if kind_of(Piece(url), options) == "parquet" else 1)
     pieces, run, run_bytes = [], [], 0
     for g, (rows, size) in enumerate(groups):
-        if size >= 2 * part and rows > 1:
+        if (parts := min(rows, round(size / part))) >= 2:
             if run:
                 pieces.append((Piece(url, row_groups=run), run_bytes))
                 run, run_bytes = [], 0
-            parts = min(rows, round(size / part))
             bounds = [rows * k // parts for k in range(parts + 1)]
             for lo, hi in itertools.pairwise(bounds):
                 end = None if hi == rows else hi
@@ -177,11 +176,14 @@ def group_pieces(url: str, shard_size: int, options: ReadOptions) -> list[tuple[
 def _split_large_file(
     url: str, size: int, shard_size: int, options: ReadOptions, count_lines: bool
 ) -> list[tuple[Piece, int]] | None:
-    """The pieces (with their sizes) of a file larger than a shard, or None if it cannot be split: a compressed
-    stream, a text file that is one document, an Arrow file whose batches' sizes are not known (`group_pieces`)."""
+    """The pieces (with their sizes) of a file larger than a shard, or None if it cannot be split: a text file that is
+    one document, compressed text, an Arrow file whose batches' sizes are not known (`group_pieces`), a compressed
+    JSONL stream under a thread's share or whose lines must be counted (`compressed_pieces`)."""
     kind, storage_options = kind_of(Piece(url), options), options.storage_options
     if kind in TABLES:
         return group_pieces(url, shard_size, options)
+    if kind == "jsonl" and compression_of(url) is not None and not may_hold_array(url) and not count_lines:
+        return compressed_pieces(url, size, shard_size)
     separated = separated_text(Piece(url), options)
     if (kind == "jsonl" or separated) and compression_of(url) is None:
         separator = options.separator if separated else None
@@ -193,6 +195,23 @@ def _split_large_file(
         ends = [c[0] for c in cuts] + [size]
         return [(Piece(url, s, e, line), e - s) for (s, line), e in zip(starts, ends, strict=True)]
     return None
+
+
+def compressed_pieces(url: str, size: int, shard_size: int) -> list[tuple[Piece, int]] | None:
+    """A compressed JSONL stream of about two threads' shares of an auto-sized run or more (SHARDS_PER_THREAD shards
+    each), cut into ranges of about one share of its decompressed bytes (`size`, as `uncompressed_size` knows it), each
+    holding the lines that start in it (`readers.first_line_at`: the cuts are not at line starts, which would take a
+    pass over the stream to find) and numbered once the pieces before it are read (`tokenize.number_lines`). A piece
+    decompresses the stream up to its start and drops it: smaller ranges would cost more than they balance. The last
+    piece runs to the stream's end, however far that is from the size guessed. Else None (read whole)."""
+    parts = round(size / (shard_size * SHARDS_PER_THREAD))
+    if parts < 2:
+        return None
+    bounds = [size * k // parts for k in range(parts)] + [None]
+    return [
+        (Piece(url, start, end, 1 if start == 0 else None), (end or size) - start)
+        for start, end in itertools.pairwise(bounds)
+    ]
 
 
 def auto_shard_size(total_bytes: int, cluster_threads: int) -> int:

@@ -40,6 +40,7 @@ from tokenmill.io.readers import (
     SAMPLE_BLOCK_BYTES,
     TABLES,
     Batch,
+    Piece,
     ReadOptions,
     block_place,
     display_name,
@@ -300,7 +301,7 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
         files_rejected=whole_files,
         unnumbered_rejects=unnumbered,
         unnumbered_lines=pieces[0].first_line is None,
-        lines=lines if pieces[0].end is not None and fast_path_applies(pieces[0], options) else None,
+        lines=lines if cut_piece(pieces[0]) and fast_path_applies(pieces[0], options) else None,
         blocks=blocks or None,
         encoder=encode.name,
         rerouted_to_reference=getattr(encode, "rerouted", 0) - rerouted_before,
@@ -309,6 +310,11 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     )
     commit(store, TOKENIZE, shard_id, key, result.to_json(), files)
     return result
+
+
+def cut_piece(piece: Piece) -> bool:
+    """Whether the piece is one of several of its file's bytes (a compressed stream's last runs to its end)."""
+    return piece.row_groups is None and (piece.end is not None or piece.start > 0)
 
 
 def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: list[int]) -> None:
@@ -320,7 +326,7 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
     pieces_of: dict[str, list[tuple[int, int]]] = {}  # a cut file -> (start, shard id) of each of its pieces
     for shard in shards:
         (piece, *others) = shard.pieces
-        if not others and piece.end is not None:
+        if not others and cut_piece(piece):
             pieces_of.setdefault(piece.path, []).append((piece.start, shard.shard_id))
     pieces = []  # each file with an unnumbered piece: its pieces in order, up to the last unnumbered one
     for file in map(sorted, pieces_of.values()):
