@@ -328,7 +328,7 @@ def test_ids_that_differ_from_the_reference_fail_naming_the_file(one_split_datas
     assert "does not decode to its source text" in str(e.value)
 
 
-def test_the_reference_ids_of_the_verified_documents_are_not_encoded_again(one_split_dataset):
+def test_the_reference_ids_of_the_verified_documents_are_not_encoded_again(one_split_dataset, tmp_path, monkeypatch):
     """The encoder choice keeps the reference's ids of the documents it verified; validate compares the stored ids
     of those with them (here every document: the corpus is smaller than the verification sample, as a small run's
     auto sizes are not), not encoding them again. Kept ids that are wrong make it fail; those of another tokenizer are
@@ -338,13 +338,14 @@ def test_the_reference_ids_of_the_verified_documents_are_not_encoded_again(one_s
 
     from tokenmill.core import layout
     from tokenmill.stages.tokenize import choose_run_encoder, verification_sample
-    from tokenmill.tokenizers.encoders import cache_dir, choice_cache_name
 
     config, plan, tokenizer, table = one_split_dataset
     sizes = {"verify_bytes": 4_000_000, "check_bytes": 4_000_000}
     config = config.model_copy(update={"tokenizer": config.tokenizer.model_copy(update=sizes)})
-    chosen = cache_dir("encoder-choices") / choice_cache_name(tokenizer.sha256, config.tokenizer.encoder)
-    chosen.unlink(missing_ok=True)  # an earlier run's verified choice would be taken without verifying (or keeping ids)
+    # A cache of its own: an earlier run's verified choice would be taken without verifying (or keeping ids), and
+    # emptying this user's cache let another test's run, meanwhile, keep a choice verified on another sample, whose
+    # reason (the documents it counts) then differed between two manifests that test compares
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "cache"))
     choose_run_encoder(config, plan.shards, tokenizer)
     kept_path = Path(config.output.path) / layout.REFERENCE_IDS
     kept = pq.read_table(kept_path)
