@@ -487,6 +487,14 @@ def groups_of(piece: Piece, options: ReadOptions) -> list[tuple[int, int]] | Non
         return sizes
 
 
+def piece_groups(piece: Piece, options: ReadOptions) -> tuple[Sequence[int], int] | None:
+    """The numbers of a Parquet or Arrow piece's groups of rows (all of its file's where it names none) and how many
+    its file has; None where they are not known without reading the file (`groups_of`)."""
+    if (groups := groups_of(piece, options)) is None:
+        return None
+    return (piece.row_groups if piece.row_groups is not None else range(len(groups))), len(groups)
+
+
 def block_place(block: Piece) -> tuple[int, int]:
     """Where a batch's block (`Batch.block`) lies in its file, as the tokenize stage records it: its bytes, or
     [g, g + 1) for a table file's group of rows g, the piece's rows of it (`block_piece` reads it again)."""
@@ -662,9 +670,10 @@ def _skip_to(f: BinaryIO, position: int, target: int) -> int:
 
 def first_line_at(f: BinaryIO, start: int) -> int | None:
     """Move the stream `f` (at its start) to the first line that starts at or after `start`, and return where that is:
-    a piece holds the lines that start in it. A compressed file is cut where the partition cannot see its lines. None
-    where a compressed stream breaks (cut short, damaged) before: no line starts in the piece, and the piece the break
-    is in says so (a reject naming the file); the pieces after it would each have said it again."""
+    a piece holds the lines that start in it. `line_start`'s rule, for a stream read on from there (a gzip stream seeks
+    back by decompressing from its start again). A compressed file is cut where the partition cannot see its lines.
+    None where a compressed stream breaks (cut short, damaged) before: no line starts in the piece, and the piece the
+    break is in says so (a reject naming the file); the pieces after it would each have said it again."""
     if start == 0:
         return 0
     try:

@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass
 
 import fsspec
 import orjson
-import pyarrow.parquet as pq
 import zstandard
 
 from tokenmill.config import InputConfig, TokenmillConfig
@@ -77,9 +76,7 @@ def uncompressed_size(url: str, storage_options: dict) -> int:
     size = fs.size(path)
     codec = compression_of(url)
     if format_of(url) == "parquet":
-        with fs.open(path, "rb") as f:
-            meta = pq.ParquetFile(f).metadata
-            return sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+        return sum(size for _, size in groups_of(Piece(url), ReadOptions(storage_options=storage_options)))
     if codec == "gzip" and size >= 18:
         with fs.open(path, "rb") as f:
             f.seek(size - 4)

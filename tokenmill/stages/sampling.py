@@ -59,8 +59,8 @@ from tokenmill.io.readers import (
     Batch,
     ReadOptions,
     display_name,
-    groups_of,
     kind_of,
+    piece_groups,
     read_documents,
     read_lines,
     sampled_blocks,
@@ -184,10 +184,9 @@ def _documents(
         kind, name = kind_of(piece, options), display_name(piece.path)
         place = unit_interval([name], f"block:{salt}")[0]  # the file's phase, as a fraction of the stride
         if kind in TABLES:  # at least one group of rows of each file is read; all where they are not known
-            sizes = groups_of(piece, options)
-            per = 1 if sizes is None else max(1, min(every, len(sizes)))
+            groups, count = piece_groups(piece, options) or (None, 1)
+            per = max(1, min(every, count))
             phase = int(place * per)
-            groups = piece.row_groups if piece.row_groups is not None or sizes is None else range(len(sizes))
             wanted = groups if read_all or groups is None else [g for g in groups if g % per == phase]
             if wanted is not None and not wanted:
                 continue

@@ -45,8 +45,8 @@ from tokenmill.io.readers import (
     block_place,
     display_name,
     fast_path_applies,
-    groups_of,
     kind_of,
+    piece_groups,
     read_documents,
     read_lines,
     sampled_blocks,
@@ -436,9 +436,8 @@ def verification_texts(
                 read_lines(lines, 1, f"{display_name(piece.path)}#{block}", kind, options, set())[0]
                 for block, lines in blocks
             )
-        elif kind in TABLES and (groups := groups_of(piece, options)) is not None:
-            numbers = piece.row_groups if piece.row_groups is not None else range(len(groups))
-            each = (dataclasses.replace(piece, row_groups=[int(g)]) for g in rng.permutation(numbers))
+        elif kind in TABLES and (groups := piece_groups(piece, options)) is not None:
+            each = (dataclasses.replace(piece, row_groups=[int(g)]) for g in rng.permutation(groups[0]))
             batches = (
                 batch for group in each for batch, _ in read_documents([group], options, True, SAMPLE_BATCH_BYTES)
             )

@@ -322,8 +322,7 @@ def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator
     for b in taken:
         piece, start, stop, first_line, _, *counts = blocks[b].tolist()
         block = block_piece(pieces[piece], start, stop, first_line, options)
-        size = BATCH_BYTES if block.row_groups else stop - start  # a range of bytes is one batch; a group of rows, any
-        batches = list(read_documents([block], options, columnar=True, batch_bytes=size))
+        batches = list(read_documents([block], options, columnar=True))  # in as many batches as it takes
         if any(rejects for _, rejects in batches) or sum(len(batch) for batch, _ in batches) != held[b].sum():
             return None  # the file changed since: read the shard as tokenize did
         for batch, _ in batches:
