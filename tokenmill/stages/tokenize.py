@@ -468,7 +468,8 @@ def choose_run_encoder(config: TokenmillConfig, shards: Sequence[Shard], tokeniz
             layout.ENCODER_CHOICE, {**asdict(choice), "unsafe": len(choice.unsafe_code_points()), "report": report}
         )
         if log is not None:
-            log(f"encoder: {choice.backend} {choice.version}: {choice.reason}")
+            earlier = "verified by an earlier run with this tokenizer and these backends"
+            log(f"encoder: {choice.backend} {choice.version}: {choice.reason} ({earlier})")
         return choice
     data = store.read_bytes(layout.TOKENIZER)
     sample = verification_sample(config, shards, tokenizer)

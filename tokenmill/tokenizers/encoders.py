@@ -807,12 +807,17 @@ def cached_unsafe_code_points(tokenizer_json: bytes, fast: Encoder, reference: H
     return unsafe
 
 
+CHOICE_VERSION = 2  # bump when a kept choice's entry changes: another format's entries are not read (2: the reason
+# kept is the manifest's own, the same as when a run verifies the choice itself)
+
+
 def choice_cache_name(tokenizer_sha256: str, requested: str) -> str:
     """The name of a verified encoder choice in the cache: the tokenizer (its file's sha256), what was asked, and the
     versions of tokenmill and of every backend `auto` tries (one installed, upgraded or removed asks again)."""
     from tokenmill import __version__
 
-    versions = [__version__, PROBE_VERSION, requested, *(package_version(PACKAGES[b]) for b in BACKENDS)]
+    backends = [package_version(PACKAGES[b]) for b in BACKENDS]
+    versions = [__version__, PROBE_VERSION, CHOICE_VERSION, requested, *backends]
     return f"{tokenizer_sha256}-{hashlib.sha256(json.dumps(versions).encode()).hexdigest()[:16]}.json"
 
 
@@ -835,8 +840,7 @@ def cached_choice(tokenizer_sha256: str, requested: str) -> EncoderChoice | None
 def remember_choice(tokenizer_sha256: str, requested: str, choice: EncoderChoice) -> None:
     """Keep a fast backend's choice, verified on a run's sample, for the next run of this tokenizer (`cached_choice`):
     its verification is hf's encoding of the sample, most of a small run's fixed cost."""
-    entry = {"backend": choice.backend, "version": choice.version, "unsafe": choice.unsafe}
-    entry["reason"] = f"{choice.reason} (verified by an earlier run with this tokenizer and these backends)"
+    entry = {"backend": choice.backend, "version": choice.version, "reason": choice.reason, "unsafe": choice.unsafe}
     write_cached("encoder-choices", choice_cache_name(tokenizer_sha256, requested), json.dumps(entry).encode())
 
 
@@ -902,13 +906,17 @@ def choose_encoder(
                     f"tokenizer.encoder {backend}: {report[backend]} (e.g. {checks[wrong[0]][:80]!r}); use auto or hf"
                 )
             continue
+        # Neither the sample's size nor a timing: the reason goes into the manifest, which must be the same whether
+        # this run verified the choice or took one an earlier run verified (`cached_choice`)
+        on = "sampled documents and " if sample else ""
         reason = (
-            f"identical to hf on {len(sample)} sampled documents and {len(checks) - len(sample)} special cases; "
+            f"identical to hf on {on}{len(specials)} special cases; "
             f"{len(unsafe)} code points it splits differently are routed to hf"
-        )  # no timing here: the reason goes into the manifest, which must not change from run to run
+        )
         report[backend] = "chosen: " + reason
         choice = EncoderChoice(backend, fast.version, reason, as_ranges(unsafe))
         break
     if log is not None:
-        log(f"encoder: {choice.backend} {choice.version}: {choice.reason} ({time.perf_counter() - chosen_at:.1f} s)")
+        took = time.perf_counter() - chosen_at
+        log(f"encoder: {choice.backend} {choice.version}: {choice.reason} ({len(sample)} documents, {took:.1f} s)")
     return choice, report
