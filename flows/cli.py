@@ -412,23 +412,26 @@ def serve(
     ui = ui_url(ensure_api())
     console.print(f"Prefect UI: {ui}; the deployments (Run, Custom run, Retry): {ui}/deployments", highlight=False)
     from prefect.deployments.runner import EntrypointType
-    from prefect.flows import aserve
+    from prefect.runner import Runner
 
     from flows.main import corpus_to_tokens
     from flows.rerun import rerun_shards
 
-    module = EntrypointType.MODULE_PATH  # the flows are importable wherever tokenmill is installed
-    deployments = [
-        corpus_to_tokens.to_deployment(
-            name=name, cron=cron, parameters={"config": cfg.model_dump(mode="json")}, entrypoint_type=module
-        ),
-        rerun_shards.to_deployment(  # this config, never the one stored in the output (docs/security.md)
-            name=name,
-            parameters={"output": cfg.output.path, "config": cfg.model_dump(mode="json")},
-            entrypoint_type=module,
-        ),
-    ]
-    run_until_interrupted(lambda: aserve(*deployments))
+    async def serving() -> None:
+        # Flows added to the runner (not deployments) run in a process spawned with this one's sys.path: a deployment
+        # would run as `python -m prefect.engine`, which imports `flows` from the working directory first (a Prefect
+        # project's own `flows/` package, in place of tokenmill's)
+        runner = Runner(pause_on_shutdown=True)
+        module = EntrypointType.MODULE_PATH  # the flows are importable wherever tokenmill is installed
+        parameters = {"config": cfg.model_dump(mode="json")}
+        await runner.aadd_flow(corpus_to_tokens, name=name, cron=cron, parameters=parameters, entrypoint_type=module)
+        # this config, never the one stored in the output (docs/security.md)
+        parameters = {"output": cfg.output.path, **parameters}
+        await runner.aadd_flow(rerun_shards, name=name, parameters=parameters, entrypoint_type=module)
+        console.print(f"Serving corpus-to-tokens/{name} and rerun-shards/{name} until Ctrl-C", highlight=False)
+        await runner.start()
+
+    run_until_interrupted(serving)
 
 
 STOP_GRACE_S = 30.0

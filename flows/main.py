@@ -14,8 +14,8 @@ Shard stages are Prefect task runs over groups of shards whose shards run as Das
 Every task runs in this flow's process; the shard work runs on the Dask cluster that `config.dask` names.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: `tokenmill serve` hands its runs this flow pickled by value, whose
+# parameters are validated against their annotations, which must then be the classes, not their names
 import functools
 import threading
 import time

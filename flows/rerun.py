@@ -4,8 +4,8 @@ credentials, which are the rerun's own: whoever can write the output location mu
 code runs, nor where the credentials go (tokenmill.commands.runs.NOT_STORED). Given a config, the rerun takes nothing
 from the output location: it checks that the config defines the dataset stored there, and runs it."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: `tokenmill serve` hands its runs this flow pickled by value, whose
+# parameters are validated against their annotations, which must then be the classes, not their names
 from prefect import flow, get_run_logger
 
 from flows.main import corpus_to_tokens

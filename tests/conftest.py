@@ -244,14 +244,24 @@ def as_a_terminal_job() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def served_process(command: list[str], env: dict, log: Path) -> subprocess.Popen:
+def served_process(command: list[str], env: dict, log: Path, cwd: Path = REPO) -> subprocess.Popen:
     """A long-running command (`tokenmill serve`, a Prefect worker, a held run) in a session of its own as a
-    terminal's job, its output in `log` and Python's fault handler on, so that `stop` can show where it was stuck."""
+    terminal's job (started in `cwd`), its output in `log` and Python's fault handler on, so that `stop` can show
+    where it was stuck."""
     with open(log, "wb") as out:
         return subprocess.Popen(
-            command, cwd=REPO, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=out, stderr=subprocess.STDOUT,
+            command, cwd=cwd, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=as_a_terminal_job,
         )  # fmt: skip
+
+
+def a_project_of_its_own(root: Path) -> Path:
+    """A directory as a Prefect project has it, with `flows/` and `tasks/` packages of its own (which raise on import),
+    to start tokenmill in: what it runs must be tokenmill's flows and tasks."""
+    for package in ("flows", "tasks"):
+        (root / package).mkdir(parents=True)
+        (root / package / "__init__.py").write_text(f"raise ImportError('the project imported its own {package}')\n")
+    return root
 
 
 def stop(process: subprocess.Popen, sig: int = signal.SIGINT, log: Path | None = None) -> int:

@@ -20,7 +20,7 @@ from tokenmill.core.hashing import assign_splits
 from tokenmill.formats.megatron import MegatronReader
 from tokenmill.formats.packed import PackedReader
 
-from .conftest import EXAMPLES, REPO, TOKENIZERS, alive_in_session, dataset_files, read_jsonl
+from .conftest import EXAMPLES, REPO, TOKENIZERS, a_project_of_its_own, alive_in_session, dataset_files, read_jsonl
 
 DEMO_FILES = sorted(p for p in (EXAMPLES / "data").iterdir() if ".jsonl" in p.name)
 
@@ -150,10 +150,7 @@ def test_a_run_started_in_a_project_with_its_own_flows_and_tasks_packages_runs_t
     """A Prefect project has a `flows/` package of its own, and often `tasks/`: `tokenmill run` started in one runs
     tokenmill's, in its LocalCluster's process and workers too (`python -c` puts the working directory first on
     sys.path: the cluster's process died importing the project's `flows`)."""
-    project = tmp_path / "project"
-    for package in ("flows", "tasks"):
-        (project / package).mkdir(parents=True)
-        (project / package / "__init__.py").write_text(f"raise ImportError('the project imported its own {package}')\n")
+    project = a_project_of_its_own(tmp_path / "project")
     config = tmp_path / "run.yaml"
     config.write_text(json.dumps({
         "name": "in-a-project",

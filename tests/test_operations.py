@@ -18,7 +18,17 @@ import pytest
 
 from flows.server import free_port
 
-from .conftest import GATED_RUN, REPO, TOKENMILL, api_post, dataset_files, gated_news, served_process, stop
+from .conftest import (
+    GATED_RUN,
+    REPO,
+    TOKENMILL,
+    a_project_of_its_own,
+    api_post,
+    dataset_files,
+    gated_news,
+    served_process,
+    stop,
+)
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -162,12 +172,15 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
     """More shards than Prefect task runs (dask.groups_per_stage=3: each task run covers a group of 3 or 4
     shards, each shard its own Dask task): the output equals the one-task-run-per-shard run's byte for byte; a
     shard failing on purpose is named by its id in its group's task run and in the flow run's state; Retry
-    redoes that shard alone."""
+    redoes that shard alone. Both are started in a Prefect project with `flows/` and `tasks/` packages of its own
+    (its examples/ the repository's): what they run is tokenmill's."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    project = a_project_of_its_own(tmp_path / "project")
+    (project / "examples").symlink_to(REPO / "examples")
     small_shards = ["--set", "partition.shard_size=200KB"]
     single = tmp_path / "single"
-    run_cli("run", "examples/gpt2.yaml", *small_shards, "--set", f"output.path={single}")
+    run_cli("run", "examples/gpt2.yaml", *small_shards, "--set", f"output.path={single}", cwd=project)
     n_shards = len(json.loads((single / "plan.json").read_text())["shards"])
     assert n_shards >= 9
 
@@ -178,7 +191,7 @@ def test_grouped_shards_give_the_same_bytes_and_retry_redoes_only_the_failed_one
     log = tmp_path / "serve.log"
     server = served_process(
         [*TOKENMILL, "serve", "examples/gpt2.yaml", *small_shards, "--set",
-         f"output.path={out}", "--set", "dask.groups_per_stage=3", "--name", "grouped"], env, log,
+         f"output.path={out}", "--set", "dask.groups_per_stage=3", "--name", "grouped"], env, log, cwd=project,
     )  # fmt: skip
     try:
         deployment = wait_for(
