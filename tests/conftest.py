@@ -44,6 +44,17 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tokenmill_cache(tmp_path_factory) -> Path:
+    """tokenmill's cache (encoder choices, code-point probes, converted tokenizers) for this suite alone, empty at its
+    start and shared by its processes: what a test sees must not depend on what earlier runs on this machine, of this
+    code or older, left in ~/.cache/tokenmill (a choice kept by older code once changed five tests' manifests)."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tokenmill-cache"
+    os.environ["TOKENMILL_CACHE_DIR"] = str(cache)
+    return cache
+
+
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory) -> str:
     """A real Prefect server on 127.0.0.1 with its own PREFECT_HOME, for the whole session."""

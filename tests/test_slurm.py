@@ -125,6 +125,7 @@ def slurm_config(tmp_path: Path, name: str, replace_after: str = "10s", slurm_ex
     config["output"]["path"] = str(tmp_path / name)
     slurm = {"jobs": 2, "cores": 1, "memory": "2GiB", "walltime": "00:10:00", "scheduler_host": "127.0.0.1",
              "replace_after": replace_after}  # fmt: skip
+    slurm["environment"] = ["PATH", "HOME", "LANG", "TOKENMILL_CACHE_DIR"]  # the suite's own cache (conftest)
     places = {"log_directory": str(tmp_path / f"{name}-logs"), "shared_directory": str(tmp_path / f"{name}-tls")}
     config["dask"] = {"slurm": {**slurm, **places, **(slurm_extra or {})}}
     path = tmp_path / f"{name}.yaml"
@@ -226,7 +227,10 @@ def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_d
     dashboards (the scheduler's in the flow's process, each worker's) listen on loopback only, take websockets of
     their own pages only, and have no /eventstream."""
     job_logs = tmp_path / "slurm-logs"
-    job_env = {"environment": ["PATH", "HOME", "TOKENMILL_NAMED"], "setup": [f"env > {job_logs}/env-$SLURM_JOB_ID.txt"]}
+    job_env = {
+        "environment": ["PATH", "HOME", "TOKENMILL_CACHE_DIR", "TOKENMILL_NAMED"],
+        "setup": [f"env > {job_logs}/env-$SLURM_JOB_ID.txt"],
+    }
     config = slurm_config(tmp_path, "slurm", slurm_extra=job_env, partition={"shard_size": "1MB"})
     run = run_on_slurm(config, slurm, prefect_api, "INFO", TOKENMILL_NAMED="named", TOKENMILL_SECRET="planted-secret")
     seen, stop = {}, threading.Event()
