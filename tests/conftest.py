@@ -7,9 +7,11 @@ import contextlib
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,6 +44,24 @@ def read_jsonl(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+# What a suite writes to the temp dir (its runs' outputs, about 2.5 GiB), with room to spare
+SUITE_TEMP_BYTES = 4 << 30
+
+
+def pytest_configure(config):
+    """Refuse to start where the suite would fill the disk: a full disk fails its last tests far from the cause (runs
+    that cannot write their shards, servers that stop answering), slowly, each at its own timeout."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller has looked
+        return
+    temp = tempfile.gettempdir()
+    if (free := shutil.disk_usage(temp).free) < SUITE_TEMP_BYTES:
+        pytest.exit(
+            f"{temp}: {free / 2**30:.1f} GiB free, and the suite writes about 2.5 GiB there: free some space (earlier "
+            "suites' pytest-of-* directories, other clones' venvs) and run it again",
+            returncode=1,
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)
