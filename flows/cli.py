@@ -428,7 +428,12 @@ def serve(
         # this config, never the one stored in the output (docs/security.md)
         parameters = {"output": cfg.output.path, **parameters}
         await runner.aadd_flow(rerun_shards, name=name, parameters=parameters, entrypoint_type=module)
-        console.print(f"Serving corpus-to-tokens/{name} and rerun-shards/{name} until Ctrl-C", highlight=False)
+        when = f'on "{cron}" (UTC)' if cron else "on demand"
+        console.print(
+            f"Serving corpus-to-tokens/{name} ({when}) and rerun-shards/{name} until Ctrl-C; a run now: "
+            f"prefect deployment run 'corpus-to-tokens/{name}'",
+            highlight=False,
+        )
         await runner.start()
 
     run_until_interrupted(serving)

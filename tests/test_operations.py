@@ -155,6 +155,9 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
         wait_for(lambda: logged(prefect_client, run.id, reuse), 180, "the reuse log")
     finally:
         stop(server, log=log)
+    said = " ".join(log.read_text().split())  # as the terminal showed it, lines joined
+    assert """Serving corpus-to-tokens/ops (on "0 3 * * *" (UTC)) and rerun-shards/ops until Ctrl-C""" in said, said
+    assert "prefect deployment run 'corpus-to-tokens/ops'" in said
 
     tokenized_after = committed(out, "tokenize")
     assert len(tokenized_after) == 4
