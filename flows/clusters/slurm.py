@@ -102,13 +102,16 @@ def start(dask_config: DaskConfig, tokenizer: TokenizerConfig | None = None) -> 
     with slurm_cluster(dask_config) as (cluster, adaptive):
 
         def release() -> str:
-            """Cancel every job now, and stop replacing them; return once each is cancelled."""
+            """Cancel every job now, and stop replacing them; return once each is cancelled. The Adaptive adapts on
+            the cluster's loop: a call in flight as it stops can still submit jobs after the first scale(0) (seen: two
+            new jobs, held until the ceiling), so each turn of the wait scales to 0 again."""
             held = len(cluster.workers)
             adaptive.stop()
-            cluster.scale(0)
             deadline = time.monotonic() + RELEASE_CEILING_S
+            cluster.scale(0)
             while cluster.workers and time.monotonic() < deadline:
                 time.sleep(0.1)
+                cluster.scale(0)
             return f"{held} SLURM jobs cancelled" if not cluster.workers else f"{held} SLURM jobs still cancelling"
 
         yield Running(cluster.scheduler_address, cluster.security, release)
