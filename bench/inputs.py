@@ -1,8 +1,8 @@
 """What the input layouts cost: the same documents as JSON Lines, JSON Lines compressed with zstd, Parquet (row groups
 of 5,000 rows, as the Hugging Face hub writes them), an Arrow stream (record batches of 1,000 rows, as Hugging Face
-datasets' `save_to_disk` writes them), one JSON array (Alpaca's layout) and plain text split by `<|endoftext|>` lines
-(TinyStories' layout), each read by `tokenmill run` with the default config but `pack.mode: none`, side by side,
-the order rotating each round.
+datasets' `save_to_disk` writes them), one JSON array (Alpaca's layout, indented; and on one line, as `json.dump`
+writes it) and plain text split by `<|endoftext|>` lines (TinyStories' layout), each read by `tokenmill run` with the
+default config but `pack.mode: none`, side by side, the order rotating each round (`--layouts`: some of them).
 
 In each round it measures this machine's parse+encode limit on the corpus as `bench/megatron.py` does (pyarrow's JSON
 reader and gigatoken alone, the first 300 MB in memory, times the cores), and gives each layout's rate (the JSON Lines'
@@ -25,6 +25,7 @@ import os
 import shutil
 import statistics
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -37,27 +38,34 @@ from throughput import SHARED, machine, make_corpus, tokenmill_command
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = SHARED / "tokenizers/gpt2/tokenizer.json"
+LAYOUTS = [
+    "JSON Lines", "JSON Lines, zstd", "Parquet", "Arrow (save_to_disk)", "one JSON array", "one JSON array, compact",
+    "text, separated",
+]  # fmt: skip
 
 
-def layouts(corpus: Path, work: Path) -> dict[str, Path]:
-    """The corpus's texts written in each layout."""
+def layouts(corpus: Path, work: Path, chosen: Sequence[str]) -> dict[str, Path]:
+    """The corpus's texts written in each chosen layout."""
     texts = [orjson.loads(line)["text"] for line in corpus.open("rb")]
-    paths = {name: work / f"corpus{suffix}" for name, suffix in [
-        ("JSON Lines", ".jsonl"), ("JSON Lines, zstd", ".jsonl.zst"), ("Parquet", ".parquet"),
-        ("Arrow (save_to_disk)", ".arrow"), ("one JSON array", ".json"), ("text, separated", ".txt"),
-    ]}  # fmt: skip
+    suffixes = [".jsonl", ".jsonl.zst", ".parquet", ".arrow", ".json", "-compact.json", ".txt"]
+    paths = {name: work / f"corpus{suffix}" for name, suffix in zip(LAYOUTS, suffixes, strict=True) if name in chosen}
     lines = b"".join(orjson.dumps({"text": text}) + b"\n" for text in texts)
     paths["JSON Lines"].write_bytes(lines)
-    paths["JSON Lines, zstd"].write_bytes(zstandard.ZstdCompressor(level=3).compress(lines))
-    pq.write_table(pa.table({"text": texts}), paths["Parquet"], row_group_size=5000)
-    with (
-        pa.OSFile(str(paths["Arrow (save_to_disk)"]), "wb") as sink,
-        pa.ipc.new_stream(sink, pa.schema([("text", pa.string())])) as arrow,
-    ):
-        arrow.write_table(pa.table({"text": texts}), max_chunksize=1000)
-    paths["one JSON array"].write_bytes(orjson.dumps([{"text": text} for text in texts], option=orjson.OPT_INDENT_2))
-    # a separator line ends each document: a text that holds one would be split (none of these corpora's does)
-    paths["text, separated"].write_text("".join(f"{text}\n<|endoftext|>\n" for text in texts))
+    if "JSON Lines, zstd" in paths:
+        paths["JSON Lines, zstd"].write_bytes(zstandard.ZstdCompressor(level=3).compress(lines))
+    if "Parquet" in paths:
+        pq.write_table(pa.table({"text": texts}), paths["Parquet"], row_group_size=5000)
+    if "Arrow (save_to_disk)" in paths:
+        with (
+            pa.OSFile(str(paths["Arrow (save_to_disk)"]), "wb") as sink,
+            pa.ipc.new_stream(sink, pa.schema([("text", pa.string())])) as arrow,
+        ):
+            arrow.write_table(pa.table({"text": texts}), max_chunksize=1000)
+    for name, option in [("one JSON array", orjson.OPT_INDENT_2), ("one JSON array, compact", 0)]:
+        if name in paths:  # indented as Alpaca's, or on one line as json.dump writes it
+            paths[name].write_bytes(orjson.dumps([{"text": text} for text in texts], option=option))
+    if "text, separated" in paths:  # a separator line ends each document (none of these corpora's texts holds one)
+        paths["text, separated"].write_text("".join(f"{text}\n<|endoftext|>\n" for text in texts))
     return paths
 
 
@@ -86,12 +94,16 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, help="a JSONL file of {text} records (default: enwiki_slice)")
     parser.add_argument("--repeat", type=int, default=1, help="enwiki_slice written this many times")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--layouts", help=f"some of: {'; '.join(LAYOUTS)} (a ';' between; JSON Lines always)")
     args = parser.parse_args()
+    chosen = ["JSON Lines", *args.layouts.split(";")] if args.layouts else LAYOUTS
+    if unknown := set(chosen) - set(LAYOUTS):
+        raise SystemExit(f"no such layout: {', '.join(sorted(unknown))}")
     work = Path(tempfile.mkdtemp(prefix="tokenmill-inputs-bench-"))
     corpus = args.corpus or work / "enwiki.jsonl"
     if args.corpus is None:
         make_corpus(SHARED / "corpora/enwiki_slice/enwiki_slice.jsonl.gz", args.repeat, corpus)
-    paths = layouts(corpus, work)
+    paths = layouts(corpus, work, chosen)
     size = paths["JSON Lines"].stat().st_size
     print(f"{size / 1e9:.2f} GB of JSON Lines; {args.rounds} rounds of {', '.join(paths)}", flush=True)
     measured: dict[str, list[tuple[float, int, int]]] = {name: [] for name in paths}

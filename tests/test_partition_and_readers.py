@@ -880,7 +880,8 @@ def test_a_json_file_of_one_array_is_read_as_its_records(tmp_path, monkeypatch, 
     """Alpaca's layout: one JSON array in a .json file, pretty-printed or not, compressed or not, after a byte order
     mark or not. Its records are json.load's, numbered by their place in the array, whether read record by record
     or by the fast path's entry, and read a chunk at a time (a record, a character or an escape cut by a chunk's
-    end); a small shard size does not cut the file, where the same records as JSON Lines are cut."""
+    end). A small shard size cuts an uncompressed one at records, as it cuts the same records as JSON Lines at
+    lines: each piece, read alone, holds the records that start in it, numbered by their place in the array."""
     monkeypatch.setattr(arrays, "CHUNK", chunk)
     data = json.dumps(ALPACA, indent=None if layout == "compact" else 2, ensure_ascii=False).encode()
     data = b"\xef\xbb\xbf" + data if layout == "byte order mark" else data  # as Windows tools write JSON
@@ -896,10 +897,21 @@ def test_a_json_file_of_one_array_is_read_as_its_records(tmp_path, monkeypatch, 
         assert not any(rejects for _, rejects in read)
     lines = tmp_path / "alpaca.jsonl"
     lines.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in ALPACA))
-    config = make_config([str(path)], 10_000, tmp_path, id_field=None, text_field="output")
-    assert [[(p.start, p.end) for p in s.pieces] for s in plan_shards(config).shards] == [[(0, None)]]
     config = make_config([str(lines)], 10_000, tmp_path, id_field=None, text_field="output")
     assert len(plan_shards(config).shards) > 5
+    config = make_config([str(path)], 10_000, tmp_path, id_field=None, text_field="output")
+    shards = plan_shards(config).shards
+    if layout == "gzip":  # a compressed array is read whole: its records' places are found by reading it
+        assert [[(p.start, p.end) for p in s.pieces] for s in shards] == [[(0, None)]]
+        return
+    assert len(shards) > 5 and all(data[s.pieces[0].start - 1 : s.pieces[0].start] == b"," for s in shards[1:])
+    for columnar in (False, True):
+        read = [list(read_documents(s.pieces, options, columnar)) for s in shards]
+        assert all(read) and not any(rejects for pieces in read for _, rejects in pieces)
+        texts = [str(t) for pieces in read for batch, _ in pieces for t in batch.text_values()]
+        assert texts == [r["output"] for r in ALPACA]
+        ids = [i for pieces in read for batch, _ in pieces for i in batch.ids]
+        assert ids == [f"{path.name}:{n}" for n in range(1, 401)]
 
 
 BAD_ARRAYS = {  # the file (after `[{"text": "a"}, `): the reject of its one bad record, or the array's error
@@ -928,18 +940,27 @@ def test_a_bad_record_or_a_malformed_array_is_a_reject_that_keeps_the_records_be
         assert number or rejects[0][1].startswith("cannot be read after 2 records")
 
 
-def test_a_plan_that_cut_a_json_array_at_its_lines_is_made_again_with_the_array_whole(tmp_path, monkeypatch):
+def test_a_plan_that_cut_a_json_array_at_its_lines_is_made_again_at_its_records(tmp_path, monkeypatch):
     """An earlier tokenmill read a .json file as lines and cut a large one at them; its plan, signed as this user's
-    own (whose cuts are otherwise taken unchecked), is not kept for a file that holds an array."""
+    own (whose cuts are otherwise taken unchecked), is not kept for a file that holds an array: it is cut again, at
+    records. A plan cut at records is kept."""
     path = tmp_path / "alpaca.json"
-    path.write_text(json.dumps(ALPACA, indent=2))
+    data = json.dumps(ALPACA, indent=2).encode()
+    path.write_bytes(data)
     config = make_config([str(path)], 10_000, tmp_path, id_field=None, text_field="output")
-    monkeypatch.setattr(partition, "opens_array", lambda f: False)  # as the earlier tokenmill saw it
-    earlier, _ = load_or_plan(config)
-    assert len(earlier.shards) > 5
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(partition, "holds_array", lambda piece, options: False)  # as the earlier tokenmill saw it
+        m.setattr(partition, "opens_array", lambda f: False)
+        m.setattr(readers, "opens_array", lambda f: False)
+        earlier, _ = load_or_plan(config)
+    assert len(earlier.shards) > 5 and all(data[s.pieces[0].start - 1] == ord("\n") for s in earlier.shards[1:])
     plan, change = load_or_plan(config)
-    assert [[(p.start, p.end) for p in s.pieces] for s in plan.shards] == [[(0, None)]]
-    assert change["shards_new"] == 1
+    assert len(plan.shards) > 5 and all(data[s.pieces[0].start - 1] == ord(",") for s in plan.shards[1:])
+    assert change["shards_new"] == len(plan.shards)
     docs, rejects = read_all(config, plan)
-    assert len(docs) == len(ALPACA) and not rejects
+    assert [text for _, text in docs] == [r["output"] for r in ALPACA] and not rejects
+    (tmp_path / "more.json").write_text(json.dumps(ALPACA[:2]))  # the input changes: the array's cuts are kept
+    config = make_config([str(path), str(tmp_path / "more.json")], 10_000, tmp_path, id_field=None, text_field="output")
+    monkeypatch.setattr(partition, "record_starts", None)  # not found again by a pass over the file
+    again, change = load_or_plan(config)
+    assert again.shards[:-1] == plan.shards and change["shards_kept"] == len(plan.shards)

@@ -253,7 +253,9 @@ def open_piece(piece: Piece, options: ReadOptions, block_size: int | None = None
         if not (_may_hold_array(piece, options) and opens_array(f)):
             yield f
             return
-        stream = ArrayStream(f)
+        if _skip_to(f, 0, piece.start) < piece.start:
+            raise JSONArrayError(f"the file ends before byte {piece.start}, where this piece of it starts")
+        stream = ArrayStream(f, piece.start, piece.end, piece.first_line or 1)
         yield io.BufferedReader(stream, READ_BUFFER)
         if stream.error:  # the reader has read every record before it
             raise stream.error
@@ -326,17 +328,17 @@ class Bz2Stream(io.RawIOBase):
 
 
 def _may_hold_array(piece: Piece, options: ReadOptions) -> bool:
-    """A JSON file read from its start whose name allows an array (`arrays.may_hold_array`); the partition never
-    cuts one that holds an array."""
-    return piece.start == 0 and kind_of(piece, options) == "jsonl" and may_hold_array(piece.path)
+    """A JSON file whose name allows an array (`arrays.may_hold_array`)."""
+    return kind_of(piece, options) == "jsonl" and may_hold_array(piece.path)
 
 
 def holds_array(piece: Piece, options: ReadOptions) -> bool:
-    """Whether the piece is a file of one JSON array: a look at its first bytes, those alone (not an object store's
-    read-ahead: the read that follows would download them again)."""
+    """Whether the piece is of a file of one JSON array: a look at the file's first bytes, those alone (not an object
+    store's read-ahead: the read that follows would download them again). Such a piece (cut by the partition at
+    records, or a block read again) starts at a record (`arrays.ArrayStream`)."""
     if not _may_hold_array(piece, options):
         return False
-    with _decompressed(piece, options, ARRAY_PROBE) as f:
+    with _decompressed(Piece(piece.path), options, ARRAY_PROBE) as f:
         return opens_array(f)
 
 
@@ -988,8 +990,8 @@ def _fast_jsonl(
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     name, read_any = display_name(piece.path), False
     counted = piece.first_line is not None
-    # An array's blocks (of the JSON Lines it stands for) are not pieces of the file to read again; a compressed
-    # stream's are, by their place in the decompressed stream (read again by decompressing up to it: no parse)
+    # A block is a piece of the file to read again: a compressed stream's by its place in the decompressed stream
+    # (read again by decompressing up to it: no parse), an array's by its records' place (`arrays.ArrayStream`)
     array = holds_array(piece, options)
     count = 0  # the records read
     try:
@@ -998,7 +1000,7 @@ def _fast_jsonl(
             batch, rejects = jsonl_block(block, line, name, options, seen_ids, newlines, own_name)
             count += len(batch) + len(rejects)
             batch.lines = newlines + (block[-1:] != b"\n")
-            batch.block = None if array else Piece(piece.path, start, start + len(block), line)
+            batch.block = Piece(piece.path, start, start + len(block), line)
             batch.doc_files = [piece.path] * len(batch)  # a block is of one file (its careful path names none)
             for reject in [] if counted else rejects:
                 reject.from_byte = piece.start

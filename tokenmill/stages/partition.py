@@ -1,11 +1,12 @@
 """The partition stage: a deterministic plan of shards of about `shard_size` uncompressed bytes.
 
-Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets, found by seeking (a `.json`
-file that holds one JSON array is not: it is read whole), and plain text files split by `input.separator` lines just
-after such a line. The line number at each cut is counted here (a pass over the whole file) only where a document id
-`<file>:<line>` is hashed while the shards run (`counts_lines`); elsewhere a piece's first line is left unknown, and
-the rejects of a piece after the first are numbered once its file's earlier pieces are read
-(`tokenize.number_lines`); a text document's id is its first line, so a text file's are always counted. Parquet
+Uncompressed JSONL files larger than a shard are cut at newline-aligned byte offsets, found by seeking; a `.json`
+file that holds one JSON array at its records' starts, found by a pass over it (`arrays.record_starts`, which
+numbers them too); plain text files split by `input.separator` lines just after such a line. The line number at
+each cut is counted here (a pass over the whole file) only where a document id `<file>:<line>` is hashed while the
+shards run (`counts_lines`); elsewhere a piece's first line is left unknown, and the rejects of a piece after the
+first are numbered once its file's earlier pieces are read (`tokenize.number_lines`); a text document's id is its
+first line, so a text file's are always counted. Parquet
 and Arrow files are cut by runs of their groups of rows (row groups, record batches; an Arrow file only where it is
 local: its batches are measured by passing over its memory map); compressed streams and a text file that is one
 document are taken whole; small files are grouped, where a hash of each file's name decides the group ends (see
@@ -42,7 +43,7 @@ from tokenmill.core.hashing import unit_interval
 from tokenmill.core.plan import Plan, Shard, Shards
 from tokenmill.core.signing import signed, write_signed
 from tokenmill.formats.table import FORMATS
-from tokenmill.io.arrays import may_hold_array, opens_array
+from tokenmill.io.arrays import may_hold_array, opens_array, record_starts
 from tokenmill.io.names import compression_of, format_of
 from tokenmill.io.readers import (
     LINE_PROBE,
@@ -52,6 +53,7 @@ from tokenmill.io.readers import (
     count_newlines,
     fast_path_applies,
     groups_of,
+    holds_array,
     kind_of,
     line_start,
     separated_start,
@@ -181,6 +183,8 @@ def _split_large_file(
         return group_pieces(url, shard_size, options)
     if kind == "jsonl" and compression_of(url) is not None and not may_hold_array(url) and not count_lines:
         return compressed_pieces(url, size, shard_size)
+    if kind == "jsonl" and compression_of(url) is None and holds_array(Piece(url), options):
+        return array_pieces(url, size, shard_size, storage_options)
     separated = separated_text(Piece(url), options)
     if (kind == "jsonl" or separated) and compression_of(url) is None:
         separator = options.separator if separated else None
@@ -192,6 +196,33 @@ def _split_large_file(
         ends = [c[0] for c in cuts] + [size]
         return [(Piece(url, s, e, line), e - s) for (s, line), e in zip(starts, ends, strict=True)]
     return None
+
+
+def array_pieces(url: str, size: int, shard_size: int, storage_options: dict) -> list[tuple[Piece, int]] | None:
+    """A file of one JSON array (uncompressed) cut at the first record starting at or after each of its even cuts,
+    each piece numbered by its first record (`arrays.record_starts`: a pass over the file, on one core; where the
+    array is malformed, the last piece runs from the last record before it and says what is wrong). None where no
+    record starts after the first cut."""
+    fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+    n_pieces = math.ceil(size / shard_size)
+    with fs.open(path, "rb") as f:
+        cuts = sorted(set(record_starts(f, [size * k // n_pieces for k in range(1, n_pieces)])))
+    if not cuts:
+        return None
+    starts, ends = [(0, 1), *cuts], [start for start, _ in cuts] + [size]
+    return [(Piece(url, s, e, number), e - s) for (s, number), e in zip(starts, ends, strict=True)]
+
+
+def _records_cut(url: str, pieces: list[tuple[Piece, int]], storage_options: dict) -> bool:
+    """Whether an earlier plan's pieces of a JSON array file start at records (after a comma), as `array_pieces` cuts
+    them; an earlier tokenmill, which read arrays as lines, cut them at line starts."""
+    fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+    with fs.open(path, "rb", block_size=LINE_PROBE) as f:
+        for piece, _ in pieces[1:]:
+            f.seek(piece.start - 1)
+            if f.read(1) != b",":
+                return False
+    return True
 
 
 def compressed_pieces(url: str, size: int, shard_size: int) -> list[tuple[Piece, int]] | None:
@@ -372,10 +403,14 @@ def _cut_into_shards(
             continue
         shards += _group(small, shard_size)
         small = []
-        # A .json file's own cuts are checked too: an earlier tokenmill, which read arrays as lines, cut arrays; and
-        # so are a file's read in another format than its name's: an earlier one cut files by their names
-        trusted = own and not may_hold_array(url) and kind_of(Piece(url), options) == format_of(url)
-        known = cuts.get(url) if trusted else _checked_cuts(url, size, shard_size, options, cuts.get(url))
+        # A file's own cuts are checked where it is read in another format than its name's (an earlier tokenmill cut
+        # files by their names) and where it is a .json file (an earlier one read arrays as lines, and cut them so)
+        stored = cuts.get(url)
+        trusted = own and stored and kind_of(Piece(url), options) == format_of(url)
+        if trusted and may_hold_array(url):
+            array = holds_array(Piece(url), options)
+            trusted = array and _records_cut(url, stored, options.storage_options)
+        known = stored if trusted else _checked_cuts(url, size, shard_size, options, stored)
         pieces = known or _split_large_file(url, size, shard_size, options, count_lines) or [(Piece(url), size)]
         shards += [([piece], nbytes) for piece, nbytes in pieces]
     return shards + _group(small, shard_size)
