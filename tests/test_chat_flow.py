@@ -351,7 +351,8 @@ def test_alpaca_records_in_a_json_array_file_are_read_as_json_lines_would_be(
 ):
     """Alpaca's layout as GPTeacher ships it: one JSON array a file, indented, plain or gzipped. Each record is a
     conversation (the user's instruction and input, the assistant's response) whose ids are apply_chat_template's,
-    in the array's order; a record without its response is quarantined by its place in the array."""
+    in the array's order, the plain file cut into shards at records; a record without its response is quarantined
+    by its place in the array."""
     with gzip.open(CHAT / "gpteacher-alpaca" / "codegen-instruct.json.gz", "rt") as f:
         records = json.load(f)[:120]
     plain, packed = tmp_path / "a.json", tmp_path / "b.json.gz"
@@ -359,9 +360,11 @@ def test_alpaca_records_in_a_json_array_file_are_read_as_json_lines_would_be(
     packed.write_bytes(gzip.compress(json.dumps(records[60:], indent=4).encode()))
     prompt_completion = {"prompt_fields": ["instruction", "input"], "completion_field": "response"}
     config = chat_config(tmp_path, [plain, packed], PHI3, format="prompt_completion", **prompt_completion)
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"partition": {"shard_size": 8_000}}))
     run_cli("run", str(config))
     out, theirs = tmp_path / "out", transformers_tokenizers[PHI3]
     plan = json.loads((out / "plan.json").read_text())
+    assert len([shard for shard in plan["shards"] if shard["pieces"][0]["path"].endswith("a.json")]) > 2
     stored = [ids for shard in range(len(plan["shards"])) for ids in documents(out, shard=shard)[0]]
     expected = []
     for r in records:

@@ -1,5 +1,6 @@
 import bz2
 import gzip
+import io
 import json
 import lzma
 import os
@@ -914,9 +915,61 @@ def test_a_json_file_of_one_array_is_read_as_its_records(tmp_path, monkeypatch, 
         assert ids == [f"{path.name}:{n}" for n in range(1, 401)]
 
 
+TRICKY = [  # what the scan must not take for the array's structure
+    {"text": 'a "quoted" text, with [brackets] and {braces}, }, {', "n": [1, {"x": "]"}, -2.5e3, None, True]},
+    {"text": 'backslashes \\ before quotes \\" and \\\\\\" and at the end \\'},
+    {"text": "line\nbreaks\r\n and\ttabs", "nested": {"a": [[], {}], "b": ",", "c": {"d": [{"e": "]"}]}}},
+    {"text": "é 漢字 \U0001f600 \u2028", "empty": "", "list": []},
+]
+
+
+@pytest.mark.parametrize("indent", [None, 2, "\t"], ids=["one line", "indented", "tabs"])
+def test_the_scan_places_every_record_itself_and_a_piece_from_any_record_reads_alone(tmp_path, monkeypatch, indent):
+    """Records whose strings hold brackets, commas, escaped quotes after runs of backslashes, line breaks and
+    multi-byte characters, in chunks that cut them anywhere: the vectorized scan places each one itself (json is
+    never asked), its line is the record, and the lines keep the file's offsets. The partition's record starts
+    (at every 97th byte) each follow a comma, and the stream from one to the next holds exactly those records."""
+    records = [dict(r, i=i) for i in range(60) for r in TRICKY[i % 4 : i % 4 + 1]]
+    data = json.dumps(records, indent=indent, ensure_ascii=False).encode()
+    path = tmp_path / "tricky.json"
+    path.write_bytes(data)
+    monkeypatch.setattr(arrays, "CHUNK", 173)  # a prime: every record cut somewhere, its pieces scanned again
+    monkeypatch.setattr(arrays.ArrayRecords, "_exact", None)  # never called
+    with open(path, "rb") as f:
+        lines = io.BufferedReader(arrays.ArrayStream(f)).read()
+    assert len(lines) <= len(data) and [json.loads(line) for line in lines.splitlines()] == records
+    with open(path, "rb") as f:
+        starts = arrays.record_starts(f, list(range(97, len(data), 97)))
+    assert len(set(starts)) > 30 and all(data[start - 1 : start] == b"," for start, _ in starts)
+    bounds = sorted(set(starts))
+    for (start, number), (end, following) in zip(bounds, [*bounds[1:], (None, len(records) + 1)], strict=True):
+        with open(path, "rb") as f:
+            f.seek(start)
+            stream = io.BufferedReader(arrays.ArrayStream(f, start, end, number))
+            assert stream.read(1) == b"\n"  # the comma before the first record, as the line break it stands for
+            read = [json.loads(line) for line in stream.read().splitlines() if line.strip()]
+        assert read == records[number - 1 : following - 1]
+
+
+def test_records_json_parses_and_a_piece_that_does_not_end_at_a_record(tmp_path):
+    """Records the scan cannot place (numbers, strings, null) are json's, and the scan takes the ones after them
+    again. A piece whose end is not a record's start (its file changed since it was cut) is an error saying so."""
+    records = [{"text": "a"}, 5, "a string, with [a bracket]", None, {"text": "b"}, [1, 2], {"text": "c"}]
+    data = json.dumps(records).encode()
+    lines = io.BufferedReader(arrays.ArrayStream(io.BytesIO(data))).read()
+    assert [json.loads(line) for line in lines.splitlines() if line.strip()] == records
+    start = data.index(b'{"text": "b"}') - 1  # just after the comma before it
+    f = io.BytesIO(data)
+    f.seek(start)
+    stream = arrays.ArrayStream(f, start, start + 5, 5)
+    assert io.BufferedReader(stream).read() == b"\n"
+    assert "where this piece of the file ends, is not between two records" in str(stream.error)
+
+
 BAD_ARRAYS = {  # the file (after `[{"text": "a"}, `): the reject of its one bad record, or the array's error
     "a record that is no object": (b'5, {"text": "c"}]', 2, "not a JSON object (int)"),
     "a raw line break in a string": (b'{"text": "b\nb"}, {"text": "c"}]', 2, "malformed JSON: "),
+    "a record that is not JSON": (b'{"text": "b" "x"}, {"text": "c"}]', 2, "malformed JSON: "),
     "a trailing comma": (b'{"text": "b"},]', 0, "JSONArrayError: record 3: Expecting value at byte 30"),
     "no comma": (b'{"text": "b"} {"text": "c"}]', 0, "JSONArrayError: after record 2, at byte 30: expected"),
     "cut short": (b'{"text": "b"}, {"te', 0, "JSONArrayError: record 3: Unterminated string starting at byte 32"),
@@ -926,8 +979,9 @@ BAD_ARRAYS = {  # the file (after `[{"text": "a"}, `): the reject of its one bad
 
 @pytest.mark.parametrize("rest", BAD_ARRAYS.values(), ids=BAD_ARRAYS)
 def test_a_bad_record_or_a_malformed_array_is_a_reject_that_keeps_the_records_before_it(tmp_path, rest):
-    """A bad record is a reject naming its place in the array, and the array is read on; where the array itself is
-    malformed (between records, cut short), the records before are kept and the rest is one reject saying where."""
+    """A bad record (not an object, not JSON) is a reject naming its place in the array, and the array is read on;
+    where the array itself is malformed (between records, cut short), the records before are kept and the rest is
+    one reject saying where."""
     tail, number, reason = rest
     path = tmp_path / "bad.json"
     path.write_bytes(b'[{"text": "a"}, ' + tail)

@@ -24,6 +24,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from tokenmill.io.buffers import scan_parts
 from tokenmill.io.names import uncompressed_name
 
 ARRAY_PROBE = 64 << 10  # how far into a file its first character is looked for
@@ -33,12 +34,16 @@ EXACT_WINDOW = 4 << 10  # what json is first given of a record (grown where it n
 BLANK = re.compile(r"[ \t\r\n]*")
 BLANKS = b" \t\r\n"
 STRICT, LENIENT = json.JSONDecoder(), json.JSONDecoder(strict=False)  # lenient: raw control characters in strings
-QUOTE, BACKSLASH, COMMA, OPENS, CLOSES = 0x22, 0x5C, 0x2C, 0x5B, 0x5D  # OPENS and CLOSES: `[`/`{`, `]`/`}` once & 0xDF
-NEWLINE, CARRIAGE_RETURN, SPACE = 0x0A, 0x0D, 0x20
+QUOTE, BACKSLASH, COMMA, NEWLINE, CARRIAGE_RETURN, SPACE = 0x22, 0x5C, 0x2C, 0x0A, 0x0D, 0x20
 IS_BLANK = np.zeros(256, bool)
 IS_BLANK[list(BLANKS)] = True
-MARKS = bytes(c if chr(c) in '"\\[]{},\r\n' else 0 for c in range(256))  # the bytes the scan looks at
-OPEN, CLOSE, SEPARATOR, END, BEGIN, OTHER = range(6)  # the scan's events at the array's own level (depth 0 and 1)
+STEP = np.zeros(256, np.int8)  # the depth a byte outside strings adds: brackets; 0 else
+STEP[list(b"[{")], STEP[list(b"]}")] = 1, -1
+IS_STRUCTURAL = STEP != 0
+IS_STRUCTURAL[[COMMA]] = True
+STRUCTURAL = bytes(c if IS_STRUCTURAL[c] else 0 for c in range(256))  # for bytes.translate
+BLANK_BREAKS = bytes.maketrans(b"\r\n", b"  ")  # line breaks outside strings, in the lines
+OPEN, CLOSE, SEPARATOR, END, OTHER = range(5)  # the scan's events at the array's own level (depth 0 and 1)
 
 
 class JSONArrayError(ValueError):
@@ -231,21 +236,17 @@ class Scan:
     closed: bool  # the last one ends the array
     exact: bool  # the record after them is json's to parse (else: read on)
     quotes: np.ndarray  # the quotes that open or close strings
-    breaks: np.ndarray  # the line breaks and carriage returns
+    breaks: np.ndarray | None  # the line breaks and carriage returns, where one is in a string (not JSON); else None
 
 
 def _scan(data: bytes, first: bool) -> Scan:
     """The whole records at the start of the data (a record's start, the array's `first` or not) that are `{...}`
     or `[...]` between blanks and commas; and whether the one after them is json's to parse."""
     a = np.frombuffer(data, np.uint8)
-    marked = np.flatnonzero(np.frombuffer(data.translate(MARKS), bool))  # one pass: bytes.translate, then nonzero
-    chars = a[marked]
-    quotes = _unescaped(marked[chars == QUOTE], marked[chars == BACKSLASH])
-    structural = (chars != QUOTE) & (chars != BACKSLASH) & (chars != NEWLINE) & (chars != CARRIAGE_RETURN)
-    found = marked[structural]
-    outside = (np.searchsorted(quotes, found) & 1) == 0
-    found, kind = found[outside], chars[structural][outside]
-    step = np.where((kind & 0xDF) == OPENS, 1, np.where(kind == COMMA, 0, -1))
+    quotes = np.concatenate([start + np.flatnonzero(part == QUOTE) for start, part in scan_parts(a)] or [a[:0]])
+    quotes = _unescaped(a, quotes.astype(np.int64))
+    found, breaks = _outside_strings(data, a, quotes)
+    step = STEP[a[found]].astype(np.int64)
     after = np.cumsum(step) + 1  # the depth after each: the array's records at 1
     before = after - step
     level = np.minimum(before, after) <= 1  # the array's own: its records' brackets, its commas and its `]`
@@ -255,7 +256,6 @@ def _scan(data: bytes, first: bool) -> Scan:
         [OPEN, CLOSE, SEPARATOR, END],
         OTHER,
     )
-    breaks = marked[(chars == NEWLINE) | (chars == CARRIAGE_RETURN)]
     if first and len(kinds) and kinds[0] == END and _blank(a, np.r_[0], at[:1])[0]:  # `[]`
         return Scan(int(at[0]) + 1, at[:0], True, False, quotes, breaks)
     expected = np.resize(np.array([OPEN, CLOSE, SEPARATOR], kinds.dtype), len(kinds))
@@ -273,21 +273,39 @@ def _scan(data: bytes, first: bool) -> Scan:
     return Scan(int(ends[-1]) + 1 if records else 0, ends, closed, exact, quotes, breaks)
 
 
-def _unescaped(quotes: np.ndarray, backslashes: np.ndarray) -> np.ndarray:
-    """The quotes not escaped: not after a run of backslashes of odd length."""
-    if not len(backslashes) or not len(quotes):
-        return quotes
-    last = np.searchsorted(backslashes, quotes - 1, side="right") - 1  # the last backslash before each quote
-    after = (last >= 0) & (backslashes[np.maximum(last, 0)] == quotes - 1)
-    if not after.any():
-        return quotes
-    firsts = np.flatnonzero(np.r_[True, np.diff(backslashes) != 1])  # the first backslash of each run
-    run_first = np.zeros(len(backslashes), np.int64)
-    run_first[firsts] = firsts
-    run_first = np.maximum.accumulate(run_first)  # each backslash's run's first
-    which = last[after]
-    odd = (which - run_first[which]) % 2 == 0
-    return np.delete(quotes, np.flatnonzero(after)[odd])
+def _unescaped(a: np.ndarray, quotes: np.ndarray) -> np.ndarray:
+    """The quotes not escaped: not after a run of backslashes of odd length (the data starts outside a string, so
+    no run crosses its start)."""
+    escaped, back = np.zeros(len(quotes), bool), 1
+    run = quotes[(quotes >= 1) & (a[quotes - 1] == BACKSLASH)]  # the quotes with a run of `back` backslashes so far
+    while len(run):
+        escaped[np.searchsorted(quotes, run)] ^= True
+        back += 1
+        run = run[(run >= back) & (a[run - back] == BACKSLASH)]
+    return quotes[~escaped]
+
+
+def _outside_strings(data: bytes, a: np.ndarray, quotes: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Where the brackets and commas outside strings are; and where the line breaks and carriage returns are, if one
+    is in a string (not JSON), else None. A corpus's records are mostly their text, one string: the bytes outside
+    strings (keys, punctuation, blanks) are gathered and looked at, where they are few."""
+    opening, closing = quotes[0::2], quotes[1::2]  # an odd count: the data ends in a string
+    lo = np.r_[0, closing + 1]
+    hi = np.r_[opening, len(a)][: len(lo)]
+    lengths = hi - lo
+    total = int(lengths.sum())
+    controls = sum(np.count_nonzero(part < 0x0E) for _, part in scan_parts(a))  # line breaks, tabs: not in strings
+    if total <= len(a) // 4:
+        outside = np.arange(total) + np.repeat(lo - (np.cumsum(lengths) - lengths), lengths)
+        chars = a[outside]
+        if np.count_nonzero(chars < 0x0E) == controls:
+            return outside[IS_STRUCTURAL[chars]], None
+    found = np.flatnonzero(np.frombuffer(data.translate(STRUCTURAL), bool))  # a pass over the data
+    found = found[(np.searchsorted(quotes, found) & 1) == 0]
+    if not controls:
+        return found, None
+    positions = np.flatnonzero((a == NEWLINE) | (a == CARRIAGE_RETURN))
+    return found, (positions if (np.searchsorted(quotes, positions) & 1).any() else None)
 
 
 def _blank(a: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -310,11 +328,15 @@ def _lines(data: bytes, taken: int, scan: Scan, ends: np.ndarray, closed: bool) 
     spaces, a line break inside a string (not JSON) a carriage return, which the JSONL parsers refuse as they
     would the break; an empty array's `]` a space."""
     lines = bytearray(memoryview(data)[:taken])
-    out = np.frombuffer(lines, np.uint8)
-    breaks = scan.breaks[scan.breaks < taken]
-    inside = (np.searchsorted(scan.quotes, breaks) & 1) == 1
-    out[breaks[~inside]] = SPACE
-    out[breaks[inside & (out[breaks] == NEWLINE)]] = CARRIAGE_RETURN
+    if scan.breaks is None:  # every one outside strings
+        lines = lines.translate(BLANK_BREAKS) if b"\n" in lines or b"\r" in lines else lines
+        out = np.frombuffer(lines, np.uint8)
+    else:
+        out = np.frombuffer(lines, np.uint8)
+        breaks = scan.breaks[scan.breaks < taken]
+        inside = (np.searchsorted(scan.quotes, breaks) & 1) == 1
+        out[breaks[~inside]] = SPACE
+        out[breaks[inside & (out[breaks] == NEWLINE)]] = CARRIAGE_RETURN
     out[ends] = NEWLINE
     if closed and not len(ends):
         out[taken - 1] = SPACE
