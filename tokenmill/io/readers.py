@@ -250,7 +250,8 @@ def open_piece(piece: Piece, options: ReadOptions, block_size: int | None = None
     array as the JSON Lines of its records (`arrays`). `block_size`: what an object store's file reads at a time
     (None: its default, s3fs's 50 MB, which it reads ahead of a read)."""
     with _decompressed(piece, options, block_size) as f:
-        if not (_may_hold_array(piece, options) and opens_array(f)):
+        # A piece from a record of an array: its file's start looked at alone (not a block of an object store's)
+        if not (_may_hold_array(piece, options) and (holds_array(piece, options) if piece.start else opens_array(f))):
             yield f
             return
         if _skip_to(f, 0, piece.start) < piece.start:
