@@ -953,11 +953,14 @@ def test_the_scan_places_every_record_itself_and_a_piece_from_any_record_reads_a
 
 def test_records_json_parses_and_a_piece_that_does_not_end_at_a_record(tmp_path):
     """Records the scan cannot place (numbers, strings, null) are json's, and the scan takes the ones after them
-    again. A piece whose end is not a record's start (its file changed since it was cut) is an error saying so."""
+    again; one that is not JSON is its line (a reject) whichever parser met it first. A piece whose end is not a
+    record's start (its file changed since it was cut) is an error saying so."""
     records = [{"text": "a"}, 5, "a string, with [a bracket]", None, {"text": "b"}, [1, 2], {"text": "c"}]
     data = json.dumps(records).encode()
     lines = io.BufferedReader(arrays.ArrayStream(io.BytesIO(data))).read()
     assert [json.loads(line) for line in lines.splitlines() if line.strip()] == records
+    lines = io.BufferedReader(arrays.ArrayStream(io.BytesIO(b'[5, 6, {"a" 1}, {"text": "x"}]'))).read()
+    assert lines.splitlines()[2:] == [b' {"a" 1}', b' {"text": "x"}']  # json met the third (after two of its own)
     start = data.index(b'{"text": "b"}') - 1  # just after the comma before it
     f = io.BytesIO(data)
     f.seek(start)

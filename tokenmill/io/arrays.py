@@ -166,6 +166,8 @@ class ArrayRecords:
                 if unended and (e.pos >= len(text) - 8 or e.msg.startswith("Unterminated string")):
                     window = self._grow(window)
                     continue
+                if span := self._placed():  # a record the scan places is a line, whichever met it first
+                    return span
                 at = "" if e.msg.endswith(" at") else " at"  # json's "Unterminated string starting at"
                 raise JSONArrayError(f"record {self.number}: {e.msg}{at} byte {self._byte(text, e.pos)}") from None
             after = BLANK.match(text, end).end()
@@ -186,6 +188,18 @@ class ArrayRecords:
             span = Span(self.offset, np.array([taken - 1]), self.number, following == "]", lambda lines=lines: lines)
             self._advance(taken, 1, closed=following == "]")
             return span
+
+    def _placed(self) -> Span | None:
+        """The records from the data's start that the scan places (read on as it needs), or None where it places
+        none: json parses some records the scan would place (those after one it could not, `run`), and one that is
+        not JSON must be a reject (its line) whichever parser meets it, wherever the reading started."""
+        while True:
+            data = self.buffer[self.at :]
+            scan = _scan(data, self.number == 1)
+            if scan.taken:
+                return self._take(data, scan)
+            if scan.exact or len(data) > LONGEST_SCAN or not self._read():
+                return None
 
     def _advance(self, taken: int, records: int, closed: bool) -> None:
         self.at, self.offset, self.number = self.at + taken, self.offset + taken, self.number + records
