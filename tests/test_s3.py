@@ -50,7 +50,8 @@ def test_flow_reads_and_writes_s3(run_cli, s3_server, gpt2_run):
 
 def test_a_json_array_file_on_s3_is_read_as_on_disk(s3_server, tmp_path):
     """An object store's file has no peek: whether a .json object holds one array is read from its start and the
-    read sought back. Its records, plain or gzipped, are the local file's; the partition keeps it whole."""
+    read sought back. Its records, plain or gzipped, are the local file's; the partition cuts the plain one at its
+    records, as on disk, and each piece read from the store alone holds its records."""
     from tokenmill.config import TokenmillConfig
     from tokenmill.io.readers import Piece, ReadOptions, read_documents
     from tokenmill.stages.partition import plan_shards
@@ -70,7 +71,11 @@ def test_a_json_array_file_on_s3_is_read_as_on_disk(s3_server, tmp_path):
         {"name": "t", "input": {"paths": ["s3://arrays/a.json"]}, "partition": {"shard_size": 4000},
          "tokenizer": {"path": "unused.json"}, "output": {"path": str(tmp_path / "out")}}
     )  # fmt: skip
-    assert [[(p.start, p.end) for p in s.pieces] for s in plan_shards(config).shards] == [[(0, None)]]
+    shards = plan_shards(config).shards
+    assert len(shards) > 5 and all(data[s.pieces[0].start - 1] == ord(",") for s in shards[1:])
+    batches = [batch for s in shards for batch, _ in read_documents(s.pieces, ReadOptions(), True)]
+    assert [str(t) for batch in batches for t in batch.text_values()] == [r["text"] for r in records]
+    assert [i for batch in batches for i in batch.ids] == [f"a.json:{n}" for n in range(1, 301)]
 
 
 def test_the_partition_and_the_samples_read_what_they_look_at_of_an_s3_file_not_a_block_ahead(

@@ -6,11 +6,10 @@ numbers them too); plain text files split by `input.separator` lines just after 
 each cut is counted here (a pass over the whole file) only where a document id `<file>:<line>` is hashed while the
 shards run (`counts_lines`); elsewhere a piece's first line is left unknown, and the rejects of a piece after the
 first are numbered once its file's earlier pieces are read (`tokenize.number_lines`); a text document's id is its
-first line, so a text file's are always counted. Parquet
-and Arrow files are cut by runs of their groups of rows (row groups, record batches; an Arrow file only where it is
-local: its batches are measured by passing over its memory map); compressed streams and a text file that is one
-document are taken whole; small files are grouped, where a hash of each file's name decides the group ends (see
-`_ends_group`).
+first line, so a text file's are always counted. Parquet and Arrow files are cut by runs of their groups of rows (row
+groups, record batches; an Arrow file only where it is local: its batches are measured by passing over its memory
+map); compressed streams and a text file that is one document are taken whole; small files are grouped, where a hash
+of each file's name decides the group ends (see `_ends_group`).
 
 The shards are a function of the input set and the shard size alone, numbered in input order: the same
 files give the same shards with the same ids however the input grew. A file that lands or goes changes
