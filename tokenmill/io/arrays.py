@@ -393,7 +393,7 @@ class ArrayStream(io.RawIOBase):
         target += self.position if whence == io.SEEK_CUR else 0
         if whence == io.SEEK_END or target < self.position:
             raise io.UnsupportedOperation("a JSON array's lines seek forward only")
-        while self.position < target and self._fill(target):
+        while self.position < target and self._fill():
             n = min(target - self.position, self.size - self.at)
             self.at, self.position = self.at + n, self.position + n
         return self.position
@@ -407,9 +407,9 @@ class ArrayStream(io.RawIOBase):
         self.at, self.position = self.at + n, self.position + n
         return n
 
-    def _fill(self, target: int | None = None) -> bool:
-        """Whether there is more to read: the next span taken where this one is read (its lines are made only where
-        they are read: not where it ends before `target`, a seek's)."""
+    def _fill(self) -> bool:
+        """Whether there is more to read: the next span taken where this one is passed (its lines are made only
+        where they are read: a seek passes over spans whole)."""
         while self.at == self.size:
             try:
                 span = next(self.spans, None)
