@@ -407,8 +407,7 @@ def _cut_into_shards(
         stored = cuts.get(url)
         trusted = own and stored and kind_of(Piece(url), options) == format_of(url)
         if trusted and may_hold_array(url):
-            array = holds_array(Piece(url), options)
-            trusted = array and _records_cut(url, stored, options.storage_options)
+            trusted = holds_array(Piece(url), options) and _records_cut(url, stored, options.storage_options)
         known = stored if trusted else _checked_cuts(url, size, shard_size, options, stored)
         pieces = known or _split_large_file(url, size, shard_size, options, count_lines) or [(Piece(url), size)]
         shards += [([piece], nbytes) for piece, nbytes in pieces]
