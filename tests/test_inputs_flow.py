@@ -154,6 +154,31 @@ def test_a_text_file_split_by_a_separator_is_cut_and_gives_the_jsonl_runs_tokens
     assert check["documents"] > 50 and check["mismatches"] == 0
 
 
+def test_a_tree_of_files_named_alike_gives_the_jsonl_runs_tokens(run_cli, gpt2_run, tmp_path):
+    """The bundled corpus's documents as a source tree: each a file called README in a directory of its own (as a
+    checkout has a Makefile in every directory), read as text. Every document is tokenized once (the same count and
+    tokens as the JSONL run of the same texts; before, a shard kept the first README and rejected the others as
+    duplicate ids), its id its path under the tree, and validate's reference check, drawn from runs of files that
+    tokenize read as one batch, finds them equal to the reference's."""
+    texts = [r["text"] for p in sorted((EXAMPLES / "data").glob("*.jsonl*")) for r in read_jsonl(p)]
+    tree = tmp_path / "tree"
+    for i, text in enumerate(texts):
+        (tree / f"d{i % 4}" / f"{i:04d}").mkdir(parents=True)
+        (tree / f"d{i % 4}" / f"{i:04d}" / "README").write_text(text)
+    out = tmp_path / "out"
+    sets = [f"input.paths=[{tree}/**/*]", "input.format=text", "input.id_field=null", f"output.path={out}"]
+    run_cli("run", "examples/gpt2.yaml", "--set", "partition.shard_size=1MB", *(f"--set={s}" for s in sets))
+    manifest, jsonl = (json.loads((root / "manifest.json").read_text()) for root in (out, gpt2_run))
+    assert manifest["counts"] == jsonl["counts"] and manifest["counts"]["documents_in"] == len(texts)
+    assert not list((out / "rejects").glob("*"))
+    ids = pq.read_table(sorted((out / "megatron" / "train").glob("*.docs.parquet"))[0]).column("id").to_pylist()
+    assert ids[0] == "d0/0000/README" and len(set(ids)) == len(ids) > 100
+    markers = [json.loads(p.read_text()) for p in sorted((out / "_commits" / "tokenize").glob("shard-*.json"))]
+    assert all(marker["result"]["blocks"] for marker in markers)  # runs of files, where validate re-reads
+    check = manifest["encoder"]["reference_check"]
+    assert check["documents"] > 20 and check["mismatches"] == 0
+
+
 def test_shuffled_run_has_the_same_documents_in_another_order(run_cli, gpt2_run, tmp_path):
     plain, shuffled = gpt2_run, tmp_path / "shuffled"
     result = run_cli(

@@ -252,8 +252,8 @@ def test_a_table_file_is_partitioned_by_its_groups_of_rows(tmp_path, layout):
             blocks.setdefault(place, []).extend(batch.ids)
     assert ids == [f"{path.name}:{i}" for i in range(1, 3001)] and len(blocks) == parts + 10 < len(ids) // 10
     for (k, *place), block_ids in blocks.items():
-        again = readers.block_piece(pieces[k], *place, ReadOptions())
-        assert [i for batch, _ in read_documents([again], ReadOptions(), columnar=True) for i in batch.ids] == block_ids
+        again = readers.block_pieces(pieces, k, *place, ReadOptions())
+        assert [i for batch, _ in read_documents(again, ReadOptions(), columnar=True) for i in batch.ids] == block_ids
 
 
 @pytest.mark.parametrize("ids", ["strings", "numbers"])
@@ -337,6 +337,58 @@ def test_plain_text_one_document_per_file_or_split_by_a_separator(tmp_path):
     split = make_config([str(tmp_path / "b.txt")], 1000, tmp_path, id_field=None, separator="---")
     docs, _ = read_all(split, plan_shards(split))
     assert docs == [("b.txt:1", "doc one"), ("b.txt:3", "doc two\nmore"), ("b.txt:8", "doc three")]
+
+
+def test_a_source_tree_is_read_a_batch_of_files_at_a_time_each_named_by_its_path_under_the_input(tmp_path):
+    """A code corpus as it is checked out: 300 files of one document each under directories, a `Makefile` in three
+    of them, one file not UTF-8 and one empty. Each document's id is its path under the input's directory (before,
+    its name alone: the second and third `Makefile` of a shard were rejects, "duplicate id"), the same wherever the
+    tree is copied; the files are read a batch of many at a time, checked on their columns, with the same documents
+    and rejects as the careful reader file by file; each batch's block (its files), read again alone, gives its
+    documents again."""
+    tree = tmp_path / "linux"
+    files = {f"drivers/d{i % 7}/f{i}.c": f"int f{i}(void) {{ return {i}; }} /* ü {'x' * (i * 37 % 400)} */\n"
+             for i in range(300)}  # fmt: skip
+    files |= {"Makefile": "all:\n", "usr/Makefile": "usr:\n", "scripts/kconfig/Makefile": "kconfig:\n"}
+    for rel, text in files.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(text)
+    (tree / "drivers/latin1.c").write_bytes(b"caf\xe9\n")
+    (tree / "drivers/empty.c").write_bytes(b"")
+    for pattern in (f"{tree}/**/*", str(tree / "**")):
+        config = make_config([pattern], "40KB", tmp_path, id_field=None, format="text")
+        plan = plan_shards(config)
+        options = config.input.read_options()
+        assert len(plan.shards) > 1 and options.root == str(tree)
+        read = {}
+        for columnar in (False, True):
+            documents, rejects, batches = {}, [], 0
+            for shard in plan.shards:
+                for batch, bad in read_documents(shard.pieces, options, columnar, batch_bytes=4_000):
+                    batches += 1
+                    documents |= dict(zip(batch.ids, map(str, batch.text_values()), strict=True))
+                    rejects += [(r.file, r.line, r.reason) for r in bad]
+                    assert list(batch.doc_files) == [str(tree / i) for i in batch.ids]
+                    if columnar:
+                        assert isinstance(batch.block, list) and len(batch.block) == len(batch) + len(bad)
+                        again = readers.block_pieces(shard.pieces, shard.pieces.index(batch.block[0]),
+                                                     *readers.block_place(batch.block), 1, options)  # fmt: skip
+                        assert again == batch.block
+                        (batch_again, bad_again), *more = read_documents(again, options, True, batch_bytes=4_000)
+                        assert not more and list(batch_again.ids) == list(batch.ids) and bad_again == bad
+            read[columnar] = documents, sorted(rejects)
+            assert batches < len(files) / 5 if columnar else batches == len(files) + 2  # careful: a batch a file
+        assert read[True] == read[False]
+        documents, rejects = read[True]
+        assert documents == files
+        assert rejects == [
+            ("drivers/empty.c", 1, "text length outside [1, no upper limit] characters"),
+            ("drivers/latin1.c", 0, "invalid UTF-8 at byte 3"),
+        ]
+    moved = tmp_path / "elsewhere"
+    tree.rename(moved)
+    config = make_config([f"{moved}/**/*"], "40KB", tmp_path, id_field=None, format="text")
+    assert {i for i, _ in read_all(config, plan_shards(config))[0]} == set(files)
 
 
 def test_a_text_file_split_by_a_separator_is_read_a_document_at_a_time(tmp_path):

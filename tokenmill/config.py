@@ -236,6 +236,7 @@ class InputConfig(_Section):
     ) -> ReadOptions:
         """How its files are read; a chat or preference input's records are rendered with `template`
         (`TokenizerInfo.chat`); `eos_token` is appended to a plain-text pair's completions (`TokenizerInfo`)."""
+        from tokenmill.io.names import input_root
         from tokenmill.io.readers import ReadOptions
         from tokenmill.tokenizers.chat import ChatReading
         from tokenmill.tokenizers.preference import PairReading
@@ -259,6 +260,7 @@ class InputConfig(_Section):
             conversations=self.chat is not None or self.preference is not None,
             chat=chat,
             pairs=pairs,
+            root=input_root(self.paths),
         )
 
 

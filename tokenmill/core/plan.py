@@ -5,7 +5,7 @@ stage makes the plan (`tokenmill.stages.partition`)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,7 +35,7 @@ class Shard:
 
     def to_json(self) -> dict:
         """As plan.json holds it (a mixture source only in a mixture)."""
-        data = {"shard_id": self.shard_id, "pieces": [asdict(p) for p in self.pieces], "bytes": self.bytes}
+        data = {"shard_id": self.shard_id, "pieces": [p.to_json() for p in self.pieces], "bytes": self.bytes}
         return data | ({"mix_source": self.mix_source} if self.mix_source else {}) | {"source": self.source}
 
 

@@ -43,7 +43,7 @@ from fsspec.implementations.local import LocalFileSystem
 from tokenmill.io.arrays import ARRAY_PROBE, ArrayStream, JSONArrayError, may_hold_array, opens_array
 from tokenmill.io.buffers import scan_parts
 from tokenmill.io.direct import DIRECT_ALIGN, in_page_cache, mapped, open_direct
-from tokenmill.io.names import compression_of, format_of
+from tokenmill.io.names import compression_of, format_of, name_under
 from tokenmill.io.storage import options_for
 
 if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 s of every worker's start)
@@ -94,11 +94,6 @@ def few(names: Sequence[str], most: int = 12) -> str:
     return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
-def display_name(url: str) -> str:
-    """The file name used in document ids and messages: stable whatever directory the corpus sits in."""
-    return url.rstrip("/").rsplit("/", 1)[-1]
-
-
 @dataclass
 class Piece:
     path: str
@@ -112,6 +107,10 @@ class Piece:
     # A file of tables: which of its groups of rows (Parquet's row groups, an Arrow file's record batches); None: all
     row_groups: list[int] | None = None
     format: str | None = None  # overrides the configured format (the shuffle's own files are "shuffled")
+
+    def to_json(self) -> dict:
+        """Its fields, as plan.json holds them (`dataclasses.asdict` copies deeply: seconds for 100,000 files)."""
+        return dict(vars(self))
 
 
 @dataclass
@@ -130,6 +129,11 @@ class ReadOptions:
     conversations: bool = False  # records are conversations (input.chat) or pairs (input.preference): read whole
     chat: ChatReading | None = None  # conversations' template; needed to read them
     pairs: PairReading | None = None  # preference pairs' fields and template; needed to read them
+    root: str | None = None  # where the source's files lie (`names.input_root`): their names are paths under it
+
+    def name_of(self, url: str) -> str:
+        """The file's name in document ids and messages: its path under the source's root."""
+        return name_under(self.root, url)
 
 
 class LineIds(Sequence[str]):
@@ -163,8 +167,8 @@ class Batch:
     pairs: list[PairTexts] | None = None  # preference pairs: each one's texts (`texts`: its longest)
     lines: int = 0  # the fast path's: the lines of the file its block spans, blank and rejected ones included
     # the fast path's: its block, as a piece of its file (read alone, it gives this batch's records again; a table
-    # file's group of rows gives those of each of its batches)
-    block: Piece | None = None
+    # file's group of rows gives those of each of its batches), or the files of a run of whole ones (`_fast_files`)
+    block: Piece | list[Piece] | None = None
     # Where each document came from, for its row of the documents table (`formats.provenance`): its input file
     # (the path as the plan lists it), and its line there (JSONL, text; from 1) or row (Parquet; from 1)
     doc_files: list[str] = field(default_factory=list)
@@ -498,17 +502,25 @@ def piece_groups(piece: Piece, options: ReadOptions) -> tuple[Sequence[int], int
     return (piece.row_groups if piece.row_groups is not None else range(len(groups))), len(groups)
 
 
-def block_place(block: Piece) -> tuple[int, int]:
+def block_place(block: Piece | list[Piece]) -> tuple[int, int]:
     """Where a batch's block (`Batch.block`) lies in its file, as the tokenize stage records it: its bytes, or
-    [g, g + 1) for a table file's group of rows g, the piece's rows of it (`block_piece` reads it again)."""
+    [g, g + 1) for a table file's group of rows g, the piece's rows of it; for a run of whole files, [0, n) from its
+    first (`block_pieces` reads it again)."""
+    if isinstance(block, list):
+        return 0, len(block)
     return (block.row_groups[0], block.row_groups[0] + 1) if block.row_groups else (block.start, block.end)
 
 
-def block_piece(piece: Piece, start: int, stop: int, first_line: int, options: ReadOptions) -> Piece:
-    """The block at `block_place`'s (start, stop) of the shard's `piece`, as a piece to read again alone."""
+def block_pieces(
+    pieces: Sequence[Piece], index: int, start: int, stop: int, first_line: int, options: ReadOptions
+) -> list[Piece]:
+    """The block at `block_place`'s (start, stop) of the shard's piece `index`, as pieces to read again alone."""
+    piece = pieces[index]
+    if one_document(piece, options):  # a run of whole files, from this one
+        return list(pieces[index + start : index + stop])
     if kind_of(piece, options) in TABLES:
-        return Piece(piece.path, piece.start, piece.end, first_line, row_groups=[start])
-    return Piece(piece.path, start, stop, first_line)
+        return [Piece(piece.path, piece.start, piece.end, first_line, row_groups=[start])]
+    return [Piece(piece.path, start, stop, first_line)]
 
 
 def _columns(names: list[str], options: ReadOptions, name: str, kind: str) -> list[str]:
@@ -619,6 +631,11 @@ def _text_document(first: int, data: bytes, name: str) -> Record | None:
     return record if record.problem or record.text.strip() else None
 
 
+def one_document(piece: Piece, options: ReadOptions) -> bool:
+    """Whether the piece is a text file that is one document (no `input.separator`)."""
+    return kind_of(piece, options) == "text" and options.separator is None and not options.conversations
+
+
 def separated_text(piece: Piece, options: ReadOptions) -> bool:
     """Whether the piece is of a text file split by `input.separator` lines (cut, sampled and read in blocks)."""
     return kind_of(piece, options) == "text" and options.separator is not None and not options.conversations
@@ -723,7 +740,7 @@ def sampled_texts(piece: Piece, options: ReadOptions, every: int, phase: int) ->
     piece. Block b holds the documents from S(b) to S(b + 1), where S(b) is the first document start after the line
     that offset b * SAMPLE_BLOCK_BYTES is in (`separated_start`, as the partition cuts; S(0) = 0): the same documents
     whatever the piece's bounds. Each block is a read of its own, found by seeking."""
-    name, separator = display_name(piece.path), options.separator.encode()
+    name, separator = options.name_of(piece.path), options.separator.encode()
     with open_piece(piece, options, 2 * SAMPLE_BLOCK_BYTES if every >= SPARSE_BLOCKS else None) as f:
         size = f.seek(0, os.SEEK_END)
         starts = {0: 0}
@@ -759,7 +776,7 @@ def read_lines(
 
 def records(piece: Piece, options: ReadOptions) -> Iterator[Record]:
     """The piece's records, with file-level failures turned into one clear message."""
-    name = display_name(piece.path)
+    name = options.name_of(piece.path)
     count = 0
     try:
         for raw in READERS[kind_of(piece, options)](piece, options, name):
@@ -878,13 +895,17 @@ def read_documents(
     seen_ids: set[str] = set()
     paths_named: dict[str, set[str]] = {}
     for piece in pieces:
-        paths_named.setdefault(display_name(piece.path), set()).add(piece.path)
-    for piece in pieces:
-        if columnar and fast_path_applies(piece, options):
-            own_name = len(paths_named[display_name(piece.path)]) == 1
-            yield from FAST_READERS[kind_of(piece, options)](piece, options, seen_ids, batch_bytes, own_name)
-        else:
-            yield from _careful_batches(records(piece, options), options, seen_ids, batch_bytes)
+        paths_named.setdefault(options.name_of(piece.path), set()).add(piece.path)
+    for whole_files, run in itertools.groupby(pieces, lambda piece: columnar and one_document(piece, options)):
+        if whole_files:  # a source tree's files: thousands of documents of a few KB, read a batch of files at a time
+            yield from _fast_files(list(run), options, seen_ids, batch_bytes)
+            continue
+        for piece in run:
+            if columnar and fast_path_applies(piece, options):
+                own_name = len(paths_named[options.name_of(piece.path)]) == 1
+                yield from FAST_READERS[kind_of(piece, options)](piece, options, seen_ids, batch_bytes, own_name)
+            else:
+                yield from _careful_batches(records(piece, options), options, seen_ids, batch_bytes)
 
 
 def _careful_batches(
@@ -989,7 +1010,7 @@ def fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
 def _fast_jsonl(
     piece: Piece, options: ReadOptions, seen_ids: set[str], batch_bytes: int, own_name: bool = False
 ) -> Iterator[tuple[Batch, list[Reject]]]:
-    name, read_any = display_name(piece.path), False
+    name, read_any = options.name_of(piece.path), False
     counted = piece.first_line is not None
     # A block is a piece of the file to read again: a compressed stream's by its place in the decompressed stream
     # (read again by decompressing up to it: no parse), an array's by its records' place (`arrays.ArrayStream`)
@@ -1243,7 +1264,7 @@ def _fast_tables(
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     """A Parquet or Arrow piece a batch of rows at a time, each checked on its columns (`_table_batch`), or record by
     record where any is not a valid document; a batch's block is its group of rows."""
-    name, count = display_name(piece.path), 0  # the records read
+    name, count = options.name_of(piece.path), 0  # the records read
     try:
         block = None
         for group, first, table in TABLES[kind_of(piece, options)](piece, options, name, batch_bytes):
@@ -1276,7 +1297,7 @@ def _fast_text(
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     """A text file split by separator lines (`_separated`), a batch of its documents of about `batch_bytes` of text at
     a time, each batch a piece of the file (validate reads it again alone) that `_text_batch` checks on its columns."""
-    name, path = display_name(piece.path), piece.path
+    name, path = options.name_of(piece.path), piece.path
     count = 0  # the records read (as `records` counts them: documents and rejects)
     try:
         with open_piece(piece, options) as f:
@@ -1298,6 +1319,57 @@ def _fast_text(
         return
     if piece.start == 0 and count == 0:  # an empty (or blank) file: the careful path says so
         yield from _read_on(piece, options, seen_ids, batch_bytes, 0)
+
+
+def _fast_files(
+    pieces: list[Piece], options: ReadOptions, seen_ids: set[str], batch_bytes: int
+) -> Iterator[tuple[Batch, list[Reject]]]:
+    """Text files of one document each (`one_document`), read a run of about `batch_bytes` of them at a time and
+    checked on their columns (`_files_batch`), where a batch a file would cost more than the file. A batch's block is
+    its files. A file that cannot be read is read by the careful path, which says why (or fails the run: it is gone)."""
+    run: list[tuple[Piece, bytes]] = []
+    held = 0
+    for piece in pieces:
+        try:
+            with open_piece(piece, options) as f:
+                data = f.read()
+        except Exception:
+            if run:
+                yield _files_batch(run, options, seen_ids)
+                run, held = [], 0
+            yield from _careful_batches(records(piece, options), options, seen_ids, batch_bytes)
+            continue
+        run.append((piece, data))
+        held += len(data)
+        if held >= batch_bytes:
+            yield _files_batch(run, options, seen_ids)
+            run, held = [], 0
+    if run:
+        yield _files_batch(run, options, seen_ids)
+
+
+def _files_batch(
+    run: list[tuple[Piece, bytes]], options: ReadOptions, seen_ids: set[str]
+) -> tuple[Batch, list[Reject]]:
+    """The files of `run` (each a document, its id the file's name), checked on their columns where each is UTF-8
+    within the length limits and its name new to the shard, else record by record (`_checked`) as `records` reads
+    them."""
+    names = [options.name_of(piece.path) for piece, _ in run]
+    try:
+        texts = pyarrow.array([data for _, data in run], pyarrow.binary()).cast(pyarrow.string())
+    except pyarrow.ArrowInvalid:  # not UTF-8
+        texts = None
+    if texts is not None and _lengths_within(texts, options) and _claimed(names, seen_ids):
+        batch = Batch(ids=names, nbytes=sum(len(data) for _, data in run), text_array=texts,
+                      extra={f: [None] * len(run) for f in options.fields}, doc_files=[piece.path for piece, _ in run],
+                      doc_lines=np.ones(len(run), np.int64))  # fmt: skip
+        rejects = []
+    else:
+        raws = [replace(_text_record(data, name, 1, reject_at=0), file=name, path=piece.path)
+                for (piece, data), name in zip(run, names, strict=True)]  # fmt: skip
+        batch, rejects = _checked(raws, options, seen_ids)
+    batch.block = [piece for piece, _ in run]
+    return batch, rejects
 
 
 FAST_READERS = {"jsonl": _fast_jsonl, "parquet": _fast_tables, "arrow": _fast_tables, "text": _fast_text}

@@ -18,7 +18,9 @@ taken: runs of neighbouring documents stay short) and every stretch of `stride` 
 one. A text file split by a separator is read in blocks too (`sampled_texts`: a document belongs to the block
 its start follows). A Parquet or Arrow file's blocks are its groups of rows (row groups, record batches), one in
 every `stride` read, or one in every n where the file has n < `stride` (its thresholds scale by n): each file gives
-one, and is not decoded whole. Compressed text and a text file that is one document are read whole (stride 1).
+one, and is not decoded whole. A text file that is one document (a source tree's) is a block of its own, one in every
+`stride` files read (by a seeded hash of its name): each document is still taken with probability f, and its hash
+for that is another. Compressed text split by a separator is read whole (stride 1).
 
 With `stratify_by`, every value of that field (a source, a language) also gets at least `min_group_size`
 bytes of text, or all of its documents if it has fewer: each shard keeps, per value, its lowest-hash
@@ -36,8 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,9 +60,10 @@ from tokenmill.io.readers import (
     SAMPLE_BLOCK_BYTES,
     TABLES,
     Batch,
+    Piece,
     ReadOptions,
-    display_name,
     kind_of,
+    one_document,
     piece_groups,
     read_documents,
     read_lines,
@@ -178,10 +182,28 @@ def _documents(
     from (scale: the stride they were drawn at, `every`, or a table file's own, where it has fewer groups of rows),
     with `read_all` the other blocks too (scale 0: only for the stratification's reserve), and the whole of other
     pieces (scale 1). A block is SAMPLE_BLOCK_BYTES of a line-based file or of uncompressed separated text, a group
-    of rows of a Parquet or Arrow file. A key is the document's id, or without an id field its file, block and line
-    in the block."""
-    for piece in shard.pieces:
-        kind, name = kind_of(piece, options), display_name(piece.path)
+    of rows of a Parquet or Arrow file, a text file that is one document. A key is the document's id, or without an
+    id field its file, block and line in the block."""
+    for whole_files, run in itertools.groupby(shard.pieces, lambda piece: one_document(piece, options)):
+        if not whole_files:
+            yield from _blocks_of(run, options, every, salt, read_all)
+            continue
+        # Text files of one document each (a source tree's): each file a block, read where its phase is 0
+        pieces = list(run)
+        places = unit_interval([options.name_of(piece.path) for piece in pieces], f"block:{salt}")
+        drawn = (places * every).astype(int) == 0
+        for scale, chosen in ((every, drawn), (0, ~drawn if read_all else None)):
+            if chosen is not None and chosen.any():
+                for batch, _ in read_documents([p for p, c in zip(pieces, chosen, strict=True) if c], options, True):
+                    yield scale, batch, batch.ids, batch.nbytes
+
+
+def _blocks_of(
+    pieces: Iterable[Piece], options: ReadOptions, every: int, salt: str, read_all: bool
+) -> Iterator[tuple[int, Batch, list[str], int]]:
+    """`_documents` of pieces that are not whole text files."""
+    for piece in pieces:
+        kind, name = kind_of(piece, options), options.name_of(piece.path)
         place = unit_interval([name], f"block:{salt}")[0]  # the file's phase, as a fraction of the stride
         if kind in TABLES:  # at least one group of rows of each file is read; all where they are not known
             groups, count = piece_groups(piece, options) or (None, 1)
@@ -200,7 +222,7 @@ def _documents(
             for block, batch, nbytes in sampled_texts(piece, options, step, at):
                 yield (every if block % every == phase else 0), batch, batch.ids, nbytes
             continue
-        if kind not in LINE_KINDS:  # text: a document a file, or compressed
+        if kind not in LINE_KINDS:  # compressed text split by a separator
             for batch, _ in read_documents([piece], options, columnar=True):
                 yield 1, batch, batch.ids, batch.nbytes
             continue

@@ -43,7 +43,6 @@ from tokenmill.io.readers import (
     Piece,
     ReadOptions,
     block_place,
-    display_name,
     fast_path_applies,
     kind_of,
     piece_groups,
@@ -195,8 +194,9 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     files: dict[str, dict] = {}  # size and sha256 of each file written, for the marker
     # Where each block the fast path read lies, so that validate's reference sample re-reads a few blocks, not
     # the shard (`tokenmill.stages.validate.sampled_documents`): [its piece, start, stop, first line, rejects, documents
-    # before it in each split], where a table file's group of rows g (read in several batches) is [g, g + 1). None
-    # where a batch came another way (a text file of one document, dotted fields, conversations).
+    # before it in each split], where a table file's group of rows g (read in several batches) is [g, g + 1) and a
+    # run of n whole text files [0, n) from the first. None where a batch came another way (dotted fields,
+    # conversations).
     blocks: list[list[int]] | None = []
     block = None  # the last one
     documents: dict[str, list] = {s: [] for s in splits}  # each split's rows of its documents table, batch by batch
@@ -219,8 +219,9 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
                 blocks[-1][4] += len(batch_rejects)
             elif blocks is not None:
                 block, before = batch.block, [counts[s]["documents"] for s in splits]
+                first = block[0] if isinstance(block, list) else block  # a run of whole files: from the first
                 blocks.append(
-                    [piece_of[block.path], *block_place(block), block.first_line, len(batch_rejects), *before]
+                    [piece_of[first.path], *block_place(block), first.first_line, len(batch_rejects), *before]
                 )
             documents_in += len(batch) + len(batch_rejects)
             bytes_in += batch.nbytes
@@ -433,7 +434,7 @@ def verification_texts(
             every = max(1, size // SAMPLE_BLOCK_BYTES // wanted)
             blocks = sampled_blocks(piece, options, every, int(rng.integers(every)))
             batches = (
-                read_lines(lines, 1, f"{display_name(piece.path)}#{block}", kind, options, set())[0]
+                read_lines(lines, 1, f"{options.name_of(piece.path)}#{block}", kind, options, set())[0]
                 for block, lines in blocks
             )
         elif kind in TABLES and (groups := piece_groups(piece, options)) is not None:

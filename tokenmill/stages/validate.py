@@ -33,7 +33,7 @@ from tokenmill.core.stats import COLUMNS, Tokenized, ValidationFailed, all_rejec
 from tokenmill.formats.megatron import MegatronReader, token_dtype
 from tokenmill.formats.packed import read_shuffle_index
 from tokenmill.formats.table import FORMATS, Format, SplitFound
-from tokenmill.io.readers import BATCH_BYTES, ReadOptions, block_piece, read_documents, schema_library
+from tokenmill.io.readers import BATCH_BYTES, ReadOptions, block_pieces, read_documents, schema_library
 from tokenmill.io.storage import STREAMED, Store
 from tokenmill.tokenizers.chat import RenderedChat, mask_problems
 from tokenmill.tokenizers.encoders import in_runs, loaded_backend
@@ -321,8 +321,8 @@ def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator
     read = []  # (split names, their indexes, texts) of each batch of each block's documents
     for b in taken:
         piece, start, stop, first_line, _, *counts = blocks[b].tolist()
-        block = block_piece(pieces[piece], start, stop, first_line, options)
-        batches = list(read_documents([block], options, columnar=True))  # in as many batches as it takes
+        block = block_pieces(pieces, piece, start, stop, first_line, options)
+        batches = list(read_documents(block, options, columnar=True))  # in as many batches as it takes
         if any(rejects for _, rejects in batches) or sum(len(batch) for batch, _ in batches) != held[b].sum():
             return None  # the file changed since: read the shard as tokenize did
         for batch, _ in batches:
