@@ -1,8 +1,10 @@
 """What the input layouts cost: the same documents as JSON Lines, JSON Lines compressed with zstd, Parquet (row groups
 of 5,000 rows, as the Hugging Face hub writes them), an Arrow stream (record batches of 1,000 rows, as Hugging Face
 datasets' `save_to_disk` writes them), one JSON array (Alpaca's layout, indented; and on one line, as `json.dump`
-writes it) and plain text split by `<|endoftext|>` lines (TinyStories' layout), each read by `tokenmill run` with the
-default config but `pack.mode: none`, side by side, the order rotating each round (`--layouts`: some of them).
+writes it), plain text split by `<|endoftext|>` lines (TinyStories' layout) and a tree of text files of one document
+each (a thousand a directory, as a source checkout holds them; the input is the directory), each read by `tokenmill
+run` with the default config but `pack.mode: none`, side by side, the order rotating each round (`--layouts`: some of
+them).
 
 In each round it measures this machine's parse+encode limit on the corpus as `bench/megatron.py` does (pyarrow's JSON
 reader and gigatoken alone, the first 300 MB in memory, times the cores), and gives each layout's rate (the JSON Lines'
@@ -40,14 +42,14 @@ REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = SHARED / "tokenizers/gpt2/tokenizer.json"
 LAYOUTS = [
     "JSON Lines", "JSON Lines, zstd", "Parquet", "Arrow (save_to_disk)", "one JSON array", "one JSON array, compact",
-    "text, separated",
+    "text, separated", "a tree of files",
 ]  # fmt: skip
 
 
 def layouts(corpus: Path, work: Path, chosen: Sequence[str]) -> dict[str, Path]:
     """The corpus's texts written in each chosen layout."""
     texts = [orjson.loads(line)["text"] for line in corpus.open("rb")]
-    suffixes = [".jsonl", ".jsonl.zst", ".parquet", ".arrow", ".json", "-compact.json", ".txt"]
+    suffixes = [".jsonl", ".jsonl.zst", ".parquet", ".arrow", ".json", "-compact.json", ".txt", "-tree"]
     paths = {name: work / f"corpus{suffix}" for name, suffix in zip(LAYOUTS, suffixes, strict=True) if name in chosen}
     lines = b"".join(orjson.dumps({"text": text}) + b"\n" for text in texts)
     paths["JSON Lines"].write_bytes(lines)
@@ -66,6 +68,10 @@ def layouts(corpus: Path, work: Path, chosen: Sequence[str]) -> dict[str, Path]:
             paths[name].write_bytes(orjson.dumps([{"text": text} for text in texts], option=option))
     if "text, separated" in paths:  # a separator line ends each document (none of these corpora's texts holds one)
         paths["text, separated"].write_text("".join(f"{text}\n<|endoftext|>\n" for text in texts))
+    if "a tree of files" in paths:  # a document a file, a thousand files a directory (as a checkout's source)
+        for i, text in enumerate(texts):
+            (paths["a tree of files"] / f"{i // 1000:04d}").mkdir(parents=True, exist_ok=True)
+            (paths["a tree of files"] / f"{i // 1000:04d}" / f"{i:07d}.txt").write_text(text, encoding="utf-8")
     return paths
 
 

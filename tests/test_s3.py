@@ -78,6 +78,35 @@ def test_a_json_array_file_on_s3_is_read_as_on_disk(s3_server, tmp_path):
     assert [i for batch in batches for i in batch.ids] == [f"a.json:{n}" for n in range(1, 301)]
 
 
+def test_a_source_tree_on_s3_is_read_as_on_disk_each_file_named_by_its_key_under_the_prefix(s3_server, tmp_path):
+    """Text files of one document each under an S3 prefix, a `Makefile` in several "directories" (read 16 at a time
+    there, each a request): every document is read once, in the plan's order, its id its key under the prefix the
+    glob starts from, as on disk; one not UTF-8 is a reject naming it."""
+    from tokenmill.config import TokenmillConfig
+    from tokenmill.io.readers import read_documents
+    from tokenmill.stages.partition import plan_shards
+
+    files = {f"kernel/d{i % 5}/Makefile": f"obj-y += f{i}.o\n" + "# x\n" * (i % 9) for i in range(60)}
+    files |= {f"kernel/d{i % 5}/f{i}.c": f"int f{i};\n" for i in range(60, 100)}
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="tree")
+    for key, text in files.items():
+        s3.put_object(Bucket="tree", Key=f"linux/{key}", Body=text.encode())
+    s3.put_object(Bucket="tree", Key="linux/kernel/latin1.c", Body=b"caf\xe9")
+    config = TokenmillConfig.model_validate(
+        {"name": "t", "input": {"paths": ["s3://tree/linux/**"], "format": "text"}, "partition": {"shard_size": 400},
+         "tokenizer": {"path": "unused.json"}, "output": {"path": str(tmp_path / "out")}}
+    )  # fmt: skip
+    plan, options = plan_shards(config), config.input.read_options()
+    assert len(plan.shards) > 3 and options.root == "s3://tree/linux"
+    documents, rejects = {}, []
+    for shard in plan.shards:
+        for batch, bad in read_documents(shard.pieces, options, columnar=True):
+            documents |= dict(zip(batch.ids, map(str, batch.text_values()), strict=True))
+            rejects += [(r.file, r.reason) for r in bad]
+    assert documents == files and rejects == [("kernel/latin1.c", "invalid UTF-8 at byte 3")]
+
+
 def test_the_partition_and_the_samples_read_what_they_look_at_of_an_s3_file_not_a_block_ahead(
     s3_server, tmp_path, monkeypatch
 ):

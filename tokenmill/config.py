@@ -186,7 +186,9 @@ class InputConfig(_Section):
     )
     text_field: str = Field("text", description="Field holding the document text; may be nested (meta.content).")
     id_field: str | None = Field(
-        None, description="Field holding a unique document id; if unset, `<file name>:<line or row>` is used."
+        None,
+        description="Field holding a unique document id; if unset, `<file>:<line or row>` is used, `<file>` "
+        "the file's path under the deepest directory holding all of `paths`.",
     )
     separator: str | None = Field(
         None, description="Plain text: a line that separates documents; null: one document per file."

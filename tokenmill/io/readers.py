@@ -12,6 +12,7 @@ present and unique within the shard.
 from __future__ import annotations
 
 import bz2
+import collections
 import errno
 import gzip
 import heapq
@@ -68,6 +69,7 @@ ZSTD_CHUNK = 64 << 10  # compressed bytes decompressed at once: a chunk of repet
 SAMPLE_BLOCK_BYTES = 64 << 10  # a sample's run of neighbouring documents (`sampled_blocks`): ~40 Wikipedia articles
 SPARSE_BLOCKS = 64  # sampled blocks this many apart (4 MB) or more are read each alone, not with what lies between
 LONG_LINE = 1 << 20  # a line that ends a directly read block may run this far past it (longer: it is mapped)
+FILES_AHEAD = 16  # an object store's files of one document each read at once (`_contents`)
 PANDERA_IMPORT = threading.Lock()
 
 
@@ -1329,11 +1331,8 @@ def _fast_files(
     its files. A file that cannot be read is read by the careful path, which says why (or fails the run: it is gone)."""
     run: list[tuple[Piece, bytes]] = []
     held = 0
-    for piece in pieces:
-        try:
-            with open_piece(piece, options) as f:
-                data = f.read()
-        except Exception:
+    for piece, data in _contents(pieces, options):
+        if data is None:
             if run:
                 yield _files_batch(run, options, seen_ids)
                 run, held = [], 0
@@ -1346,6 +1345,30 @@ def _fast_files(
             run, held = [], 0
     if run:
         yield _files_batch(run, options, seen_ids)
+
+
+def _contents(pieces: list[Piece], options: ReadOptions) -> Iterator[tuple[Piece, bytes | None]]:
+    """Each piece's whole content, decompressed (None where it cannot be read), in order. On an object store a
+    request costs milliseconds whatever its size, so FILES_AHEAD files are read at once there (memory holds as many)."""
+
+    def content(piece: Piece) -> bytes | None:
+        try:
+            with open_piece(piece, options) as f:
+                return f.read()
+        except Exception:  # the careful reader says why
+            return None
+
+    if not pieces or "://" not in pieces[0].path or pieces[0].path.startswith("file://"):
+        yield from ((piece, content(piece)) for piece in pieces)
+        return
+    with ThreadPoolExecutor(FILES_AHEAD) as pool:
+        ahead: collections.deque = collections.deque()
+        for piece in pieces:
+            ahead.append((piece, pool.submit(content, piece)))
+            if len(ahead) > FILES_AHEAD:
+                piece_before, reading = ahead.popleft()
+                yield piece_before, reading.result()
+        yield from ((piece, reading.result()) for piece, reading in ahead)
 
 
 def _files_batch(
