@@ -41,6 +41,7 @@ class Case:
     code: int = 1  # 2: the config itself is invalid
     raw_config: str | None = None  # the config file's text as is
     local_cluster: bool = False  # the run's own LocalCluster, whose workers print on the run's terminal
+    links: dict[str, str] = field(default_factory=dict)  # symbolic links under the test's directory: where each points
 
 
 CASES = {
@@ -62,6 +63,13 @@ CASES = {
         config={"input": {"on_invalid": "fail"}},
         said=r"cut\.json: cannot be read after 1 records \(JSONArrayError: record 2: Unterminated string starting at "
         r"byte 30\)",
+    ),
+    "a source tree with a link to nothing": Case(
+        files={"linux/init/main.c": b"int main;\n"},
+        links={"linux/init/gone.c": "/nonexistent/gone.c"},
+        config={"input": {"paths": ["{tmp}/linux/**/*"], "format": "text", "id_field": None}},
+        said=r"input file .*/linux/init/gone\.c is a symbolic link to '/nonexistent/gone\.c', which does not exist: "
+        r"remove the link",
     ),
     "paths that match nothing": Case(
         config={"input": {"paths": ["{tmp}/nowhere/*.jsonl"]}},
@@ -162,6 +170,8 @@ def test_bad_input_gets_one_clear_message_no_traceback_and_nothing_published(nam
     for rel, data in case.files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(data)
+    for rel, target in case.links.items():
+        (tmp_path / rel).symlink_to(target)
     config = base_config(tmp_path)
     for section, value in with_tmp(case.config, tmp_path).items():
         if isinstance(value, dict) and isinstance(config.get(section), dict):

@@ -152,7 +152,7 @@ def list_files(patterns: list[str], storage_options: dict | None = None) -> list
             if any(info.get("type") == "directory" for info in matches.values()):
                 matches = files_under(fs, pattern)
         # A local glob describes a link itself ("other"): an input file may be a link to one (not in the output)
-        matches = {m: fs.info(m) if info.get("islink") else info for m, info in matches.items()}
+        matches = {m: _linked(fs, m) if info.get("islink") else info for m, info in matches.items()}
         matches = {m: info for m, info in matches.items() if info.get("type") == "file"}
         if not matches:
             raise FileNotFoundError(f"input path {pattern!r} matches no file")
@@ -161,6 +161,18 @@ def list_files(patterns: list[str], storage_options: dict | None = None) -> list
             url = m if isinstance(fs, LocalFileSystem) else f"{protocol}://{m.split('://')[-1]}"
             found[url] = {"path": url, "size": int(info["size"]), **_version_of(info)}
     return [found[url] for url in sorted(found)]
+
+
+def _linked(fs: fsspec.AbstractFileSystem, link: str) -> dict:
+    """What a local link among the input's files names; a link to nothing (a source tree's stray one) is an error
+    naming it and where it points, not a traceback from the listing."""
+    try:
+        return fs.info(link)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"input file {link} is a symbolic link to {os.readlink(link)!r}, which does not exist: remove the link, "
+            "or name the files without it in input.paths"
+        ) from None
 
 
 def files_under(fs: fsspec.AbstractFileSystem, directory: str) -> dict[str, dict]:
