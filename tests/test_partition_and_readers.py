@@ -391,6 +391,58 @@ def test_a_source_tree_is_read_a_batch_of_files_at_a_time_each_named_by_its_path
     assert {i for i, _ in read_all(config, plan_shards(config))[0]} == set(files)
 
 
+def test_small_files_batches_are_joined_and_a_joined_block_reads_again_alone(tmp_path):
+    """A web crawl's small files: 150 JSONL files of 5 records (one with a record without text, one empty, two of
+    one name in two directories) and a small Parquet file among them. Read on their columns, neighbouring files'
+    batches are joined into batches of about `batch_bytes` (a batch a file cost the encoder's call a file); the
+    documents, their files and lines, and the rejects are the careful reader's, file by file. A joined batch's block
+    is its files' pieces, and read again alone gives its documents again."""
+    for f in range(150):
+        lines = [{"text": f"file {f} record {r} " + "x" * (f * 31 % 300)} for r in range(5)]
+        if f == 17:
+            lines[2] = {"body": "no text"}
+        directory = tmp_path / ("b" if f == 40 else "a")
+        directory.mkdir(exist_ok=True)
+        name = "same.jsonl" if f in (7, 40) else f"part-{f:03d}.jsonl"
+        data = "" if f == 23 else "".join(json.dumps(line) + "\n" for line in lines)
+        (directory / name).write_text(data)
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(9)]}), tmp_path / "a" / "part-030b.parquet")
+    config = make_config([f"{tmp_path}/*/*"], "1GB", tmp_path, id_field=None)
+    shards = plan_shards(config).shards
+    options = config.input.read_options()
+    read = {}
+    for columnar in (False, True):
+        batches = [(b, bad, s) for s in shards for b, bad in read_documents(s.pieces, options, columnar, 3_000)]
+        documents = [
+            (i, str(text), path, int(line))
+            for batch, _, _ in batches
+            for i, text, path, line in zip(
+                batch.ids, batch.text_values(), batch.doc_files, batch.doc_lines, strict=True
+            )
+        ]
+        rejects = [(r.file, r.line, r.reason) for _, bad, _ in batches for r in bad]
+        read[columnar] = documents, rejects
+        if columnar:
+            joined = [(batch, shard) for batch, _, shard in batches if isinstance(batch.block, list)]
+            assert len(batches) < 100 and len(joined) > 10
+            for batch, shard in joined:
+                index = shard.pieces.index(batch.block[0])
+                again = readers.block_pieces(shard.pieces, index, *readers.block_place(batch.block), 1, options)
+                assert again == batch.block == list(shard.pieces[index : index + len(again)])
+                assert [i for b, _ in read_documents(again, options, True, 3_000) for i in b.ids] == list(batch.ids)
+    assert read[True] == read[False]
+    documents, rejects = read[True]
+    assert (
+        len(documents) == 149 * 5 - 1 + 9
+        and ("a/same.jsonl:1", "file 7 record 0 " + "x" * 217, str(tmp_path / "a/same.jsonl"), 1) in documents
+    )
+    assert ("b/same.jsonl:5", "file 40 record 4 " + "x" * (40 * 31 % 300)) in [d[:2] for d in documents]
+    assert rejects == [
+        ("a/part-017.jsonl", 3, "text field 'text' missing or null"),
+        ("a/part-023.jsonl", 0, "empty file: no records"),
+    ]
+
+
 def test_a_text_file_split_by_a_separator_is_read_a_document_at_a_time(tmp_path):
     """TinyStories' layout: a large .txt of stories between `<|endoftext|>` lines. The reader holds a document, not
     the file (the file was read whole, decoded and split: about four times its size); a document that is not

@@ -24,7 +24,7 @@ import os
 import stat
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
@@ -169,7 +169,8 @@ class Batch:
     pairs: list[PairTexts] | None = None  # preference pairs: each one's texts (`texts`: its longest)
     lines: int = 0  # the fast path's: the lines of the file its block spans, blank and rejected ones included
     # the fast path's: its block, as a piece of its file (read alone, it gives this batch's records again; a table
-    # file's group of rows gives those of each of its batches), or the files of a run of whole ones (`_fast_files`)
+    # file's group of rows gives those of each of its batches), or the pieces of a run of whole small files read as
+    # one batch (`_fast_files`, `_joined`)
     block: Piece | list[Piece] | None = None
     # Where each document came from, for its row of the documents table (`formats.provenance`): its input file
     # (the path as the plan lists it), and its line there (JSONL, text; from 1) or row (Parquet; from 1)
@@ -506,10 +507,10 @@ def piece_groups(piece: Piece, options: ReadOptions) -> tuple[Sequence[int], int
 
 def block_place(block: Piece | list[Piece]) -> tuple[int, int]:
     """Where a batch's block (`Batch.block`) lies in its file, as the tokenize stage records it: its bytes, or
-    [g, g + 1) for a table file's group of rows g, the piece's rows of it; for a run of whole files, [0, n) from its
-    first (`block_pieces` reads it again)."""
+    [g, g + 1) for a table file's group of rows g, the piece's rows of it; for a run of n whole files, (-n, 0) from
+    its first (no offset is negative: `block_pieces` reads each again)."""
     if isinstance(block, list):
-        return 0, len(block)
+        return -len(block), 0
     return (block.row_groups[0], block.row_groups[0] + 1) if block.row_groups else (block.start, block.end)
 
 
@@ -518,8 +519,8 @@ def block_pieces(
 ) -> list[Piece]:
     """The block at `block_place`'s (start, stop) of the shard's piece `index`, as pieces to read again alone."""
     piece = pieces[index]
-    if one_document(piece, options):  # a run of whole files, from this one
-        return list(pieces[index + start : index + stop])
+    if start < 0:  # a run of whole files, from this one
+        return list(pieces[index : index - start])
     if kind_of(piece, options) in TABLES:
         return [Piece(piece.path, piece.start, piece.end, first_line, row_groups=[start])]
     return [Piece(piece.path, start, stop, first_line)]
@@ -893,7 +894,8 @@ def read_documents(
 ) -> Iterator[tuple[Batch, list[Reject]]]:
     """Yield (batch of valid documents, rejects among the same records), batches of about `batch_bytes`.
     With `columnar`, JSONL, Parquet, Arrow and text split by a separator are read by the fast paths (`_fast_jsonl`,
-    `_fast_tables`, `_fast_text`) where they apply."""
+    `_fast_tables`, `_fast_text`) where they apply, small files' batches joined (`_joined`), and text files of one
+    document a run of them at a time (`_fast_files`)."""
     seen_ids: set[str] = set()
     paths_named: dict[str, set[str]] = {}
     for piece in pieces:
@@ -902,12 +904,77 @@ def read_documents(
         if whole_files:  # a source tree's files: thousands of documents of a few KB, read a batch of files at a time
             yield from _fast_files(list(run), options, seen_ids, batch_bytes)
             continue
-        for piece in run:
-            if columnar and fast_path_applies(piece, options):
-                own_name = len(paths_named[options.name_of(piece.path)]) == 1
-                yield from FAST_READERS[kind_of(piece, options)](piece, options, seen_ids, batch_bytes, own_name)
-            else:
-                yield from _careful_batches(records(piece, options), options, seen_ids, batch_bytes)
+        yield from _joined(_by_piece(run, options, seen_ids, batch_bytes, columnar, paths_named), batch_bytes)
+
+
+def _by_piece(
+    pieces: Iterable[Piece],
+    options: ReadOptions,
+    seen_ids: set[str],
+    batch_bytes: int,
+    columnar: bool,
+    paths_named: dict[str, set[str]],
+) -> Iterator[tuple[Batch, list[Reject], Piece | None]]:
+    """Each piece's batches, read by its fast path where it applies (`columnar`), each with its piece where it is a
+    whole file's only batch, on its columns and without rejects: a small file's, which `_joined` joins to others."""
+    for piece in pieces:
+        if not (columnar and fast_path_applies(piece, options)):
+            batches = _careful_batches(records(piece, options), options, seen_ids, batch_bytes)
+            yield from ((batch, rejects, None) for batch, rejects in batches)
+            continue
+        own_name = len(paths_named[options.name_of(piece.path)]) == 1
+        batches = FAST_READERS[kind_of(piece, options)](piece, options, seen_ids, batch_bytes, own_name)
+        if (first := next(batches, None)) is None:
+            continue
+        batch, rejects = first
+        whole = piece.start == 0 and piece.end is None and piece.row_groups is None
+        small = whole and batch.nbytes < batch_bytes and not rejects and batch.text_array is not None
+        second = next(batches, None) if small and isinstance(batch.block, Piece) else None  # a small batch held
+        yield batch, rejects, piece if small and isinstance(batch.block, Piece) and second is None else None
+        if second is not None:
+            yield (*second, None)
+        yield from ((batch, rejects, None) for batch, rejects in batches)
+
+
+def _joined(
+    read: Iterator[tuple[Batch, list[Reject], Piece | None]], batch_bytes: int
+) -> Iterator[tuple[Batch, list[Reject]]]:
+    """`_by_piece`'s batches, neighbouring small files' joined into one of about `batch_bytes`, its block their
+    pieces: a batch a file of a web crawl's 100 KB files cost the encoder's call and the tokenize stage's bookkeeping
+    a file (2 ms here, more than such a file's own parse and encoding)."""
+    held: list[tuple[Batch, Piece]] = []
+    held_bytes = 0
+    for batch, rejects, small in read:
+        if held and (small is None or batch.text_array.type != held[0][0].text_array.type):
+            yield _join(held), []
+            held, held_bytes = [], 0
+        if small is None:
+            yield batch, rejects
+            continue
+        held.append((batch, small))
+        held_bytes += batch.nbytes
+        if held_bytes >= batch_bytes:
+            yield _join(held), []
+            held, held_bytes = [], 0
+    if held:
+        yield _join(held), []
+
+
+def _join(held: list[tuple[Batch, Piece]]) -> Batch:
+    """Small files' batches (each its file's only one, and its piece) as one batch whose block is those pieces."""
+    if len(held) == 1:
+        return held[0][0]
+    batches = [batch for batch, _ in held]
+    return Batch(
+        ids=[i for batch in batches for i in batch.ids],
+        nbytes=sum(batch.nbytes for batch in batches),
+        text_array=pyarrow.concat_arrays([batch.text_array for batch in batches]),
+        extra={f: [v for batch in batches for v in batch.extra[f]] for f in batches[0].extra},
+        lines=sum(batch.lines for batch in batches),
+        block=[piece for _, piece in held],
+        doc_files=[path for batch in batches for path in batch.doc_files],
+        doc_lines=np.concatenate([np.asarray(batch.doc_lines, np.int64) for batch in batches]),
+    )
 
 
 def _careful_batches(
