@@ -1,8 +1,9 @@
 """What the input layouts cost: the same documents as JSON Lines, JSON Lines compressed with zstd, Parquet (row groups
 of 5,000 rows, as the Hugging Face hub writes them), an Arrow stream (record batches of 1,000 rows, as Hugging Face
 datasets' `save_to_disk` writes them), one JSON array (Alpaca's layout, indented; and on one line, as `json.dump`
-writes it), plain text split by `<|endoftext|>` lines (TinyStories' layout) and a tree of text files of one document
-each (a thousand a directory, as a source checkout holds them; the input is the directory), each read by `tokenmill
+writes it), plain text split by `<|endoftext|>` lines (TinyStories' layout), a tree of text files of one document
+each (a thousand a directory, as a source checkout holds them; the input is the directory) and JSON Lines in files of
+about 128 KB (a crawl's many small parts, a thousand a directory), each read by `tokenmill
 run` with the default config but `pack.mode: none`, side by side, the order rotating each round (`--layouts`: some of
 them).
 
@@ -42,14 +43,14 @@ REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = SHARED / "tokenizers/gpt2/tokenizer.json"
 LAYOUTS = [
     "JSON Lines", "JSON Lines, zstd", "Parquet", "Arrow (save_to_disk)", "one JSON array", "one JSON array, compact",
-    "text, separated", "a tree of files",
+    "text, separated", "a tree of files", "JSON Lines, small files",
 ]  # fmt: skip
 
 
 def layouts(corpus: Path, work: Path, chosen: Sequence[str]) -> dict[str, Path]:
     """The corpus's texts written in each chosen layout."""
     texts = [orjson.loads(line)["text"] for line in corpus.open("rb")]
-    suffixes = [".jsonl", ".jsonl.zst", ".parquet", ".arrow", ".json", "-compact.json", ".txt", "-tree"]
+    suffixes = [".jsonl", ".jsonl.zst", ".parquet", ".arrow", ".json", "-compact.json", ".txt", "-tree", "-small"]
     paths = {name: work / f"corpus{suffix}" for name, suffix in zip(LAYOUTS, suffixes, strict=True) if name in chosen}
     lines = b"".join(orjson.dumps({"text": text}) + b"\n" for text in texts)
     paths["JSON Lines"].write_bytes(lines)
@@ -68,6 +69,17 @@ def layouts(corpus: Path, work: Path, chosen: Sequence[str]) -> dict[str, Path]:
             paths[name].write_bytes(orjson.dumps([{"text": text} for text in texts], option=option))
     if "text, separated" in paths:  # a separator line ends each document (none of these corpora's texts holds one)
         paths["text, separated"].write_text("".join(f"{text}\n<|endoftext|>\n" for text in texts))
+    if "JSON Lines, small files" in paths:  # files of about 128 KB, a thousand a directory (a crawl's parts)
+        parts, part, held = [], [], 0
+        for line in lines.splitlines(keepends=True):
+            part.append(line)
+            held += len(line)
+            if held >= 128 << 10:
+                parts.append(b"".join(part))
+                part, held = [], 0
+        for i, data in enumerate([*parts, b"".join(part)] if part else parts):
+            (paths["JSON Lines, small files"] / f"{i // 1000:04d}").mkdir(parents=True, exist_ok=True)
+            (paths["JSON Lines, small files"] / f"{i // 1000:04d}" / f"part-{i:06d}.jsonl").write_bytes(data)
     if "a tree of files" in paths:  # a document a file, a thousand files a directory (as a checkout's source)
         for i, text in enumerate(texts):
             (paths["a tree of files"] / f"{i // 1000:04d}").mkdir(parents=True, exist_ok=True)
