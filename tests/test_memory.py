@@ -268,8 +268,8 @@ def test_the_tokenize_stages_memory_grows_neither_with_the_shard_nor_with_its_lo
 
 
 def test_a_tokenize_task_out_of_memory_is_tried_again_with_smaller_batches_and_succeeds(tmp_path, run_cli):
-    """A shard whose batches are too large for its workers (tokenizer.batch_bytes 1 GB: the whole 60 MB shard at
-    once, ~0.5 GB more) kills every worker that runs it; the stage tries it once more with batches of 1 MB, and the
+    """A shard whose batches are too large for its workers (tokenizer.batch_bytes 1 GB: the whole 72 MB shard at
+    once, ~0.6 GB more) kills every worker that runs it; the stage tries it once more with batches of 1 MB, and the
     run publishes hf's ids, saying what it did."""
     from tokenmill.tokenizers.encoders import cached_unsafe_code_points, new_backend
 
@@ -279,7 +279,7 @@ def test_a_tokenize_task_out_of_memory_is_tried_again_with_smaller_batches_and_s
     # ids are held, so the batch's memory lasts seconds, not the fraction of one the nanny's poll could miss.
     mark = f" {chr(unsafe[len(unsafe) // 2])}" if len(unsafe) else ""
     short = [ascii_code(random.Random(k).randrange(200, 8000), k) + (mark if k % 10 == 0 else "") for k in range(1100)]
-    texts = short * 15  # about 60 MB
+    texts = short * 18  # about 72 MB
     corpus = tmp_path / "many.jsonl"
     corpus.write_bytes(b"".join(orjson.dumps({"id": f"d{k}", "text": t}) + b"\n" for k, t in enumerate(texts)))
     config = yaml.safe_load(open(config_file(tmp_path, corpus)))

@@ -929,8 +929,9 @@ def _by_piece(
         batch, rejects = first
         whole = piece.start == 0 and piece.end is None and piece.row_groups is None
         small = whole and batch.nbytes < batch_bytes and not rejects and batch.text_array is not None
-        second = next(batches, None) if small and isinstance(batch.block, Piece) else None  # a small batch held
-        yield batch, rejects, piece if small and isinstance(batch.block, Piece) and second is None else None
+        small = small and isinstance(batch.block, Piece)
+        second = next(batches, None) if small else None  # the file read to its end while a small batch is held
+        yield batch, rejects, piece if small and second is None else None
         if second is not None:
             yield (*second, None)
         yield from ((batch, rejects, None) for batch, rejects in batches)
