@@ -425,6 +425,7 @@ def test_small_files_batches_are_joined_and_a_joined_block_reads_again_alone(tmp
         if columnar:
             joined = [(batch, shard) for batch, _, shard in batches if isinstance(batch.block, list)]
             assert len(batches) < 100 and len(joined) > 10
+            assert all(isinstance(batch.ids, readers.LineIds) for batch, _ in joined)  # no string a document
             for batch, shard in joined:
                 index = shard.pieces.index(batch.block[0])
                 again = readers.block_pieces(shard.pieces, index, *readers.block_place(batch.block), 1, options)

@@ -140,9 +140,9 @@ class ReadOptions:
 
 class LineIds(Sequence[str]):
     """The ids `<file>:<line>` of a block's documents, by their `lines`, made only when asked for: a run into one
-    split hashes none of them."""
+    split hashes none of them. `name` is the file's, or each document's (joined small files', `_join`)."""
 
-    def __init__(self, name: str, lines: np.ndarray):
+    def __init__(self, name: str | pyarrow.Array, lines: np.ndarray):
         self.name, self.lines = name, lines
 
     def __len__(self) -> int:
@@ -155,7 +155,9 @@ class LineIds(Sequence[str]):
         return iter(self.as_list())
 
     def as_list(self) -> list[str]:
-        return [f"{self.name}:{n}" for n in self.lines.tolist()]
+        if isinstance(self.name, str):
+            return [f"{self.name}:{n}" for n in self.lines.tolist()]
+        return [f"{name}:{n}" for name, n in zip(self.name.to_pylist(), self.lines.tolist(), strict=True)]
 
 
 @dataclass
@@ -966,8 +968,14 @@ def _join(held: list[tuple[Batch, Piece]]) -> Batch:
     if len(held) == 1:
         return held[0][0]
     batches = [batch for batch, _ in held]
+    if all(isinstance(batch.ids, LineIds) for batch in batches):  # kept lazy: a name per document, taken by arrow
+        names = pyarrow.array([batch.ids.name for batch in batches], pyarrow.string())
+        of = np.repeat(np.arange(len(batches)), [len(batch.ids) for batch in batches])
+        ids = LineIds(names.take(pyarrow.array(of)), np.concatenate([batch.ids.lines for batch in batches]))
+    else:
+        ids = [i for batch in batches for i in batch.ids]
     return Batch(
-        ids=[i for batch in batches for i in batch.ids],
+        ids=ids,
         nbytes=sum(batch.nbytes for batch in batches),
         text_array=pyarrow.concat_arrays([batch.text_array for batch in batches]),
         extra={f: [v for batch in batches for v in batch.extra[f]] for f in batches[0].extra},
