@@ -174,6 +174,33 @@ def test_held_out_sample_of_plain_jsonl_reads_a_few_percent_the_same_whatever_th
     assert sorted(small_texts) == sorted(large_texts) and len(set(small_texts)) == len(small_texts) > 100
 
 
+def test_held_out_sample_of_small_jsonl_files_opens_only_the_files_it_draws_from(tmp_path, plain_enwiki, monkeypatch):
+    """A crawl's small parts: the English corpus as about 400 JSONL files of 128 KB (two sample blocks each). A file
+    whose drawn block would start past its end is not opened (its size is looked up); the sample is the one that
+    opening every file gives, and the same whatever the shards."""
+    from tokenmill.io import readers
+
+    parts, lines = tmp_path / "parts", plain_enwiki.read_bytes().splitlines(keepends=True)
+    parts.mkdir()
+    part, held, count = [], 0, 0
+    for line in lines + [b""]:
+        part.append(line)
+        held += len(line)
+        if held >= 128 << 10 or not line:
+            (parts / f"part-{count:04d}.jsonl").write_bytes(b"".join(part))
+            part, held, count = [], 0, count + 1
+    opened, open_piece = set(), readers.open_piece
+    monkeypatch.setattr(readers, "open_piece", lambda piece, *a: opened.add(piece.path) or open_piece(piece, *a))
+    small, small_texts = held_out(tmp_path / "small", parts, "8MB", None)
+    assert count >= 400 and len(opened) < 0.2 * count  # a block of 64 KiB in 27 drawn, of 2 or 3 a file
+    assert 0.5 * 500_000 < sum(s.holdout_bytes for s in small) < 1.5 * 500_000  # about 30 blocks drawn
+    large, large_texts = held_out(tmp_path / "large", parts, "25MB", None)
+    monkeypatch.setattr(sampling, "is_shorter", lambda *_: False)
+    every, every_texts = held_out(tmp_path / "every", parts, "8MB", None)
+    assert len(small) > len(large) and len(opened) == count
+    assert sorted(small_texts) == sorted(large_texts) == sorted(every_texts)
+
+
 def test_held_out_sample_of_separated_text_reads_a_few_percent_the_same_whatever_the_shards(tmp_path, plain_enwiki):
     """The English corpus's texts as one text file split by `<|endoftext|>` lines (TinyStories' layout): read in
     blocks too, not whole, and a document's block is fixed by the file, not by where the partition cut it."""

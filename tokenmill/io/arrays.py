@@ -66,7 +66,13 @@ def opens_array(f: BinaryIO) -> bool:
         f.seek(0)
     else:
         return False
-    return head.removeprefix(codecs.BOM_UTF8).lstrip(BLANKS)[:1] == b"["
+    return starts_array(head)
+
+
+def starts_array(head: bytes) -> bool:
+    """Whether a file starting with `head` (its first ARRAY_PROBE bytes or more) holds one array: its first
+    character, blanks aside, opens one."""
+    return head[:ARRAY_PROBE].removeprefix(codecs.BOM_UTF8).lstrip(BLANKS)[:1] == b"["
 
 
 @dataclass

@@ -41,7 +41,7 @@ import zstandard
 from fsspec.compression import compr
 from fsspec.implementations.local import LocalFileSystem
 
-from tokenmill.io.arrays import ARRAY_PROBE, ArrayStream, JSONArrayError, may_hold_array, opens_array
+from tokenmill.io.arrays import ARRAY_PROBE, ArrayStream, JSONArrayError, may_hold_array, opens_array, starts_array
 from tokenmill.io.buffers import scan_parts
 from tokenmill.io.direct import DIRECT_ALIGN, in_page_cache, mapped, open_direct
 from tokenmill.io.names import compression_of, format_of, name_under
@@ -708,6 +708,19 @@ def first_line_at(f: BinaryIO, start: int) -> int | None:
         return None
 
 
+def is_shorter(piece: Piece, options: ReadOptions, nbytes: int) -> bool:
+    """Whether the piece is a whole local file of lines, neither compressed nor perhaps an array, of fewer than
+    `nbytes` bytes: its size looked up, the file not opened."""
+    local = "://" not in piece.path or piece.path.startswith("file://")
+    whole = piece.start == 0 and piece.end is None and kind_of(piece, options) in LINE_KINDS
+    if not (local and whole) or compression_of(piece.path) or may_hold_array(piece.path):
+        return False
+    try:
+        return os.stat(piece.path.removeprefix("file://")).st_size < nbytes
+    except OSError:  # the reader says what is wrong with it
+        return False
+
+
 def sampled_blocks(piece: Piece, options: ReadOptions, every: int, phase: int) -> Iterator[tuple[int, bytes]]:
     """(block number, its whole lines) for the blocks b = phase (mod every) of the piece's file that start in the
     piece: the lines starting at offsets [b * SAMPLE_BLOCK_BYTES, (b + 1) * SAMPLE_BLOCK_BYTES), the last one read to
@@ -902,11 +915,23 @@ def read_documents(
     paths_named: dict[str, set[str]] = {}
     for piece in pieces:
         paths_named.setdefault(options.name_of(piece.path), set()).add(piece.path)
-    for whole_files, run in itertools.groupby(pieces, lambda piece: columnar and one_document(piece, options)):
-        if whole_files:  # a source tree's files: thousands of documents of a few KB, read a batch of files at a time
+    for whole_files, run in itertools.groupby(pieces, lambda piece: _whole_files(piece, options) if columnar else None):
+        if whole_files == "documents":  # a source tree's files: thousands of a few KB, read a run of them at a time
             yield from _fast_files(list(run), options, seen_ids, batch_bytes)
-            continue
-        yield from _joined(_by_piece(run, options, seen_ids, batch_bytes, columnar, paths_named), batch_bytes)
+        elif whole_files == "lines":  # a crawl's parts: their bytes joined a run at a time, parsed at once
+            yield from _joined(_jsonl_files(list(run), options, seen_ids, batch_bytes, paths_named), batch_bytes)
+        else:
+            yield from _joined(_by_piece(run, options, seen_ids, batch_bytes, columnar, paths_named), batch_bytes)
+
+
+def _whole_files(piece: Piece, options: ReadOptions) -> Literal["documents", "lines"] | None:
+    """Whether the piece is a whole file read in a run of its neighbours (`read_documents`): a text file of one
+    document, or an uncompressed JSON Lines file on the columnar path."""
+    if one_document(piece, options):
+        return "documents"
+    whole = piece.start == 0 and piece.end is None and piece.row_groups is None
+    plain = whole and kind_of(piece, options) == "jsonl" and compression_of(piece.path) is None
+    return "lines" if plain and fast_path_applies(piece, options) else None
 
 
 def _by_piece(
@@ -937,6 +962,69 @@ def _by_piece(
         if second is not None:
             yield (*second, None)
         yield from ((batch, rejects, None) for batch, rejects in batches)
+
+
+def _jsonl_files(
+    pieces: list[Piece],
+    options: ReadOptions,
+    seen_ids: set[str],
+    batch_bytes: int,
+    paths_named: dict[str, set[str]],
+) -> Iterator[tuple[Batch, list[Reject], Piece | None]]:
+    """Whole JSON Lines files, as `_by_piece` reads them, but small ones' bytes joined a run of about `batch_bytes` at
+    a time and parsed at once (`_lines_batch`): pyarrow's parse costs about 0.6 ms a call however small its input.
+    A run with any record that is not a valid document, and a file that is larger, blank, ends in a lone carriage
+    return, holds an array or cannot be read, are read file by file (`_by_piece`: the same documents and rejects)."""
+
+    def by_piece(run: list[Piece]) -> Iterator[tuple[Batch, list[Reject], Piece | None]]:
+        return _by_piece(run, options, seen_ids, batch_bytes, True, paths_named)
+
+    def read(run: list[tuple[Piece, bytes]]) -> Iterator[tuple[Batch, list[Reject], Piece | None]]:
+        batch = _lines_batch(run, options, seen_ids, paths_named)
+        return iter([(batch, [], None)]) if batch is not None else by_piece([piece for piece, _ in run])
+
+    run: list[tuple[Piece, bytes]] = []
+    held = 0
+    for piece, data in _contents(pieces, options, most=batch_bytes):
+        if data is None or _blank(data) or data.endswith(b"\r") or (may_hold_array(piece.path) and starts_array(data)):
+            if run:
+                yield from read(run)
+                run, held = [], 0
+            yield from by_piece([piece])
+            continue
+        run.append((piece, data))
+        held += len(data)
+        if held >= batch_bytes:
+            yield from read(run)
+            run, held = [], 0
+    if run:
+        yield from read(run)
+
+
+def _lines_batch(
+    run: list[tuple[Piece, bytes]], options: ReadOptions, seen_ids: set[str], paths_named: dict[str, set[str]]
+) -> Batch | None:
+    """The documents of whole JSON Lines files (each its bytes) parsed as one block, each named by its file and line
+    (`LineIds`, a name per document), its block their pieces; None unless every record is a valid document."""
+    parts = [part for _, data in run for part in ((data,) if data.endswith(b"\n") else (data, b"\n"))]
+    joined = b"".join(parts)
+    lines = np.array([count_newlines(data) + (not data.endswith(b"\n")) for _, data in run], np.int64)
+    table = _arrow_table(joined, options)
+    if table is None or table.num_rows != lines.sum():
+        return None
+    names = [options.name_of(piece.path) for piece, _ in run]
+    of = np.repeat(np.arange(len(run)), lines)
+    doc_lines = np.arange(len(of), dtype=np.int64) - np.repeat(np.cumsum(lines) - lines, lines) + 1
+    own_names = all(len(paths_named[name]) == 1 for name in names)
+    names_of = pyarrow.array(names, pyarrow.string()).take(pyarrow.array(of))
+    batch = _table_batch(table, doc_lines, names_of, options, seen_ids, own_names)
+    if batch is None:
+        return None
+    batch.nbytes = len(joined) - int(lines.sum()) - count_crlf(joined)  # as `_fast_batch` counts each file's
+    batch.lines = int(lines.sum())
+    batch.block = [piece for piece, _ in run]
+    batch.doc_files = [run[i][0].path for i in of.tolist()]
+    return batch
 
 
 def _joined(
@@ -1293,24 +1381,30 @@ def _fast_batch(
     table = _arrow_table(block, options)
     if table is None or table.num_rows != newlines + (block[-1:] != b"\n"):
         return None
-    batch = _table_batch(table, first_line, name, options, seen_ids, own_name)
+    doc_lines = np.arange(first_line, first_line + table.num_rows, dtype=np.int64)  # every line is a document
+    batch = _table_batch(table, doc_lines, name, options, seen_ids, own_name)
     if batch is not None:  # bytes as the careful path counts them: each line without its line ending
         batch.nbytes = len(block) - newlines - count_crlf(block)
     return batch
 
 
 def _table_batch(
-    table: pyarrow.Table, first: int, name: str, options: ReadOptions, seen_ids: set[str], own_name: bool
+    table: pyarrow.Table,
+    doc_lines: np.ndarray,
+    name: str | pyarrow.Array,
+    options: ReadOptions,
+    seen_ids: set[str],
+    own_name: bool,
 ) -> Batch | None:
-    """The documents of a table of records numbered from `first` (lines, or a Parquet file's rows) if every one is a
-    valid document (the checks `record_schema` makes, on the columns), else None."""
-    rows, column = table.num_rows, table.column(options.text_field)
+    """The documents of a table of records, each from its line (or a Parquet file's row) of `doc_lines`, if every one
+    is a valid document (the checks `record_schema` makes, on the columns), else None. `name`: their file's, or each
+    document's (`LineIds`)."""
+    column = table.column(options.text_field)
     if not (pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)):
         return None
     texts = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # one block: no copy
     if texts.null_count or not _lengths_within(texts, options):
         return None
-    doc_lines = np.arange(first, first + rows, dtype=np.int64)  # every line (row) is a document
     if options.id_field is None and own_name:
         ids = LineIds(name, doc_lines)  # `<file>:<line>` of a name no other file has: unique
     else:
@@ -1346,7 +1440,7 @@ def _fast_tables(
     try:
         block = None
         for group, first, table in TABLES[kind_of(piece, options)](piece, options, name, batch_bytes):
-            batch = _table_batch(table, first, name, options, seen_ids, own_name)
+            batch = _table_batch(table, np.arange(first, first + table.num_rows), name, options, seen_ids, own_name)
             if batch is None:
                 raws = list(_table_records(table, first, options, name))
                 for raw in raws:
@@ -1423,14 +1517,18 @@ def _fast_files(
         yield _files_batch(run, options, seen_ids)
 
 
-def _contents(pieces: list[Piece], options: ReadOptions) -> Iterator[tuple[Piece, bytes | None]]:
-    """Each piece's whole content, decompressed (None where it cannot be read), in order. On an object store a
-    request costs milliseconds whatever its size, so FILES_AHEAD files are read at once there (memory holds as many)."""
+def _contents(
+    pieces: list[Piece], options: ReadOptions, most: int | None = None
+) -> Iterator[tuple[Piece, bytes | None]]:
+    """Each piece's whole content, decompressed (None where it cannot be read, or where it is not known to hold at
+    most `most` bytes), in order. On an object store a request costs milliseconds whatever its size, so FILES_AHEAD
+    files are read at once there (memory holds as many)."""
 
     def content(piece: Piece) -> bytes | None:
         try:
             with open_piece(piece, options) as f:
-                return f.read()
+                size = getattr(f, "size", None)  # a local or object store's file; a stream has none
+                return None if most is not None and (size is None or size > most) else f.read()
         except Exception:  # the careful reader says why
             return None
 

@@ -62,6 +62,7 @@ from tokenmill.io.readers import (
     Batch,
     Piece,
     ReadOptions,
+    is_shorter,
     kind_of,
     one_document,
     piece_groups,
@@ -217,6 +218,8 @@ def _blocks_of(
                 yield (per if drawn else 0), batch, batch.ids, batch.nbytes
             continue
         phase = int(place * every)
+        if not read_all and is_shorter(piece, options, phase * SAMPLE_BLOCK_BYTES + 1):
+            continue  # its drawn block would start past its end: a crawl's thousands of small files are not opened
         step, at = (1, 0) if read_all else (every, phase)  # the blocks read
         if separated_text(piece, options) and compression_of(piece.path) is None:
             for block, batch, nbytes in sampled_texts(piece, options, step, at):
