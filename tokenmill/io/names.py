@@ -70,6 +70,13 @@ def input_root(patterns: list[str]) -> str | None:
     return f"{store}://{common}" if store else common
 
 
+def local_path(url: str) -> str | None:
+    """The path of a local file's URL (a path, or `file://`); None for an object store's."""
+    if "://" not in url:
+        return url
+    return url.removeprefix("file://") if url.startswith("file://") else None
+
+
 def name_under(root: str | None, url: str) -> str:
     """A file's name in document ids and messages: its path under `root` (`input_root`), else its name alone."""
     if root is not None:
