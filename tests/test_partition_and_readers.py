@@ -964,21 +964,30 @@ def test_an_input_file_that_is_a_link_is_listed_by_a_glob_and_by_its_name(tmp_pa
         assert listed["path"].endswith("linked.jsonl") and listed["size"] == elsewhere.stat().st_size
 
 
-def test_a_directory_names_the_data_files_under_it(tmp_path):
+def test_a_directory_names_the_data_files_under_it(tmp_path, monkeypatch):
     """A corpus's directory (or an S3 prefix: test_s3) stands for the files under it, at any depth, whose name gives
-    their format, compressed or not; not its README, nor anything hidden on the way. One with none is named."""
+    their format, compressed or not; not its README, nor anything hidden on the way; a link to a file as that file, a
+    link to a directory not followed. One with none is named. The listing (by `os.scandir`) is fsspec's."""
+    from tokenmill.io import storage
     from tokenmill.io.storage import list_files
 
     corpus = tmp_path / "corpus"
     data = ["a.jsonl", "sub/b.jsonl.gz", "sub/deeper/c.parquet", "d.txt", "e.JSON.zst", "f.ndjson", "g.jsonl.xz",
-            "h.json.bz2"]  # fmt: skip
+            "h.json.bz2", "sub/linked.jsonl"]  # fmt: skip
     other = ["README.md", "LICENSE", "_SUCCESS", ".hidden.jsonl", ".cache/g.jsonl", "_tmp/h.jsonl", "sub/notes.md",
              "dataset_info.json", "sub/state.json"]  # fmt: skip
-    for name in data + other:
+    for name in data[:-1] + other:
         (corpus / name).parent.mkdir(parents=True, exist_ok=True)
         (corpus / name).write_bytes(b'{"text": "x"}\n')
+    (tmp_path / "elsewhere.jsonl").write_bytes(b'{"text": "linked"}\n')
+    (corpus / "sub" / "linked.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    (corpus / "sub" / "again").symlink_to(corpus / "sub" / "deeper")
     for directory in (corpus, f"{corpus}/"):
         assert [f["path"] for f in list_files([str(directory)])] == sorted(str(corpus / name) for name in data)
+    listed = list_files([str(corpus)])
+    assert listed[-1]["size"] == len(b'{"text": "linked"}\n')
+    monkeypatch.setattr(storage, "_local_find", lambda root: fsspec.filesystem("file").find(root, detail=True))
+    assert list_files([str(corpus)]) == listed  # sizes and modification times as fsspec lists them
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "index.md").write_text("# docs\n")
     said = r"a directory with no \.jsonl, .*\(compressed or not, hidden ones aside; 1 other files\): name other files "

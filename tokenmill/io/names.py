@@ -7,6 +7,7 @@ import os
 import posixpath
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".bz2": "bz2"}  # as HF datasets reads
+COMPRESSED = tuple(COMPRESSIONS)
 # The endings that name a format; a file ending otherwise is read as plain text
 FORMATS = {
     "jsonl": (".jsonl", ".json", ".ndjson"),
@@ -20,6 +21,8 @@ NOT_DATA = {"dataset_info.json", "dataset_infos.json", "dataset_dict.json", "sta
 
 
 def compression_of(url: str) -> str | None:
+    if not url.endswith(COMPRESSED):  # one test for most files
+        return None
     for suffix, codec in COMPRESSIONS.items():
         if url.endswith(suffix):
             return codec
@@ -29,7 +32,7 @@ def compression_of(url: str) -> str | None:
 def uncompressed_name(url: str) -> str:
     """The file's name, lower case, without a compression suffix."""
     name = url.rsplit("/", 1)[-1].lower()
-    for suffix in COMPRESSIONS:
+    for suffix in COMPRESSIONS if name.endswith(COMPRESSED) else ():
         name = name.removesuffix(suffix)
     return name
 

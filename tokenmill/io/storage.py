@@ -179,7 +179,7 @@ def files_under(fs: fsspec.AbstractFileSystem, directory: str) -> dict[str, dict
     """The files a directory in `input.paths` stands for, at any depth, in one listing: those whose name gives
     their format (`names_its_format`), as a user who points at a corpus's directory means."""
     root = fs._strip_protocol(directory).rstrip("/")
-    listed = fs.find(directory, detail=True)
+    listed = _local_find(root) if isinstance(fs, LocalFileSystem) else fs.find(directory, detail=True)
     found = {path: info for path, info in listed.items() if names_its_format(path[len(root) + 1 :])}
     if not found:
         raise FileNotFoundError(
@@ -187,6 +187,28 @@ def files_under(fs: fsspec.AbstractFileSystem, directory: str) -> dict[str, dict
             f"not, hidden ones aside; {len(listed)} other files): name other files with a glob, e.g. "
             f"'{directory.rstrip('/')}/**/*.md'"
         )
+    return found
+
+
+def _local_find(root: str) -> dict[str, dict]:
+    """What `LocalFileSystem.find(root, detail=True)` lists, with the fields `list_files` reads, by `os.scandir`
+    alone: fsspec's entry costs 10 us of Python a file (a second for a source tree's 100,000). As fsspec's, a link
+    (to a file or a directory) is listed with `islink`, not followed; a file that goes as it is listed is left out."""
+    found: dict[str, dict] = {}
+    directories = [root]
+    while directories:
+        with os.scandir(directories.pop()) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        directories.append(entry.path)
+                        continue
+                    status = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                kind = "file" if stat.S_ISREG(status.st_mode) else "other"
+                found[entry.path] = {"size": status.st_size, "mtime": status.st_mtime, "type": kind,
+                                     "islink": entry.is_symlink()}  # fmt: skip
     return found
 
 

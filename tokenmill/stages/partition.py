@@ -284,10 +284,11 @@ def plan_shards(
         for pieces, nbytes in _cut_into_shards(of_source, shard_size, options, count_lines, cuts, own):
             shards.append(Shard(len(shards), tuple(pieces), nbytes, _source_of(pieces, current), name))
     check_covers(files, shards)
+    inputs = inputs_hash(files)
     return Plan(
-        key=plan_key(config, files),
+        key=plan_key(config, inputs),
         config_key=config.section_hash("input", "partition"),
-        inputs=inputs_hash(files),
+        inputs=inputs,
         shard_size=shard_size,
         shuffled_shards=math.ceil(total / shard_size) if config.partition.shuffle else None,
         files=files,
@@ -447,10 +448,12 @@ def _group(files: list[tuple[Piece, int]], shard_size: int) -> list[tuple[list[P
     groups: list[tuple[list[Piece], int]] = []
     group: list[tuple[Piece, int]] = []
     group_bytes = 0
-    for piece, size in files:
+    # not the directory: the same files give the same shards wherever they are
+    places = unit_interval([piece.path.rsplit("/", 1)[-1] for piece, _ in files], "group:").tolist()
+    for (piece, size), place in zip(files, places, strict=True):
         group.append((piece, size))
         group_bytes += size
-        if _ends_group(piece.path, size, group_bytes, shard_size):
+        if _ends_group(place, size, group_bytes, shard_size):
             groups.append(([p for p, _ in group], group_bytes))
             group, group_bytes = [], 0
     if len(group) <= LOOSE_FILES:
@@ -458,16 +461,13 @@ def _group(files: list[tuple[Piece, int]], shard_size: int) -> list[tuple[list[P
     return groups + _group(group, shard_size // 8)
 
 
-def _ends_group(url: str, size: int, group_bytes: int, shard_size: int) -> bool:
+def _ends_group(place: float, size: int, group_bytes: int, shard_size: int) -> bool:
     """Whether a small file ends its group: once the group holds half a shard, with a chance of twice its share
-    of a shard (so groups average about a shard), decided by a hash of its file name, not where the group began;
-    always at two shards. A file added or removed thus moves the end of its own group alone: the groups after
-    it end where they did, and keep their outputs (grouping by filling each shard in turn would shift every
-    group after it)."""
-    if group_bytes >= 2 * shard_size:
-        return True
-    name = url.rsplit("/", 1)[-1]  # not the directory: the same files give the same shards wherever they are
-    return 2 * group_bytes >= shard_size and unit_interval([name], "group:")[0] * shard_size < 2 * size
+    of a shard (so groups average about a shard), decided by a hash of its file name (`place`), not where the
+    group began; always at two shards. A file added or removed thus moves the end of its own group alone: the
+    groups after it end where they did, and keep their outputs (grouping by filling each shard in turn would
+    shift every group after it)."""
+    return group_bytes >= 2 * shard_size or (2 * group_bytes >= shard_size and place * shard_size < 2 * size)
 
 
 def _digest(obj) -> str:
@@ -489,8 +489,9 @@ def _source_of(pieces: list[Piece], files: dict[str, dict]) -> str:
     return _digest([[p.to_json(), files[p.path]] for p in pieces])
 
 
-def plan_key(config: TokenmillConfig, files: list[dict]) -> str:
-    return _digest([config.section_hash("input", "partition"), inputs_hash(files)])
+def plan_key(config: TokenmillConfig, inputs: str) -> str:
+    """The plan's key: the input and partition config, and the input files as they are now (`inputs_hash`)."""
+    return _digest([config.section_hash("input", "partition"), inputs])
 
 
 @dataclass(frozen=True)
