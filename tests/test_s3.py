@@ -107,6 +107,46 @@ def test_a_source_tree_on_s3_is_read_as_on_disk_each_file_named_by_its_key_under
     assert documents == files and rejects == [("kernel/latin1.c", "invalid UTF-8 at byte 3")]
 
 
+def test_a_crawls_small_jsonl_parts_on_s3_are_parsed_a_run_at_a_time_as_on_disk(s3_server, tmp_path, monkeypatch):
+    """JSON Lines parts of a KB or so under an S3 prefix (one with a bad record, one larger than a batch): read 16 at
+    a time, their bytes joined a run of about `batch_bytes` and parsed at once, each file's size told by the store; the
+    documents, ids and rejects are the careful reader's, file by file."""
+    from tokenmill.config import TokenmillConfig
+    from tokenmill.io import readers
+    from tokenmill.io.readers import read_documents
+    from tokenmill.stages.partition import plan_shards
+
+    parses, parse = [], readers._arrow_table
+    monkeypatch.setattr(readers, "_arrow_table", lambda block, options: parses.append(block) or parse(block, options))
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="crawl")
+    for i in range(60):
+        records = [{"text": f"part {i} page {r} " + "words " * (i % 7)} for r in range(100 if i == 33 else 8)]
+        if i == 12:
+            records[3] = {"text": None}
+        body = "".join(json.dumps(record) + "\n" for record in records)
+        s3.put_object(Bucket="crawl", Key=f"cc/{i // 20}/part-{i:03d}.jsonl", Body=body.encode())
+    config = TokenmillConfig.model_validate(
+        {"name": "t", "input": {"paths": ["s3://crawl/cc"]}, "partition": {"shard_size": 20_000},
+         "tokenizer": {"path": "unused.json"}, "output": {"path": str(tmp_path / "out")}}
+    )  # fmt: skip
+    plan, options = plan_shards(config), config.input.read_options()
+    read = {}
+    for columnar in (False, True):
+        parses.clear()
+        batches = [b for shard in plan.shards for b in read_documents(shard.pieces, options, columnar, 3_000)]
+        documents = [(i, str(t)) for batch, _ in batches for i, t in zip(batch.ids, batch.text_values(), strict=True)]
+        read[columnar] = documents, [(r.file, r.line, r.reason) for _, bad in batches for r in bad]
+    joined = [batch for batch, _ in batches if isinstance(batch.block, list) and len(batch.block) > 1]
+    alone = sum(len(shard.pieces) == 1 for shard in plan.shards)  # the last few files, each a shard (`_group`)
+    grouped = len(plan.shards[0].pieces)
+    assert read[True] == read[False] and len(joined) >= 4 and grouped > 30 and len(parses) - alone < 20
+    assert not any(piece.path.endswith("part-033.jsonl") for batch in joined for piece in batch.block)  # 5.8 KB
+    documents, rejects = read[True]
+    assert len(documents) == 59 * 8 + 100 - 1 and ("0/part-000.jsonl:1", "part 0 page 0 ") in documents
+    assert rejects == [("0/part-012.jsonl", 4, "text field 'text' missing or null")]
+
+
 def test_the_partition_and_the_samples_read_what_they_look_at_of_an_s3_file_not_a_block_ahead(
     s3_server, tmp_path, monkeypatch
 ):
