@@ -147,6 +147,42 @@ def test_a_crawls_small_jsonl_parts_on_s3_are_parsed_a_run_at_a_time_as_on_disk(
     assert rejects == [("0/part-012.jsonl", 4, "text field 'text' missing or null")]
 
 
+def test_the_sample_of_a_crawls_small_parts_on_s3_opens_only_the_files_it_draws_from(s3_server, tmp_path, monkeypatch):
+    """The held-out sample over 300 JSONL parts of about 70 KB under an S3 prefix: each file's size is asked for 16
+    at a time, and a file whose drawn block would start past its end is not opened (opening one asks for its size, a
+    request each, one after another); the sample is the one that opening every file gives."""
+    from tokenmill.config import TokenmillConfig
+    from tokenmill.core import samples as sample_files
+    from tokenmill.io import readers
+    from tokenmill.stages import sampling
+    from tokenmill.stages.partition import plan_shards
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="parts")
+    for i in range(300):
+        body = "".join(json.dumps({"text": f"part {i} page {r} " + "words " * 90}) + "\n" for r in range(120))
+        s3.put_object(Bucket="parts", Key=f"cc/part-{i:03d}.jsonl", Body=body.encode())
+    config = TokenmillConfig.model_validate(
+        {"name": "t", "input": {"paths": ["s3://parts/cc"]}, "partition": {"shard_size": "4MB"},
+         "tokenizer": {"path": "unused.json"}, "fertility": {"holdout_size": "200KB"},
+         "output": {"path": str(tmp_path / "out")}}
+    )  # fmt: skip
+    plan = plan_shards(config)
+    f, g = sampling.fractions(config, plan)
+
+    def held_out() -> list[str]:
+        samples = [sampling.sample_shard(sampling.Sampling.of(config, f, g), shard) for shard in plan.shards]
+        return sorted(record["text"] for record in sample_files.holdout_records(config, samples))
+
+    opened, open_piece = set(), readers.open_piece
+    monkeypatch.setattr(readers, "open_piece", lambda piece, *a: opened.add(piece.path) or open_piece(piece, *a))
+    drawn = held_out()
+    assert sampling.stride(f, g) > 20 and 0 < len(opened) < 0.2 * 300 and len(drawn) > 50
+    monkeypatch.setattr(sampling, "whole_file_sizes", lambda *_: {})
+    config = config.model_copy(update={"output": config.output.model_copy(update={"path": str(tmp_path / "every")})})
+    assert held_out() == drawn and len(opened) == 300
+
+
 def test_the_partition_and_the_samples_read_what_they_look_at_of_an_s3_file_not_a_block_ahead(
     s3_server, tmp_path, monkeypatch
 ):

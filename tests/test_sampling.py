@@ -195,7 +195,7 @@ def test_held_out_sample_of_small_jsonl_files_opens_only_the_files_it_draws_from
     assert count >= 400 and len(opened) < 0.2 * count  # a block of 64 KiB in 27 drawn, of 2 or 3 a file
     assert 0.5 * 500_000 < sum(s.holdout_bytes for s in small) < 1.5 * 500_000  # about 30 blocks drawn
     large, large_texts = held_out(tmp_path / "large", parts, "25MB", None)
-    monkeypatch.setattr(sampling, "is_shorter", lambda *_: False)
+    monkeypatch.setattr(sampling, "whole_file_sizes", lambda *_: {})
     every, every_texts = held_out(tmp_path / "every", parts, "8MB", None)
     assert len(small) > len(large) and len(opened) == count
     assert sorted(small_texts) == sorted(large_texts) == sorted(every_texts)

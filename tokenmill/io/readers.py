@@ -708,17 +708,33 @@ def first_line_at(f: BinaryIO, start: int) -> int | None:
         return None
 
 
-def is_shorter(piece: Piece, options: ReadOptions, nbytes: int) -> bool:
-    """Whether the piece is a whole local file of lines, neither compressed nor perhaps an array, of fewer than
-    `nbytes` bytes: its size looked up, the file not opened."""
-    path = local_path(piece.path)
-    whole = piece.start == 0 and piece.end is None and kind_of(piece, options) in LINE_KINDS
-    if path is None or not whole or compression_of(path) or may_hold_array(path):
-        return False
-    try:
-        return os.stat(path).st_size < nbytes
-    except OSError:  # the reader says what is wrong with it
-        return False
+def whole_file_sizes(pieces: Sequence[Piece], options: ReadOptions) -> dict[str, int]:
+    """The sizes of the pieces that are whole files of lines, neither compressed nor perhaps arrays, by path, the
+    files not opened: a local file's looked up, an object store's asked for FILES_AHEAD at a time (opening a file
+    asks for its size, a request each, one after another). Those it cannot tell are left out."""
+    paths = [
+        piece.path
+        for piece in pieces
+        if piece.start == 0 and piece.end is None and kind_of(piece, options) in LINE_KINDS
+        and not compression_of(piece.path) and not may_hold_array(piece.path)
+    ]  # fmt: skip
+    if not paths:
+        return {}
+
+    def size(path: str) -> int | None:
+        with suppress(Exception):  # the reader says what is wrong with it
+            if (local := local_path(path)) is not None:
+                return os.stat(local).st_size
+            fs, inner = fsspec.core.url_to_fs(path, **options_for(path, options.storage_options))
+            return int(fs.size(inner))
+        return None
+
+    if local_path(paths[0]) is not None:
+        sizes = zip(paths, map(size, paths), strict=True)
+    else:
+        with ThreadPoolExecutor(FILES_AHEAD) as pool:
+            sizes = list(zip(paths, pool.map(size, paths), strict=True))
+    return {path: nbytes for path, nbytes in sizes if nbytes is not None}
 
 
 def sampled_blocks(piece: Piece, options: ReadOptions, every: int, phase: int) -> Iterator[tuple[int, bytes]]:

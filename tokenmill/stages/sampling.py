@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -62,7 +63,6 @@ from tokenmill.io.readers import (
     Batch,
     Piece,
     ReadOptions,
-    is_shorter,
     kind_of,
     one_document,
     piece_groups,
@@ -71,6 +71,7 @@ from tokenmill.io.readers import (
     sampled_blocks,
     sampled_texts,
     separated_text,
+    whole_file_sizes,
 )
 from tokenmill.io.storage import Store
 from tokenmill.tokenizers.reference import excerpt
@@ -203,6 +204,8 @@ def _blocks_of(
     pieces: Iterable[Piece], options: ReadOptions, every: int, salt: str, read_all: bool
 ) -> Iterator[tuple[int, Batch, list[str], int]]:
     """`_documents` of pieces that are not whole text files."""
+    pieces = list(pieces)
+    sizes = {} if read_all else whole_file_sizes(pieces, options)  # a crawl's thousands of small files
     for piece in pieces:
         kind, name = kind_of(piece, options), options.name_of(piece.path)
         place = unit_interval([name], f"block:{salt}")[0]  # the file's phase, as a fraction of the stride
@@ -218,8 +221,8 @@ def _blocks_of(
                 yield (per if drawn else 0), batch, batch.ids, batch.nbytes
             continue
         phase = int(place * every)
-        if not read_all and is_shorter(piece, options, phase * SAMPLE_BLOCK_BYTES + 1):
-            continue  # its drawn block would start past its end: a crawl's thousands of small files are not opened
+        if sizes.get(piece.path, math.inf) <= phase * SAMPLE_BLOCK_BYTES:
+            continue  # its drawn block would start past its end: the file is not opened
         step, at = (1, 0) if read_all else (every, phase)  # the blocks read
         if separated_text(piece, options) and compression_of(piece.path) is None:
             for block, batch, nbytes in sampled_texts(piece, options, step, at):
