@@ -4,6 +4,7 @@ on plain JSONL it reads a few percent of the corpus, the same whatever the shard
 from __future__ import annotations
 
 import gzip
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -34,10 +35,13 @@ def write_enwiki(path: Path, opener=open) -> Path:
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> list[str]:
-    """The multilingual corpora (10.6 MB: XQuAD, the UDHR and a Japanese novel) and the English one (54 MB)."""
-    english = tmp_path_factory.mktemp("english") / "enwiki.jsonl.gz"
-    write_enwiki(english, lambda path, mode: gzip.open(path, mode, compresslevel=1))
-    return [str(CORPORA / "multilingual" / "*.jsonl.gz"), str(english)]
+    """The multilingual corpora (10.6 MB: XQuAD, the UDHR and a Japanese novel) and the English one (54 MB), in one
+    directory: a file's name is its path under it, which places its sampled blocks, the same wherever it lies (with
+    the checkout's files and a temporary one, the names held the checkout's path, and the sample changed with it)."""
+    corpora = tmp_path_factory.mktemp("corpora")
+    shutil.copytree(CORPORA / "multilingual", corpora / "multilingual")
+    write_enwiki(corpora / "enwiki.jsonl.gz", lambda path, mode: gzip.open(path, mode, compresslevel=1))
+    return [str(corpora / "multilingual" / "*.jsonl.gz"), str(corpora / "enwiki.jsonl.gz")]
 
 
 def make_config(out, inputs: list[str], sample_size="1MB", holdout_size="500KB", **train) -> TokenmillConfig:
