@@ -24,11 +24,11 @@ import os
 import stat
 import threading
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, BinaryIO, Literal
+from typing import TYPE_CHECKING, BinaryIO, Literal, TypeVar
 
 import fsspec
 import numpy as np
@@ -69,7 +69,8 @@ ZSTD_CHUNK = 64 << 10  # compressed bytes decompressed at once: a chunk of repet
 SAMPLE_BLOCK_BYTES = 64 << 10  # a sample's run of neighbouring documents (`sampled_blocks`): ~40 Wikipedia articles
 SPARSE_BLOCKS = 64  # sampled blocks this many apart (4 MB) or more are read each alone, not with what lies between
 LONG_LINE = 1 << 20  # a line that ends a directly read block may run this far past it (longer: it is mapped)
-FILES_AHEAD = 16  # an object store's files of one document each read at once (`_contents`)
+T, R = TypeVar("T"), TypeVar("R")
+FILES_AHEAD = 16  # an object store's requests made at once (`_in_order`): small files read whole, their sizes
 PANDERA_IMPORT = threading.Lock()
 
 
@@ -109,6 +110,11 @@ class Piece:
     # A file of tables: which of its groups of rows (Parquet's row groups, an Arrow file's record batches); None: all
     row_groups: list[int] | None = None
     format: str | None = None  # overrides the configured format (the shuffle's own files are "shuffled")
+
+    @property
+    def whole(self) -> bool:
+        """Whether it is its file whole."""
+        return self.start == 0 and self.end is None and self.row_groups is None
 
     def to_json(self) -> dict:
         """Its fields, as plan.json holds them (`dataclasses.asdict` copies deeply: seconds for 100,000 files)."""
@@ -715,11 +721,9 @@ def whole_file_sizes(pieces: Sequence[Piece], options: ReadOptions) -> dict[str,
     paths = [
         piece.path
         for piece in pieces
-        if piece.start == 0 and piece.end is None and kind_of(piece, options) in LINE_KINDS
+        if piece.whole and kind_of(piece, options) in LINE_KINDS
         and not compression_of(piece.path) and not may_hold_array(piece.path)
     ]  # fmt: skip
-    if not paths:
-        return {}
 
     def size(path: str) -> int | None:
         with suppress(Exception):  # the reader says what is wrong with it
@@ -729,11 +733,7 @@ def whole_file_sizes(pieces: Sequence[Piece], options: ReadOptions) -> dict[str,
             return int(fs.size(inner))
         return None
 
-    if local_path(paths[0]) is not None:
-        sizes = zip(paths, map(size, paths), strict=True)
-    else:
-        with ThreadPoolExecutor(FILES_AHEAD) as pool:
-            sizes = list(zip(paths, pool.map(size, paths), strict=True))
+    sizes = _in_order(size, paths, not paths or local_path(paths[0]) is not None)
     return {path: nbytes for path, nbytes in sizes if nbytes is not None}
 
 
@@ -945,8 +945,7 @@ def _whole_files(piece: Piece, options: ReadOptions) -> Literal["documents", "li
     document, or an uncompressed JSON Lines file on the columnar path."""
     if one_document(piece, options):
         return "documents"
-    whole = piece.start == 0 and piece.end is None and piece.row_groups is None
-    plain = whole and kind_of(piece, options) == "jsonl" and compression_of(piece.path) is None
+    plain = piece.whole and kind_of(piece, options) == "jsonl" and compression_of(piece.path) is None
     return "lines" if plain and fast_path_applies(piece, options) else None
 
 
@@ -970,8 +969,7 @@ def _by_piece(
         if (first := next(batches, None)) is None:
             continue
         batch, rejects = first
-        whole = piece.start == 0 and piece.end is None and piece.row_groups is None
-        small = whole and batch.nbytes < batch_bytes and not rejects and batch.text_array is not None
+        small = piece.whole and batch.nbytes < batch_bytes and not rejects and batch.text_array is not None
         small = small and isinstance(batch.block, Piece)
         second = next(batches, None) if small else None  # the file read to its end while a small batch is held
         yield batch, rejects, piece if small and second is None else None
@@ -1029,18 +1027,23 @@ def _lines_batch(
     if table is None or table.num_rows != lines.sum():
         return None
     names = [options.name_of(piece.path) for piece, _ in run]
-    of = np.repeat(np.arange(len(run)), lines)
-    doc_lines = np.arange(len(of), dtype=np.int64) - np.repeat(np.cumsum(lines) - lines, lines) + 1
+    doc_lines = np.arange(lines.sum(), dtype=np.int64) - np.repeat(np.cumsum(lines) - lines, lines) + 1
     own_names = all(len(paths_named[name]) == 1 for name in names)
-    names_of = pyarrow.array(names, pyarrow.string()).take(pyarrow.array(of))
-    batch = _table_batch(table, doc_lines, names_of, options, seen_ids, own_names)
+    batch = _table_batch(table, doc_lines, _each_document(names, lines), options, seen_ids, own_names)
     if batch is None:
         return None
     batch.nbytes = len(joined) - int(lines.sum()) - count_crlf(joined)  # as `_fast_batch` counts each file's
     batch.lines = int(lines.sum())
     batch.block = [piece for piece, _ in run]
-    batch.doc_files = [run[i][0].path for i in of.tolist()]
+    paths = (itertools.repeat(piece.path, n) for (piece, _), n in zip(run, lines.tolist(), strict=True))
+    batch.doc_files = list(itertools.chain.from_iterable(paths))  # not a Python index a document
     return batch
+
+
+def _each_document(names: list[str], counts: Sequence[int]) -> pyarrow.Array:
+    """Each document's file name, of files of `counts` documents each, in order: taken by arrow, no Python string a
+    document (`LineIds` keeps them so)."""
+    return pyarrow.array(names, pyarrow.string()).take(pyarrow.array(np.repeat(np.arange(len(names)), counts)))
 
 
 def _joined(
@@ -1073,9 +1076,8 @@ def _join(held: list[tuple[Batch, Piece]]) -> Batch:
         return held[0][0]
     batches = [batch for batch, _ in held]
     if all(isinstance(batch.ids, LineIds) for batch in batches):  # kept lazy: a name per document, taken by arrow
-        names = pyarrow.array([batch.ids.name for batch in batches], pyarrow.string())
-        of = np.repeat(np.arange(len(batches)), [len(batch.ids) for batch in batches])
-        ids = LineIds(names.take(pyarrow.array(of)), np.concatenate([batch.ids.lines for batch in batches]))
+        names = _each_document([batch.ids.name for batch in batches], [len(batch.ids) for batch in batches])
+        ids = LineIds(names, np.concatenate([batch.ids.lines for batch in batches]))
     else:
         ids = [i for batch in batches for i in batch.ids]
     return Batch(
@@ -1538,7 +1540,7 @@ def _contents(
 ) -> Iterator[tuple[Piece, bytes | None]]:
     """Each piece's whole content, decompressed (None where it cannot be read, or where it is not known to hold at
     most `most` bytes), in order. On an object store a request costs milliseconds whatever its size, so FILES_AHEAD
-    files are read at once there (memory holds as many)."""
+    files are read at once there (`_in_order`)."""
 
     def content(piece: Piece) -> bytes | None:
         try:
@@ -1554,17 +1556,24 @@ def _contents(
         except Exception:  # the careful reader says why
             return None
 
-    if not pieces or local_path(pieces[0].path) is not None:
-        yield from ((piece, content(piece)) for piece in pieces)
+    yield from _in_order(content, pieces, not pieces or local_path(pieces[0].path) is not None)
+
+
+def _in_order(work: Callable[[T], R], items: Sequence[T], local: bool) -> Iterator[tuple[T, R]]:
+    """(item, work(item)) for each of the items (of one store's files), in order: one by one where they are `local`,
+    else FILES_AHEAD at once (an object store's request costs milliseconds whatever it asks; at most as many results
+    held)."""
+    if local:
+        yield from ((item, work(item)) for item in items)
         return
     with ThreadPoolExecutor(FILES_AHEAD) as pool:
         ahead: collections.deque = collections.deque()
-        for piece in pieces:
-            ahead.append((piece, pool.submit(content, piece)))
+        for item in items:
+            ahead.append((item, pool.submit(work, item)))
             if len(ahead) > FILES_AHEAD:
-                piece_before, reading = ahead.popleft()
-                yield piece_before, reading.result()
-        yield from ((piece, reading.result()) for piece, reading in ahead)
+                before, doing = ahead.popleft()
+                yield before, doing.result()
+        yield from ((item, doing.result()) for item, doing in ahead)
 
 
 def _files_batch(

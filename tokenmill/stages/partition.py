@@ -309,7 +309,7 @@ def check_covers(files: list[dict], shards: list[Shard]) -> None:
             pieces[piece.path].append(piece)
     for f in files:
         of_file = pieces[f["path"]]
-        if len(of_file) == 1 and (of_file[0].start, of_file[0].end, of_file[0].row_groups) == (0, None, None):
+        if len(of_file) == 1 and of_file[0].whole:
             continue
         # by where each starts (an end is None at a file's or group's end)
         groups = sorted(((g, p.start, p.end) for p in of_file for g in p.row_groups or ()), key=lambda r: r[:2])
