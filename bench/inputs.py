@@ -1,11 +1,11 @@
-"""What the input layouts cost: the same documents as JSON Lines, JSON Lines compressed with zstd, Parquet (row groups
-of 5,000 rows, as the Hugging Face hub writes them), an Arrow stream (record batches of 1,000 rows, as Hugging Face
-datasets' `save_to_disk` writes them), one JSON array (Alpaca's layout, indented; and on one line, as `json.dump`
-writes it), plain text split by `<|endoftext|>` lines (TinyStories' layout), a tree of text files of one document
-each (a thousand a directory, as a source checkout holds them; the input is the directory) and JSON Lines in files of
-about 128 KB (a crawl's many small parts, a thousand a directory), each read by `tokenmill
-run` with the default config but `pack.mode: none`, side by side, the order rotating each round (`--layouts`: some of
-them).
+"""What the input layouts cost: the same documents as JSON Lines, JSON Lines compressed with zstd or with gzip (at
+gzip's default level, as a crawl's `.json.gz` parts come), Parquet (row groups of 5,000 rows, as the Hugging Face hub
+writes them), an Arrow stream (record batches of 1,000 rows, as Hugging Face datasets' `save_to_disk` writes them), one
+JSON array (Alpaca's layout, indented; and on one line, as `json.dump` writes it), plain text split by `<|endoftext|>`
+lines (TinyStories' layout), a tree of text files of one document each (a thousand a directory, as a source checkout
+holds them; the input is the directory) and JSON Lines in files of about 128 KB (a crawl's many small parts, a thousand
+a directory), each read by `tokenmill run` with the default config but `pack.mode: none`, side by side, the order
+rotating each round (`--layouts`: some of them).
 
 In each round it measures this machine's parse+encode limit on the corpus as `bench/megatron.py` does (pyarrow's JSON
 reader and gigatoken alone, the first 300 MB in memory, times the cores), and gives each layout's rate (the JSON Lines'
@@ -23,6 +23,7 @@ the same tokens.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shutil
@@ -42,20 +43,24 @@ from throughput import SHARED, machine, make_corpus, tokenmill_command
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = SHARED / "tokenizers/gpt2/tokenizer.json"
 LAYOUTS = [
-    "JSON Lines", "JSON Lines, zstd", "Parquet", "Arrow (save_to_disk)", "one JSON array", "one JSON array, compact",
-    "text, separated", "a tree of files", "JSON Lines, small files",
+    "JSON Lines", "JSON Lines, zstd", "JSON Lines, gzip", "Parquet", "Arrow (save_to_disk)", "one JSON array",
+    "one JSON array, compact", "text, separated", "a tree of files", "JSON Lines, small files",
 ]  # fmt: skip
 
 
 def layouts(corpus: Path, work: Path, chosen: Sequence[str]) -> dict[str, Path]:
     """The corpus's texts written in each chosen layout."""
     texts = [orjson.loads(line)["text"] for line in corpus.open("rb")]
-    suffixes = [".jsonl", ".jsonl.zst", ".parquet", ".arrow", ".json", "-compact.json", ".txt", "-tree", "-small"]
+    suffixes = [
+        ".jsonl", ".jsonl.zst", ".jsonl.gz", ".parquet", ".arrow", ".json", "-compact.json", ".txt", "-tree", "-small"
+    ]  # fmt: skip
     paths = {name: work / f"corpus{suffix}" for name, suffix in zip(LAYOUTS, suffixes, strict=True) if name in chosen}
     lines = b"".join(orjson.dumps({"text": text}) + b"\n" for text in texts)
     paths["JSON Lines"].write_bytes(lines)
     if "JSON Lines, zstd" in paths:
         paths["JSON Lines, zstd"].write_bytes(zstandard.ZstdCompressor(level=3).compress(lines))
+    if "JSON Lines, gzip" in paths:  # level 6, gzip's own default (zlib: 45 s for the code corpus)
+        paths["JSON Lines, gzip"].write_bytes(gzip.compress(lines, compresslevel=6, mtime=0))
     if "Parquet" in paths:
         pq.write_table(pa.table({"text": texts}), paths["Parquet"], row_group_size=5000)
     if "Arrow (save_to_disk)" in paths:

@@ -896,6 +896,23 @@ def test_a_truncated_compressed_file_is_quarantined_keeping_what_was_readable(tm
     assert read[True] == read[False]
 
 
+def test_a_gzip_file_with_data_that_does_not_inflate_is_quarantined_keeping_what_was_readable(tmp_path):
+    """gzip is read by ISA-L, whose error for a deflate block that cannot be decoded is not zlib's: a file whose second
+    member holds one (a reserved block type) is a reject saying where reading stopped, as a file cut short is."""
+    lines = b"".join(b'{"text": "line %d"}\n' % i for i in range(4000))
+    path = tmp_path / "bad.jsonl.gz"
+    path.write_bytes(gzip.compress(lines) + bytes.fromhex("1f8b0800000000000003") + b"\x07" + bytes(range(256)))
+    for columnar in (False, True):
+        results = list(read_documents([Piece(str(path))], ReadOptions(), columnar, batch_bytes=20_000))
+        texts = [str(t) for batch, _ in results for t in batch.text_values()]
+        rejects = [r.reason for _, rs in results for r in rs]
+        assert texts == [f"line {i}" for i in range(len(texts))] and 3000 < len(texts) <= 4000, len(texts)
+        assert len(rejects) == 1 and rejects[0].startswith(f"cannot be read after {len(texts)} records"), rejects
+        assert "Invalid deflate block" in rejects[0], rejects
+    with pytest.raises(InputError, match=r"bad.jsonl.gz: cannot be read after \d+ records"):
+        list(read_documents([Piece(str(path))], ReadOptions(on_invalid="fail"), True))
+
+
 def test_empty_file_is_a_clear_error_or_a_reject(tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_bytes(b"")

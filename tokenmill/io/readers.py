@@ -23,7 +23,6 @@ import mmap
 import os
 import stat
 import threading
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -40,6 +39,7 @@ import pyarrow.parquet as pq
 import zstandard
 from fsspec.compression import compr
 from fsspec.implementations.local import LocalFileSystem
+from isal import igzip, isal_zlib
 
 from tokenmill.io.arrays import ARRAY_PROBE, ArrayStream, JSONArrayError, may_hold_array, opens_array, starts_array
 from tokenmill.io.buffers import scan_parts
@@ -60,9 +60,17 @@ class Bz2Error(ValueError):
 
 
 # What reading a truncated or corrupt compressed file raises: a stream that ended early (EOFError), data that is not
-# gzip's (gzip.BadGzipFile, zlib.error), a zstd frame, xz or bz2 data that does not decode; and a JSON array file
-# malformed between its records or cut short.
-CORRUPT_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError, lzma.LZMAError, Bz2Error, JSONArrayError)
+# gzip's (gzip.BadGzipFile, ISA-L's error for deflate data), a zstd frame, xz or bz2 data that does not decode; and a
+# JSON array file malformed between its records or cut short.
+CORRUPT_STREAM = (
+    EOFError,
+    gzip.BadGzipFile,
+    isal_zlib.error,
+    zstandard.ZstdError,
+    lzma.LZMAError,
+    Bz2Error,
+    JSONArrayError,
+)
 BATCH_BYTES = 8 << 20  # text per batch handed to the encoder: bounds memory, not documents
 READ_BUFFER = 1 << 20
 ZSTD_CHUNK = 64 << 10  # compressed bytes decompressed at once: a chunk of repetitive text can grow a thousandfold
@@ -288,7 +296,8 @@ def _decompressed(piece: Piece, options: ReadOptions, block_size: int | None = N
         if codec in ("zstd", "bz2"):
             yield io.BufferedReader(ZstdFrames(raw) if codec == "zstd" else Bz2Stream(raw), READ_BUFFER)
             return
-        with compr[codec](raw, mode="r") as f:  # as fsspec.open decompresses
+        # gzip by ISA-L: 4x zlib's speed here (zlib's 220 MB/s a core was as slow as the encoder), the same stream
+        with igzip.IGzipFile(fileobj=raw, mode="rb") if codec == "gzip" else compr[codec](raw, mode="r") as f:
             yield f
 
 
