@@ -1,7 +1,7 @@
 """The Dask settings measured to matter here, applied where tokenmill's schedulers and clients run (the flow's
 process, the LocalCluster's) and handed to workers tokenmill starts elsewhere (`WORKER_ENVIRONMENT`): one thread
 per worker and no encoder thread oversubscription, glibc's adaptive malloc, no memory pause, short debugging
-logs, Dask's housekeeping at low rates. infra/ gives its scheduler and workers the same as environment
+logs, Dask's housekeeping at low rates, shard tasks known to be long. infra/ gives its scheduler and workers the same as environment
 variables."""
 
 from __future__ import annotations
@@ -48,6 +48,17 @@ HOUSEKEEPING = {
     "distributed.admin.system-monitor.interval": "1s",
 }
 dask.config.set(HOUSEKEEPING)
+# Dask takes a task it has not yet seen end for 0.5 s (distributed.scheduler.unknown-task-duration), and learns how
+# long a running one has run only from its worker's heartbeats. A worker whose shard had just started so looked less
+# busy than one running sample tasks already timed, and it was given the next shard too: of a run of two shards (a
+# .jsonl.gz cut in two), both on one worker, one after the other, in about 1 of 5 runs (24 s against 18; the other
+# worker idle). A shard's task is long: said so, the next shard goes to the worker that will be free first.
+# tests/test_shards.py. An external scheduler takes the same setting from
+# DASK_DISTRIBUTED__SCHEDULER__DEFAULT_TASK_DURATIONS (see infra/).
+SHARD_DURATIONS = {
+    f"distributed.scheduler.default-task-durations.{name}-shard": "60s" for name in ("tokenize", "scatter", "gather")
+}
+dask.config.set(SHARD_DURATIONS)
 # The cluster's start/stop chatter would drown the flow's own log lines; warnings still show.
 logging.getLogger("distributed").setLevel(logging.WARNING)
 # What tokenmill's LocalCluster workers have (above, and one encoder thread per worker process), as environment

@@ -197,6 +197,21 @@ def test_external_clusters_keep_dasks_housekeeping_as_the_local_cluster_does(com
     assert for_scheduler.items() <= containers["scheduler"].items()
 
 
+def test_external_schedulers_know_a_shards_task_is_long_as_the_local_clusters_does(compose):
+    """compose's and both Kubernetes schedulers take a shard's task for long before one has ended, as tokenmill's own
+    scheduler does (flows.dask_settings.SHARD_DURATIONS: else a run of two shards put both on one worker, at times):
+    the variable Dask reads gives those durations, beside Dask's own."""
+    import dask
+
+    from flows.dask_settings import SHARD_DURATIONS
+
+    name = "DASK_DISTRIBUTED__SCHEDULER__DEFAULT_TASK_DURATIONS"
+    wanted = {key.rsplit(".", 1)[1]: value for key, value in SHARD_DURATIONS.items()}
+    for where, settings in scheduler_dashboard_settings(compose).items():
+        ((key, found),) = dask.config.collect_env({name: settings[name]})["distributed"]["scheduler"].items()
+        assert key.replace("_", "-") == "default-task-durations" and found == wanted, where  # merged into Dask's
+
+
 def scheduler_dashboard_settings(compose: dict) -> dict[str, dict[str, str]]:
     """The Dask settings in the environment of each scheduler infra/ starts (compose's, interpolated with every variable
     unset; Kubernetes'; the operator's), by where it is."""

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,41 @@ def test_the_local_clusters_own_process_imports_no_pandas(local_cluster):
     with Client(local_cluster.address, security=local_cluster.security) as client:
         assert client.run_on_scheduler(lambda: "pandas" in sys.modules) is False
         assert client.submit(lambda: 1 + 1).result() == 2  # its worker, forked from tokenmill's forkserver, works
+
+
+def test_a_second_shard_goes_to_the_worker_free_first_not_behind_the_shard_just_started(local_cluster):
+    """Two shards submitted while one worker runs two short sample tasks and the other is free: the first shard
+    takes the free worker, and the second the busy one, free first (flows.dask_settings.SHARD_DURATIONS). Taken for
+    a task of Dask's unknown 0.5 s, the first shard made its worker look the less busy, and the second queued behind
+    it, the other worker idle once its samples ended (a run of two shards, one after the other, in 1 of 5 runs)."""
+    from distributed import Client
+
+    def shard(seconds: float) -> tuple[int, float, float]:  # its process, and when it started and ended
+        started = time.time()
+        time.sleep(seconds)
+        return os.getpid(), started, time.time()
+
+    def processing_on(keys: list, dask_scheduler=None) -> list[str | None]:  # the keys come as lists
+        tasks = [dask_scheduler.tasks.get(tuple(key)) for key in keys]
+        return [None if task is None or task.processing_on is None else task.processing_on.address for task in tasks]
+
+    run = uuid.uuid4().hex[:8]  # as tasks.shards keys a stage's tasks: `<stage>-shard-<run>`
+    with Client(local_cluster.address, security=local_cluster.security) as client:
+        busy, free = sorted(client.nthreads())
+        sampling = client.map(time.sleep, [1, 1], key=[(f"sample-shard-{run}", i) for i in range(2)], workers=[busy])
+        shards = []
+        for i in range(2):
+            time.sleep(0.2)
+            shards.append(client.submit(shard, 4, key=(f"tokenize-shard-{run}", i), pure=False))
+        deadline = time.monotonic() + 10  # the submissions reach the scheduler by another connection
+        while None in (placed := client.run_on_scheduler(processing_on, [future.key for future in shards])):
+            assert time.monotonic() < deadline, placed
+            time.sleep(0.05)
+        client.gather(sampling)
+        ran = client.gather(shards)
+    assert placed == [free, busy]
+    (first_pid, _, first_end), (second_pid, second_start, _) = ran
+    assert first_pid != second_pid and second_start < first_end, ran  # side by side
 
 
 def test_the_cluster_is_prepared_without_the_flow_waiting_for_it(local_cluster, tmp_path):
