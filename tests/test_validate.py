@@ -328,6 +328,35 @@ def test_ids_that_differ_from_the_reference_fail_naming_the_file(one_split_datas
     assert "does not decode to its source text" in str(e.value)
 
 
+def test_the_reference_check_of_books_encodes_about_check_bytes_each_shard_an_excerpt_of_its_share(
+    tmp_path, monkeypatch
+):
+    """Nine books of about 140 KB, three to a shard, and `tokenizer.check_bytes` of 60 KB: each shard checks a book
+    on an excerpt of its share of the check (`reference.excerpt_bytes`: 20 KB), not the first book it draws whole
+    (anything up to `tokenizer.reference_piece_bytes`, 1 MB). A check of a few MB over many shards of books took an
+    excerpt of 1 MB from each: 10 MB for a check of 3.2 MB, 5 s of an 8 s run. Every book is still checked right."""
+    from tokenmill.stages import validate as library
+
+    from .conftest import TOKENIZERS
+
+    texts = [orjson.loads(line)["text"] for line in corpus_lines()]
+    books = [orjson.dumps({"id": f"book-{k}", "text": "\n\n".join(texts[k::9])}) for k in range(9)]
+    sizes = {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json"), "check_min_documents": 9, "check_bytes": 60_000}
+    config, plan, tokenizer, table = library_dataset(tmp_path, books, tokenizer=sizes)
+    encoded = []  # the texts the reference encodes
+
+    def reference_ids(store, sha256, texts, tok, piece_bytes):
+        encoded.extend(texts)
+        return [encoding.ids for encoding in tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    monkeypatch.setattr(library, "reference_ids", reference_ids)
+    run = library.Referencing.of(config, tokenizer)
+    checked = [library.check_reference(run, item) for item in library.reference_items(config, plan, table)]
+    assert len(checked) == 3 and all(c["documents"] == c["excerpts"] == 1 and not c["wrong"] for c in checked)
+    assert 3 * 16_000 <= sum(len(text.encode()) for text in encoded) <= 1.5 * 60_000, [len(t) for t in encoded]
+    validate(config, plan, tokenizer, table)
+
+
 def test_the_reference_ids_of_the_verified_documents_are_not_encoded_again(one_split_dataset, tmp_path, monkeypatch):
     """The encoder choice keeps the reference's ids of the documents it verified; validate compares the stored ids
     of those with them (here every document: the corpus is smaller than the verification sample, as a small run's

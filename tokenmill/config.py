@@ -429,7 +429,8 @@ class TokenizerConfig(_Section):
     reference_piece_bytes: ByteSize = Field(
         ByteSize(1 << 20),
         description="The most text the reference (hf) encodes at once: a longer document is verified and "
-        "checked on an excerpt of this size, cut where its tokens split alike (memory: ~200 bytes per byte).",
+        "checked on an excerpt of at most this size (its shard's share of the sample, at least 16 KiB), cut where its "
+        "tokens split alike (memory: ~200 bytes per byte).",
     )
     # The tokenize stage holds about 8 bytes a byte of the text it encodes at once (the parse, the ids as uint32, as
     # the files' dtype, with the EOD inserted): 65 MB at 8 MB. It bounds how much is held, never the tokens made.

@@ -65,14 +65,19 @@ from tokenmill.tokenizers.encoders import (
     remember_choice,
     utf8_buffer,
 )
-from tokenmill.tokenizers.reference import VERIFY_BYTES, excerpt, keep_reference_ids, sized_to_the_run
+from tokenmill.tokenizers.reference import (
+    VERIFY_BYTES,
+    excerpt,
+    excerpt_bytes,
+    keep_reference_ids,
+    sized_to_the_run,
+)
 from tokenmill.tokenizers.tokenizer_info import TokenizerInfo, reading
 
 SAMPLE_BATCH_BYTES = 1 << 20  # the verification sample reads a little of each shard, not 8 MB of each
 VERIFY_SHARDS = 256  # shards the verification sample is drawn from, evenly spaced across the run
 VERIFY_BLOCKS = 4  # blocks (readers.SAMPLE_BLOCK_BYTES) of each of their pieces, at seeded places
 VERIFY_SEED = 20261128
-VERIFY_EXCERPT_BYTES = 16 << 10  # the least a long document gives the sample (more where a shard's share is more)
 
 
 def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod_id: int | None):
@@ -388,9 +393,8 @@ def verification_sample(config: TokenmillConfig, shards: Sequence[Shard], tokeni
     """About `tokenizer.verify_documents` texts, at most `tokenizer.verify_bytes` in all (less in a small run:
     `reference.sized_to_the_run`), drawn across the corpus: an equal share from each of `verification_shards`, from a
     few blocks at seeded places across each of its line-based pieces (from its start where a piece is read another
-    way), and a long document as an excerpt of its share (at least VERIFY_EXCERPT_BYTES, at most
-    `tokenizer.reference_piece_bytes`). So it costs little however large the shards, how many, and however long
-    their documents."""
+    way), and a long document as an excerpt of its share (`reference.excerpt_bytes`). So it costs little however large
+    the shards, how many, and however long their documents."""
     settings, options = config.tokenizer, reading(config, tokenizer)
     most = sized_to_the_run(settings.verify_bytes, VERIFY_BYTES, sum(shard.bytes for shard in shards))  # those sent
     if not len(shards) or not settings.verify_documents or not most:
@@ -398,7 +402,7 @@ def verification_sample(config: TokenmillConfig, shards: Sequence[Shard], tokeni
     shards = verification_shards(shards)
     share = max(1, -(-settings.verify_documents // len(shards)))
     share_bytes = max(1, most // len(shards))
-    longest = min(int(settings.reference_piece_bytes), max(share_bytes, VERIFY_EXCERPT_BYTES))
+    longest = excerpt_bytes(share_bytes, int(settings.reference_piece_bytes))
     texts: list[str] = []
     for shard in shards:
         rng = np.random.default_rng([VERIFY_SEED, shard.shard_id])

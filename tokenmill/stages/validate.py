@@ -38,7 +38,14 @@ from tokenmill.io.storage import STREAMED, Store
 from tokenmill.tokenizers.chat import RenderedChat, mask_problems
 from tokenmill.tokenizers.encoders import in_runs, loaded_backend
 from tokenmill.tokenizers.preference import PairTexts, pair_problems, tokenize_texts
-from tokenmill.tokenizers.reference import CHECK_BYTES, Excerpt, checked_excerpt, reference_ids, sized_to_the_run
+from tokenmill.tokenizers.reference import (
+    CHECK_BYTES,
+    Excerpt,
+    checked_excerpt,
+    excerpt_bytes,
+    reference_ids,
+    sized_to_the_run,
+)
 from tokenmill.tokenizers.tokenizer_info import TokenizerInfo, reading
 
 if TYPE_CHECKING:
@@ -258,7 +265,7 @@ class Referencing:
     tokenizer: TokenizerInfo
     bos: bool  # each stored document starts with BOS (tokenizer.prepend_bos)
     eod: bool  # and ends with EOD (tokenizer.append_eod)
-    piece_bytes: int  # tokenizer.reference_piece_bytes: a longer document is checked on an excerpt
+    piece_bytes: int  # tokenizer.reference_piece_bytes: the most the reference encodes at once (excerpt_bytes)
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo) -> Referencing:
@@ -282,7 +289,8 @@ def sampled_documents(run: Referencing, item: ReferenceItem) -> list[tuple[str, 
     read as tokenize read it."""
     rng = np.random.default_rng([item.seed, item.shard_id])
     found = _from_blocks(run, item, rng)
-    return within_bytes(_from_shard(run, item, rng) if found is None else found, item.most_bytes, run.piece_bytes, rng)
+    found = _from_shard(run, item, rng) if found is None else found
+    return within_bytes(found, item.most_bytes, excerpt_bytes(item.most_bytes, run.piece_bytes), rng)
 
 
 def within_bytes(found: list[tuple], most_bytes: int, piece_bytes: int, rng: np.random.Generator) -> list[tuple]:
@@ -373,14 +381,16 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
     """One shard's sampled documents (an item of `reference_items`) re-read from the input, their stored ids
     checked (on a worker, whose reference is loaded): they equal the reference's (HF tokenizers) encoding, and
     they decode to the source text (after the tokenizer's own normalization; documents that the tokenizer
-    itself cannot round-trip are skipped). A document longer than `tokenizer.reference_piece_bytes` is checked on
-    an excerpt the reference encodes alone (`reference.checked_excerpt`), so memory is bounded whatever its size. A
+    itself cannot round-trip are skipped). A document longer than its shard's share of the check's bytes (at most
+    `tokenizer.reference_piece_bytes`: `reference.excerpt_bytes`) is checked on an excerpt of that size the reference
+    encodes alone (`reference.checked_excerpt`), so memory and time are bounded whatever its size. A
     conversation's stored loss mask is checked too: it is exactly the mask of the tokens whose characters overlap its
     assistant spans (`chat.mask_problems`). `{"documents", "excerpts", "skipped", "wrong", "undecodable", "masks"}`,
     the last four naming files."""
     store, sample = run.store, sampled_documents(run, item)
     hf = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
     tok, rng = hf.tokenizer, np.random.default_rng([item.seed, item.shard_id, 1])
+    longest = excerpt_bytes(item.most_bytes, run.piece_bytes)  # a longer document is checked on an excerpt
     normalize = tok.normalizer.normalize_str if tok.normalizer else (lambda text: text)
     wrong, undecodable, masks, skipped = [], [], [], []
     checked = []  # (its name, the text checked, its stored ids, for a conversation its loss mask and the mask's name)
@@ -412,9 +422,9 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
                 start = int(reader.index.pointers[index]) // reader.tokens.dtype.itemsize
                 mask_name = f"{layout.loss_mask_file(split, shard_id)}: conversation {index}"
                 checked.append((name, text, ids, (mask[start : start + len(ids)], mask_name)))
-            elif len(text) <= run.piece_bytes // 4 or len(text.encode("utf-8", "surrogatepass")) <= run.piece_bytes:
+            elif len(text) <= longest // 4 or len(text.encode("utf-8", "surrogatepass")) <= longest:
                 checked.append((name, text, ids, None))
-            elif isinstance(part := checked_excerpt(tok, hf.token_places, text, ids, run.piece_bytes, rng), Excerpt):
+            elif isinstance(part := checked_excerpt(tok, hf.token_places, text, ids, longest, rng), Excerpt):
                 checked.append((f"{name} (an excerpt of it)", part.text, ids[part.first : part.last], None))
             elif part.startswith("wrong"):
                 wrong.append(f"{name}: {part.removeprefix('wrong: ')}")

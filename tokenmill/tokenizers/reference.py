@@ -81,6 +81,17 @@ def sized_to_the_run(setting: int | str, auto: int, input_bytes: int) -> int:
     return min(auto, max(SAMPLE_FLOOR, int(RUN_SHARE * input_bytes)))
 
 
+LEAST_EXCERPT = 16 << 10  # the least text a long document gives a sample that hf encodes
+
+
+def excerpt_bytes(share: int, piece_bytes: int) -> int:
+    """The size of a long document's excerpt in a sample that hf encodes, where its shard's part of the sample is
+    `share` bytes: that share (a sample of a few MB spread over many shards of books would hold an excerpt of
+    `tokenizer.reference_piece_bytes` from each, several times the sample's bytes), at least LEAST_EXCERPT, at most
+    `piece_bytes` (the most hf encodes at once)."""
+    return min(piece_bytes, max(share, LEAST_EXCERPT))
+
+
 def excerpt(text: str, most_bytes: int, seed: int) -> str:
     """`text`, or where it is longer than `most_bytes`, a run of its whole lines of about that size from a place
     drawn with `seed` (a sample holds it as a text of its own)."""
