@@ -1,8 +1,8 @@
 """The Dask settings measured to matter here, applied where tokenmill's schedulers and clients run (the flow's
 process, the LocalCluster's) and handed to workers tokenmill starts elsewhere (`WORKER_ENVIRONMENT`): one thread
 per worker and no encoder thread oversubscription, glibc's adaptive malloc, no memory pause, short debugging
-logs, Dask's housekeeping at low rates, shard tasks known to be long. infra/ gives its scheduler and workers the same as environment
-variables."""
+logs, Dask's housekeeping at low rates, shard tasks known to be long. infra/ gives its scheduler and workers the
+same as environment variables."""
 
 from __future__ import annotations
 
