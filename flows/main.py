@@ -62,12 +62,12 @@ from tasks.validate import validate
 from tokenmill.commands.runs import save_run_config
 from tokenmill.config import TokenmillConfig
 from tokenmill.core.plan import Plan, Shards, shard_ids
+from tokenmill.io.readers import schema_library
 from tokenmill.stages.partition import PlanAhead
 from tokenmill.stages.report import plots as report_plots
 from tokenmill.stages.sampling import fractions as sample_fractions
 from tokenmill.stages.shuffle_documents import check_counts, shuffled_shards
 from tokenmill.stages.tokenize import preload_encoder
-from tokenmill.stages.validate import load_pandera
 from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 # Before any flow run is created (the CLI's, a deployment's): that first call, too, waits out a server restart.
@@ -266,4 +266,4 @@ def import_while_waiting() -> None:
     """Validate's schema library, imported in a thread while the flow waits for the encoder choice (on a worker):
     most of a second of imports that came after the tokenize stage, on every run's critical path, and then
     delayed the start of its shards (they compete for this process)."""
-    threading.Thread(target=load_pandera, name="tokenmill-imports", daemon=True).start()
+    threading.Thread(target=schema_library, name="tokenmill-imports", daemon=True).start()

@@ -434,3 +434,29 @@ def test_the_tokens_at_documents_ends_are_read_a_window_at_a_time(tmp_path, monk
     positions = np.array([0, 1, 499, 500, 501, 4_999, 5_000, 10_000])
     assert library.tokens_at(path, positions, np.dtype(np.uint16)).tolist() == positions.tolist()
     assert library.tokens_at(path, np.zeros(0, np.int64), np.dtype(np.uint16)).tolist() == []
+
+
+def test_the_schema_library_is_loaded_whole_under_its_lock_before_any_thread_gets_it():
+    """The flow loads pandera in a thread while validate may need it in another: each thread gets it only once its
+    first validation, which imports its pandas backends, is done, under the one lock (with the import alone under the
+    lock, a rerun's validate once met a module half made: `NameError: name 'DataFrameBase' is not defined`). In a
+    fresh interpreter, eight threads ask at once: each finds the backends imported, and validates."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, threading
+from tokenmill.io.readers import schema_library
+found = []
+def ask():
+    pa = schema_library()
+    loaded = "pandera.backends.pandas.container" in sys.modules
+    pa.DataFrameSchema({"n": pa.Column(int)}).validate(__import__("pandas").DataFrame({"n": [1]}))
+    found.append(loaded)
+threads = [threading.Thread(target=ask) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(found)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == str([True] * 8), result.stdout + result.stderr

@@ -80,16 +80,24 @@ LONG_LINE = 1 << 20  # a line that ends a directly read block may run this far p
 T, R = TypeVar("T"), TypeVar("R")
 FILES_AHEAD = 16  # an object store's requests made at once (`_in_order`): small files read whole, their sizes
 PANDERA_IMPORT = threading.Lock()
+PANDERA_LOADED = threading.Event()
 
 
 def schema_library():
-    """`pandera.pandas`, imported under a lock. Its modules import each other, so two threads importing it at once
-    can deadlock (Python then raises `_DeadlockError` in one of them): the flow imports it in a thread while it
-    waits for the encoder choice, and a small run's validate can need it before that is done."""
+    """`pandera.pandas`, imported and its first validation made (which imports its pandas backends, with its data
+    strategies and hypothesis where installed: 0.8 s), under a lock. Its modules import each other, so two threads
+    importing them at once can deadlock (Python raises `_DeadlockError` in one) or one can see a module half made
+    (`NameError: name 'DataFrameBase' is not defined`, once in `make test`, while the import lock covered the import
+    but not that first validation): the flow loads it in a thread while it waits for the encoder choice, and a small
+    run's validate can need it before that is done."""
     with PANDERA_IMPORT:
-        import pandera.pandas
+        import pandas as pd
+        import pandera.pandas as pa
 
-        return pandera.pandas
+        if not PANDERA_LOADED.is_set():
+            pa.DataFrameSchema({"n": pa.Column(int)}).validate(pd.DataFrame({"n": [0]}))
+            PANDERA_LOADED.set()
+        return pa
 
 
 LINE_PROBE = 64 << 10  # read at a cut until its line ends

@@ -59,13 +59,6 @@ ROWS_AT_ONCE = 10_000  # stats rows (or a dataset's files) made into Python obje
 RunShards = Callable[..., list]
 
 
-def load_pandera() -> None:
-    """Import pandera and its pandas backends, which its first validation imports (with its data strategies,
-    and hypothesis where installed: 0.8 s), so that a caller can have it done while it waits for other work."""
-    pa = schema_library()
-    pa.DataFrameSchema({"n": pa.Column(int)}).validate(pd.DataFrame({"n": [0]}))
-
-
 def stats_schema(
     shard_ids: list[int], splits: list[str], vocab_size: int, pack: PackConfig | None
 ) -> pa.DataFrameSchema:
