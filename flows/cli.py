@@ -304,14 +304,11 @@ def print_summary(summary: dict, link: str | None) -> None:
         from tokenmill.stages.report import summary_rows
 
         rows = summary_rows(mix)
-        table = Table(*rows[0], title=f"the mix: {mix['total_tokens']:,} {mix['split']} tokens drawn")
-        for row in rows:
-            table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()))
-        console.print(table)
+        cells = [[f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()] for row in rows]
+        print_table(list(rows[0]), cells, title=f"the mix: {mix['total_tokens']:,} {mix['split']} tokens drawn")
     # Metrics down, splits across: stays readable in 80 columns, however many stats there are.
     everything = {"documents": summary["documents_out"], "tokens": summary["tokens"], "packing": summary["packing"]}
     columns = {**({} if mix else summary["splits"]), "all": everything}
-    table = Table("", *columns)
     metrics = {
         "documents": lambda s: f"{s['documents']:,}",
         "tokens": lambda s: f"{s['tokens']:,}",
@@ -322,9 +319,7 @@ def print_summary(summary: dict, link: str | None) -> None:
         "padded layout: sequences": lambda s: f"{s['packing']['padded_layout']['sequences']:,}",
         "padded layout: utilization": lambda s: _percent(s["packing"]["padded_layout"]["utilization"]),
     }
-    for name, show in metrics.items():
-        table.add_row(name, *(show(s) for s in columns.values()))
-    console.print(table)
+    print_table(["", *columns], [[name, *(show(s) for s in columns.values())] for name, show in metrics.items()])
     if summary.get("unchanged"):
         console.print(f"whole flow: {summary['flow_seconds']} s")
     else:
@@ -335,6 +330,25 @@ def print_summary(summary: dict, link: str | None) -> None:
         )
     if link:
         console.print(f"\n[bold]The run in the Prefect UI: {link}[/bold]", highlight=False)
+
+
+LOG_WIDTH = 400  # the widest a table is printed where the output is no terminal
+
+
+def print_table(header: list[str], rows: list[list[str]], title: str | None = None) -> None:
+    """A table with no cell cut short (Rich ends a cell that does not fit with "…": a mix's token count showed as
+    "701,691,3…"): a log file (no terminal: a SLURM job's, CI's, which Rich lays out in 80 columns) gets the table
+    at its full width, and a terminal too narrow for it wraps a number onto a second line rather than cut it."""
+    table = Table(title=title)
+    for name in header:
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    if console.is_terminal:
+        console.print(table)
+    else:  # Rich prints no wider than its console
+        full = console.measure(table, options=console.options.update_width(LOG_WIDTH)).maximum
+        Console(soft_wrap=True, width=max(console.width, full)).print(table)
 
 
 def _percent(fraction: float | None) -> str:

@@ -6,6 +6,7 @@ new shards. The resolution's rules (budgets, epochs, totals, max_epochs) on tabl
 from __future__ import annotations
 
 import collections
+import io
 import json
 import shutil
 import types
@@ -15,12 +16,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from rich.console import Console
+from rich.text import Text
 
 from tokenmill.config import TokenmillConfig
 from tokenmill.core.layout import megatron_prefix, packed_prefix
 from tokenmill.core.shares import MixError
 from tokenmill.stages.mix import resolve
 from tokenmill.stages.partition import list_inputs
+from tokenmill.stages.report import summary_rows
 
 from .conftest import CORPORA, EXAMPLES, TOKENIZERS
 
@@ -226,6 +230,35 @@ def test_budgets_and_epochs_are_drawn_as_given_and_the_weights_share_the_rest():
         "train": {"documents": 200, "tokens": 20_000},
         "val": {"documents": 1, "tokens": 2_000},
     }
+
+
+def test_the_runs_mix_table_shows_every_count_whole_in_a_log_and_in_a_narrow_terminal(capsys, monkeypatch):
+    """The mix as `tokenmill run` prints it: a log (no terminal) gets the table at its full width, one line a source;
+    a terminal of 60 columns wraps, but loses no digit. Rich laid out a log in 80 columns and cut the counts of a
+    1.5 GB mix ("701,691,3…"); a budget showed as "1e+07"."""
+    import flows.cli as cli
+
+    config = config_of(
+        [{"name": "code", "weight": 0.3}, {"name": "crawl", "weight": 0.3}, {"name": "prose", "epochs": 2},
+         {"name": "chat", "tokens": 10_000_000}],
+    )  # fmt: skip
+    mix = resolve(config, table({"code": 701_691_385, "crawl": 701_848_711, "prose": 45_785_196, "chat": 41_194_354}))
+    rows = summary_rows(mix)
+    assert [row["target"] for row in rows] == ["weight 0.3", "weight 0.3", "epochs 2", "tokens 10,000,000"]
+    cells = [[f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()] for row in rows]
+    cli.print_table(list(rows[0]), cells, title="the mix")
+    logged = capsys.readouterr().out
+    assert "…" not in logged and max(map(len, logged.splitlines())) > 80
+    for row in cells:  # a source's row on one line
+        assert any(all(cell in line for cell in row) for line in logged.splitlines()), (row, logged)
+
+    narrow = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=narrow, force_terminal=True, width=60, soft_wrap=True))
+    cli.print_table(list(rows[0]), cells, title="the mix")
+    shown = narrow.getvalue()
+    plain = Text.from_ansi(shown).plain
+    assert "…" not in plain and max(map(len, plain.splitlines())) <= 60
+    assert sum(map(str.isdigit, plain)) == sum(map(str.isdigit, "".join(map("".join, cells)))), plain
 
 
 def test_a_source_repeated_past_max_epochs_stops_the_run_naming_it():

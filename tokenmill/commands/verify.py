@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokenmill.core import layout
+from tokenmill.core.shares import target_text
 from tokenmill.io.storage import Store, inside
 
 
@@ -52,9 +53,8 @@ def summary_lines(dataset: Dataset) -> list[str]:
             f"  the mix: {mix['total_tokens']:,} {mix['split']} tokens drawn from {len(mix['sources'])} sources"
         )
         for name, source in mix["sources"].items():
-            target = source["target"]
             lines.append(
-                f"    {name}: {target['kind']} {target['value']:g} -> {source['share']:.2%} of the mix, "
+                f"    {name}: {target_text(source['target'])} -> {source['share']:.2%} of the mix, "
                 f"{source['epochs']:.2f} epochs of its {source['splits'][mix['split']]['tokens']:,} tokens"
             )
         for format in layout.MIX_TRAINERS:  # the mix in each trainer's own terms (tokenmill.stages.mix)

@@ -41,3 +41,10 @@ def sample_shares(config: TokenmillConfig, source_bytes: dict[str, int]) -> dict
     """Each source's share of the tokenizer's training sample: its share of the mix, estimated from its bytes."""
     drawn = draw(config, {name: nbytes / BYTES_PER_TOKEN for name, nbytes in source_bytes.items()})
     return {name: tokens / sum(drawn.values()) for name, tokens in drawn.items()}
+
+
+def target_text(target: dict) -> str:
+    """A source's target (a manifest's `{"kind", "value"}`) as the config gave it: `weight 0.6`, `epochs 2.5`,
+    `tokens 50,000,000` (a budget as the count it is, not `5e+07`)."""
+    value = target["value"]
+    return f"{target['kind']} {value:,}" if target["kind"] == "tokens" else f"{target['kind']} {value:g}"

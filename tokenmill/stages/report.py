@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tokenmill.core import layout
+from tokenmill.core.shares import target_text
 from tokenmill.core.stats import split_summary
 from tokenmill.formats.megatron import MegatronIndex
 from tokenmill.io.storage import Store
@@ -245,7 +246,7 @@ def summary_rows(resolved: dict) -> list[dict]:
             "source": name,
             "documents": sum(s["documents"] for s in source["splits"].values()),
             f"{split} tokens": source["splits"][split]["tokens"],
-            "target": f"{source['target']['kind']} {source['target']['value']:g}",
+            "target": target_text(source["target"]),
             "tokens drawn": source["tokens_drawn"],
             "share": f"{100 * source['share']:.2f}%",
             "epochs": f"{source['epochs']:.2f}",
