@@ -26,6 +26,7 @@ from tokenmill.config import TokenmillConfig, load_config
 app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
 server_app = typer.Typer(help="The local Prefect server tokenmill starts when PREFECT_API_URL is not set.")
 app.add_typer(server_app, name="server")

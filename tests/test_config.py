@@ -80,6 +80,7 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path):
 
 
 def test_the_cli_says_its_version_and_run_help_names_every_config_section():
+    import inspect
     import os
     import subprocess
     from importlib.metadata import version
@@ -92,7 +93,14 @@ def test_the_cli_says_its_version_and_run_help_names_every_config_section():
     shown = subprocess.run([*TOKENMILL, "run", "--help"], capture_output=True, text=True, env=env)
     assert shown.returncode == 0, shown.stderr
     for name, field in TokenmillConfig.model_fields.items():
-        assert f"{name}: {field.description}" in shown.stdout, name
+        assert f"{name}: {field.description}".replace("`", "") in shown.stdout, name  # code spans as code
+    # The commands' list gives each its first paragraph as sentences, not broken where its docstring's lines end
+    listed = subprocess.run([*TOKENMILL, "--help"], capture_output=True, text=True, env=env | {"COLUMNS": "400"})
+    from flows.cli import app
+
+    for command in app.registered_commands:
+        first = inspect.cleandoc(command.callback.__doc__ or command.help).split("\n\n")[0]
+        assert " ".join(first.replace("`", "").split()) in listed.stdout, first
 
 
 @pytest.mark.parametrize(
