@@ -29,11 +29,12 @@ def published_summary(config: TokenmillConfig, shards: int, totals: TokenizeTota
         **run,
     }
     logger.info(
-        "published %s (%d files copied, %d already there): %d documents in, %d tokenized, %d rejected, "
-        "%d tokens, %d shards in %.1f s",
-        published["published"]["url"], published["published"]["copied"], published["published"]["skipped"],
-        summary["documents_in"], summary["documents_out"], summary["documents_rejected"], summary["tokens"],
-        shards, summary["flow_seconds"],
+        "published %s (%s files copied, %s already there): %s documents in, %s tokenized, %s rejected, "
+        "%s tokens, %s shards in %.1f s",  # the counts as the terminal's summary gives them
+        published["published"]["url"],
+        *(f"{n:,}" for n in (published["published"]["copied"], published["published"]["skipped"],
+          summary["documents_in"], summary["documents_out"], summary["documents_rejected"], summary["tokens"], shards)),
+        summary["flow_seconds"],
     )  # fmt: skip
     if deleted := published["published"]["deleted"]:
         logger.info("deleted %d old versions (output.publish.keep_versions): %s", len(deleted), ", ".join(deleted))
