@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from tokenmill.core.stats import split_summary
 from tokenmill.formats.megatron import write_index
 from tokenmill.io.storage import Store
 from tokenmill.stages import report
@@ -38,3 +39,44 @@ def test_document_lengths_read_a_bounded_sample_of_indexes(tmp_path, monkeypatch
     monkeypatch.setattr(report, "MAX_INDEXES", 256)
     lengths, read, indexes = report.document_lengths(Store(tmp_path), table)
     assert (read, indexes, len(lengths)) == (10, 10, 20)
+
+
+def _overlapping(artists, renderer) -> list[tuple[str, str]]:
+    """The pairs of `artists` (texts, legends) whose drawn boxes overlap."""
+    boxes = [(getattr(a, "get_text", lambda: "legend")(), a.get_window_extent(renderer)) for a in artists]
+    return [(m, n) for k, (m, a) in enumerate(boxes) for n, b in boxes[k + 1 :] if a.overlaps(b)]
+
+
+def test_a_mixtures_plots_keep_their_labels_apart_and_their_legends_off_the_bars():
+    """Four sources' train and val splits over 60 shards of up to 250M tokens, documents of 1 to 20M tokens: in
+    each plot no two tick labels of an axis overlap, nor a legend the axes. The split names side by side, the
+    lengths' 1,000,000 and 10,000,000, and the legends over the bars all overlapped before."""
+    report.load_matplotlib()
+    sources = ["chat", "code", "crawl", "prose"]
+    rows = []
+    for shard in range(60):
+        source, tokens = sources[shard % 4], 250_000_000 // (1 + shard % 7)
+        for split, share in ((f"{source}/train", 0.99), (f"{source}/val", 0.01)):
+            n = int(tokens * share)
+            rows.append({"shard_id": shard, "split": split, "documents": n // 900, "tokens": n,
+                         "packed_real_tokens": n, "packed_pad_tokens": n // 500, "packed_rows": n // 4096,
+                         "padded_layout_rows": n // 900, "supervised_tokens": -1})  # fmt: skip
+    table = pd.DataFrame(rows)
+    lengths = np.geomspace(1, 20_000_000, 5_000).astype(np.int64)
+    figures = {
+        "lengths": report.lengths_figure(lengths, 8, 8),
+        "shards": report.shards_figure(table),
+        "utilization": report.utilization_figure(split_summary(table, 4096)),
+    }
+    for name, figure in figures.items():
+        figure.canvas.draw()
+        renderer, (ax,) = figure.canvas.get_renderer(), figure.axes
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = [t for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+            assert len(labels) >= 2 and not _overlapping(labels, renderer), (name, _overlapping(labels, renderer))
+        for legend in [legend for legend in (ax.get_legend(), *figure.legends) if legend is not None]:
+            assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer)), name
+    assert [t.get_text() for t in figures["utilization"].axes[0].get_yticklabels()] == sorted(
+        f"{s}/{split}" for s in sources for split in ("train", "val")
+    )
+    assert {t.get_text() for t in figures["lengths"].axes[0].get_xticklabels()} >= {"1k", "1M", "10M"}

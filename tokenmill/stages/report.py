@@ -108,7 +108,7 @@ def _png(figure) -> bytes:
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
-    # A fixed layout (see `_figure`): "tight" bounding boxes measured every text and drew the figure twice.
+    # the layout is fixed (`_figure`): no "tight" bounding box, which drew the figure twice
     figure.savefig(buffer, format="png", dpi=90, metadata={"Software": None})
     plt.close(figure)
     return buffer.getvalue()
@@ -163,28 +163,56 @@ def plots(store: Store, table: pd.DataFrame, seq_len: int, mix: dict | None = No
     """The report's plots (PNG, by name), from the stats table and the Megatron indexes it names, and a mixture's
     `mix_plot` where `mix` is given: they need no manifest, so a worker draws them while validate runs (0.2 s of
     matplotlib that publish used to wait for)."""
-    plt = load_matplotlib()
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    drawn = {
+        "document_lengths": _png(lengths_figure(*document_lengths(store, table))),
+        "tokens_per_shard": _png(shards_figure(table)),
+        "utilization": _png(utilization_figure(split_summary(table, seq_len))),
+    }
+    return drawn | ({"mix": mix_plot(mix)} if mix is not None else {})
 
-    def _figure():
-        return plt.subplots(figsize=(6, 3.2), gridspec_kw={"left": 0.15, "right": 0.97, "top": 0.9, "bottom": 0.2})
 
-    lengths, read, indexes = document_lengths(store, table)
+def _figure(height: float = 3.2, left: float = 0.9, right: float = 0.2, bottom: float = 0.64):
+    """A figure 6 inches wide and its axes, with fixed margins in inches (a "tight" layout measured every text and
+    drew the figure twice)."""
+    return load_matplotlib().subplots(
+        figsize=(6, height),
+        gridspec_kw={"left": left / 6, "right": 1 - right / 6, "top": 1 - 0.32 / height, "bottom": bottom / height},
+    )
+
+
+def _counts():
+    """Tick labels of counts as 950, 12k, 3.5M: plain text (10^n labels go through mathtext, a third of the plots'
+    time), and short enough not to run into each other on a log axis up to billions."""
+    from matplotlib.ticker import EngFormatter
+
+    return EngFormatter(sep="")
+
+
+def lengths_figure(lengths: np.ndarray, read: int, indexes: int):
+    """The histogram of tokens per document (`document_lengths`), on a log axis."""
+    from matplotlib.ticker import NullFormatter
+
     figure, ax = _figure()
     if len(lengths):
         bins = np.logspace(0, np.log10(max(lengths.max(), 10)), 40)
         ax.hist(lengths, bins=bins, color="#4c72b0")
         ax.set_xscale("log")
-        # plain numbers: the default 10^n labels go through mathtext's parser (a third of the plots' time)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+        ax.xaxis.set_major_formatter(_counts())
         ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(_counts())
     sampled = f" ({read:,} of {indexes:,} indexes, evenly spaced)" if read < indexes else ""
     ax.set(title=f"Document length{sampled}", xlabel="tokens per document, as stored", ylabel="documents")
-    document_plot = _png(figure)
+    return figure
+
+
+def shards_figure(table: pd.DataFrame):
+    """Tokens per shard, a bar per shard (`shard_bins`) stacked by split, the legend beside the bars, not over them (a
+    mixture has splits of every source)."""
+    from matplotlib.ticker import MaxNLocator
 
     per_shard = table.pivot_table(index="shard_id", columns="split", values="tokens", aggfunc="sum", fill_value=0)
     bars, width = shard_bins(per_shard)
-    figure, ax = _figure()
+    figure, ax = _figure(height=max(3.2, 0.9 + 0.2 * len(bars.columns)), right=1.6)
     bottom = np.zeros(len(bars))
     for split in bars.columns:
         ax.bar(bars.index, bars[split], width=width if width > 1 else 0.8, align="edge" if width > 1 else "center",
@@ -192,22 +220,31 @@ def plots(store: Store, table: pd.DataFrame, seq_len: int, mix: dict | None = No
         bottom += bars[split].to_numpy()
     per_bar = f" (mean of {width:,} consecutive shards a bar)" if width > 1 else ""
     ax.set(title=f"Tokens per shard{per_bar}", xlabel="shard", ylabel="tokens")
-    ax.legend()
-    shard_plot = _png(figure)
+    ax.yaxis.set_major_formatter(_counts())
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # shard numbers
+    ax.set_xlim(min(ax.get_xlim()[0], bars.index[0] - 1), max(ax.get_xlim()[1], bars.index[-1] + 1))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize="small")
+    return figure
 
-    summary = split_summary(table, seq_len)
+
+def utilization_figure(summary: dict):
+    """Each split's packing utilization, packed and as one document per padded row (`split_summary`): a pair of bars
+    a split, down the page (a mixture's split names side by side ran into each other)."""
     splits = list(summary)
     packed = [summary[s].get("packing", {}).get("utilization") or 0 for s in splits]
     padded = [(summary[s].get("packing", {}).get("padded_layout", {}).get("utilization") or 0) for s in splits]
-    figure, ax = _figure()
-    x = np.arange(len(splits))
-    ax.bar(x - 0.2, packed, 0.4, label="packed")
-    ax.bar(x + 0.2, padded, 0.4, label="one document per padded row")
-    ax.set_xticks(x, splits)
-    ax.set(title="Packing utilization", ylabel="real tokens / token slots", ylim=(0, 1.05))
-    ax.legend(loc="upper center", ncol=2, frameon=False)
-    drawn = {"document_lengths": document_plot, "tokens_per_shard": shard_plot, "utilization": _png(figure)}
-    return drawn | ({"mix": mix_plot(mix)} if mix is not None else {})
+    longest = max(map(len, splits), default=0)
+    figure, ax = _figure(height=max(2.2, 1.5 + 0.35 * len(splits)), left=0.3 + 0.075 * longest, bottom=0.9)
+    y = np.arange(len(splits))
+    ax.barh(y - 0.2, packed, 0.4, label="packed")
+    ax.barh(y + 0.2, padded, 0.4, label="one document per padded row")
+    ax.set_yticks(y, splits)
+    ax.invert_yaxis()
+    ax.set(title="Packing utilization", xlabel="real tokens / token slots", xlim=(0, 1.05))
+    if not any(packed + padded):
+        ax.text(0.5, 0.5, "nothing packed (pack.mode: none)", transform=ax.transAxes, ha="center", va="center")
+    figure.legend(loc="lower center", ncol=2, frameon=False, fontsize="small")
+    return figure
 
 
 def mix_plot(mix: dict) -> bytes:
