@@ -90,7 +90,8 @@ CASES = {
     ),
     "a Parquet file without the text column": Case(
         files={"in/t.parquet": parquet(pa.table({"body": ["x", "y"]}))},
-        said=r"t\.parquet: no column 'text' in the Parquet schema \(its columns: body\)",
+        said=r"t\.parquet: no column 'text' in the Parquet schema \(its columns: body\): set input\.text_field to the "
+        r"column that holds it",
         local_cluster=True,
     ),
     "a missing tokenizer file": Case(

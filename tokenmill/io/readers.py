@@ -557,7 +557,12 @@ def _columns(names: list[str], options: ReadOptions, name: str, kind: str) -> li
     if options.conversations:  # a conversation's fields are the record's (input.chat names them)
         top = set(names)
     if missing := top - set(names):
-        raise InputError(f"{name}: no column {sorted(missing)[0]!r} in the {kind} schema (its columns: {few(names)})")
+        column = sorted(missing)[0]
+        setting = {options.text_field.split(".")[0]: "input.text_field"}
+        if options.id_field:
+            setting[options.id_field.split(".")[0]] = "input.id_field"
+        fix = f": set {setting[column]} to the column that holds it" if column in setting else ""
+        raise InputError(f"{name}: no column {column!r} in the {kind} schema (its columns: {few(names)}){fix}")
     return sorted(top)
 
 
