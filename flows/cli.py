@@ -324,8 +324,10 @@ def print_summary(summary: dict, link: str | None) -> None:
     if summary.get("unchanged"):
         console.print(f"whole flow: {summary['flow_seconds']} s")
     else:
+        from tokenmill.stages.report import tokenize_rate
+
         console.print(
-            f"tokenize stage: {summary['tokenize_mb_per_s']} MB/s of input; whole flow: {summary['flow_seconds']} s "
+            f"{tokenize_rate(summary, summary['shards'])}; whole flow: {summary['flow_seconds']} s "
             f"({summary['bytes_in'] / 1e6 / summary['flow_seconds']:.2f} MB/s); largest process: "
             f"{summary['largest_process_mb']:,} MB (peak resident memory, of the flow and the Dask workers)"
         )

@@ -42,6 +42,7 @@ class TokenizeTotals:
     and hands on, beside the stats table."""
 
     bytes_in: int = 0
+    bytes_made: int = 0  # of the shards tokenized in this run (not reused)
     reused: int = 0  # shards whose committed output was reused
     redone: tuple[str, ...] = ()  # shards whose committed files had changed since (tokenmill.core.commits), and what
     files_rejected: tuple[str, ...] = ()  # input files quarantined whole (input.on_invalid: quarantine), and why
@@ -85,7 +86,7 @@ class Kept:
 
     def totals(self) -> TokenizeTotals:
         return TokenizeTotals(
-            self.bytes_in, self.reused, *(tuple(said for _, said in sorted(found)) for found in
+            self.bytes_in, self.fresh_bytes, self.reused, *(tuple(said for _, said in sorted(found)) for found in
             (self.redone, self.files_rejected, self.problems)), tuple(sorted(self.unnumbered)),
         )  # fmt: skip
 

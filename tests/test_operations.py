@@ -295,6 +295,9 @@ def test_rerun_shards_redoes_exactly_the_named_shards(run_cli, gpt2_run, tmp_pat
     before_files, before = dataset_files(out), {s: committed(out, s) for s in ("tokenize", "pack")}
     result = run_cli("rerun", str(out), "--shard", "1", "--shard", "3")
     assert "4 shards (2 reused)" in result.stdout
+    # the stage's rate is of the input it tokenized (its MB/s were of the reused shards' input too)
+    said = re.search(r"tokenize stage [0-9.]+ MB/s of input \(the 2 of 4 shards it made\)", result.stdout)
+    assert said, result.stdout
     for stage in ("tokenize", "pack"):
         after = committed(out, stage)
         changed = {name for name in after if after[name] != before[stage][name]}

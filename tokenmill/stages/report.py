@@ -60,7 +60,7 @@ def summary_markdown(manifest: dict, run: dict | None = None, images: Iterable[s
     ]
     if run:
         lines.append(
-            f"Run: {run['bytes_in'] / 1e6:,.1f} MB of input; tokenize stage {run['tokenize_mb_per_s']} MB/s; "
+            f"Run: {run['bytes_in'] / 1e6:,.1f} MB of input; {tokenize_rate(run, manifest['shards'])}; "
             f"whole flow {run['flow_seconds']} s"
             + (f"; global shuffle {run['shuffle_seconds']} s" if run.get("shuffle_seconds") is not None else "")
             + (f"; largest process {run['largest_process_mb']:,} MB" if run.get("largest_process_mb") else "")
@@ -102,6 +102,15 @@ def summary_markdown(manifest: dict, run: dict | None = None, images: Iterable[s
         lines += [f"| {' | '.join(f'{v:,}' if isinstance(v, int) else str(v) for v in r.values())} |" for r in rows]
     lines += ["", *(f"![{name}]({PLOTS[name].removeprefix('report/')})" for name in images)]
     return "\n".join(lines) + "\n"
+
+
+def tokenize_rate(run: dict, shards: int) -> str:
+    """The tokenize stage's rate, of the input it tokenized in this run of `shards` (a rerun reuses most)."""
+    made = run.get("shards_made", shards)
+    if not made:
+        return "tokenize stage: every shard reused"
+    rate = f"tokenize stage {run['tokenize_mb_per_s']} MB/s of input"
+    return rate if made == shards else f"{rate} (the {made:,} of {shards:,} shards it made)"
 
 
 def _png(figure) -> bytes:
