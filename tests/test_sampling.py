@@ -270,3 +270,43 @@ def test_holdout_records_of_shard_ids_are_those_of_the_sample_results(sampled):
     config, samples = sampled
     ids = np.array([s.shard_id for s in samples])
     assert list(sample_files.holdout_records(config, ids)) == list(sample_files.holdout_records(config, samples))
+
+
+def test_a_corpus_grown_by_a_small_file_keeps_its_shards_samples(tmp_path):
+    """The held-out fraction is rounded down to four significant bits: a corpus that grows by a few percent has the
+    same one, so the shards it had keep their committed samples and only the new file's shard is sampled (with the
+    exact fraction every shard was sampled again); grown by a third, it is another fraction, at most 12% under the
+    exact one."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    articles = read_jsonl(CORPORA / "enwiki_slice" / "enwiki_slice.jsonl.gz")
+    for k in range(4):  # four files of 2,000 articles
+        with open(corpus / f"part-{k}.jsonl", "wb") as f:
+            f.writelines(
+                orjson.dumps({**d, "id": f"{d['id']}-{k}"}) + b"\n" for d in articles[2000 * k : 2000 * (k + 1)]
+            )
+    config = TokenmillConfig.model_validate({
+        "name": "grow", "input": {"paths": [str(corpus)], "id_field": "id"}, "partition": {"shard_size": "4MB"},
+        "tokenizer": {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json")}, "fertility": {"holdout_size": "300KB"},
+        "output": {"path": str(tmp_path / "out")},
+    })  # fmt: skip
+
+    def sample() -> tuple[float, dict[bytes, float]]:
+        """The held-out fraction, and each shard's sample marker's mtime by what the shard holds."""
+        plan = plan_shards(config)
+        f, g = sampling.fractions(config, plan)
+        assert 0.875 < g / (300_000 / sum(s.bytes for s in plan.shards)) <= 1.0
+        for shard in plan.shards:
+            sampling.sample_shard(sampling.Sampling.of(config, f, g), shard)
+        markers = tmp_path / "out" / "_commits" / "sample"
+        return g, {s.source: (markers / f"shard-{s.shard_id:05d}.json").stat().st_mtime_ns for s in plan.shards}
+
+    g, before = sample()
+    with open(corpus / "part-4.jsonl", "wb") as f:  # 1% more
+        f.writelines(orjson.dumps({**d, "id": f"{d['id']}-4"}) + b"\n" for d in articles[:20])
+    grown, after = sample()
+    assert grown == g and len(after) == len(before) + 1
+    assert {source: after[source] for source in before} == before  # no shard it had was sampled again
+    with open(corpus / "part-5.jsonl", "wb") as f:  # a third more
+        f.writelines(orjson.dumps({**d, "id": f"{d['id']}-5"}) + b"\n" for d in articles[:2700])
+    assert sample()[0] < g

@@ -466,7 +466,9 @@ class FertilityConfig(_Section):
 
     enabled: bool = Field(True, description="Write the report (for a pretrained tokenizer it costs one read pass).")
     holdout_size: ByteSize = Field(
-        ByteSize(4_000_000), description="Bytes of held-out text, never in the training sample."
+        ByteSize(4_000_000),
+        description="Bytes of held-out text, never in the training sample (up to 12% fewer: its fraction of the "
+        "corpus is rounded down so that a grown corpus keeps its shards' samples).",
     )
     group_by: list[str] = Field(
         default_factory=list, description="Record fields (source, lang) to break the report down by."
