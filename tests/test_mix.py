@@ -21,10 +21,13 @@ from rich.text import Text
 
 from tokenmill.config import TokenmillConfig
 from tokenmill.core.layout import megatron_prefix, packed_prefix
+from tokenmill.core.plan import Plan, Shard, Shards
 from tokenmill.core.shares import MixError
+from tokenmill.io.readers import Piece
 from tokenmill.stages.mix import resolve
 from tokenmill.stages.partition import list_inputs
 from tokenmill.stages.report import summary_rows
+from tokenmill.stages.validate import reference_items
 
 from .conftest import CORPORA, EXAMPLES, TOKENIZERS
 
@@ -259,6 +262,30 @@ def test_the_runs_mix_table_shows_every_count_whole_in_a_log_and_in_a_narrow_ter
     plain = Text.from_ansi(shown).plain
     assert "…" not in plain and max(map(len, plain.splitlines())) <= 60
     assert sum(map(str.isdigit, plain)) == sum(map(str.isdigit, "".join(map("".join, cells)))), plain
+
+
+def test_the_reference_check_draws_from_every_source_by_its_share_of_the_tokens():
+    """validate's reference check in a mixture: 1.6 million chat turns in one shard beside 30 shards of 2,500 code
+    files and 30 of web pages. Drawn from all documents at once, the sample went to whichever shards it read (the chat
+    shard, when it was among them, took nearly all of it); each source now gets its share by tokens, from its own
+    shards, at least one document."""
+    config = config_of([{"name": "chat", "weight": 1}, {"name": "code", "weight": 1}, {"name": "web", "weight": 1}])
+    sizes = {"chat": [(1_600_000, 40_000_000)], "code": [(2_500, 23_000_000)] * 30, "web": [(4_000, 9_000_000)] * 30}
+    shards, rows = [], []
+    for name, shard_sizes in sizes.items():
+        for documents, tokens in shard_sizes:
+            shards.append(Shard(len(shards), (Piece(f"/data/{name}/{len(shards)}.jsonl"),), 3 * tokens, "", name))
+            rows.append({"shard_id": len(rows), "split": f"{name}/train", "documents": documents, "tokens": tokens,
+                         "rejected": 0})  # fmt: skip
+    plan = Plan("k", "c", "i", 1 << 26, None, [], Shards(shards))
+    tokens = {name: sum(t for _, t in shard_sizes) for name, shard_sizes in sizes.items()}
+    for seed in range(1, 21):
+        items = reference_items(config, plan, pd.DataFrame(rows), seed)
+        drawn = collections.Counter()
+        for item in items:
+            drawn[item.shard.mix_source] += item.sample
+        assert drawn == pytest.approx({n: 1000 * t / sum(tokens.values()) for n, t in tokens.items()}, abs=1), drawn
+        assert sum(item.most_bytes for item in items) == pytest.approx(4_000_000, rel=1e-3)  # check_bytes: auto
 
 
 def test_a_source_repeated_past_max_epochs_stops_the_run_naming_it():
