@@ -80,3 +80,14 @@ def test_a_mixtures_plots_keep_their_labels_apart_and_their_legends_off_the_bars
         f"{s}/{split}" for s in sources for split in ("train", "val")
     )
     assert {t.get_text() for t in figures["lengths"].axes[0].get_xticklabels()} >= {"1k", "1M", "10M"}
+
+
+def test_the_tokenize_stages_rate_is_of_the_shards_the_run_made():
+    """A rerun's rate is of what it tokenized, and says how many of the shards that was; nothing made says so."""
+    rate = report.tokenize_rate
+    assert rate({"shards_made": 4, "tokenize_mb_per_s": 81.5}, 4) == "tokenize stage 81.5 MB/s of input"
+    assert rate({"shards_made": 2, "tokenize_mb_per_s": 3.2}, 63) == (
+        "tokenize stage 3.2 MB/s of input (the 2 of 63 shards it made)"
+    )
+    assert rate({"shards_made": 0, "tokenize_mb_per_s": None}, 63) == "tokenize stage: every shard reused"
+    assert rate({"shards_made": 1, "tokenize_mb_per_s": None}, 63).startswith("tokenize stage: no input")

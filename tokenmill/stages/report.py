@@ -109,8 +109,9 @@ def tokenize_rate(run: dict, shards: int) -> str:
     made = run.get("shards_made", shards)
     if not made:
         return "tokenize stage: every shard reused"
-    rate = f"tokenize stage {run['tokenize_mb_per_s']} MB/s of input"
-    return rate if made == shards else f"{rate} (the {made:,} of {shards:,} shards it made)"
+    rate = run["tokenize_mb_per_s"]  # None where the shards it made held no input (empty files)
+    said = "tokenize stage: no input" if rate is None else f"tokenize stage {rate} MB/s of input"
+    return said if made == shards else f"{said} (the {made:,} of {shards:,} shards it made)"
 
 
 def _png(figure) -> bytes:
