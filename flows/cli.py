@@ -320,6 +320,15 @@ def print_summary(summary: dict, link: str | None) -> None:
         "padded layout: sequences": lambda s: f"{s['packing']['padded_layout']['sequences']:,}",
         "padded layout: utilization": lambda s: _percent(s["packing"]["padded_layout"]["utilization"]),
     }
+    if chats := [s for s in summary["splits"].values() if "supervised_tokens" in s]:  # conversations, pairs
+        everything |= {key: sum(s[key] for s in chats) for key in ("supervised_tokens", "too_long", "tokens_cut")}
+        everything["supervised_share"] = everything["supervised_tokens"] / max(1, sum(s["tokens"] for s in chats))
+        metrics |= {
+            "supervised tokens (loss)": _where_held("supervised_tokens", "{:,}".format),
+            "supervised share": _where_held("supervised_share", _percent),
+            "too long (pack.too_long)": _where_held("too_long", "{:,}".format),
+            "tokens cut": _where_held("tokens_cut", "{:,}".format),
+        }
     print_table(["", *columns], [[name, *(show(s) for s in columns.values())] for name, show in metrics.items()])
     if summary.get("unchanged"):
         console.print(f"whole flow: {summary['flow_seconds']} s")
@@ -352,6 +361,11 @@ def print_table(header: list[str], rows: list[list[str]], title: str | None = No
     else:  # Rich prints no wider than its console
         full = console.measure(table, options=console.options.update_width(LOG_WIDTH)).maximum
         Console(soft_wrap=True, width=max(console.width, full)).print(table)
+
+
+def _where_held(key: str, show: Callable) -> Callable[[dict], str]:
+    """A metric of a split's summary that only some splits have (a split of conversations or pairs), "-" elsewhere."""
+    return lambda split: show(split[key]) if key in split else "-"
 
 
 def _percent(fraction: float | None) -> str:
