@@ -326,7 +326,7 @@ def print_summary(summary: dict, link: str | None) -> None:
         metrics |= {
             "supervised tokens (loss)": _where_held("supervised_tokens", "{:,}".format),
             "supervised share": _where_held("supervised_share", _percent),
-            "too long (pack.too_long)": _where_held("too_long", "{:,}".format),
+            "too long": _where_held("too_long", "{:,}".format),  # pack.too_long, or a pair's preference.too_long
             "tokens cut": _where_held("tokens_cut", "{:,}".format),
         }
     print_table(["", *columns], [[name, *(show(s) for s in columns.values())] for name, show in metrics.items()])

@@ -198,7 +198,7 @@ def test_conversations_longer_than_a_row_are_counted_and_packing_keeps_the_objec
     # the terminal's summary says it too, beside the tokens that carry loss
     rows = [line.split("│") for line in result.stdout.splitlines() if "│" in line]  # metric, train, ...
     shown = {row[1].strip(): row[2].strip() for row in rows}
-    assert shown["too long (pack.too_long)"] == f"{len(longer):,}"
+    assert shown["too long"] == f"{len(longer):,}"
     assert shown["supervised tokens (loss)"] == f"{train['supervised_tokens']:,}"
     if policy == "drop":
         kept = [(i, m) for i, m in zip(ids, masks, strict=True) if len(i) <= 256]
