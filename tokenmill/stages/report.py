@@ -106,7 +106,7 @@ def summary_markdown(manifest: dict, run: dict | None = None, images: Iterable[s
 
 def tokenize_rate(run: dict, shards: int) -> str:
     """The tokenize stage's rate, of the input it tokenized in this run of `shards` (a rerun reuses most)."""
-    made = run.get("shards_made", shards)
+    made = run["shards_made"]
     if not made:
         return "tokenize stage: every shard reused"
     rate = run["tokenize_mb_per_s"]  # None where the shards it made held no input (empty files)
@@ -118,7 +118,6 @@ def _png(figure) -> bytes:
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
-    # the layout is fixed (`_figure`): no "tight" bounding box, which drew the figure twice
     figure.savefig(buffer, format="png", dpi=90, metadata={"Software": None})
     plt.close(figure)
     return buffer.getvalue()
@@ -259,9 +258,8 @@ def utilization_figure(summary: dict):
 
 def mix_plot(mix: dict) -> bytes:
     """A mixture's sources: each one's share of the training tokens drawn, and how many times it is drawn."""
-    plt = load_matplotlib()
     names = list(mix["sources"])
-    figure, ax = plt.subplots(figsize=(6, 0.6 + 0.45 * len(names)), gridspec_kw={"left": 0.25, "right": 0.85})
+    figure, ax = _figure(height=0.6 + 0.45 * len(names), left=1.5, right=0.9, bottom=0.35)
     shares = [mix["sources"][n]["share"] for n in names]
     ax.barh(names, shares, color="#4c72b0")
     for y, name in enumerate(names):

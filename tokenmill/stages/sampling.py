@@ -108,8 +108,8 @@ def fractions(config: TokenmillConfig, plan: Plan) -> tuple[float | dict[str, fl
 
 
 def on_grid(fraction: float) -> float:
-    """`fraction` rounded down to four significant bits (7-12% less at most): the held-out fraction of a corpus that
-    grew by a few percent is the same number, so that the shards it had keep their committed samples (a shard's
+    """`fraction` rounded down to four significant bits (by less than an eighth): the held-out fraction of a corpus
+    that grew by a few percent is the same number, so that the shards it had keep their committed samples (a shard's
     sample stage key holds the fraction), and only the new ones are sampled. The exact fraction of a corpus grown by
     one small file had every shard sampled again: 10 s of a 16 s run over a 3 GB mix. Exact in binary: the same
     fraction on every host."""

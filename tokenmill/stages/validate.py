@@ -217,15 +217,16 @@ def reference_items(config: TokenmillConfig, plan: Plan, table: pd.DataFrame, se
     total = int(per_shard.sum())
     wanted = min(total, max(cfg.check_min_documents, int(np.ceil(cfg.check_fraction * total))))
     tokens = table.groupby("shard_id").tokens.sum()
-    source_of = pd.Series({s.shard_id: s.mix_source for s in plan.shards}).reindex(per_shard.index)
-    strata = source_of.groupby(source_of).groups if config.mixture else {"": per_shard.index}
-    all_tokens = max(int(tokens.sum()), 1)
+    strata = [per_shard.index]  # the shards of each mixture source, or all
+    if config.mixture:
+        source_of = pd.Series({s.shard_id: s.mix_source for s in plan.shards}).reindex(per_shard.index)
+        strata = list(source_of.groupby(source_of).groups.values())
     drawn: dict[int, int] = {}  # shard id -> documents drawn from it
-    for members in strata.values():
-        of_stratum = per_shard[members]
-        share = tokens[members].sum() / all_tokens if config.mixture else 1.0
-        least = REFERENCE_SHARDS if not config.mixture else max(1, round(REFERENCE_SHARDS * share))
-        drawn |= _drawn(of_stratum, min(int(of_stratum.sum()), max(1, round(wanted * share))), least, rng)
+    for members in strata:
+        of_stratum, share = per_shard[members], tokens[members].sum() / max(int(tokens.sum()), 1)
+        share = share if config.mixture else 1.0
+        wanted_here = min(int(of_stratum.sum()), max(1, round(wanted * share)))
+        drawn |= _drawn(of_stratum, wanted_here, max(1, round(REFERENCE_SHARDS * share)), rng)
     read = sorted(s for s, n in drawn.items() if n)
     read_ids = set(read)  # these shards of the plan only: not a dict held for each of its shards
     read_from = {s.shard_id: s for s in plan.shards if s.shard_id in read_ids}
@@ -242,7 +243,7 @@ def reference_items(config: TokenmillConfig, plan: Plan, table: pd.DataFrame, se
             int(rejected[shard_id]),
             seed,
             max(1, int(budget[k])),
-        )  # fmt: skip
+        )
         for k, shard_id in enumerate(read)
     ]
 
