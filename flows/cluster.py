@@ -19,6 +19,7 @@ from flows.startup import warm_up
 from tokenmill.core.client_waits import client_runs, on_client_loop
 from tokenmill.core.tries import Sealed, peak_rss
 from tokenmill.stages.report import load_plotting
+from tokenmill.stages.validate import load_checking
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -78,19 +79,28 @@ def prepare_cluster(client: Client) -> None:
     message to each worker, which opens its connection to it (TLS), 0.1-0.4 s that the flow spent waiting, idle,
     as every run started. The scheduler keeps the plugin for workers that join later. And the worker that will draw
     the report's plots (`drawing_worker`) imports matplotlib now, before the run's shards come: 0.3 s of CPU that
-    the end of every run waited for, the flow idle, when the plots' worker imported it as they were asked for."""
+    the end of every run waited for, the flow idle, when the plots' worker imported it as they were asked for; the
+    one that will check the stats table (`checking_worker`) imports pandera (0.8 s)."""
     asyncio.run_coroutine_threadsafe(register_worker_plugin(client, QuickExit()), client.loop.asyncio_loop)
     workers = workers_now(client)
     for worker in workers:
         on_worker(client, worker, warm_up)
     if workers:
         on_worker(client, drawing_worker(workers), load_plotting)
+        on_worker(client, checking_worker(workers), load_checking)
 
 
-def drawing_worker(workers: list[str]) -> str:
+def drawing_worker(workers: list[str]) -> str | None:
     """Of the cluster's `workers` (addresses), the one that draws the report's plots: that one alone imports
-    matplotlib (`prepare_cluster`)."""
-    return min(workers)
+    matplotlib (`prepare_cluster`). None: no workers."""
+    return min(workers, default=None)
+
+
+def checking_worker(workers: list[str]) -> str | None:
+    """Of the cluster's `workers`, the one that checks the stats table (`tokenmill.stages.validate.stats_problems`):
+    that one alone imports pandera (`prepare_cluster`); another than the drawing worker where there are two, so that
+    the plots and the check run side by side. None: no workers."""
+    return max(workers, default=None)
 
 
 async def register_worker_plugin(client: Client, plugin: WorkerPlugin) -> None:

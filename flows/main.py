@@ -17,7 +17,6 @@ Every task runs in this flow's process; the shard work runs on the Dask cluster 
 # No `from __future__ import annotations`: `tokenmill serve` hands its runs this flow pickled by value, whose
 # parameters are validated against their annotations, which must then be the classes, not their names
 import functools
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +37,7 @@ from pydantic import ByteSize
 from pydantic.json_schema import SkipJsonSchema
 
 from flows.cluster import (
+    checking_worker,
     dask_client,
     drawing_worker,
     kind,
@@ -62,7 +62,6 @@ from tasks.validate import validate
 from tokenmill.commands.runs import save_run_config
 from tokenmill.config import TokenmillConfig
 from tokenmill.core.plan import Plan, Shards, shard_ids
-from tokenmill.io.readers import schema_library
 from tokenmill.stages.partition import PlanAhead
 from tokenmill.stages.report import plots as report_plots
 from tokenmill.stages.sampling import fractions as sample_fractions
@@ -96,7 +95,6 @@ def tokenize_stage(
     check chained to its tokenize on the cluster), waited for: the stats table, a row per shard and split, the run's
     totals (with what the checks found wrong), and a table artifact with a row per group. Beside it, on a worker,
     the tokenizer report, once the held-out sample is written (`holdout`, where the run trains no tokenizer)."""
-    import_while_waiting()
     encoder = choose_run_encoder(config, quote(shards), tokenizer)  # once per run; the shards get the choice
     started = time.perf_counter()
     tokenizing = StageRun(tokenize_shards, config, shards, tokenizer, encoder, groups=groups)
@@ -205,7 +203,8 @@ def build_dataset(
     # that fails validation publishes nothing, whatever the mix wrote into the build.
     mixing = resolve_mix.submit(config, quoted_plan, tokenizer, quote(table)) if config.mixture else None
     drawing = draw_plots_meanwhile(config, table, mixing)
-    stats = validate(config, quoted_plan, tokenizer, table, list(totals.problems))
+    checker = checking_worker(workers_now(default_client()))  # it imported pandera as the run started
+    stats = validate(config, quoted_plan, tokenizer, table, list(totals.problems), checker)
     mix = None if mixing is None else mixing.result()
     if numbering is not None:
         numbering.result()  # its failure, said as itself
@@ -253,8 +252,7 @@ def draw_plots_meanwhile(config: TokenmillConfig, table: pd.DataFrame, mixing: P
 
     def draw() -> dict[str, bytes]:
         mix = None if mixing is None else mixing.result()
-        workers = workers_now(default_client())
-        drawer = drawing_worker(workers) if workers else None  # it imported matplotlib as the run started
+        drawer = drawing_worker(workers_now(default_client()))  # it imported matplotlib as the run started
         store, seq_len = config.output.store(), config.pack.seq_len
         return on_a_worker(report_plots, store, table, seq_len, mix, priority=1, preferred=drawer)
 
@@ -262,10 +260,3 @@ def draw_plots_meanwhile(config: TokenmillConfig, table: pd.DataFrame, mixing: P
     drawing = pool.submit(draw)
     pool.shutdown(wait=False)  # its thread ends with the drawing
     return drawing
-
-
-def import_while_waiting() -> None:
-    """Validate's schema library, imported in a thread while the flow waits for the encoder choice (on a worker):
-    most of a second of imports that came after the tokenize stage, on every run's critical path, and then
-    delayed the start of its shards (they compete for this process)."""
-    threading.Thread(target=schema_library, name="tokenmill-imports", daemon=True).start()

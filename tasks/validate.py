@@ -7,7 +7,7 @@ import pandas as pd
 from prefect import task
 
 from tasks import UNCACHED
-from tasks.shards import Stage, run_on_dask
+from tasks.shards import Stage, on_a_worker, run_on_dask
 from tokenmill.config import TokenmillConfig
 from tokenmill.core.plan import Plan
 from tokenmill.stages import validate as library
@@ -16,9 +16,15 @@ from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 @task(name="validate", **UNCACHED)
 def validate(
-    config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInfo, table: pd.DataFrame, problems: list[str]
-) -> pd.DataFrame:
+    config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInfo, table: pd.DataFrame, problems: list[str],
+    checker: str | None,
+) -> pd.DataFrame:  # fmt: skip
+    """`checker`: the worker that has loaded pandera for the stats table's check (`flows.cluster.checking_worker`)."""
+
     def on_the_cluster(name: str, items: list, work, context, *args) -> list:
         return [result for (result,) in run_on_dask(items, [Stage(name, work, context, args)])]
 
-    return library.validate(config, plan, tokenizer, table, on_the_cluster, checked=problems)
+    def on_the_checker(work, *args):
+        return on_a_worker(work, *args, priority=1, preferred=checker)
+
+    return library.validate(config, plan, tokenizer, table, on_the_cluster, checked=problems, away=on_the_checker)

@@ -165,6 +165,27 @@ def test_a_run_started_in_a_project_with_its_own_flows_and_tasks_packages_runs_t
     assert json.loads(published.read_text())["counts"]["documents_out"] > 0
 
 
+def test_the_flows_process_never_imports_pandera(prefect_api, dask_cluster, tmp_path):
+    """Importing pandera replaces `typing._GenericAlias.__call__`, which Prefect calls for each task run's engine
+    (`SyncTaskRunEngine[P, R](...)`), with a function that names a class its module defines a few lines later: a
+    flow that imported it in a thread while starting tasks failed with `NameError: name 'DataFrameBase' is not
+    defined` (`tokenmill.io.readers.schema_library`). The stats table is checked on a worker; the flow's process,
+    where Prefect's threads run, imports none of pandera, and the run validates and publishes."""
+    script = textwrap.dedent("""
+        import atexit, sys
+        atexit.register(lambda: print("pandera imported:", sorted(m for m in sys.modules if m.startswith("pandera"))))
+        from flows.cli import app
+        app(sys.argv[1:])
+    """)
+    out = tmp_path / "out"
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
+    result = subprocess.run([sys.executable, "-c", script, "run", "examples/gpt2.yaml", "--set", f"output.path={out}"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == "pandera imported: []", result.stdout[-3000:]
+    assert list(out.glob("demo-gpt2/*/manifest.json"))
+
+
 def test_a_run_that_packs_nothing_publishes_the_packing_runs_megatron_files(gpt2_run, run_cli, tmp_path):
     """`pack.mode: none` (Megatron's layout alone, as bench/megatron.py runs it): no pack stage, so each shard's
     check of its files follows its tokenize directly; the Megatron files are the packing run's, byte for byte."""

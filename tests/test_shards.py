@@ -165,20 +165,21 @@ def test_the_cluster_is_prepared_without_the_flow_waiting_for_it(local_cluster, 
     assert returned < 1.0, f"prepare_cluster waited {returned:.2f} s for a worker whose loop was held for 3 s"
 
 
-def test_one_worker_imports_matplotlib_as_the_run_starts_and_draws_the_plots(monkeypatch):
+def test_one_worker_imports_matplotlib_and_another_pandera_as_the_run_starts_and_each_does_its_work(monkeypatch):
     """The report's plots are drawn on the worker that `prepare_cluster` had import matplotlib (0.3 s of CPU that
-    the end of every run waited for, when the worker asked to draw imported it then); the other workers do not
-    import it. The plots prefer that worker (Dask may still move them to an idle one, which then imports
-    matplotlib, as before: here its work stealing is off, so that the preference alone decides)."""
+    the end of every run waited for, when the worker asked to draw imported it then), and the stats table is checked
+    on the other, which it had import pandera (the flow's process must not: `schema_library`); no worker imports
+    what the other's work needs. The work prefers its worker (Dask may still move it to an idle one, which then
+    imports what it needs, as before: here its work stealing is off, so that the preference alone decides)."""
     from distributed import Client
 
-    from flows.cluster import drawing_worker, prepare_cluster, workers_now
+    from flows.cluster import checking_worker, drawing_worker, prepare_cluster, workers_now
     from flows.clusters.local import local_cluster_process
     from tasks.shards import on_a_worker
     from tokenmill.config import DaskConfig
 
-    def plotting() -> bool:
-        return "matplotlib.pyplot" in sys.modules
+    def loaded() -> tuple[bool, bool]:
+        return "matplotlib.pyplot" in sys.modules, "pandera.backends.pandas.container" in sys.modules
 
     monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING", "False")  # the cluster's process reads it
     with local_cluster_process(DaskConfig(n_workers=2)) as started:
@@ -186,14 +187,15 @@ def test_one_worker_imports_matplotlib_as_the_run_starts_and_draws_the_plots(mon
         with Client(running.address, security=running.security, set_as_default=True) as client:
             prepare_cluster(client)
             workers = workers_now(client)
-            drawer = drawing_worker(workers)
+            drawer, checker = drawing_worker(workers), checking_worker(workers)
+            assert drawer != checker
             deadline = time.monotonic() + 60
-            while not client.run(plotting, workers=[drawer])[drawer]:
-                assert time.monotonic() < deadline, "the drawing worker never imported matplotlib"
+            while client.run(loaded, workers=[drawer, checker]) != {drawer: (True, False), checker: (False, True)}:
+                assert time.monotonic() < deadline, "the workers never imported matplotlib and pandera"
                 time.sleep(0.05)
-            assert client.run(plotting) == {w: w == drawer for w in workers}
             pids = client.run(os.getpid)
             assert {on_a_worker(os.getpid, preferred=drawer) for _ in range(4)} == {pids[drawer]}
+            assert {on_a_worker(os.getpid, preferred=checker) for _ in range(4)} == {pids[checker]}
 
 
 def test_no_task_hashes_its_inputs_or_persists_its_result():

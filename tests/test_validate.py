@@ -437,10 +437,9 @@ def test_the_tokens_at_documents_ends_are_read_a_window_at_a_time(tmp_path, monk
 
 
 def test_the_schema_library_is_loaded_whole_under_its_lock_before_any_thread_gets_it():
-    """The flow loads pandera in a thread while validate may need it in another: each thread gets it only once its
-    first validation, which imports its pandas backends, is done, under the one lock (with the import alone under the
-    lock, a rerun's validate once met a module half made: `NameError: name 'DataFrameBase' is not defined`). In a
-    fresh interpreter, eight threads ask at once: each finds the backends imported, and validates."""
+    """A worker's threads may each need pandera at once (the careful reader's checks of a batch): each gets it only
+    once its first validation, which imports its pandas backends, is done, under the one lock. In a fresh
+    interpreter, eight threads ask at once: each finds the backends imported, and validates."""
     import subprocess
     import sys
 

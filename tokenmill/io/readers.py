@@ -85,11 +85,13 @@ PANDERA_LOADED = threading.Event()
 
 def schema_library():
     """`pandera.pandas`, imported and its first validation made (which imports its pandas backends, with its data
-    strategies and hypothesis where installed: 0.8 s), under a lock. Its modules import each other, so two threads
-    importing them at once can deadlock (Python raises `_DeadlockError` in one) or one can see a module half made
-    (`NameError: name 'DataFrameBase' is not defined`, once in `make test`, while the import lock covered the import
-    but not that first validation): the flow loads it in a thread while it waits for the encoder choice, and a small
-    run's validate can need it before that is done."""
+    strategies and hypothesis where installed: 0.8 s), under a lock: its modules import each other, so two threads
+    importing them at once can deadlock (Python raises `_DeadlockError` in one) or one can see a module half made.
+    Not in a process whose other threads may be running Prefect: importing `pandera.typing.common` replaces
+    `typing._GenericAlias.__call__` (every `Generic[...](...)`) with a function that names a class defined a few
+    lines later, and Prefect makes each task's engine so (`SyncTaskRunEngine[P, R](...)`): a task started in that
+    moment failed the run with `NameError: name 'DataFrameBase' is not defined` (twice in `make test`, from a
+    flow that imported it in a thread). The flow checks its stats table on a worker (`validate.stats_problems`)."""
     with PANDERA_IMPORT:
         import pandas as pd
         import pandera.pandas as pa

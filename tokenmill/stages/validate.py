@@ -57,6 +57,8 @@ ROWS_AT_ONCE = 10_000  # stats rows (or a dataset's files) made into Python obje
 # `run(name, items, work, context, *args)`: `work(context, item, *args)` over the items, named `name` (a stage of
 # shard work), where the caller wants; each item's result, in order.
 RunShards = Callable[..., list]
+# `away(work, *args)`: `work(*args)` where the caller wants (on a worker), waited for: what it returns.
+CallAway = Callable[..., object]
 
 
 def stats_schema(
@@ -123,12 +125,12 @@ def every_shard_and_split_once(table: pd.DataFrame, shard_ids: list[int], splits
     return len(table) == len(set(shard_ids)) * per_shard and not table.duplicated(["shard_id", "split"]).any()
 
 
-def check_stats(
+def stats_problems(
     table: pd.DataFrame, shard_ids: list[int], splits: list[str], vocab_size: int, pack: PackConfig | None
-) -> None:
+) -> list[str]:
     """The stats table against `stats_schema` (of these arguments), a few thousand rows at a time and whole shards
     each (pandera's checks take a few times the rows' memory: 50 MB for 98,176 rows at once), and every shard and
-    split once; raises ValidationFailed naming the failed checks and their shards."""
+    split once: a line per failed check, naming its shards (none: the table is sound)."""
     SchemaErrors = schema_library().errors.SchemaErrors  # noqa: N806 (a class)
 
     schema, found = stats_schema(shard_ids, splits, vocab_size, pack), []
@@ -140,8 +142,13 @@ def check_stats(
     lines = _failure_lines(pd.concat(found, ignore_index=True), table) if found else []
     if not every_shard_and_split_once(table, shard_ids, splits):
         lines.append("  - a planned shard is missing or duplicated")
-    if lines:
-        raise ValidationFailed("stats table failed validation:\n" + "\n".join(lines))
+    return lines
+
+
+def load_checking() -> None:
+    """pandera loaded (`schema_library`) ahead of `stats_problems`, on the worker that will check the table
+    (`flows.cluster.prepare_cluster`)."""
+    schema_library()
 
 
 def shard_chunks(table: pd.DataFrame) -> Iterator[pd.DataFrame]:
@@ -618,11 +625,12 @@ def _plain(value):
 
 def validate(
     config: TokenmillConfig, plan: Plan, tokenizer: TokenizerInfo, table: pd.DataFrame, run: RunShards | None = None,
-    checked: list[str] | None = None,
+    checked: list[str] | None = None, away: CallAway | None = None,
 ) -> pd.DataFrame:  # fmt: skip
     """Check the stats table (`stats_table` of the tokenize and pack results) and the files; write `stats.json`
     and return the table, or raise ValidationFailed. `run` runs the per-shard checks where the caller wants
-    (on the cluster); None: here. `checked`: what every shard's files were found to have wrong already
+    (on the cluster), `away` the table's (`stats_problems`: pandera, which a flow's process must not import, see
+    `schema_library`); None: here. `checked`: what every shard's files were found to have wrong already
     (`check_written`, in the tokenize stage), else they are checked here."""
     packing = writes_packed(config)
     store = config.output.store()
@@ -632,6 +640,7 @@ def validate(
             "the input config (input.text_field, input.format) and run again"
         )
     run = run or (lambda name, items, work, context, *args: [work(context, item, *args) for item in items])
+    away = away or (lambda work, *args: work(*args))
     with ThreadPoolExecutor(1, thread_name_prefix="tokenmill-reference") as pool:
         # The reference's re-encoding of sampled documents runs while the table and the files are checked (in
         # the caller's context: its logging); it counts only where they are sound: decoding damaged files
@@ -642,7 +651,9 @@ def validate(
                 copy_context().run, run, "reference", sample, check_reference, Referencing.of(config, tokenizer)
             )
         planned, splits = shard_ids(plan.shards).tolist(), config.streams()
-        check_stats(table, planned, splits, tokenizer.vocab_size, config.pack if packing else None)
+        failed = away(stats_problems, table, planned, splits, tokenizer.vocab_size, config.pack if packing else None)
+        if failed:
+            raise ValidationFailed("stats table failed validation:\n" + "\n".join(failed))
         if checked is None:
             checking = Checking.of(config, tokenizer)
             checked = [p for found in run("check", shard_rows(table), check_shard, checking) for p in found]
