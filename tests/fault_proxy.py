@@ -11,8 +11,8 @@ being passed on unchanged:
 - `stall`: no answer for `stall_s` seconds, then the connection closed (the client's read timeout fires).
 
 `methods` restricts faults to some HTTP methods (GET reads, PUT/POST writes, GET with `list-type` listings,
-HEAD existence checks). `injected` counts the faults by kind and method. Used by tests/test_faults_s3.py and
-bench/faults.py.
+HEAD existence checks). `injected` counts the faults by kind and method; `seen` lists every request as (method,
+path). Used by tests/test_faults_s3.py and bench/faults.py.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class FaultProxy:
         self.stall_s = 3.0
         self.injected: Counter = Counter()
         self.requests = 0
+        self.seen: list[tuple[str, str]] = []
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -91,9 +92,10 @@ class FaultProxy:
             if stall_s is not None:
                 self.stall_s = stall_s
 
-    def _fault_for(self, method: str) -> str | None:
+    def _fault_for(self, method: str, path: str) -> str | None:
         with self.lock:
             self.requests += 1
+            self.seen.append((method, path))
             if self.methods is not None and method not in self.methods:
                 return None
             if self.rng.random() >= self.rate:
@@ -106,7 +108,7 @@ class FaultProxy:
 
     def _serve(self, handler: BaseHTTPRequestHandler) -> None:
         body = _read_body(handler)
-        kind = self._fault_for(handler.command)
+        kind = self._fault_for(handler.command, handler.path)
         if kind == "reset":
             return _reset(handler)
         if kind == "stall":

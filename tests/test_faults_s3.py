@@ -74,3 +74,17 @@ def test_a_write_that_keeps_failing_fails_the_shard_naming_the_object_within_the
     assert not store.exists("megatron/train/shard-00000.bin")  # never half there
     build(config, shard_ids={0})  # the store is back: the rerun completes
     assert store.exists(marker("tokenize", 0)) and store.exists(marker("pack", 0))
+
+
+def test_a_rerun_checks_each_committed_object_with_one_head_and_one_get(tmp_path, proxy, bucket):
+    """A rerun's shards are reused once their files are found intact: each object's size by one HEAD, its sha256
+    by one GET (it was three HEADs: exists, size, and the open's own)."""
+    config = remote_config(tmp_path, proxy, "rerun")
+    build(config, shard_ids={0})
+    store = config.output.store()
+    committed = {rel for stage in ("tokenize", "pack") for rel in store.read_json(marker(stage, 0))["files"]}
+    proxy.seen.clear()
+    tokenized, packed = build(config, shard_ids={0})
+    assert [r.reused for r in tokenized + packed] == [True, True]
+    asked = {rel: [m for m, path in proxy.seen if path.split("?")[0] == f"/faults/rerun/{rel}"] for rel in committed}
+    assert len(committed) >= 6 and all(sorted(methods) == ["GET", "HEAD"] for methods in asked.values()), asked

@@ -10,7 +10,7 @@ import numpy as np
 
 from tokenmill.core import layout
 from tokenmill.core.shares import target_text
-from tokenmill.io.storage import Store, inside
+from tokenmill.io.storage import Planted, Store, inside
 
 
 class NotADataset(Exception):
@@ -126,13 +126,18 @@ def verify(dataset: Dataset) -> list[str]:
         rel = entry["path"]
         if inside(rel) != rel:
             problems.append(f"{rel}: not a path inside the dataset (named by its manifest)")
-        elif not dataset.store.exists(rel):
+            continue
+        try:
+            now = dataset.store.digest(rel)
+        except FileNotFoundError:
             problems.append(f"{rel}: missing")
-        elif dataset.store.is_local and not dataset.store.is_regular(rel):
+            continue
+        except Planted:
             problems.append(f"{rel}: a link or special file, not the file published")
-        elif (size := dataset.store.size(rel)) != entry["bytes"]:
-            problems.append(f"{rel}: {size} bytes, the manifest says {entry['bytes']}")
-        elif dataset.store.sha256(rel) != entry["sha256"]:
+            continue
+        if now["bytes"] != entry["bytes"]:
+            problems.append(f"{rel}: {now['bytes']} bytes, the manifest says {entry['bytes']}")
+        elif now["sha256"] != entry["sha256"]:
             problems.append(f"{rel}: sha256 differs from the manifest")
     return problems
 

@@ -490,8 +490,12 @@ class Store:
             return sha256_of(f)
 
     def digest(self, rel: str) -> dict:
-        """The file's size and sha256, as commit markers and manifests record them."""
-        return {"bytes": self.size(rel), "sha256": self.sha256(rel)}
+        """The file's size and sha256, as commit markers and manifests record them, from one open: an object
+        store's HEAD, then its GETs (asking whether it exists, then its size, took two HEADs more). A missing file
+        is FileNotFoundError; locally a link or a special file in its place, `Planted`."""
+        with self.failing_as("reading", rel), self.open(rel) as f:
+            size = os.fstat(f.fileno()).st_size if self.is_local else f.size
+            return {"bytes": size, "sha256": sha256_of(f)}
 
     def remove(self, rel: str) -> None:
         """Remove the file `rel` (locally a link there is removed itself, not what it points at)."""

@@ -406,11 +406,16 @@ def prune_versions(config: TokenmillConfig) -> list[str]:
 
 def _already_there(source: Store, target: Store, entry: dict) -> bool:
     rel = entry["path"]
-    if target.is_local and not target.is_regular(rel):  # missing, or a link planted there: replaced by the copy
+    if not target.is_local:  # one HEAD, then the GETs of its sha256 (`Store.digest`)
+        try:
+            return target.digest(rel) == {"bytes": entry["bytes"], "sha256": entry["sha256"]}
+        except FileNotFoundError:
+            return False
+    if not target.is_regular(rel):  # missing, or a link planted there: replaced by the copy
         return False
-    if not target.exists(rel) or target.size(rel) != entry["bytes"]:
+    if target.size(rel) != entry["bytes"]:
         return False
-    if source.is_local and target.is_local and os.path.samefile(source.regular(rel), target.regular(rel)):
+    if source.is_local and os.path.samefile(source.regular(rel), target.regular(rel)):
         return True
     return target.sha256(rel) == entry["sha256"]
 
