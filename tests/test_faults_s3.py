@@ -12,6 +12,8 @@ import pytest
 
 from tokenmill.core.layout import marker
 from tokenmill.io.storage import StorageError, Store, give_up_s
+from tokenmill.stages.train_tokenizer import install_pretrained
+from tokenmill.stages.validate import Checking, check_written
 
 from .fault_proxy import FaultProxy
 from .test_faults import build, small_config
@@ -76,15 +78,22 @@ def test_a_write_that_keeps_failing_fails_the_shard_naming_the_object_within_the
     assert store.exists(marker("tokenize", 0)) and store.exists(marker("pack", 0))
 
 
-def test_a_rerun_checks_each_committed_object_with_one_head_and_one_get(tmp_path, proxy, bucket):
+def test_a_rerun_reads_each_committed_object_once_with_one_head(tmp_path, proxy, bucket):
     """A rerun's shards are reused once their files are found intact: each object's size by one HEAD, its sha256
-    by one GET (it was three HEADs: exists, size, and the open's own)."""
+    by one GET (it was three HEADs: exists, size, and the open's own); and their files, checked as they are when
+    they were made, are not checked again (the check's download: a HEAD or two, a GET)."""
     config = remote_config(tmp_path, proxy, "rerun")
-    build(config, shard_ids={0})
+    tokenizer = install_pretrained(config)
+
+    def made(shard_id: int) -> tuple:
+        tokenized, packed = build(config, shard_ids={shard_id})
+        return (*tokenized, *packed), check_written(Checking.of(config, tokenizer), (*tokenized, *packed))
+
+    assert made(0)[1] == []
     store = config.output.store()
     committed = {rel for stage in ("tokenize", "pack") for rel in store.read_json(marker(stage, 0))["files"]}
     proxy.seen.clear()
-    tokenized, packed = build(config, shard_ids={0})
-    assert [r.reused for r in tokenized + packed] == [True, True]
+    results, problems = made(0)
+    assert [r.reused for r in results] == [True, True] and problems == []
     asked = {rel: [m for m, path in proxy.seen if path.split("?")[0] == f"/faults/rerun/{rel}"] for rel in committed}
     assert len(committed) >= 6 and all(sorted(methods) == ["GET", "HEAD"] for methods in asked.values()), asked

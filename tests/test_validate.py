@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -103,16 +104,14 @@ def test_the_check_chained_to_each_shard_finds_what_validate_would_and_validate_
     from tokenmill.stages.validate import Checking, check_written
 
     out, config, plan, tokenizer, table = dataset
+    shutil.rmtree(out / "_commits" / "check")  # damaged after the check (a run's reuse check would find it first)
     path = out / "megatron/val/shard-00000.bin"
     path.write_bytes(path.read_bytes()[:-2])
     (out / "packed/train/shard-00002.tokens.npy").unlink()
 
-    def results(shard_id: int) -> tuple:
-        stages = {"tokenize": Tokenized, "pack": Packed}
-        markers = {kind: out / "_commits" / stage / f"shard-{shard_id:05d}.json" for stage, kind in stages.items()}
-        return tuple(kind.from_json(json.loads(m.read_text())["result"]) for kind, m in markers.items())
-
-    found = {s.shard_id: check_written(Checking.of(config, tokenizer), results(s.shard_id)) for s in plan.shards}
+    found = {
+        s.shard_id: check_written(Checking.of(config, tokenizer), chain_results(out, s.shard_id)) for s in plan.shards
+    }
     assert [s for s, problems in found.items() if problems] == [0, 2]
     assert any("megatron/val/shard-00000.bin" in p for p in found[0])
     assert found[2] == ["packed/train/shard-00002.tokens.npy: missing"]
@@ -123,6 +122,37 @@ def test_the_check_chained_to_each_shard_finds_what_validate_would_and_validate_
         validate(config, plan, tokenizer, table, checked=checked)
     assert str(given.value) == str(own_pass.value)
     assert all(p in str(given.value) for p in checked)
+
+
+def chain_results(out: Path, shard_id: int) -> tuple:
+    """A shard's tokenize and pack results, as its chain hands them to `check_written`."""
+    stages = {"tokenize": Tokenized, "pack": Packed}
+    markers = {kind: out / "_commits" / stage / f"shard-{shard_id:05d}.json" for stage, kind in stages.items()}
+    return tuple(kind.from_json(json.loads(m.read_text())["result"]) for kind, m in markers.items())
+
+
+def test_a_shards_files_that_passed_the_check_as_they_are_are_not_checked_again(dataset):
+    """A shard that passes the check gets a marker whose key is made of its tokenize and pack markers (every file's
+    sha256) and the check's parameters: the next check of the same files takes it; other parameters or another
+    marker (a shard made again) are checked again, and a check that fails leaves no marker."""
+    from tokenmill.stages.validate import Checking, check_written
+
+    out, config, plan, tokenizer, table = dataset
+    shutil.rmtree(out / "_commits" / "check")
+    marker, results = out / "_commits/check/shard-00001.json", chain_results(out, 1)
+    run = Checking.of(config, tokenizer)
+    assert check_written(run, results) == [] and marker.exists()
+    made, inode = marker.read_bytes(), marker.stat().st_ino  # a marker written again is a new file
+    found = check_written(replace(run, eod_id=run.eod_id - 1), results)
+    assert found and marker.read_bytes() == made, found
+    assert check_written(run, results) == [] and marker.stat().st_ino == inode  # taken: not checked, not rewritten
+
+    tokenize = out / "_commits/tokenize/shard-00001.json"
+    done = json.loads(tokenize.read_text())
+    del done["signature"]
+    done["result"]["documents_in"] += 1  # as if the shard had been made again
+    commit(config.output.store(), "tokenize", 1, done["key"], done["result"], done["files"])
+    assert check_written(run, results) == [] and marker.read_bytes() != made  # checked again, a new marker
 
 
 def test_a_missing_shard_fails(dataset):

@@ -31,6 +31,10 @@ from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 # The stages that commit per shard (`tokenmill.stages`), in the order they run
 STAGES = (SCATTER, GATHER, SAMPLE, TOKENIZE, PACK) = COMMITTING
+# A shard's files as they are now passed validate's check of them (`validate.check_written`): a marker without files,
+# its key made of the tokenize and pack markers. Not a stage's commit: nothing is discarded or moved with it (a shard
+# made again, or given another id, has other markers, so another key).
+CHECK = "check"
 MOVABLE = tuple(name for name in STAGES if ALL_STAGES[name].movable)  # a shard's output can change id
 
 
