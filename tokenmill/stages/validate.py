@@ -620,7 +620,7 @@ def check_written(run: Checking, results: tuple) -> list[str]:
     they are now (a reused shard's, found intact by their sha256) are not read again: a shard that passes gets a
     check marker (`checked_key`), which a nightly run over a grown input finds for every shard it kept."""
     tokenized, packed = results if len(results) == 2 else (results[0], skipped(results[0]))
-    key = checked_key(run, tokenized.shard_id)
+    key = checked_key(run, tokenized.shard_id, (TOKENIZE, PACK)[: len(results)])
     if committed(run.store, CHECK, tokenized.shard_id, key) is not None:
         return []
     rows = [dict(zip(COLUMNS, row, strict=True)) for row in stats_rows(tokenized, packed)]
@@ -630,11 +630,11 @@ def check_written(run: Checking, results: tuple) -> list[str]:
     return problems
 
 
-def checked_key(run: Checking, shard_id: int) -> str:
-    """What the check of a shard's files found depends on: its tokenize and pack markers (results, and every
-    file's size and sha256, which the files are found to have before any check of them), the check's parameters
-    and tokenmill."""
-    markers = [read_marker(run.store, stage, shard_id) for stage in (TOKENIZE, PACK)]
+def checked_key(run: Checking, shard_id: int, stages: tuple[str, ...]) -> str:
+    """What the check of a shard's files found depends on: the markers of the `stages` of its chain (results, and
+    every file's size and sha256, which the files are found to have before any check of them), the check's
+    parameters and tokenmill."""
+    markers = [read_marker(run.store, stage, shard_id) for stage in stages]
     parameters = {f.name: getattr(run, f.name) for f in fields(run) if f.name != "store"}
     made_of = orjson.dumps([markers, parameters, __version__], default=_as_json, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(made_of).hexdigest()
