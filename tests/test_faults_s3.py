@@ -12,6 +12,7 @@ import pytest
 
 from tokenmill.core.layout import marker
 from tokenmill.io.storage import StorageError, Store, give_up_s
+from tokenmill.stages.publish import _copy
 from tokenmill.stages.train_tokenizer import install_pretrained
 from tokenmill.stages.validate import Checking, check_written
 
@@ -97,3 +98,14 @@ def test_a_rerun_reads_each_committed_object_once_with_one_head(tmp_path, proxy,
     assert [r.reused for r in results] == [True, True] and problems == []
     asked = {rel: [m for m, path in proxy.seen if path.split("?")[0] == f"/faults/rerun/{rel}"] for rel in committed}
     assert len(committed) >= 6 and all(sorted(methods) == ["GET", "HEAD"] for methods in asked.values()), asked
+
+
+def test_publish_copies_an_object_within_the_store_with_a_head_and_a_copy(tmp_path, proxy, bucket):
+    """Publishing to the store the build is in copies each file server-side: the source's HEAD (its size) and
+    the copy's PUT. fsspec's `copy` first listed both paths as prefixes, two requests more a file."""
+    source, target = (remote_config(tmp_path, proxy, prefix).output.store() for prefix in ("build", "published/v1"))
+    source.write_bytes("megatron/train/shard-00000.bin", b"tokens" * 1000)
+    proxy.seen.clear()
+    _copy(source, target, "megatron/train/shard-00000.bin")
+    assert [method for method, _ in proxy.seen] == ["HEAD", "PUT"], proxy.seen
+    assert target.read_bytes("megatron/train/shard-00000.bin") == b"tokens" * 1000

@@ -13,6 +13,7 @@ raises `StorageError`, naming the file or object and the cause, never a library'
 from __future__ import annotations
 
 import contextvars
+import copy
 import errno
 import hashlib
 import os
@@ -227,7 +228,9 @@ class Store:
     def __init__(self, root: str | Path, storage_options: dict | None = None):
         self.url = str(root).rstrip("/")
         self.storage_options = options_for(self.url, storage_options)
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        # A copy: botocore rewrites the retries it is given (max_attempts into total_max_attempts) as its client is
+        # made, and two stores of the same options must stay equal (publish copies server-side between them)
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **copy.deepcopy(self.storage_options))
         self.is_local = isinstance(self.fs, LocalFileSystem)
         self._directories: set[str] = set()  # local directories under the root found to be directories, not links
 

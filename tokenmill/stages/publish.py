@@ -425,7 +425,8 @@ def _copy(source: Store, target: Store, rel: str) -> None:
         with target.writing(rel) as tmp:
             link_or_copy(source.regular(rel), tmp)  # a link planted in its place is refused, never published
     elif type(source.fs) is type(target.fs) and source.storage_options == target.storage_options:
-        target.fs.copy(source.path(rel), target.path(rel))  # server-side, nothing through this process
+        # Server-side, nothing through this process; one file's copy (`copy` lists both paths as prefixes first)
+        target.fs.cp_file(source.path(rel), target.path(rel))
     else:
         with source.local_copies(rel) as (path,):
             target.put(path, rel)
