@@ -5,6 +5,7 @@ object and the cause, within a bound, and leaves nothing committed."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import boto3
@@ -12,7 +13,7 @@ import pytest
 
 from tokenmill.core.layout import marker
 from tokenmill.io.storage import StorageError, Store, give_up_s
-from tokenmill.stages.publish import _copy
+from tokenmill.stages.publish import Files, _copy, publish_version
 from tokenmill.stages.train_tokenizer import install_pretrained
 from tokenmill.stages.validate import Checking, check_written
 
@@ -109,3 +110,33 @@ def test_publish_copies_an_object_within_the_store_with_a_head_and_a_copy(tmp_pa
     _copy(source, target, "megatron/train/shard-00000.bin")
     assert [method for method, _ in proxy.seen] == ["HEAD", "PUT"], proxy.seen
     assert target.read_bytes("megatron/train/shard-00000.bin") == b"tokens" * 1000
+
+
+def test_publishing_a_version_to_an_object_store_asks_for_no_missing_file(tmp_path, proxy, bucket):
+    """A version published to an object store is listed once: a file not there is copied (the source's HEAD and
+    the copy), without a HEAD and a listing of its own; a file there is read for its sha256 and not copied."""
+    config = remote_config(tmp_path, proxy, "publishing")
+    config.output.publish.path = f"s3://{bucket}/versions"
+    config.output.publish.storage.endpoint_url = proxy.endpoint
+    source = config.output.store()
+    files = Files()
+    for rel, data in {
+        "megatron/train/shard-00000.bin": b"a" * 100,
+        "megatron/train/shard-00000.idx": b"b" * 50,
+    }.items():
+        source.write_bytes(rel, data)
+        files.add("megatron", rel, {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    source.write_bytes("manifest.json", b"{}")
+    proxy.seen.clear()
+    with files:
+        first = publish_version(config, {"version": "v1"}, files)
+        asked = [(m, path.split("?")[0]) for m, path in proxy.seen if "shard-00000" in path]
+        proxy.seen.clear()
+        again = publish_version(config, {"version": "v1"}, files)
+    assert (first["copied"], again["copied"], again["skipped"]) == (2, 0, 2)
+    published = "/faults/versions/faults/v1/megatron/train/shard-00000"
+    assert sorted(asked) == sorted(
+        [("HEAD", f"/faults/publishing/megatron/train/shard-00000.{ext}") for ext in ("bin", "idx")]
+        + [("PUT", f"{published}.{ext}") for ext in ("bin", "idx")]
+    ), asked
+    assert not [m for m, path in proxy.seen if "shard-00000" in path and m == "PUT"], proxy.seen

@@ -342,8 +342,12 @@ def publish_version(config: TokenmillConfig, manifest: dict, files: Files, extra
     target = version_store(config, manifest["version"])
     target.remove_unfinished()  # a publish killed mid-copy leaves a temporary file beside the ones it finished
 
+    # On an object store, which files are there at all from one listing: asking for a missing object costs a HEAD
+    # and a listing of its own
+    there = None if target.is_local else set(target.list())
+
     def publish_file(entry: dict) -> bool:
-        if _already_there(source, target, entry):
+        if (there is None or entry["path"] in there) and _already_there(source, target, entry):
             return False
         _copy(source, target, entry["path"])
         return True
