@@ -56,9 +56,10 @@ def read_marker(store: Store, stage: str, shard_id: int) -> dict | None:
     by a writer of the output location, and stops the run naming it (`Planted`) before anything is read, removed or
     published through it. It must bear the user's signature (`Unsigned`, naming it, if not)."""
     rel = layout.marker(stage, shard_id)
-    if not store.exists(rel):
+    try:
+        done = store.read_json(rel)  # one open: asking whether it exists first cost an object store a HEAD more
+    except FileNotFoundError:
         return None
-    done = store.read_json(rel)
     files = done.get("files", {}) if isinstance(done, dict) else None
     if not isinstance(files, dict):
         raise Planted(f"{store.url_of(rel)} is not a commit marker tokenmill wrote (no file list): {PLANTED_HINT}")
