@@ -106,6 +106,58 @@ def test_a_file_damaged_after_its_commit_is_noticed_and_redone_byte_identically(
     assert data_files(out) == before
 
 
+def aged(path: Path, seconds: int = 3600) -> None:
+    """`path` modified `seconds` earlier, as a nightly run finds the files of the night before."""
+    mtime = path.stat().st_mtime_ns - seconds * 10**9
+    os.utime(path, ns=(mtime, mtime))
+
+
+def test_trusting_stamps_a_kept_file_is_read_once_then_only_when_its_stamp_changes(tmp_path):
+    """`output.reuse_check: stamp`: a run reads each kept file once and records its stamp (inode, size, modification
+    time, owner); later runs read only the files whose stamp changed: a file touched is read and kept, one written
+    to is read and its shard made again. A byte changed in place with the modification time put back keeps the
+    stamp, so such a run does not see it (it reads no file whose stamp is unchanged); the default, sha256, does."""
+    out = tmp_path / "out"
+    stamping = small_config(out)
+    stamping.output.reuse_check = "stamp"
+    build(stamping, shard_ids={0, 1})
+    before = data_files(out)
+    for path in out.rglob("*"):
+        aged(path) if path.is_file() else None
+    assert all(r.reused for results in build(stamping, shard_ids={0, 1}) for r in results)
+    store = Store(out)
+    markers = {(stage, i): store.read_json(marker(stage, i)) for stage in ("tokenize", "pack") for i in (0, 1)}
+    for m in markers.values():
+        assert set(m["stamps"]) == set(m["files"])
+        for rel, stamp in m["stamps"].items():
+            status = (out / rel).stat()
+            assert stamp == {"bytes": status.st_size, "inode": status.st_ino, "mtime_ns": status.st_mtime_ns,
+                             "uid": status.st_uid}  # fmt: skip
+
+    touched, written = out / "megatron/train/shard-00000.idx", out / "megatron/train/shard-00001.bin"
+    aged(touched, 60)
+    damage(written, "bit flip")
+    tokenized, _ = build(stamping, shard_ids={0, 1})
+    assert [r.reused for r in tokenized] == [True, False]
+    assert tokenized[1].redone.startswith("tokenize shard 00001: megatron/train/shard-00001.bin changed content")
+    restamped = store.read_json(marker("tokenize", 0))["stamps"]["megatron/train/shard-00000.idx"]
+    assert restamped["mtime_ns"] == touched.stat().st_mtime_ns
+
+    unseen = out / "megatron/train/shard-00000.bin"
+    kept = unseen.stat()
+    with open(unseen, "r+b") as f:
+        f.seek(kept.st_size // 2)
+        byte = f.read(1)
+        f.seek(kept.st_size // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    os.utime(unseen, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    assert all(r.reused for results in build(stamping, shard_ids={0, 1}) for r in results)
+    tokenized, _ = build(small_config(out), shard_ids={0, 1})  # sha256
+    assert [r.reused for r in tokenized] == [False, True]
+    assert tokenized[0].redone.startswith("tokenize shard 00000: megatron/train/shard-00000.bin changed content")
+    assert data_files(out) == before
+
+
 def test_markers_record_every_file_with_size_and_sha256(built):
     # The .bin and the packed rows are hashed as they are written (`Store.writing_file`), the rest read back.
     store = Store(built)

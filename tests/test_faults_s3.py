@@ -105,6 +105,35 @@ def test_a_rerun_reads_each_committed_object_once_with_one_head(tmp_path, proxy,
     assert len(markers) >= 3 and all(ms.count("HEAD") == ms.count("GET") > 0 for ms in read.values()), read
 
 
+def test_trusting_stamps_a_rerun_asks_each_kept_object_for_its_head_alone(tmp_path, proxy, bucket):
+    """With `output.reuse_check: stamp`, a rerun reads each committed object once (a HEAD and a GET) and records
+    its ETag in the marker; the next rerun asks each for its HEAD alone. An object overwritten since (other bytes of
+    the same size) has another ETag: it is read, found changed, and its shard made again."""
+    config = remote_config(tmp_path, proxy, "stamps")
+    config.output.reuse_check = "stamp"
+    store = config.output.store()
+    build(config, shard_ids={0})
+    build(config, shard_ids={0})  # reads every object, records their stamps
+    markers = [store.read_json(marker(stage, 0)) for stage in ("tokenize", "pack")]
+    assert all(set(m["stamps"]) == set(m["files"]) for m in markers) and len(markers[1]["files"]) >= 2
+    committed = {rel for m in markers for rel in m["files"]}
+    proxy.seen.clear()
+    tokenized, packed = build(config, shard_ids={0})
+    assert [r.reused for r in (*tokenized, *packed)] == [True, True]
+    asked = {rel: [m for m, path in proxy.seen if path.split("?")[0] == f"/faults/stamps/{rel}"] for rel in committed}
+    assert all(methods == ["HEAD"] for methods in asked.values()), asked
+
+    rel = "megatron/train/shard-00000.bin"
+    flipped = bytearray(store.read_bytes(rel))
+    flipped[len(flipped) // 2] ^= 0x01
+    store.write_bytes(rel, bytes(flipped))
+    tokenized, _ = build(config, shard_ids={0})
+    assert tokenized[0].redone == (
+        f"tokenize shard 00000: {rel} changed content (sha256 differs) since its commit; redoing the shard"
+    )
+    assert store.read_bytes(rel) != bytes(flipped)
+
+
 def test_publish_copies_an_object_within_the_store_with_a_head_and_a_copy(tmp_path, proxy, bucket):
     """Publishing to the store the build is in copies each file server-side: the source's HEAD (its size) and
     the copy's PUT. fsspec's `copy` first listed both paths as prefixes, two requests more a file."""

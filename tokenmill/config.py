@@ -570,6 +570,14 @@ class OutputConfig(_Section):
     llmc_shard_tokens: int = Field(
         100_000_000, ge=1, lt=2**31, description="Most tokens per llm.c file (its header counts them in an int32)."
     )
+    reuse_check: Literal["sha256", "stamp"] = Field(
+        "sha256",
+        description="How a run checks the files of the shards it keeps. sha256: reads every byte, each run (finds "
+        "any change, a bit flip on the disk too; a nightly run reads the whole dataset). stamp: reads a file once, "
+        "then only when its stamp changed (locally its inode, size, modification time and owner; an object's ETag "
+        "and size): a write or a replacement is found, a flip under the file system is not (tokenmill inspect "
+        "--verify reads every byte). docs/production.md.",
+    )
 
     @field_validator("path")
     @classmethod
@@ -581,7 +589,7 @@ class OutputConfig(_Section):
         """The build directory, where every stage writes."""
         from tokenmill.io.storage import Store
 
-        return Store(self.path, self.storage.fsspec_options())
+        return Store(self.path, self.storage.fsspec_options(), trusts_stamps=self.reuse_check == "stamp")
 
     @field_validator("formats")
     @classmethod

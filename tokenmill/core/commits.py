@@ -5,7 +5,9 @@ everything the output depends on), the shard's stats, and the size and sha256 of
 (hashed locally: the token files as their bytes are written, the others read back right after). A task that
 finds a marker with its key, and every file still as recorded, returns those stats at once, so reruns, retries
 and Dask's recomputations redo nothing; a file changed or deleted since its commit (a bit flip, a truncation, a stray
-`rm`) makes the shard be redone, and the result says why (`redone`).
+`rm`) makes the shard be redone, and the result says why (`redone`). With `output.reuse_check: stamp` the marker
+also keeps each file's stamp (its inode, size, modification time and owner; an object's ETag) as of the last time
+its bytes were found intact, and a run reads only the files whose stamp changed.
 
 The output location is data others may write: each marker is signed (`signing.marker_signature`, under the key the
 workers are sent with their tasks). A shard whose marker is not signed with the user's key (planted, altered, or
@@ -81,7 +83,9 @@ def read_marker(store: Store, stage: str, shard_id: int) -> dict | None:
 def check(store: Store, stage: str, shard_id: int, key: str) -> Commit:
     """The committed result of `stage` for this shard if it was made with `key` and its files are intact;
     else `redone` says what changed, or that its marker is not signed (None when there was no marker at all, or
-    one made with another stage key: another config's)."""
+    one made with another stage key: another config's). Each file is read for its sha256, but where the store
+    trusts stamps (`output.reuse_check: stamp`): there a file whose stamp is the one recorded when it was last
+    found intact is not read, and the marker records the stamps of the files read."""
     try:
         done = read_marker(store, stage, shard_id)
     except Unsigned as e:
@@ -90,18 +94,26 @@ def check(store: Store, stage: str, shard_id: int, key: str) -> Commit:
         return Commit()
     if done.get("key") != key:
         return Commit()
+    stamps = done.get("stamps", {}) if store.trusts_stamps else {}
+    found: dict[str, dict] = {}  # the stamps of the files as they are now, where one was taken
     for path, recorded in sorted(done.get("files", {}).items()):
-        if (damage := changed(store, path, recorded)) is not None:
+        if path in stamps and store.stamp(path) == stamps[path]:  # output.reuse_check: stamp
+            found[path] = stamps[path]
+            continue
+        if (damage := changed(store, path, recorded, found if store.trusts_stamps else None)) is not None:
             return Commit(redone=f"{stage} shard {shard_id:05d}: {path} {damage} since its commit; redoing the shard")
+    if found != stamps:  # files read and found intact: their stamps, for the next run
+        commit(store, stage, shard_id, key, done["result"], done["files"], stamps=found)
     return Commit(done["result"])
 
 
-def changed(store: Store, path: str, recorded: dict) -> str | None:
+def changed(store: Store, path: str, recorded: dict, stamps: dict | None = None) -> str | None:
     """How a committed file differs from its record: missing, another size, other bytes; None if intact.
     Its size and sha256 come from one read (`Store.digest`: ~1 GB/s locally; an object store's HEAD and GET). A link
-    or a special file put in its place is a change (the shard is made again, its file written in place of the link)."""
+    or a special file put in its place is a change (the shard is made again, its file written in place of the link).
+    `stamps`: where an intact file's stamp goes (taken as it is read)."""
     try:
-        now = store.digest(path)
+        now = store.digest(path, stamped=stamps is not None)
     except FileNotFoundError:
         return "was deleted"
     except Planted:
@@ -110,6 +122,8 @@ def changed(store: Store, path: str, recorded: dict) -> str | None:
         return f"changed size ({now['bytes']} bytes, {recorded['bytes']} committed)"
     if now["sha256"] != recorded["sha256"]:
         return "changed content (sha256 differs)"
+    if stamps is not None and now["stamp"] is not None:
+        stamps[path] = now["stamp"]
     return None
 
 
@@ -118,11 +132,16 @@ def committed(store: Store, stage: str, shard_id: int, key: str) -> dict | None:
     return check(store, stage, shard_id, key).result
 
 
-def commit(store: Store, stage: str, shard_id: int, key: str, result: dict, files: dict | None = None) -> dict:
+def commit(
+    store: Store, stage: str, shard_id: int, key: str, result: dict, files: dict | None = None,
+    stamps: dict | None = None,
+) -> dict:  # fmt: skip
     """Write the marker, last: `files` maps each file the shard wrote to its size and sha256 (see
-    `Store.writing(rel, record=files)`), signed (`signing.marker_signature`)."""
+    `Store.writing(rel, record=files)`), signed (`signing.marker_signature`). `stamps`: of files found intact by
+    their sha256 (`check`), which a run that trusts stamps takes as intact while their stamps stay the same."""
     rel = layout.marker(stage, shard_id)
-    body = orjson.loads(orjson.dumps({"key": key, "result": result, "files": files or {}}))  # as it is read back
+    body = {"key": key, "result": result, "files": files or {}} | ({"stamps": stamps} if stamps else {})
+    body = orjson.loads(orjson.dumps(body))  # as it is read back
     store.write_json(rel, body | {"signature": signing.marker_signature(rel, body)})
     return result
 

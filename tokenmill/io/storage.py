@@ -21,6 +21,7 @@ import posixpath
 import shutil
 import stat
 import tempfile
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -222,11 +223,27 @@ def _version_of(info: dict) -> dict:
     return {"mtime": mtime.isoformat() if hasattr(mtime, "isoformat") else mtime}
 
 
+def local_stamp(status: os.stat_result) -> dict | None:
+    """A local file's stamp: what a write to it or its replacement changes (the size, the modification time; the
+    inode and the owner, which a file put in its place has others of). None for anything but a regular file."""
+    if not stat.S_ISREG(status.st_mode):
+        return None
+    return {"bytes": status.st_size, "inode": status.st_ino, "mtime_ns": status.st_mtime_ns, "uid": status.st_uid}
+
+
+def object_stamp(info: dict) -> dict:
+    """An object's stamp: its size and what tells this version of it from another (`_version_of`: its ETag)."""
+    return {"bytes": info["size"], **_version_of(info)}
+
+
 class Store:
     """A directory (local or remote) addressed by relative paths."""
 
-    def __init__(self, root: str | Path, storage_options: dict | None = None):
+    def __init__(self, root: str | Path, storage_options: dict | None = None, trusts_stamps: bool = False):
         self.url = str(root).rstrip("/")
+        # Whether a committed file whose stamp is as recorded is taken as intact without reading it
+        # (output.reuse_check: stamp; `commits.check`)
+        self.trusts_stamps = trusts_stamps
         self.storage_options = options_for(self.url, storage_options)
         # A copy: botocore rewrites the retries it is given (max_attempts into total_max_attempts) as its client is
         # made, and two stores of the same options must stay equal (publish copies server-side between them)
@@ -492,13 +509,38 @@ class Store:
         with self.failing_as("reading", rel), self.open(rel) as f:
             return sha256_of(f)
 
-    def digest(self, rel: str) -> dict:
+    def digest(self, rel: str, stamped: bool = False) -> dict:
         """The file's size and sha256, as commit markers and manifests record them, from one open: an object
         store's HEAD, then its GETs (asking whether it exists, then its size, took two HEADs more). A missing file
-        is FileNotFoundError; locally a link or a special file in its place, `Planted`."""
+        is FileNotFoundError; locally a link or a special file in its place, `Planted`. `stamped`: with the stamp
+        of the bytes read (`stamp`), taken before them from the same open, so that a change while they are read
+        leaves another stamp; None for a local file changed less than a second ago, as a change within the file
+        system's clock tick after it would keep its modification time (git's "racy" files)."""
+        if stamped and not self.is_local:
+            self.fs.invalidate_cache(self.path(rel))  # the open's HEAD, not a listing's
         with self.failing_as("reading", rel), self.open(rel) as f:
-            size = os.fstat(f.fileno()).st_size if self.is_local else f.size
-            return {"bytes": size, "sha256": sha256_of(f)}
+            if self.is_local:
+                status = os.fstat(f.fileno())
+                size, stamp = status.st_size, local_stamp(status)
+                if time.time_ns() - status.st_mtime_ns < 1_000_000_000:
+                    stamp = None
+            else:
+                size, stamp = f.size, object_stamp(f.details)
+            found = {"bytes": size, "sha256": sha256_of(f)}
+        return found | {"stamp": stamp} if stamped else found
+
+    def stamp(self, rel: str) -> dict | None:
+        """The file's stamp without reading it (`local_stamp`, `object_stamp`): an `lstat`, or an object store's
+        HEAD. None where there is no regular file (missing, or a link in its place or on its way)."""
+        with self.failing_as("reading", rel):
+            try:
+                path = self.path(rel)
+                if self.is_local:
+                    return local_stamp(os.lstat(path))
+                self.fs.invalidate_cache(path)  # what the store says now, not a listing made earlier
+                return object_stamp(self.fs.info(path))
+            except (FileNotFoundError, Planted):
+                return None
 
     def remove(self, rel: str) -> None:
         """Remove the file `rel` (locally a link there is removed itself, not what it points at)."""

@@ -632,9 +632,10 @@ def check_written(run: Checking, results: tuple) -> list[str]:
 
 def checked_key(run: Checking, shard_id: int, stages: tuple[str, ...]) -> str:
     """What the check of a shard's files found depends on: the markers of the `stages` of its chain (results, and
-    every file's size and sha256, which the files are found to have before any check of them), the check's
-    parameters and tokenmill."""
+    every file's size and sha256, which the files are found to have before any check of them; not the stamps a
+    later run adds), the check's parameters and tokenmill."""
     markers = [read_marker(run.store, stage, shard_id) for stage in stages]
+    markers = [{k: v for k, v in m.items() if k != "stamps"} if m else m for m in markers]
     parameters = {f.name: getattr(run, f.name) for f in fields(run) if f.name != "store"}
     made_of = orjson.dumps([markers, parameters, __version__], default=_as_json, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(made_of).hexdigest()
