@@ -12,7 +12,8 @@ being passed on unchanged:
 
 `methods` restricts faults to some HTTP methods (GET reads, PUT/POST writes, GET with `list-type` listings,
 HEAD existence checks). `injected` counts the faults by kind and method; `seen` lists every request as (method,
-path). Used by tests/test_faults_s3.py and bench/faults.py.
+path); `sent` counts the bytes of the answers' bodies. Used by tests/test_faults_s3.py, bench/faults.py and
+bench/incremental.py.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class FaultProxy:
         self.injected: Counter = Counter()
         self.requests = 0
         self.seen: list[tuple[str, str]] = []
+        self.sent = 0  # bytes of the bodies answered (what clients downloaded)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -140,6 +142,8 @@ class FaultProxy:
             return _reset(handler)
         if handler.command != "HEAD":
             handler.wfile.write(answer)
+            with self.lock:
+                self.sent += len(answer)
         return None
 
     def _forward(self, handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int, list, bytes]:
