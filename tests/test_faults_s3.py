@@ -13,9 +13,10 @@ import pytest
 
 from tokenmill.core.layout import marker
 from tokenmill.io.storage import StorageError, Store, give_up_s
+from tokenmill.stages.partition import load_or_plan
 from tokenmill.stages.publish import Files, _copy, publish_version
 from tokenmill.stages.train_tokenizer import install_pretrained
-from tokenmill.stages.validate import Checking, check_written
+from tokenmill.stages.validate import Checking, ReferenceItem, Referencing, check_reference, check_written
 
 from .fault_proxy import FaultProxy
 from .test_faults import build, small_config
@@ -132,6 +133,28 @@ def test_trusting_stamps_a_rerun_asks_each_kept_object_for_its_head_alone(tmp_pa
         f"tokenize shard 00000: {rel} changed content (sha256 differs) since its commit; redoing the shard"
     )
     assert store.read_bytes(rel) != bytes(flipped)
+
+
+def test_the_reference_check_reads_the_documents_it_draws_from_an_object_store_and_not_their_shard(
+    tmp_path, proxy, bucket
+):
+    """validate's reference check takes each document it draws from a shard's `.bin` with one ranged GET, not the
+    whole `.bin`: a nightly run draws its sample across every kept shard, and downloaded each one it drew from."""
+    config = remote_config(tmp_path, proxy, "reference")
+    tokenizer = install_pretrained(config)
+    tokenized, _ = build(config, shard_ids={0})
+    shard = next(s for s in load_or_plan(config)[0].shards if s.shard_id == 0)
+    documents = sum(counts["documents"] for counts in tokenized[0].splits.values())
+    item = ReferenceItem(shard, sample=5, documents=documents, rejected=0, seed=1)
+    run = Referencing.of(config, tokenizer)
+    check_reference(run, item)  # the reference loaded
+    proxy.seen.clear()
+    sent = proxy.sent
+    found = check_reference(run, item)
+    assert found["documents"] == 5 and not found["wrong"], found
+    bin_rel = "megatron/train/shard-00000.bin"
+    assert 1 <= sum(method == "GET" and path.endswith(bin_rel) for method, path in proxy.seen) <= 5, proxy.seen
+    assert proxy.sent - sent < config.output.store().size(bin_rel) / 10
 
 
 def test_publish_copies_an_object_within_the_store_with_a_head_and_a_copy(tmp_path, proxy, bucket):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import fsspec
+import numpy as np
 import orjson
 from fsspec.implementations.local import LocalFileSystem
 
@@ -505,6 +506,26 @@ class Store:
                 self.fs.copy(self.path(source), self.path(rel))
         record[rel] = digest
 
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes `start` to `end` of the file: locally a seek and a read; on an object store one ranged GET (an open
+        file reads ahead a block of megabytes)."""
+        if end <= start:
+            return b""
+        with self.failing_as("reading", rel):
+            if not self.is_local:
+                return self.fs.cat_file(self.path(rel), start=start, end=end)
+            with self.open(rel) as f:
+                f.seek(start)
+                return f.read(end - start)
+
+    def array(self, rel: str, dtype) -> np.ndarray | StoredArray:
+        """The file as an array of `dtype` to take slices of: locally a memory map, on an object store a
+        `StoredArray` (each slice one ranged GET), so that reading a few documents reads them alone."""
+        if not self.is_local:
+            return StoredArray(self, rel, np.dtype(dtype))
+        path = self.regular(rel)
+        return np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
+
     def sha256(self, rel: str) -> str:
         with self.failing_as("reading", rel), self.open(rel) as f:
             return sha256_of(f)
@@ -591,6 +612,18 @@ class Store:
                     shutil.rmtree(path)  # removes the links inside, never what they point at
                 else:
                     os.unlink(path)
+
+
+class StoredArray:
+    """A stored file of items of one dtype, read a slice at a time (`Store.read_range`)."""
+
+    def __init__(self, store: Store, rel: str, dtype: np.dtype):
+        self.store, self.rel, self.dtype = store, rel, dtype
+
+    def __getitem__(self, items: slice) -> np.ndarray:
+        first, last = items.start or 0, items.stop
+        size = self.dtype.itemsize
+        return np.frombuffer(self.store.read_range(self.rel, first * size, last * size), self.dtype)
 
 
 def sha256_of(f) -> str:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from contextvars import copy_context
 from dataclasses import dataclass, fields
+from functools import partial
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -421,13 +422,11 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
         for split, shard_id, index, text in sample:
             chat = isinstance(text, RenderedChat | PairTexts)
             prefix = layout.megatron_prefix(split, shard_id)
-            if prefix not in readers:
-                bin_path, idx_path = files.enter_context(store.local_copies(prefix + ".bin", prefix + ".idx"))
-                mask = None
-                if chat:
-                    (mask_path,) = files.enter_context(store.local_copies(layout.loss_mask_file(split, shard_id)))
-                    mask = np.memmap(mask_path, dtype=np.uint8, mode="r")
-                readers[prefix] = MegatronReader(prefix, bin_path=bin_path, idx_path=idx_path), mask
+            if prefix not in readers:  # the sampled documents' tokens are read, not the shard's (`Store.array`)
+                (idx_path,) = files.enter_context(store.local_copies(prefix + ".idx"))
+                tokens = partial(store.array, prefix + ".bin")
+                mask = store.array(layout.loss_mask_file(split, shard_id), np.uint8) if chat else None
+                readers[prefix] = MegatronReader(prefix, idx_path=idx_path, tokens=tokens), mask
             reader, mask = readers[prefix]
             if isinstance(text, PairTexts):  # a pair: the document of two sequences, chosen then rejected
                 sides = []
