@@ -12,6 +12,7 @@ import boto3
 import pytest
 
 from tokenmill.core.layout import marker
+from tokenmill.io import storage
 from tokenmill.io.storage import StorageError, Store, give_up_s
 from tokenmill.stages.partition import load_or_plan
 from tokenmill.stages.publish import Files, _copy, publish_version
@@ -136,10 +137,12 @@ def test_trusting_stamps_a_rerun_asks_each_kept_object_for_its_head_alone(tmp_pa
 
 
 def test_the_reference_check_reads_the_documents_it_draws_from_an_object_store_and_not_their_shard(
-    tmp_path, proxy, bucket
+    tmp_path, proxy, bucket, monkeypatch
 ):
-    """validate's reference check takes each document it draws from a shard's `.bin` with one ranged GET, not the
-    whole `.bin`: a nightly run draws its sample across every kept shard, and downloaded each one it drew from."""
+    """validate's reference check reads the spans of the documents it draws from a shard's `.bin`, not the whole
+    `.bin`: a nightly run draws its sample across every kept shard, and downloaded each one it drew from. Spans
+    less than `RANGE_GAP` apart are one GET (here the whole 0.6 MB shard's five documents); farther apart, as a
+    large shard's are (here with no gap allowed), each is a GET of its own and nothing else of the `.bin` is read."""
     config = remote_config(tmp_path, proxy, "reference")
     tokenizer = install_pretrained(config)
     tokenized, _ = build(config, shard_ids={0})
@@ -147,14 +150,21 @@ def test_the_reference_check_reads_the_documents_it_draws_from_an_object_store_a
     documents = sum(counts["documents"] for counts in tokenized[0].splits.values())
     item = ReferenceItem(shard, sample=5, documents=documents, rejected=0, seed=1)
     run = Referencing.of(config, tokenizer)
-    check_reference(run, item)  # the reference loaded
-    proxy.seen.clear()
-    sent = proxy.sent
-    found = check_reference(run, item)
-    assert found["documents"] == 5 and not found["wrong"], found
     bin_rel = "megatron/train/shard-00000.bin"
-    assert 1 <= sum(method == "GET" and path.endswith(bin_rel) for method, path in proxy.seen) <= 5, proxy.seen
-    assert proxy.sent - sent < config.output.store().size(bin_rel) / 10
+
+    def check() -> tuple[list[str], int]:
+        proxy.seen.clear()
+        sent = proxy.sent
+        found = check_reference(run, item)
+        assert found["documents"] == 5 and not found["wrong"], found
+        return [method for method, path in proxy.seen if path.endswith(bin_rel)], proxy.sent - sent
+
+    check()  # the reference loaded
+    assert check()[0] == ["GET"]
+    monkeypatch.setattr(storage, "RANGE_GAP", 0)
+    asked, sent = check()
+    assert 2 <= len(asked) <= 5 and set(asked) == {"GET"}, asked
+    assert sent < config.output.store().size(bin_rel) / 10
 
 
 def test_publish_copies_an_object_within_the_store_with_a_head_and_a_copy(tmp_path, proxy, bucket):

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -19,9 +18,6 @@ import pyarrow as pa
 from tokenmill.core import layout
 from tokenmill.formats.provenance import read_documents_table, tiling_problem
 from tokenmill.formats.table import SplitFound
-
-if TYPE_CHECKING:
-    from tokenmill.io.storage import StoredArray
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -128,17 +124,10 @@ class MegatronIndex:
 
 
 class MegatronReader:
-    """Random access to the documents of `prefix.bin/.idx`, memory-mapped; or, with `tokens` (the `.bin` as an array
-    of the index's dtype: `Store.array`), read from it."""
+    """Random access to the documents of `prefix.bin/.idx`, memory-mapped."""
 
-    def __init__(
-        self, prefix: str | Path, *, bin_path: str | Path | None = None, idx_path: str | Path | None = None,
-        tokens: Callable[[np.dtype], np.ndarray | StoredArray] | None = None,
-    ):  # fmt: skip
+    def __init__(self, prefix: str | Path, *, bin_path: str | Path | None = None, idx_path: str | Path | None = None):
         self.index = MegatronIndex(idx_path or f"{prefix}.idx")
-        if tokens is not None:
-            self.tokens = tokens(self.index.dtype)
-            return
         bin_path = Path(bin_path or f"{prefix}.bin")
         self.tokens = (
             np.memmap(bin_path, dtype=self.index.dtype, mode="r")

@@ -12,6 +12,7 @@ raises `StorageError`, naming the file or object and the cause, never a library'
 
 from __future__ import annotations
 
+import bisect
 import contextvars
 import copy
 import errno
@@ -31,14 +32,17 @@ from pathlib import Path
 from typing import BinaryIO
 
 import fsspec
-import numpy as np
 import orjson
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.utils import merge_offset_ranges
 
 from tokenmill.io.direct import UncachedFile
 from tokenmill.io.names import DATA_ENDINGS, names_its_format
 
 CHUNK = 8 << 20
+# Spans of an object less than this apart are read with one GET (`Store.read_ranges`): a request costs about as much
+# as a MB of transfer
+RANGE_GAP = 1 << 20
 JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS  # every JSON file tokenmill writes
 STREAMED = "<items written one at a time: Store.write_json>"  # where a list's items stream into the text
 UNFINISHED = ".tmp-"  # in the name of a local file `Store.writing` has not committed yet
@@ -506,25 +510,27 @@ class Store:
                 self.fs.copy(self.path(source), self.path(rel))
         record[rel] = digest
 
-    def read_range(self, rel: str, start: int, end: int) -> bytes:
-        """Bytes `start` to `end` of the file: locally a seek and a read; on an object store one ranged GET (an open
-        file reads ahead a block of megabytes)."""
-        if end <= start:
-            return b""
+    def read_ranges(self, rel: str, spans: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes from `start` to `end` of the file for each span: locally from one open; on an object store by
+        ranged GETs at once, spans less than RANGE_GAP apart one GET (an open file would read ahead megabytes
+        around each span; reading a few documents of a shard must not read the shard)."""
+        wanted = [(start, end) for start, end in spans if end > start]
+        if not wanted:
+            return [b""] * len(spans)
         with self.failing_as("reading", rel):
-            if not self.is_local:
-                return self.fs.cat_file(self.path(rel), start=start, end=end)
-            with self.open(rel) as f:
-                f.seek(start)
-                return f.read(end - start)
-
-    def array(self, rel: str, dtype) -> np.ndarray | StoredArray:
-        """The file as an array of `dtype` to take slices of: locally a memory map, on an object store a
-        `StoredArray` (each slice one ranged GET), so that reading a few documents reads them alone."""
-        if not self.is_local:
-            return StoredArray(self, rel, np.dtype(dtype))
-        path = self.regular(rel)
-        return np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
+            if self.is_local:
+                with self.open(rel) as f:
+                    return [os.pread(f.fileno(), end - start, start) if end > start else b"" for start, end in spans]
+            path = self.path(rel)
+            _, starts, ends = merge_offset_ranges(
+                [path] * len(wanted), [start for start, _ in wanted], [end for _, end in wanted], max_gap=RANGE_GAP
+            )
+            blocks = self.fs.cat_ranges([path] * len(starts), starts, ends, on_error="raise")
+        found = []
+        for start, end in spans:
+            at = bisect.bisect_right(starts, start) - 1
+            found.append(blocks[at][start - starts[at] : end - starts[at]] if end > start else b"")
+        return found
 
     def sha256(self, rel: str) -> str:
         with self.failing_as("reading", rel), self.open(rel) as f:
@@ -612,18 +618,6 @@ class Store:
                     shutil.rmtree(path)  # removes the links inside, never what they point at
                 else:
                     os.unlink(path)
-
-
-class StoredArray:
-    """A stored file of items of one dtype, read a slice at a time (`Store.read_range`)."""
-
-    def __init__(self, store: Store, rel: str, dtype: np.dtype):
-        self.store, self.rel, self.dtype = store, rel, dtype
-
-    def __getitem__(self, items: slice) -> np.ndarray:
-        first, last = items.start or 0, items.stop
-        size = self.dtype.itemsize
-        return np.frombuffer(self.store.read_range(self.rel, first * size, last * size), self.dtype)
 
 
 def sha256_of(f) -> str:

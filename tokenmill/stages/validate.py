@@ -11,12 +11,11 @@ decode back to their text.
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from contextvars import copy_context
 from dataclasses import dataclass, fields
-from functools import partial
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -34,7 +33,7 @@ from tokenmill.core.packers import pad_id as pack_pad_id
 from tokenmill.core.packers import writes_packed
 from tokenmill.core.plan import Columns, Plan, Shard, shard_ids
 from tokenmill.core.stats import COLUMNS, Tokenized, ValidationFailed, all_rejected, skipped, stats_rows
-from tokenmill.formats.megatron import MegatronReader, token_dtype
+from tokenmill.formats.megatron import MegatronIndex, token_dtype
 from tokenmill.formats.packed import read_shuffle_index
 from tokenmill.formats.table import FORMATS, Format, SplitFound
 from tokenmill.io.readers import BATCH_BYTES, ReadOptions, block_pieces, read_documents, schema_library
@@ -400,15 +399,15 @@ def _from_shard(run: Referencing, item: ReferenceItem, rng: np.random.Generator)
 
 
 def check_reference(run: Referencing, item: ReferenceItem) -> dict:
-    """One shard's sampled documents (an item of `reference_items`) re-read from the input, their stored ids
-    checked (on a worker, whose reference is loaded): they equal the reference's (HF tokenizers) encoding, and
-    they decode to the source text (after the tokenizer's own normalization; documents that the tokenizer
-    itself cannot round-trip are skipped). A document longer than its shard's share of the check's bytes (at most
-    `tokenizer.reference_piece_bytes`: `reference.excerpt_bytes`) is checked on an excerpt of that size the reference
-    encodes alone (`reference.checked_excerpt`), so memory and time are bounded whatever its size. A
-    conversation's stored loss mask is checked too: it is exactly the mask of the tokens whose characters overlap its
-    assistant spans (`chat.mask_problems`). `{"documents", "excerpts", "skipped", "wrong", "undecodable", "masks"}`,
-    the last four naming files."""
+    """One shard's sampled documents (an item of `reference_items`) re-read from the input, their stored ids (read
+    alone: `stored_sequences`) checked (on a worker, whose reference is loaded): they equal the reference's (HF
+    tokenizers) encoding, and they decode to the source text (after the tokenizer's own normalization; documents
+    that the tokenizer itself cannot round-trip are skipped). A document longer than its shard's share of the
+    check's bytes (at most `tokenizer.reference_piece_bytes`: `reference.excerpt_bytes`) is checked on an excerpt of
+    that size the reference encodes alone (`reference.checked_excerpt`), so memory and time are bounded whatever its
+    size. A conversation's stored loss mask is checked too: it is exactly the mask of the tokens whose characters
+    overlap its assistant spans (`chat.mask_problems`). `{"documents", "excerpts", "skipped", "wrong", "undecodable",
+    "masks"}`, the last four naming files."""
     store, sample = run.store, sampled_documents(run, item)
     hf = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
     tok, rng = hf.tokenizer, np.random.default_rng([item.seed, item.shard_id, 1])
@@ -417,66 +416,81 @@ def check_reference(run: Referencing, item: ReferenceItem) -> dict:
     wrong, undecodable, masks, skipped = [], [], [], []
     checked = []  # (its name, the text checked, its stored ids, for a conversation its loss mask and the mask's name)
     pairs = []  # (its name, its texts, its two stored sequences: ids and loss mask each)
-    with ExitStack() as files:
-        readers: dict[str, tuple[MegatronReader, np.ndarray | None]] = {}
-        for split, shard_id, index, text in sample:
-            chat = isinstance(text, RenderedChat | PairTexts)
-            prefix = layout.megatron_prefix(split, shard_id)
-            if prefix not in readers:  # the sampled documents' tokens are read, not the shard's (`Store.array`)
-                (idx_path,) = files.enter_context(store.local_copies(prefix + ".idx"))
-                tokens = partial(store.array, prefix + ".bin")
-                mask = store.array(layout.loss_mask_file(split, shard_id), np.uint8) if chat else None
-                readers[prefix] = MegatronReader(prefix, idx_path=idx_path, tokens=tokens), mask
-            reader, mask = readers[prefix]
-            if isinstance(text, PairTexts):  # a pair: the document of two sequences, chosen then rejected
-                sides = []
-                for k in (2 * index, 2 * index + 1):
-                    start = int(reader.index.pointers[k]) // reader.tokens.dtype.itemsize
-                    sides.append((reader[k], np.asarray(mask[start : start + len(reader[k])])))
-                pairs.append((f"{prefix}.bin: pair {index} (sequences {2 * index}, {2 * index + 1})", text, sides))
-                continue
-            stored = reader[index]
-            head, tail = (0, 0) if chat else (int(run.bos), int(run.eod))  # a template places its own specials
-            ids, name = stored[head : len(stored) - tail], f"{prefix}.bin: document {index}"
-            if chat:
-                start = int(reader.index.pointers[index]) // reader.tokens.dtype.itemsize
-                mask_name = f"{layout.loss_mask_file(split, shard_id)}: conversation {index}"
-                checked.append((name, text, ids, (mask[start : start + len(ids)], mask_name)))
-            elif len(text) <= longest // 4 or len(text.encode("utf-8", "surrogatepass")) <= longest:
-                checked.append((name, text, ids, None))
-            elif isinstance(part := checked_excerpt(tok, hf.token_places, text, ids, longest, rng), Excerpt):
-                checked.append((f"{name} (an excerpt of it)", part.text, ids[part.first : part.last], None))
-            elif part.startswith("wrong"):
-                wrong.append(f"{name}: {part.removeprefix('wrong: ')}")
-            else:
-                skipped.append(f"{name} ({len(text):,} characters): {part.removeprefix('skipped: ')}")
-        expected_pairs = tokenize_texts(tok, [text for _, text, _ in pairs])
-        for (name, _, sides), expected in zip(pairs, expected_pairs, strict=True):
-            masks += [f"{name}: {problem}" for problem in pair_problems(tok, expected, sides)]
-        texts = [text.text if mask is not None else text for _, text, _, mask in checked]
-        if any(mask is not None for *_, mask in checked):  # conversations: their masks need the reference's offsets
-            encodings = [e for run_ in in_runs(texts, run.piece_bytes) for e in tok.encode_batch(texts[run_], False)]
-            expected, offsets = [e.ids for e in encodings], [e.offsets for e in encodings]
-        else:  # the documents the encoder was verified on are not encoded again
-            expected = reference_ids(store, run.tokenizer.sha256, texts, tok, run.piece_bytes)
-            offsets = [None] * len(texts)
-        for (name, text, ids, mask), source, reference, spans in zip(checked, texts, expected, offsets, strict=True):
-            ids = ids.tolist()
-            if ids != reference:
-                wrong.append(f"{name} differs from the reference (hf) encoding")
-                # Decoded only here: ids equal to the reference's decode as the reference's do
-                decoded, reference_decoded = (tok.decode(i, skip_special_tokens=False) for i in (ids, reference))
-                if decoded != normalize(source) == reference_decoded:  # the reference round-trips; these ids do not
-                    undecodable.append(f"{name} does not decode to its source text")
-            elif mask is not None:
-                spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-                found = mask_problems(tok, text, np.asarray(ids), spans, mask[0])
-                masks += [f"{mask[1]}: {p}" for p in found]
+    drawn: dict[tuple[str, int], set[int]] = defaultdict(set)  # each shard split's sequences drawn
+    masked: set[tuple[str, int]] = set()  # those of conversations and pairs: their loss masks too
+    for split, shard_id, index, text in sample:
+        drawn[split, shard_id] |= {2 * index, 2 * index + 1} if isinstance(text, PairTexts) else {index}
+        if isinstance(text, RenderedChat | PairTexts):
+            masked.add((split, shard_id))
+    stored = {where: stored_sequences(store, *where, sequences, where in masked) for where, sequences in drawn.items()}
+    for split, shard_id, index, text in sample:
+        chat = isinstance(text, RenderedChat | PairTexts)
+        prefix, sequences = layout.megatron_prefix(split, shard_id), stored[split, shard_id]
+        if isinstance(text, PairTexts):  # a pair: the document of two sequences, chosen then rejected
+            sides = [sequences[k] for k in (2 * index, 2 * index + 1)]
+            pairs.append((f"{prefix}.bin: pair {index} (sequences {2 * index}, {2 * index + 1})", text, sides))
+            continue
+        stored_ids, mask = sequences[index]
+        head, tail = (0, 0) if chat else (int(run.bos), int(run.eod))  # a template places its own specials
+        ids, name = stored_ids[head : len(stored_ids) - tail], f"{prefix}.bin: document {index}"
+        if chat:
+            mask_name = f"{layout.loss_mask_file(split, shard_id)}: conversation {index}"
+            checked.append((name, text, ids, (mask, mask_name)))
+        elif len(text) <= longest // 4 or len(text.encode("utf-8", "surrogatepass")) <= longest:
+            checked.append((name, text, ids, None))
+        elif isinstance(part := checked_excerpt(tok, hf.token_places, text, ids, longest, rng), Excerpt):
+            checked.append((f"{name} (an excerpt of it)", part.text, ids[part.first : part.last], None))
+        elif part.startswith("wrong"):
+            wrong.append(f"{name}: {part.removeprefix('wrong: ')}")
+        else:
+            skipped.append(f"{name} ({len(text):,} characters): {part.removeprefix('skipped: ')}")
+    expected_pairs = tokenize_texts(tok, [text for _, text, _ in pairs])
+    for (name, _, sides), expected in zip(pairs, expected_pairs, strict=True):
+        masks += [f"{name}: {problem}" for problem in pair_problems(tok, expected, sides)]
+    texts = [text.text if mask is not None else text for _, text, _, mask in checked]
+    if any(mask is not None for *_, mask in checked):  # conversations: their masks need the reference's offsets
+        encodings = [e for run_ in in_runs(texts, run.piece_bytes) for e in tok.encode_batch(texts[run_], False)]
+        expected, offsets = [e.ids for e in encodings], [e.offsets for e in encodings]
+    else:  # the documents the encoder was verified on are not encoded again
+        expected = reference_ids(store, run.tokenizer.sha256, texts, tok, run.piece_bytes)
+        offsets = [None] * len(texts)
+    for (name, text, ids, mask), source, reference, spans in zip(checked, texts, expected, offsets, strict=True):
+        ids = ids.tolist()
+        if ids != reference:
+            wrong.append(f"{name} differs from the reference (hf) encoding")
+            # Decoded only here: ids equal to the reference's decode as the reference's do
+            decoded, reference_decoded = (tok.decode(i, skip_special_tokens=False) for i in (ids, reference))
+            if decoded != normalize(source) == reference_decoded:  # the reference round-trips; these ids do not
+                undecodable.append(f"{name} does not decode to its source text")
+        elif mask is not None:
+            spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+            found = mask_problems(tok, text, np.asarray(ids), spans, mask[0])
+            masks += [f"{mask[1]}: {p}" for p in found]
     excerpts = sum(name.endswith("(an excerpt of it)") for name, *_ in checked)
     return {
         "documents": len(sample) - len(skipped), "excerpts": excerpts, "pairs": len(pairs), "skipped": skipped,
         "wrong": wrong, "undecodable": undecodable, "masks": masks,
     }  # fmt: skip
+
+
+def stored_sequences(
+    store: Store, split: str, shard_id: int, sequences: set[int], masked: bool
+) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+    """The tokens of these sequences of the shard split's `.bin`, and where `masked` their loss masks, read together:
+    the `.idx` whole, then their spans alone (`Store.read_ranges`), not the shard's tokens."""
+    prefix = layout.megatron_prefix(split, shard_id)
+    with store.local_copies(prefix + ".idx") as (idx_path,):
+        index = MegatronIndex(idx_path)
+        order = sorted(sequences)
+        firsts = [int(index.pointers[k]) // index.dtype.itemsize for k in order]
+        spans = [(first, first + int(index.lengths[k])) for first, k in zip(firsts, order, strict=True)]
+        dtype = index.dtype
+    tokens = store.read_ranges(prefix + ".bin", [(a * dtype.itemsize, b * dtype.itemsize) for a, b in spans])
+    masks = store.read_ranges(layout.loss_mask_file(split, shard_id), spans) if masked else [None] * len(spans)
+    return {
+        k: (np.frombuffer(ids, dtype), None if mask is None else np.frombuffer(mask, np.uint8))
+        for k, ids, mask in zip(order, tokens, masks, strict=True)
+    }
 
 
 def reference_verdict(config: TokenmillConfig, checked: list[dict]) -> list[str]:
