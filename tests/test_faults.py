@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tokenmill.config import TokenmillConfig
-from tokenmill.core.layout import marker
+from tokenmill.core.commits import check, land, lift
+from tokenmill.core.layout import marker, renumbered
 from tokenmill.io.direct import UncachedFile, in_page_cache
 from tokenmill.io.storage import StorageError, Store
 from tokenmill.stages.pack import Packing, pack_shard
@@ -112,6 +113,17 @@ def aged(path: Path, seconds: int = 3600) -> None:
     os.utime(path, ns=(mtime, mtime))
 
 
+def changed_keeping_its_stamp(path: Path) -> None:
+    """A byte of `path` flipped in place, its modification time put back (as only its owner or root can)."""
+    kept = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(kept.st_size // 2)
+        byte = f.read(1)
+        f.seek(kept.st_size // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    os.utime(path, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+
+
 def test_trusting_stamps_a_kept_file_is_read_once_then_only_when_its_stamp_changes(tmp_path):
     """`output.reuse_check: stamp`: a run reads each kept file once and records its stamp (inode, size, modification
     time, owner); later runs read only the files whose stamp changed: a file touched is read and kept, one written
@@ -143,19 +155,37 @@ def test_trusting_stamps_a_kept_file_is_read_once_then_only_when_its_stamp_chang
     restamped = store.read_json(marker("tokenize", 0))["stamps"]["megatron/train/shard-00000.idx"]
     assert restamped["mtime_ns"] == touched.stat().st_mtime_ns
 
-    unseen = out / "megatron/train/shard-00000.bin"
-    kept = unseen.stat()
-    with open(unseen, "r+b") as f:
-        f.seek(kept.st_size // 2)
-        byte = f.read(1)
-        f.seek(kept.st_size // 2)
-        f.write(bytes([byte[0] ^ 0x01]))
-    os.utime(unseen, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    changed_keeping_its_stamp(out / "megatron/train/shard-00000.bin")
     assert all(r.reused for results in build(stamping, shard_ids={0, 1}) for r in results)
     tokenized, _ = build(small_config(out), shard_ids={0, 1})  # sha256
     assert [r.reused for r in tokenized] == [False, True]
     assert tokenized[0].redone.startswith("tokenize shard 00000: megatron/train/shard-00000.bin changed content")
     assert data_files(out) == before
+
+
+def test_trusting_stamps_a_shard_given_another_id_is_not_read_again(tmp_path):
+    """A shard renumbered (a file landed before it: `commits.lift`, then `land`) keeps its files' stamps under its
+    new id, as a rename keeps what they hold: a run that trusts stamps does not read them again (a byte changed in
+    place with the modification time put back goes unseen, as for any stamped file)."""
+    out = tmp_path / "out"
+    config = small_config(out)
+    config.output.reuse_check = "stamp"
+    build(config, shard_ids={0, 1})
+    for path in out.rglob("*"):
+        aged(path) if path.is_file() else None
+    build(config, shard_ids={0, 1})  # the stamps recorded
+    store = config.output.store()
+    before = {stage: store.read_json(marker(stage, 1)) for stage in ("tokenize", "pack")}
+    land(store, lift(store, {1: 7}))
+    for stage, old in before.items():
+        moved = store.read_json(marker(stage, 7))
+        assert moved["stamps"] == {renumbered(rel, 1, 7): stamp for rel, stamp in old["stamps"].items()}
+        assert set(moved["stamps"]) == set(moved["files"])
+    changed_keeping_its_stamp(out / "megatron/train/shard-00007.bin")
+    assert check(store, "tokenize", 7, before["tokenize"]["key"]).result is not None
+    assert check(Store(out), "tokenize", 7, before["tokenize"]["key"]).redone.startswith(
+        "tokenize shard 00007: megatron/train/shard-00007.bin changed content"
+    )
 
 
 def test_markers_record_every_file_with_size_and_sha256(built):

@@ -180,14 +180,17 @@ def lift(store: Store, moves: dict[int, int]) -> list[tuple[str, int, int, dict]
 
 
 def land(store: Store, lifted: list[tuple[str, int, int, dict]]) -> None:
-    """The second half: rename the lifted shards' files to their new ids and commit them there. A shard with a
-    file missing is left uncommitted (its next task makes it again); so is every shard if this never runs."""
+    """The second half: rename the lifted shards' files to their new ids and commit them there, with their stamps
+    (`check`). A shard with a file missing is left uncommitted (its next task makes it again); so is every shard if
+    this never runs."""
     whole = [(stage, old, new, done) for stage, old, new, done in lifted if all(map(store.exists, done["files"]))]
     names = {rel: layout.renumbered(rel, old, new) for _, old, new, done in whole for rel in done["files"]}
     store.move_all(names)
     for stage, _, new, done in whole:
         files = {names[rel]: recorded for rel, recorded in done["files"].items()}
-        commit(store, stage, new, done["key"], done["result"] | {"shard_id": new}, files)
+        # A rename keeps what a local stamp holds; an object store's move is a copy, whose ETag may differ (then read)
+        stamps = {names[rel]: stamp for rel, stamp in done.get("stamps", {}).items() if rel in names}
+        commit(store, stage, new, done["key"], done["result"] | {"shard_id": new}, files, stamps)
 
 
 def tokenize_key(config: TokenmillConfig, tokenizer: TokenizerInfo) -> str:
