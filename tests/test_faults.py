@@ -134,8 +134,8 @@ def test_trusting_stamps_a_kept_file_is_read_once_then_only_when_its_stamp_chang
     stamping.output.reuse_check = "stamp"
     build(stamping, shard_ids={0, 1})
     before = data_files(out)
-    for path in out.rglob("*"):
-        aged(path) if path.is_file() else None
+    for path in filter(Path.is_file, out.rglob("*")):
+        aged(path)
     assert all(r.reused for results in build(stamping, shard_ids={0, 1}) for r in results)
     store = Store(out)
     markers = {(stage, i): store.read_json(marker(stage, i)) for stage in ("tokenize", "pack") for i in (0, 1)}
@@ -171,8 +171,8 @@ def test_trusting_stamps_a_shard_given_another_id_is_not_read_again(tmp_path):
     config = small_config(out)
     config.output.reuse_check = "stamp"
     build(config, shard_ids={0, 1})
-    for path in out.rglob("*"):
-        aged(path) if path.is_file() else None
+    for path in filter(Path.is_file, out.rglob("*")):
+        aged(path)
     build(config, shard_ids={0, 1})  # the stamps recorded
     store = config.output.store()
     before = {stage: store.read_json(marker(stage, 1)) for stage in ("tokenize", "pack")}

@@ -141,8 +141,9 @@ def test_the_reference_check_reads_the_documents_it_draws_from_an_object_store_a
 ):
     """validate's reference check reads the spans of the documents it draws from a shard's `.bin`, not the whole
     `.bin`: a nightly run draws its sample across every kept shard, and downloaded each one it drew from. Spans
-    less than `RANGE_GAP` apart are one GET (here the whole 0.6 MB shard's five documents); farther apart, as a
-    large shard's are (here with no gap allowed), each is a GET of its own and nothing else of the `.bin` is read."""
+    less than `RANGE_GAP` apart are one GET (here, with a gap of 1 MB allowed, the 0.6 MB shard's five documents);
+    farther apart, as a large shard's are (here with no gap allowed), each is a GET of its own and nothing else of
+    the `.bin` is read."""
     config = remote_config(tmp_path, proxy, "reference")
     tokenizer = install_pretrained(config)
     tokenized, _ = build(config, shard_ids={0})
@@ -160,6 +161,7 @@ def test_the_reference_check_reads_the_documents_it_draws_from_an_object_store_a
         return [method for method, path in proxy.seen if path.endswith(bin_rel)], proxy.sent - sent
 
     check()  # the reference loaded
+    monkeypatch.setattr(storage, "RANGE_GAP", 1 << 20)
     assert check()[0] == ["GET"]
     monkeypatch.setattr(storage, "RANGE_GAP", 0)
     asked, sent = check()

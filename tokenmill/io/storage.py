@@ -40,9 +40,10 @@ from tokenmill.io.direct import UncachedFile
 from tokenmill.io.names import DATA_ENDINGS, names_its_format
 
 CHUNK = 8 << 20
-# Spans of an object less than this apart are read with one GET (`Store.read_ranges`): a request costs about as much
-# as a MB of transfer
-RANGE_GAP = 1 << 20
+# Spans of an object less than this apart are read with one GET (`Store.read_ranges`), which holds the bytes between
+# them too: at most this much more than the spans per span, so that the gaps of a sample spread over a GB shard do not
+# become the shard in memory (1 MB let 1,000 documents 1 MB apart fetch 1 GB)
+RANGE_GAP = 128 << 10
 JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS  # every JSON file tokenmill writes
 STREAMED = "<items written one at a time: Store.write_json>"  # where a list's items stream into the text
 UNFINISHED = ".tmp-"  # in the name of a local file `Store.writing` has not committed yet
@@ -512,7 +513,7 @@ class Store:
 
     def read_ranges(self, rel: str, spans: list[tuple[int, int]]) -> list[bytes]:
         """The bytes from `start` to `end` of the file for each span: locally from one open; on an object store by
-        ranged GETs at once, spans less than RANGE_GAP apart one GET (an open file would read ahead megabytes
+        concurrent ranged GETs, spans less than RANGE_GAP apart one GET (an open file would read ahead megabytes
         around each span; reading a few documents of a shard must not read the shard)."""
         wanted = [(start, end) for start, end in spans if end > start]
         if not wanted:
