@@ -82,10 +82,10 @@ def test_fail_policy_stops_the_run_naming_file_and_line(run_cli, tmp_path):
 
 def test_rejects_in_a_cut_file_are_numbered_by_their_line_in_the_file(run_cli, tmp_path):
     """With one split and no ids to hash, the partition does not count a cut file's lines: each piece's rejects
-    are written with lines counted from the piece's start, then numbered by their line in the file once every
-    piece is read, and each shard's marker commits the numbered file. Under `fail` the message says where the
-    count starts. Two splits hash ids `<file>:<line>`: the plan is made again, counted, and the rejects are the
-    same."""
+    and documents are written with lines (and ids `<file>:<line>`) counted from the piece's start, then numbered by
+    their line in the file once every piece is read, and each shard's marker commits the numbered files. Under `fail`
+    the message says where the count starts. Two splits hash ids `<file>:<line>`: the plan is made again, counted,
+    and the rejects and documents are the same."""
     good = (EXAMPLES / "data" / "wikitext2_raw_test.jsonl").read_bytes().splitlines(keepends=True)
     lines = [*good[:30], BAD_LINES[0], *good[30:45], BAD_LINES[1], *good[45:], BAD_LINES[2]]
     bad_at = [lines.index(bad) + 1 for bad in BAD_LINES]
@@ -101,7 +101,15 @@ def test_rejects_in_a_cut_file_are_numbered_by_their_line_in_the_file(run_cli, t
             json.loads(line) for p in sorted((out / "rejects").glob("*.jsonl")) for line in p.read_text().splitlines()
         ]
 
+    def documents() -> list[tuple[str, int]]:
+        tables = (out / "megatron").glob("*/shard-*.docs.parquet")
+        return sorted(
+            (row["line"], row["id"]) for p in tables for row in pq.read_table(p, columns=["id", "line"]).to_pylist()
+        )
+
+    kept = [(n, f"big.jsonl:{n}") for n in range(1, len(lines) + 1) if n not in bad_at]
     run_cli(*args, "--set", "split={train: 1.0}")
+    assert documents() == kept  # each id once, its file's line
 
     def first_lines() -> list:
         return [shard["pieces"][0]["first_line"] for shard in json.loads((out / "plan.json").read_text())["shards"]]
@@ -119,6 +127,7 @@ def test_rejects_in_a_cut_file_are_numbered_by_their_line_in_the_file(run_cli, t
     run_cli(*args)  # examples/gpt2.yaml's two splits
     assert None not in first_lines()
     assert [(r["file"], r["line"]) for r in rejects()] == [("big.jsonl", n) for n in bad_at]
+    assert documents() == kept
 
     failed = run_cli(*args, "--set", f"output.path={tmp_path / 'failed'}", "--set", "input.on_invalid=fail",
                      "--set", "split={train: 1.0}", check=False)  # fmt: skip

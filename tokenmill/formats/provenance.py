@@ -58,6 +58,18 @@ def split_rows(origins: pa.Table, chosen: np.ndarray | None, lengths: np.ndarray
     return pa.table({name: placed[name] if name in placed else origins[name] for name in (*COLUMNS, *extra)})
 
 
+def numbered(table: pa.Table, first_line: int, line_ids: bool) -> pa.Table:
+    """A documents table of one piece of a file whose lines were counted from the piece's start, with its lines
+    counted from the file's (`first_line`: the piece's first); and with `line_ids` (no `input.id_field`), its ids
+    `<file>:<line>` too, which held the same count."""
+    lines = pc.add(table.column("line"), first_line - 1)
+    table = table.set_column(table.schema.get_field_index("line"), "line", lines)
+    if not line_ids or not table.num_rows:
+        return table
+    name = table.column("id")[0].as_py().rsplit(":", 1)[0]  # a piece is of one file
+    return table.set_column(table.schema.get_field_index("id"), "id", _ids(LineIds(name, lines.to_numpy())))
+
+
 def _ids(ids: Sequence[str]) -> pa.Array:
     """The batch's ids as arrow strings; the fast path's `<file>:<line>` made by arrow, not one Python string each."""
     if isinstance(ids, LineIds):

@@ -22,7 +22,6 @@ from typing import BinaryIO
 
 import numpy as np
 import orjson
-import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from tokenmill.config import TokenmillConfig
@@ -32,7 +31,13 @@ from tokenmill.core.hashing import assign_splits
 from tokenmill.core.plan import Shard
 from tokenmill.core.stats import Tokenized
 from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
-from tokenmill.formats.provenance import batch_origins, read_documents_table, split_rows, write_documents_table
+from tokenmill.formats.provenance import (
+    batch_origins,
+    numbered,
+    read_documents_table,
+    split_rows,
+    write_documents_table,
+)
 from tokenmill.io.names import compression_of
 from tokenmill.io.readers import (
     CORRUPT_STREAM,
@@ -342,6 +347,7 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
     markers = threaded(lambda i: read_marker(store, TOKENIZE, i), ids, threads_for(store))
     done = dict(zip(ids, markers, strict=True))
     first_lines = {}
+    line_ids = {shard.shard_id for shard in shards if config.inputs()[shard.mix_source].id_field is None}
     for file in pieces:
         line = 1
         for _, shard_id in file:
@@ -349,25 +355,24 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
                 first_lines[shard_id] = line
             line += done[shard_id]["result"]["lines"]
     threads = max(threads_for(store), min(HASH_THREADS, os.cpu_count() or 1))
-    for _ in threaded(lambda i: number_shard(store, i, done[i], first_lines[i]), first_lines, threads):
+    for _ in threaded(lambda i: number_shard(store, i, done[i], first_lines[i], i in line_ids), first_lines, threads):
         pass
 
 
-def number_shard(store: Store, shard_id: int, done: dict, first_line: int) -> None:
-    """One shard's documents tables and rejects written again with their lines counted from `first_line`, then its
-    tokenize marker (`done`, as committed) with their new sizes and sha256 (a run killed between the two redoes the
-    shard: its files changed since its commit). No layout is made from them here: where one names the lines (OLMo's
-    `.csv.gz`), the partition counted them (`partition.counts_lines`)."""
+def number_shard(store: Store, shard_id: int, done: dict, first_line: int, line_ids: bool) -> None:
+    """One shard's documents tables and rejects written again with their lines counted from `first_line` (and with
+    `line_ids`, no `input.id_field`, the tables' ids `<file>:<line>`), then its tokenize marker (`done`, as
+    committed) with their new sizes and sha256 (a run killed between the two redoes the shard: its files changed
+    since its commit). No layout is made from them here: where one names the lines or the ids (OLMo's `.csv.gz`),
+    the partition counted them (`partition.counts_lines`)."""
     files, result = done["files"], done["result"]
     for split, counts in result["splits"].items():
         if counts["documents"] and result.get("unnumbered_lines"):
             rel = layout.documents_table(split, shard_id)
             with store.local_copies(rel) as (path,):
                 table = read_documents_table(path)
-            lines = pc.add(table.column("line"), first_line - 1)
-            numbered = table.set_column(table.schema.get_field_index("line"), "line", lines)
             with store.writing(rel, files) as tmp:
-                write_documents_table(tmp, [numbered])
+                write_documents_table(tmp, [numbered(table, first_line, line_ids)])
     if result.get("unnumbered_rejects"):
         rejects = [orjson.loads(line) for line in store.read_bytes(layout.rejects_file(shard_id)).splitlines()]
         for reject in rejects:
