@@ -97,7 +97,8 @@ def test_a_compressed_stream_of_two_threads_shares_is_cut_anywhere_and_each_piec
     """A compressed JSONL file cannot be cut at line starts without reading it: it is cut at offsets of its
     decompressed stream (a thread's share of an auto-sized run apart: 8 shards), each piece reading the lines that
     start in it, the last to the stream's end. Every record once, in order; each piece's line count numbers the next
-    (`tokenize.number_lines`), as for a plain file's uncounted cuts. Where ids are hashed, it is read whole."""
+    (`tokenize.number_lines`), as for a plain file's uncounted cuts. A rerun's plan takes the same pieces from the
+    run's own plan.json. Where ids are hashed, it is read whole."""
     plain = tmp_path / "plain.jsonl"
     write_jsonl(plain, 3000)
     data = plain.read_bytes()
@@ -110,6 +111,7 @@ def test_a_compressed_stream_of_two_threads_shares_is_cut_anywhere_and_each_piec
         (3 * len(data) // 4, None)
     ]
     assert [p.first_line for p in pieces] == [1, None, None, None]
+    assert plan_shards(config, earlier=plan, own=True).shards == plan.shards  # the last piece too (it lost it)
     assert any(data[p.start - 1 : p.start] != b"\n" for p in pieces[1:])  # not at line starts
     options = config.input.read_options()
     read = [list(read_documents([p], options, columnar=True)) for p in pieces]

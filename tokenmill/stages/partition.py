@@ -377,11 +377,12 @@ def _takes_every_row(groups: list[tuple[int, int, int | None]]) -> bool:
 
 
 def _cuts_of(earlier: Plan, unchanged: set[str]) -> dict[str, list[tuple[Piece, int]]]:
-    """The pieces (with their sizes) an earlier plan of the same shard size cut each unchanged large file into."""
+    """The pieces (with their sizes) an earlier plan of the same shard size cut each unchanged large file into (a
+    compressed stream's last piece runs to its end: not whole, though its end is None)."""
     cuts: dict[str, list[tuple[Piece, int]]] = {}
     for shard in earlier.shards:
         (piece, *others) = shard.pieces
-        if not others and piece.path in unchanged and (piece.end is not None or piece.row_groups is not None):
+        if not others and piece.path in unchanged and not piece.whole:
             cuts.setdefault(piece.path, []).append((piece, shard.bytes))
     return cuts
 
