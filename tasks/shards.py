@@ -193,7 +193,7 @@ def run_on_dask(items: list, stages: list[Stage], keep: Callable[[tuple], object
     # lives on one worker and is lost with it, failing every task that needs it (fault campaign, worker_kill).
     window = max(8, WINDOW_PER_THREAD * sum(client.nthreads().values()))
     ids = [shard_id(i) for i in items]
-    todo = bundles(items)
+    todo = largest_first(items)
     results: list = [None] * len(items)
     failures: dict[str, dict[int, str]] = {stage.name: {} for stage in stages}
     chains, running, submitted, reused = as_completed(), {}, 0, 0
@@ -301,6 +301,13 @@ def bundles(items: list) -> list[range]:
             start, total = index, 0
         total += size
     return found + [range(start, len(items))] if items else found
+
+
+def largest_first(items: list) -> list[range]:
+    """`bundles(items)`, the most bytes first (in their order where alike): a stage ends with its last task, and its
+    shards differ in size (small files grouped into half a shard to two, a compressed file whole, a file's last
+    piece), so the smallest are left to fill the last gaps. Dask runs the tasks of one submission in its order."""
+    return sorted(bundles(items), key=lambda bundle: -sum(getattr(items[i], "bytes", 0) for i in bundle))
 
 
 def on_a_worker(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.shards import MAX_SHARDS_PER_TASK, TASK_BYTES, bundles
+from tasks.shards import MAX_SHARDS_PER_TASK, TASK_BYTES, bundles, largest_first
 from tokenmill.core.plan import Shard
 from tokenmill.core.tries import EachShard, Failed
 
@@ -28,6 +28,15 @@ def test_small_shards_share_a_dask_task_and_large_ones_go_alone():
     assert bundles(shards(*[100] * 300)) == [range(0, MAX_SHARDS_PER_TASK), range(MAX_SHARDS_PER_TASK, 300)]
     assert bundles([7, 8]) == [range(0, 1), range(1, 2)]  # no size known: a task each
     assert bundles([]) == [] and TASK_BYTES == 4 * mb
+
+
+def test_a_stages_largest_shards_are_sent_first_and_the_smallest_last():
+    """A stage ends with its last task: its largest shards go to the cluster first, tiny ones bundled as before, in
+    plan order where alike; items of no known size in their order."""
+    mb = 1 << 20
+    shards = [Shard(i, (), size, f"s{i}") for i, size in enumerate([40 * mb, 90 * mb, mb, mb, 40 * mb, 170 * mb])]
+    assert largest_first(shards) == [range(5, 6), range(1, 2), range(0, 1), range(4, 5), range(2, 4)]
+    assert largest_first([7, 8, 9]) == [range(0, 1), range(1, 2), range(2, 3)]
 
 
 def test_a_shard_that_keeps_failing_is_failed_alone_and_one_that_fails_once_is_retried():
