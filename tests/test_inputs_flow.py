@@ -101,7 +101,7 @@ def test_rejects_in_a_cut_file_are_numbered_by_their_line_in_the_file(run_cli, t
             json.loads(line) for p in sorted((out / "rejects").glob("*.jsonl")) for line in p.read_text().splitlines()
         ]
 
-    def documents() -> list[tuple[str, int]]:
+    def documents() -> list[tuple[int, str]]:  # (line, id) of every document
         tables = (out / "megatron").glob("*/shard-*.docs.parquet")
         return sorted(
             (row["line"], row["id"]) for p in tables for row in pq.read_table(p, columns=["id", "line"]).to_pylist()
