@@ -347,7 +347,9 @@ def number_lines(config: TokenmillConfig, shards: Sequence[Shard], unnumbered: l
     markers = threaded(lambda i: read_marker(store, TOKENIZE, i), ids, threads_for(store))
     done = dict(zip(ids, markers, strict=True))
     first_lines = {}
-    line_ids = {shard.shard_id for shard in shards if config.inputs()[shard.mix_source].id_field is None}
+    line_ids = {
+        shard.shard_id for shard in shards if shard.shard_id in wanted and config.input_of(shard).id_field is None
+    }
     for file in pieces:
         line = 1
         for _, shard_id in file:
