@@ -143,7 +143,8 @@ def test_the_reference_check_reads_the_documents_it_draws_from_an_object_store_a
     `.bin`: a nightly run draws its sample across every kept shard, and downloaded each one it drew from. Spans
     less than `RANGE_GAP` apart are one GET (here, with a gap of 1 MB allowed, the 0.6 MB shard's five documents);
     farther apart, as a large shard's are (here with no gap allowed), each is a GET of its own and nothing else of
-    the `.bin` is read."""
+    the `.bin` is read. The reference's ids the encoder's verification kept (none here) are asked for with one
+    GET (asking whether the object exists was a HEAD and, for a missing one, a listing)."""
     config = remote_config(tmp_path, proxy, "reference")
     tokenizer = install_pretrained(config)
     tokenized, _ = build(config, shard_ids={0})
@@ -161,6 +162,8 @@ def test_the_reference_check_reads_the_documents_it_draws_from_an_object_store_a
         return [method for method, path in proxy.seen if path.endswith(bin_rel)], proxy.sent - sent
 
     check()  # the reference loaded
+    kept_ids = [(m, path.split("?")[0]) for m, path in proxy.seen if "reference_ids" in path or "list-type" in path]
+    assert kept_ids == [("GET", "/faults/reference/_work/reference_ids.parquet")], kept_ids
     monkeypatch.setattr(storage, "RANGE_GAP", 1 << 20)
     assert check()[0] == ["GET"]
     monkeypatch.setattr(storage, "RANGE_GAP", 0)

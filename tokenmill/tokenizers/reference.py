@@ -50,11 +50,12 @@ def reference_ids(
     encoded by `reference` (HF tokenizers, with no special tokens added, as the encoders encode), at most
     `piece_bytes` of text at once."""
     rows: dict[bytes, int] = {}  # a kept text's row
-    if store.exists(layout.REFERENCE_IDS):
-        with store.local_copies(layout.REFERENCE_IDS) as (path,):
-            table = pq.read_table(path)
-        if table.schema.metadata.get(b"tokenizer_sha256") == tokenizer_sha256.encode():
-            rows = {digest: row for row, digest in enumerate(table.column("text_sha256").to_pylist())}
+    try:  # one request on an object store (asking whether a missing object exists was a HEAD and a listing)
+        table = pq.read_table(pa.BufferReader(store.read_bytes(layout.REFERENCE_IDS)))
+    except FileNotFoundError:
+        table = None
+    if table is not None and table.schema.metadata.get(b"tokenizer_sha256") == tokenizer_sha256.encode():
+        rows = {digest: row for row, digest in enumerate(table.column("text_sha256").to_pylist())}
     digests = text_digests(texts)
     missing = [k for k, digest in enumerate(digests) if digest not in rows]
     encoded = {}
