@@ -172,20 +172,59 @@ def test_the_reference_check_reads_the_documents_it_draws_from_an_object_store_a
     assert sent < config.output.store().size(bin_rel) / 10
 
 
-def test_publish_copies_an_object_within_the_store_with_a_head_and_a_copy(tmp_path, proxy, bucket):
-    """Publishing to the store the build is in copies each file server-side: the source's HEAD (its size) and
-    the copy's PUT. fsspec's `copy` first listed both paths as prefixes, two requests more a file."""
+def test_publish_copies_an_object_within_the_store_with_one_request(tmp_path, proxy, bucket):
+    """Publishing to the store the build is in copies each file server-side, its size known from the manifest: the
+    copy's PUT alone. s3fs's `cp_file` asked the source's size first (a HEAD), and fsspec's `copy` also listed both
+    paths as prefixes, two requests more. Without a size, the HEAD and the PUT."""
     source, target = (remote_config(tmp_path, proxy, prefix).output.store() for prefix in ("build", "published/v1"))
     source.write_bytes("megatron/train/shard-00000.bin", b"tokens" * 1000)
+    for size, requests in ((6000, ["PUT"]), (None, ["HEAD", "PUT"])):
+        target.remove("megatron/train/shard-00000.bin")
+        proxy.seen.clear()
+        _copy(source, target, "megatron/train/shard-00000.bin", size)
+        assert [method for method, _ in proxy.seen] == requests, proxy.seen
+        assert target.read_bytes("megatron/train/shard-00000.bin") == b"tokens" * 1000
+
+
+def test_a_layout_that_is_the_bin_is_copied_inside_the_object_store_with_one_request(tmp_path, proxy, bucket):
+    """OLMo's `.npy` and datatrove's `.ds` are the `.bin`'s bytes (`Store.copy`): on an object store a server-side
+    copy, its size known from the tokenize marker, so one request (fsspec's `copy` was four: two listings, a HEAD,
+    the copy); the pack marker records the `.bin`'s digest for it."""
+    store = remote_config(tmp_path, proxy, "layouts").output.store()
+    data = b"tokens" * 1000
+    store.write_bytes("megatron/train/shard-00000.bin", data)
+    digest, record = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, {}
     proxy.seen.clear()
-    _copy(source, target, "megatron/train/shard-00000.bin")
-    assert [method for method, _ in proxy.seen] == ["HEAD", "PUT"], proxy.seen
-    assert target.read_bytes("megatron/train/shard-00000.bin") == b"tokens" * 1000
+    store.copy("megatron/train/shard-00000.bin", "olmo/train/shard-00000.npy", digest, record)
+    assert [method for method, _ in proxy.seen] == ["PUT"], proxy.seen
+    assert store.read_bytes("olmo/train/shard-00000.npy") == data
+    assert record == {"olmo/train/shard-00000.npy": digest}
+
+
+def test_shards_moved_to_new_ids_on_an_object_store_are_a_copy_and_a_delete_a_file(tmp_path, proxy, bucket):
+    """A file landed before others in input order moves the shards after it up an id, their files renamed
+    (`commits.land`, `Store.move_all`): on an object store each is a server-side copy, its size known from its
+    marker, then a delete; fsspec's `mv` also listed both paths and asked the size. A cycle goes round through a
+    temporary name, the same way."""
+    store = remote_config(tmp_path, proxy, "moving").output.store()
+    files = {f"megatron/train/shard-{i:05d}.bin": f"shard {i}".encode() * 100 for i in range(3)}
+    for rel, data in files.items():
+        store.write_bytes(rel, data)
+    sizes = {rel: len(data) for rel, data in files.items()}
+    rels = list(files)
+    proxy.seen.clear()
+    store.move_all({rels[1]: rels[2], rels[2]: "megatron/train/shard-00003.bin"}, sizes)
+    assert sorted(method for method, _ in proxy.seen) == ["DELETE", "DELETE", "PUT", "PUT"], proxy.seen
+    proxy.seen.clear()
+    store.move_all({rels[0]: rels[2], rels[2]: rels[0]}, {rels[0]: sizes[rels[0]], rels[2]: sizes[rels[1]]})  # a cycle
+    assert sorted(method for method, _ in proxy.seen) == ["DELETE"] * 3 + ["PUT"] * 3, proxy.seen
+    assert store.read_bytes(rels[0]) == files[rels[1]] and store.read_bytes(rels[2]) == files[rels[0]]
+    assert store.read_bytes("megatron/train/shard-00003.bin") == files[rels[2]] and not store.exists(rels[1])
 
 
 def test_publishing_a_version_to_an_object_store_asks_for_no_missing_file(tmp_path, proxy, bucket):
-    """A version published to an object store is listed once: a file not there is copied (the source's HEAD and
-    the copy), without a HEAD and a listing of its own; a file there is read for its sha256 and not copied."""
+    """A version published to an object store is listed once: a file not there is copied (one request), without a
+    HEAD and a listing of its own; a file there is read for its sha256 and not copied."""
     config = remote_config(tmp_path, proxy, "publishing")
     config.output.publish.path = f"s3://{bucket}/versions"
     config.output.publish.storage.endpoint_url = proxy.endpoint
@@ -206,8 +245,5 @@ def test_publishing_a_version_to_an_object_store_asks_for_no_missing_file(tmp_pa
         again = publish_version(config, {"version": "v1"}, files)
     assert (first["copied"], again["copied"], again["skipped"]) == (2, 0, 2)
     published = "/faults/versions/faults/v1/megatron/train/shard-00000"
-    assert sorted(asked) == sorted(
-        [("HEAD", f"/faults/publishing/megatron/train/shard-00000.{ext}") for ext in ("bin", "idx")]
-        + [("PUT", f"{published}.{ext}") for ext in ("bin", "idx")]
-    ), asked
+    assert sorted(asked) == [("PUT", f"{published}.{ext}") for ext in ("bin", "idx")], asked
     assert not [m for m, path in proxy.seen if "shard-00000" in path and m == "PUT"], proxy.seen

@@ -185,7 +185,7 @@ def land(store: Store, lifted: list[tuple[str, int, int, dict]]) -> None:
     this never runs."""
     whole = [(stage, old, new, done) for stage, old, new, done in lifted if all(map(store.exists, done["files"]))]
     names = {rel: layout.renumbered(rel, old, new) for _, old, new, done in whole for rel in done["files"]}
-    store.move_all(names)
+    store.move_all(names, {rel: recorded["bytes"] for *_, done in whole for rel, recorded in done["files"].items()})
     for stage, _, new, done in whole:
         files = {names[rel]: recorded for rel, recorded in done["files"].items()}
         # A rename keeps what a local stamp holds; an object store's move is a copy, whose ETag may differ (then read)

@@ -514,7 +514,7 @@ class Store:
                 link_or_copy(self.regular(source), tmp)
         else:
             with self.failing_as("copying", rel):
-                self.fs.copy(self.path(source), self.path(rel))
+                server_side_copy(self.fs, self.path(source), self.path(rel), digest["bytes"])
         record[rel] = digest
 
     def read_ranges(self, rel: str, spans: list[tuple[int, int]]) -> list[bytes]:
@@ -582,27 +582,32 @@ class Store:
             with self.failing_as("removing", rel):
                 os.unlink(self.path(rel)) if self.is_local else self.fs.rm(self.path(rel))
 
-    def move(self, rel: str, to: str) -> None:
+    def move(self, rel: str, to: str, size: int | None = None) -> None:
+        """Rename `rel` to `to`; on an object store a copy inside the store (`server_side_copy`, `size` its bytes
+        where known), then a delete."""
         with self.failing_as("moving", rel):
             if self.is_local:
                 self._make_directories(posixpath.dirname(inside(to) or ""))
                 os.replace(self.path(rel), self.path(to))
             else:
-                self.fs.mv(self.path(rel), self.path(to))  # a copy inside the store, then a delete
+                server_side_copy(self.fs, self.path(rel), self.path(to), size)
+                self.fs.rm_file(self.path(rel))
 
-    def move_all(self, names: dict[str, str]) -> None:
+    def move_all(self, names: dict[str, str], sizes: dict[str, int] | None = None) -> None:
         """Rename files (old name -> new name) where a new name may be another file's old one: a file moves once
-        the file under its new name has moved away; a cycle goes round through a temporary name."""
+        the file under its new name has moved away; a cycle goes round through a temporary name. `sizes`: their
+        bytes by old name, where known."""
         pending = {rel: to for rel, to in names.items() if rel != to}
+        sizes = dict(sizes or {})
         while pending:
             ready = [rel for rel, to in pending.items() if to not in pending]
             if not ready:
                 rel = next(iter(pending))
-                self.move(rel, f"{rel}.moving")
-                pending[f"{rel}.moving"] = pending.pop(rel)
+                self.move(rel, f"{rel}.moving", sizes.get(rel))
+                pending[f"{rel}.moving"], sizes[f"{rel}.moving"] = pending.pop(rel), sizes.get(rel)
                 continue
             for rel in ready:
-                self.move(rel, pending.pop(rel))
+                self.move(rel, pending.pop(rel), sizes.get(rel))
 
     def remove_unfinished(self) -> list[str]:
         """Remove what writes cut short by a killed process left behind (the local temporary files of
@@ -650,6 +655,22 @@ class HashingFile:
 
     def digest(self) -> dict:
         return {"bytes": self.bytes, "sha256": self.sha256.hexdigest()}
+
+
+# What s3fs copies with one CopyObject; a larger object it copies in parts (`S3FileSystem.cp_file`)
+S3_PLAIN_COPY = 150 << 20
+
+
+def server_side_copy(fs, source: str, target: str, size: int | None = None) -> None:
+    """The object `source` copied to `target` inside an object store. Of `size` bytes (known from a marker or a
+    manifest) up to S3_PLAIN_COPY on S3, one request: s3fs's `cp_file` asks the size first, a HEAD, to choose how
+    to copy, and fsspec's `copy` also lists both paths as prefixes."""
+    if size is not None and size <= S3_PLAIN_COPY and "s3" in fs.protocol:
+        (bucket, key, _), (to_bucket, to_key, _) = fs.split_path(source), fs.split_path(target)
+        fs.call_s3("copy_object", Bucket=to_bucket, Key=to_key, CopySource={"Bucket": bucket, "Key": key})
+        fs.invalidate_cache(target)
+    else:
+        fs.cp_file(source, target)
 
 
 def link_or_copy(source: str | Path, target: Path) -> None:

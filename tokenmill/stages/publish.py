@@ -23,7 +23,7 @@ from tokenmill.core.plan import Plan
 from tokenmill.core.stats import ValidationFailed, packing_summary, split_summary
 from tokenmill.formats.megatron import token_dtype
 from tokenmill.formats.packed import SUFFIXES
-from tokenmill.io.storage import STREAMED, Store, link_or_copy, threaded, threads_for
+from tokenmill.io.storage import STREAMED, Store, link_or_copy, server_side_copy, threaded, threads_for
 from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 
@@ -349,7 +349,7 @@ def publish_version(config: TokenmillConfig, manifest: dict, files: Files, extra
     def publish_file(entry: dict) -> bool:
         if (there is None or entry["path"] in there) and _already_there(source, target, entry):
             return False
-        _copy(source, target, entry["path"])
+        _copy(source, target, entry["path"], entry["bytes"])
         return True
 
     copied = sum(threaded(publish_file, files.entries(), threads_for(source, target)))
@@ -424,13 +424,13 @@ def _already_there(source: Store, target: Store, entry: dict) -> bool:
     return target.sha256(rel) == entry["sha256"]
 
 
-def _copy(source: Store, target: Store, rel: str) -> None:
+def _copy(source: Store, target: Store, rel: str, size: int | None = None) -> None:
+    """`rel` of `source` published to `target`; `size`: its bytes, where the manifest knows them."""
     if source.is_local and target.is_local:
         with target.writing(rel) as tmp:
             link_or_copy(source.regular(rel), tmp)  # a link planted in its place is refused, never published
     elif type(source.fs) is type(target.fs) and source.storage_options == target.storage_options:
-        # Server-side, nothing through this process; one file's copy (`copy` lists both paths as prefixes first)
-        target.fs.cp_file(source.path(rel), target.path(rel))
+        server_side_copy(target.fs, source.path(rel), target.path(rel), size)  # nothing through this process
     else:
         with source.local_copies(rel) as (path,):
             target.put(path, rel)
