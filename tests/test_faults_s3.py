@@ -172,6 +172,37 @@ def test_the_reference_check_reads_the_documents_it_draws_from_an_object_store_a
     assert sent < config.output.store().size(bin_rel) / 10
 
 
+def test_a_source_tree_on_an_object_store_is_read_with_one_get_a_file(tmp_path, proxy, bucket):
+    """Text files of one document each (a source tree's) are read whole whatever their size: one GET a file, not
+    an open's HEAD and then its GET, so a tree of small files costs half the requests. Their documents are the
+    files, read as on disk (tests/test_s3.py)."""
+    from tokenmill.config import TokenmillConfig
+    from tokenmill.io.readers import read_documents
+    from tokenmill.stages.partition import plan_shards
+
+    files = {f"tree/d{i % 3}/f{i}.c": f"int f{i};\n" * (i + 1) for i in range(30)}
+    s3 = boto3.client("s3")
+    for key, text in files.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=text.encode())
+    storage = {"endpoint_url": proxy.endpoint}
+    config = TokenmillConfig.model_validate(
+        {"name": "t", "input": {"paths": [f"s3://{bucket}/tree/**"], "format": "text", "storage": storage},
+         "partition": {"shard_size": 2000}, "tokenizer": {"path": "unused.json"},
+         "output": {"path": str(tmp_path / "out")}}
+    )  # fmt: skip
+    plan, options = plan_shards(config), config.input.read_options()
+    assert len(plan.shards) > 2
+    proxy.seen.clear()
+    documents = {}
+    for shard in plan.shards:
+        for batch, bad in read_documents(shard.pieces, options, columnar=True):
+            documents |= dict(zip(batch.ids, map(str, batch.text_values()), strict=True))
+            assert not bad
+    assert documents == {key.removeprefix("tree/"): text for key, text in files.items()}
+    asked = sorted((method, path.split("?")[0]) for method, path in proxy.seen)
+    assert asked == sorted(("GET", f"/{bucket}/{key}") for key in files), asked
+
+
 def test_publish_copies_an_object_within_the_store_with_one_request(tmp_path, proxy, bucket):
     """Publishing to the store the build is in copies each file server-side, its size known from the manifest: the
     copy's PUT alone. s3fs's `cp_file` asked the source's size first (a HEAD), and fsspec's `copy` also listed both

@@ -45,7 +45,7 @@ from tokenmill.io.arrays import ARRAY_PROBE, ArrayStream, JSONArrayError, may_ho
 from tokenmill.io.buffers import scan_parts
 from tokenmill.io.direct import DIRECT_ALIGN, in_page_cache, mapped, open_direct
 from tokenmill.io.names import compression_of, format_of, local_path, name_under
-from tokenmill.io.storage import options_for
+from tokenmill.io.storage import options_for, read_object
 
 if TYPE_CHECKING:  # imported where used: only the careful path needs them (0.4 s of every worker's start)
     import pandas as pd
@@ -1574,6 +1574,10 @@ def _contents(
                     if not stat.S_ISREG(status.st_mode) or (most is not None and status.st_size > most):
                         return None
                     return f.read()
+            if most is None and piece.whole and compression_of(piece.path) is None and not may_hold_array(piece.path):
+                # an object store's file, read whole whatever its size: one GET (opening it asks its size, a HEAD)
+                fs, path = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
+                return read_object(fs, path)
             with open_piece(piece, options) as f:
                 size = getattr(f, "size", None)  # a local or object store's file; a stream has none
                 return None if most is not None and (size is None or size > most) else f.read()

@@ -465,8 +465,7 @@ class Store:
         `cat_file` does too where it may read in concurrent parts): a marker, a plan or LATEST is one request."""
         with self.failing_as("reading", rel):
             if not self.is_local:
-                one_request = {"max_concurrency": 1} if "s3" in self.fs.protocol else {}
-                return self.fs.cat_file(self.path(rel), **one_request)
+                return read_object(self.fs, self.path(rel))
             with self.open(rel) as f:
                 return f.read()
 
@@ -655,6 +654,12 @@ class HashingFile:
 
     def digest(self) -> dict:
         return {"bytes": self.bytes, "sha256": self.sha256.hexdigest()}
+
+
+def read_object(fs, path: str) -> bytes:
+    """An object store's object in one GET: opening it asks its size first (a HEAD), and s3fs's `cat_file` does too
+    where it may read a whole object in concurrent parts."""
+    return fs.cat_file(path, **({"max_concurrency": 1} if "s3" in fs.protocol else {}))
 
 
 # What s3fs copies with one CopyObject; a larger object it copies in parts (`S3FileSystem.cp_file`)
