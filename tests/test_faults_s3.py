@@ -9,6 +9,7 @@ import hashlib
 import time
 
 import boto3
+import orjson
 import pytest
 
 from tokenmill.core.layout import marker
@@ -201,6 +202,20 @@ def test_a_source_tree_on_an_object_store_is_read_with_one_get_a_file(tmp_path, 
     assert documents == {key.removeprefix("tree/"): text for key, text in files.items()}
     asked = sorted((method, path.split("?")[0]) for method, path in proxy.seen)
     assert asked == sorted(("GET", f"/{bucket}/{key}") for key in files), asked
+
+
+def test_the_held_out_documents_of_a_shard_are_read_with_one_get(tmp_path, proxy, bucket):
+    """The fertility report reads each shard's held-out documents whole (a shard's part of a few MB): one GET
+    each, not an open's HEAD and its GET."""
+    from tokenmill.core.layout import holdout_file
+    from tokenmill.core.samples import holdout_records
+
+    config = remote_config(tmp_path, proxy, "holdout")
+    records = [{"text": f"held out {i}\r\n", "lang": "en"} for i in range(3)]
+    config.output.store().write_bytes(holdout_file(7), b"".join(orjson.dumps(r) + b"\n" for r in records))
+    proxy.seen.clear()
+    assert list(holdout_records(config, [7])) == records
+    assert [method for method, _ in proxy.seen] == ["GET"], proxy.seen
 
 
 def test_publish_copies_an_object_within_the_store_with_one_request(tmp_path, proxy, bucket):

@@ -117,19 +117,17 @@ def mix_thresholds(config: TokenmillConfig, samples: list[Sampled]) -> dict[str,
 def sample_texts(config: TokenmillConfig, samples: list[Sampled]) -> Iterator[list[str]]:
     """Each shard's training sample's texts, shard by shard."""
     store = config.output.store()
-    for s in samples:
-        with store.open(s.path) as f:
-            yield [orjson.loads(line)["text"] for line in f]
+    for s in samples:  # each read whole: one request on an object store (opening it asks its size, a HEAD)
+        yield [orjson.loads(line)["text"] for line in store.read_bytes(s.path).splitlines()]
 
 
 def holdout_records(config: TokenmillConfig, samples: Iterable[Sampled | int]) -> Iterator[dict]:
     """The held-out documents, `{"text": ..., <group_by fields>...}`, shard by shard: of the sample stage's
     results, or of the shards whose ids are given (their held-out files are named by them)."""
     store = config.output.store()
-    for s in samples:
-        with store.open(s.holdout if isinstance(s, Sampled) else layout.holdout_file(int(s))) as f:
-            for line in f:
-                yield orjson.loads(line)
+    for s in samples:  # a shard's part of `fertility.holdout_size`, read whole (one request on an object store)
+        for line in store.read_bytes(s.holdout if isinstance(s, Sampled) else layout.holdout_file(int(s))).splitlines():
+            yield orjson.loads(line)
 
 
 def group_sizes(samples: list[Sampled]) -> dict[str, dict[str, int]]:
