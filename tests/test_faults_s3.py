@@ -204,6 +204,46 @@ def test_a_source_tree_on_an_object_store_is_read_with_one_get_a_file(tmp_path, 
     assert asked == sorted(("GET", f"/{bucket}/{key}") for key in files), asked
 
 
+def test_a_crawls_small_jsonl_parts_on_an_object_store_are_read_with_one_get_a_part(tmp_path, proxy, bucket):
+    """Small JSON Lines parts, joined a run at a time (tests/test_s3.py): each read with one GET, its size known from
+    the plan's listing (`Piece.size`), where opening it asked its size first (a HEAD); the sample stage takes their
+    sizes from the plan too. A part larger than a batch is not downloaded into a run: the reader reads it alone."""
+    from tokenmill.config import TokenmillConfig
+    from tokenmill.io.readers import read_documents, whole_file_sizes
+    from tokenmill.stages.partition import plan_shards
+
+    parts = {
+        f"cc/part-{i:03d}.jsonl": "".join(f'{{"text": "part {i} page {r}"}}\n' for r in range(8)) for i in range(24)
+    }
+    parts["cc/part-011.jsonl"] = '{"text": "a long page ' + "word " * 1000 + '"}\n'  # 5 KB: more than a batch
+    s3 = boto3.client("s3")
+    for key, body in parts.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=body.encode())
+    storage = {"endpoint_url": proxy.endpoint}
+    config = TokenmillConfig.model_validate(
+        {"name": "t", "input": {"paths": [f"s3://{bucket}/cc/"], "storage": storage},
+         "partition": {"shard_size": 20_000}, "tokenizer": {"path": "unused.json"},
+         "output": {"path": str(tmp_path / "out")}}
+    )  # fmt: skip
+    shards, options = plan_shards(config).shards, config.input.read_options()
+    pieces = [piece for shard in shards for piece in shard.pieces]
+    proxy.seen.clear()
+    assert whole_file_sizes(pieces, options) == {f"s3://{bucket}/{k}": len(v) for k, v in parts.items()}
+    read = (read_documents(shard.pieces, options, True, 3_000) for shard in shards)
+    texts = [str(t) for batches in read for b, _ in batches for t in b.text_values()]
+    assert len(texts) == 23 * 8 + 1 and "part 0 page 0" in texts
+    asked = sorted((method, path.split("?")[0]) for method, path in proxy.seen)
+    alone = f"/{bucket}/cc/part-011.jsonl"  # opened: a HEAD, then its GET
+    together = sorted(("GET", f"/{bucket}/{key}") for key in parts if f"/{bucket}/{key}" != alone)
+    assert [(method, path) for method, path in asked if path != alone] == together, asked
+    assert [method for method, path in asked if path == alone] == ["GET", "HEAD"], asked
+    # a part grown past a batch since it was listed: the run's GET stops a byte past the batch, and it is read alone
+    s3.put_object(Bucket=bucket, Key="cc/part-005.jsonl", Body=parts["cc/part-011.jsonl"].replace("a long", "grown"))
+    read = (read_documents(shard.pieces, options, True, 3_000) for shard in shards)
+    grown = [str(t) for batches in read for b, _ in batches for t in b.text_values() if str(t).startswith("grown")]
+    assert len(grown) == 1 and len(grown[0]) > 5000
+
+
 def test_the_held_out_documents_of_a_shard_are_read_with_one_get(tmp_path, proxy, bucket):
     """The fertility report reads each shard's held-out documents whole (a shard's part of a few MB): one GET
     each, not an open's HEAD and its GET."""

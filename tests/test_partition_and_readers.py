@@ -210,6 +210,22 @@ def test_small_and_compressed_files_are_grouped_whole_in_order(tmp_path):
     assert len(read_all(config, plan)[0]) == 150
 
 
+def test_a_small_files_piece_holds_its_listed_size_which_is_not_part_of_what_its_shard_is_made_of(tmp_path):
+    """A small file's piece holds the size the listing gave (the reader takes it for an object store's file, not a
+    HEAD), kept in plan.json; a shard's source leaves it out, as its file's fingerprint holds it: a plan made before
+    pieces had sizes names each shard's source as one made now does, and reuses its outputs."""
+    for name in ("a", "b", "c"):
+        write_jsonl(tmp_path / f"{name}.jsonl", 50, prefix=name)
+    config = make_config([str(tmp_path / "*.jsonl")], 30_000, tmp_path)
+    plan = plan_shards(config)
+    sizes = {str(tmp_path / f"{name}.jsonl"): (tmp_path / f"{name}.jsonl").stat().st_size for name in "abc"}
+    files = {f["path"]: f for f in plan.files}
+    for shard in Shards(plan.shards):  # as plan.json holds them
+        assert {p.path: p.size for p in shard.pieces}.items() <= sizes.items() and shard.pieces
+        unsized = [replace(p, size=None) for p in shard.pieces]
+        assert partition._source_of(unsized, files) == partition._source_of(list(shard.pieces), files) == shard.source
+
+
 @pytest.mark.parametrize("layout", ["parquet", "arrow stream", "arrow file"])
 def test_a_table_file_is_partitioned_by_its_groups_of_rows(tmp_path, layout):
     """A Parquet file by its row groups, an Arrow file (a stream, as save_to_disk writes one, or the file format) by

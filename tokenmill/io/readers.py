@@ -128,6 +128,9 @@ class Piece:
     # A file of tables: which of its groups of rows (Parquet's row groups, an Arrow file's record batches); None: all
     row_groups: list[int] | None = None
     format: str | None = None  # overrides the configured format (the shuffle's own files are "shuffled")
+    # A small file's stored bytes, as the listing gave them (a run of small files: `_contents` reads one of an object
+    # store with one request, not its size first); not part of what a shard is made of (its file's fingerprint is)
+    size: int | None = field(default=None, compare=False)
 
     @property
     def whole(self) -> bool:
@@ -740,25 +743,28 @@ def first_line_at(f: BinaryIO, start: int) -> int | None:
 
 def whole_file_sizes(pieces: Sequence[Piece], options: ReadOptions) -> dict[str, int]:
     """The sizes of the pieces that are whole files of lines, neither compressed nor perhaps arrays, by path, the
-    files not opened: a local file's looked up, an object store's asked for FILES_AHEAD at a time (opening a file
-    asks for its size, a request each, one after another). Those it cannot tell are left out."""
-    paths = [
-        piece.path
+    files not opened: a local file's looked up, an object store's as the plan's listing gave it (`Piece.size`), else
+    asked for FILES_AHEAD at a time (opening a file asks for its size, a request each, one after another). Those it
+    cannot tell are left out."""
+    whole = [
+        piece
         for piece in pieces
         if piece.whole and kind_of(piece, options) in LINE_KINDS
         and not compression_of(piece.path) and not may_hold_array(piece.path)
     ]  # fmt: skip
 
-    def size(path: str) -> int | None:
+    def size(piece: Piece) -> int | None:
         with suppress(Exception):  # the reader says what is wrong with it
-            if (local := local_path(path)) is not None:
+            if (local := local_path(piece.path)) is not None:
                 return os.stat(local).st_size
-            fs, inner = fsspec.core.url_to_fs(path, **options_for(path, options.storage_options))
+            if piece.size is not None:
+                return piece.size
+            fs, inner = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
             return int(fs.size(inner))
         return None
 
-    sizes = _in_order(size, paths, not paths or local_path(paths[0]) is not None)
-    return {path: nbytes for path, nbytes in sizes if nbytes is not None}
+    sizes = _in_order(size, whole, not whole or local_path(whole[0].path) is not None)
+    return {piece.path: nbytes for piece, nbytes in sizes if nbytes is not None}
 
 
 def sampled_blocks(piece: Piece, options: ReadOptions, every: int, phase: int) -> Iterator[tuple[int, bytes]]:
@@ -1574,10 +1580,15 @@ def _contents(
                     if not stat.S_ISREG(status.st_mode) or (most is not None and status.st_size > most):
                         return None
                     return f.read()
-            if most is None and piece.whole and compression_of(piece.path) is None and not may_hold_array(piece.path):
-                # an object store's file, read whole whatever its size: one GET (opening it asks its size, a HEAD)
+            plain = piece.whole and compression_of(piece.path) is None and not may_hold_array(piece.path)
+            if plain and (most is None or piece.size is not None):  # read whatever its size, or its size known
+                # an object store's file in one GET (opening it asks its size, a HEAD); at most a byte past `most`,
+                # should it have grown since it was listed
+                if most is not None and piece.size > most:
+                    return None
                 fs, path = fsspec.core.url_to_fs(piece.path, **options_for(piece.path, options.storage_options))
-                return read_object(fs, path)
+                data = read_object(fs, path, None if most is None else most + 1)
+                return None if most is not None and len(data) > most else data
             with open_piece(piece, options) as f:
                 size = getattr(f, "size", None)  # a local or object store's file; a stream has none
                 return None if most is not None and (size is None or size > most) else f.read()

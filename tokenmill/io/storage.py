@@ -656,9 +656,11 @@ class HashingFile:
         return {"bytes": self.bytes, "sha256": self.sha256.hexdigest()}
 
 
-def read_object(fs, path: str) -> bytes:
-    """An object store's object in one GET: opening it asks its size first (a HEAD), and s3fs's `cat_file` does too
-    where it may read a whole object in concurrent parts."""
+def read_object(fs, path: str, most: int | None = None) -> bytes:
+    """An object store's object, or its first `most` bytes, in one GET: opening it asks its size first (a HEAD),
+    and s3fs's `cat_file` does too where it may read a whole object in concurrent parts."""
+    if most is not None:
+        return fs.cat_file(path, start=0, end=most)
     return fs.cat_file(path, **({"max_concurrency": 1} if "s3" in fs.protocol else {}))
 
 

@@ -403,7 +403,7 @@ def _cut_into_shards(
     for f in files:
         url, size = f["path"], f["bytes"]
         if size <= shard_size:
-            small.append((Piece(url), size))
+            small.append((Piece(url, size=f["size"]), size))
             continue
         shards += _group(small, shard_size)
         small = []
@@ -487,7 +487,8 @@ def inputs_hash(files: list[dict]) -> str:
 
 def _source_of(pieces: list[Piece], files: dict[str, dict]) -> str:
     """What a shard's output is made from: its pieces and the fingerprints of their files (not its id)."""
-    return _digest([[p.to_json(), files[p.path]] for p in pieces])
+    # a piece's size is its file's, which the fingerprint holds: left out, so that sources stay as they were
+    return _digest([[{k: v for k, v in p.to_json().items() if k != "size"}, files[p.path]] for p in pieces])
 
 
 def plan_key(config: TokenmillConfig, inputs: str) -> str:
