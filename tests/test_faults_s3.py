@@ -44,6 +44,17 @@ def remote_config(tmp_path, proxy, prefix: str):
     return config
 
 
+def input_config(tmp_path, proxy, paths: str, shard_size: int, **input_options):
+    """A config reading `paths` of the test bucket through the proxy (its output local)."""
+    from tokenmill.config import TokenmillConfig
+
+    return TokenmillConfig.model_validate(
+        {"name": "t", "input": {"paths": [paths], "storage": {"endpoint_url": proxy.endpoint}, **input_options},
+         "partition": {"shard_size": shard_size}, "tokenizer": {"path": "unused.json"},
+         "output": {"path": str(tmp_path / "out")}}
+    )  # fmt: skip
+
+
 def objects(store: Store) -> dict[str, bytes]:
     return {rel: store.read_bytes(rel) for rel in store.list() if not rel.startswith(("_commits", "_work"))}
 
@@ -177,7 +188,6 @@ def test_a_source_tree_on_an_object_store_is_read_with_one_get_a_file(tmp_path, 
     """Text files of one document each (a source tree's) are read whole whatever their size: one GET a file, not
     an open's HEAD and then its GET, so a tree of small files costs half the requests. Their documents are the
     files, read as on disk (tests/test_s3.py)."""
-    from tokenmill.config import TokenmillConfig
     from tokenmill.io.readers import read_documents
     from tokenmill.stages.partition import plan_shards
 
@@ -185,12 +195,7 @@ def test_a_source_tree_on_an_object_store_is_read_with_one_get_a_file(tmp_path, 
     s3 = boto3.client("s3")
     for key, text in files.items():
         s3.put_object(Bucket=bucket, Key=key, Body=text.encode())
-    storage = {"endpoint_url": proxy.endpoint}
-    config = TokenmillConfig.model_validate(
-        {"name": "t", "input": {"paths": [f"s3://{bucket}/tree/**"], "format": "text", "storage": storage},
-         "partition": {"shard_size": 2000}, "tokenizer": {"path": "unused.json"},
-         "output": {"path": str(tmp_path / "out")}}
-    )  # fmt: skip
+    config = input_config(tmp_path, proxy, f"s3://{bucket}/tree/**", 2000, format="text")
     plan, options = plan_shards(config), config.input.read_options()
     assert len(plan.shards) > 2
     proxy.seen.clear()
@@ -208,7 +213,6 @@ def test_a_crawls_small_jsonl_parts_on_an_object_store_are_read_with_one_get_a_p
     """Small JSON Lines parts, joined a run at a time (tests/test_s3.py): each read with one GET, its size known from
     the plan's listing (`Piece.size`), where opening it asked its size first (a HEAD); the sample stage takes their
     sizes from the plan too. A part larger than a batch is not downloaded into a run: the reader reads it alone."""
-    from tokenmill.config import TokenmillConfig
     from tokenmill.io.readers import read_documents, whole_file_sizes
     from tokenmill.stages.partition import plan_shards
 
@@ -219,12 +223,7 @@ def test_a_crawls_small_jsonl_parts_on_an_object_store_are_read_with_one_get_a_p
     s3 = boto3.client("s3")
     for key, body in parts.items():
         s3.put_object(Bucket=bucket, Key=key, Body=body.encode())
-    storage = {"endpoint_url": proxy.endpoint}
-    config = TokenmillConfig.model_validate(
-        {"name": "t", "input": {"paths": [f"s3://{bucket}/cc/"], "storage": storage},
-         "partition": {"shard_size": 20_000}, "tokenizer": {"path": "unused.json"},
-         "output": {"path": str(tmp_path / "out")}}
-    )  # fmt: skip
+    config = input_config(tmp_path, proxy, f"s3://{bucket}/cc/", 20_000)
     shards, options = plan_shards(config).shards, config.input.read_options()
     pieces = [piece for shard in shards for piece in shard.pieces]
     proxy.seen.clear()

@@ -126,8 +126,8 @@ def holdout_records(config: TokenmillConfig, samples: Iterable[Sampled | int]) -
     results, or of the shards whose ids are given (their held-out files are named by them)."""
     store = config.output.store()
     for s in samples:  # a shard's part of `fertility.holdout_size`, read whole (one request on an object store)
-        for line in store.read_bytes(s.holdout if isinstance(s, Sampled) else layout.holdout_file(int(s))).splitlines():
-            yield orjson.loads(line)
+        rel = s.holdout if isinstance(s, Sampled) else layout.holdout_file(int(s))
+        yield from map(orjson.loads, store.read_bytes(rel).splitlines())
 
 
 def group_sizes(samples: list[Sampled]) -> dict[str, dict[str, int]]:
