@@ -226,6 +226,28 @@ def test_a_small_files_piece_holds_its_listed_size_which_is_not_part_of_what_its
         assert partition._source_of(unsized, files) == partition._source_of(list(shard.pieces), files) == shard.source
 
 
+def test_a_plan_json_not_signed_by_this_user_is_not_kept_even_where_its_shards_compare_equal(tmp_path):
+    """Pieces compare without their sizes; a plan.json whose sizes were altered (so no longer signed) is not taken as
+    the run's plan: the sizes are the listing's and plan.json is written again, signed."""
+    from tokenmill.core import layout
+    from tokenmill.core.signing import signed
+
+    for name in ("a", "b", "c"):
+        write_jsonl(tmp_path / f"{name}.jsonl", 50, prefix=name)
+    config = make_config([str(tmp_path / "*.jsonl")], 30_000, tmp_path)
+    plan, _ = load_or_plan(config)
+    store = config.output.store()
+    planted = json.loads(store.read_bytes(layout.PLAN))
+    for shard in planted["shards"]:
+        for piece in shard["pieces"]:
+            piece["size"] = 1  # a file "too small" for any sampled block: the sample would pass over it
+    store.write_bytes(layout.PLAN, json.dumps(planted).encode())
+    again, _ = load_or_plan(config)
+    assert [p.size for s in again.shards for p in s.pieces] == [p.size for s in plan.shards for p in s.pieces]
+    assert all(p.size > 1 for s in again.shards for p in s.pieces)
+    assert signed(store, layout.PLAN, store.read_bytes(layout.PLAN))
+
+
 @pytest.mark.parametrize("layout", ["parquet", "arrow stream", "arrow file"])
 def test_a_table_file_is_partitioned_by_its_groups_of_rows(tmp_path, layout):
     """A Parquet file by its row groups, an Arrow file (a stream, as save_to_disk writes one, or the file format) by

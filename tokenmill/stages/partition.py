@@ -552,8 +552,9 @@ def _load_or_plan(config: TokenmillConfig, cluster_threads: int) -> tuple[Plan, 
     same_config = earlier is not None and _made_alike(earlier, config)
     plan = plan_shards(config, cluster_threads, sticky, earlier if same_config else None, own)
     # The input as the earlier plan saw it: every shard kept. Its shards as this plan cuts them too: a plan.json
-    # planted with the right key and pieces of other files (secrets of whoever reruns) is not read.
-    if same_config and plan.key == earlier.key and plan.shards == earlier.shards:
+    # planted with the right key and pieces of other files (secrets of whoever reruns) is not read. And signed: what
+    # the comparison leaves out (the small files' sizes, which the reader and the sample trust) is never a planter's.
+    if own and same_config and plan.key == earlier.key and plan.shards == earlier.shards:
         return earlier, None
     moved = []
     if earlier is not None:
