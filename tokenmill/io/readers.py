@@ -1436,6 +1436,12 @@ def _fast_batch(
     return batch
 
 
+def holds_strings(t: pyarrow.DataType) -> bool:
+    """Whether a column of type `t` holds strings: Arrow's string, large string (as polars writes Parquet) or string
+    view (as polars writes Arrow files)."""
+    return pyarrow.types.is_string(t) or pyarrow.types.is_large_string(t) or pyarrow.types.is_string_view(t)
+
+
 def _table_batch(
     table: pyarrow.Table,
     doc_lines: np.ndarray,
@@ -1448,8 +1454,10 @@ def _table_batch(
     is a valid document (the checks `record_schema` makes, on the columns), else None. `name`: their file's, or each
     document's (`LineIds`)."""
     column = table.column(options.text_field)
-    if not (pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)):
+    if not holds_strings(column.type):
         return None
+    if pyarrow.types.is_string_view(column.type):  # the encoder reads a string array's offsets, which views lack
+        column = column.cast(pyarrow.large_string())
     texts = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # one block: no copy
     if texts.null_count or not _lengths_within(texts, options):
         return None
@@ -1462,7 +1470,7 @@ def _table_batch(
             id_column = table.column(options.id_field)
             if pyarrow.types.is_integer(id_column.type):  # a whole number's id is its digits, as str() writes it
                 id_column = id_column.cast(pyarrow.string())
-            if id_column.null_count or not pyarrow.types.is_string(id_column.type):
+            if id_column.null_count or not holds_strings(id_column.type):
                 return None
             ids = id_column.to_pylist()
         if not _claimed(ids, seen_ids):
