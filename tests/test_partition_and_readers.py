@@ -332,6 +332,27 @@ def test_parquet_is_read_on_its_columns_as_it_is_record_by_record(tmp_path, ids)
     assert read[True, "[1, 2]"][0][0][2] == 1001
 
 
+def test_json_lines_whose_ids_are_whole_numbers_are_read_on_their_columns(tmp_path):
+    """Many datasets number their records (`"id": 17`): such a file is read by its columns, its ids their digits as
+    record by record (not a Python object a record); a block whose ids mix numbers and strings, or holds a number that
+    is not whole, goes record by record."""
+    lines = [json.dumps({"id": i, "text": f"row {i} " * (i % 40 + 1)}) for i in range(3000)]
+    lines[1500] = json.dumps({"id": "s1500", "text": "a string among numbers"})
+    lines[2500] = json.dumps({"id": 2500.5, "text": "not a whole number"})
+    path = tmp_path / "numbered.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    read = {c: list(read_documents([Piece(str(path))], ReadOptions(id_field="id"), c, 20_000)) for c in (False, True)}
+    documents = {
+        columnar: [(i, str(t)) for b, _ in batches for i, t in zip(b.ids, b.text_values(), strict=True)]
+        for columnar, batches in read.items()
+    }
+    assert documents[True] == documents[False]
+    assert documents[True][7] == ("7", "row 7 " * 8) and documents[True][1500][0] == "s1500"
+    assert documents[True][2500][0] == "2500.5" and len(documents[True]) == 3000
+    on_columns = [b.text_array is not None for b, _ in read[True]]
+    assert len(on_columns) > 6 and sum(on_columns) == len(on_columns) - 2
+
+
 def test_a_hugging_face_dataset_saved_to_disk_is_read_as_arrow_on_its_columns(tmp_path):
     """`Dataset.save_to_disk` writes Arrow IPC streams beside two JSON files that are not data: the directory stands
     for its `.arrow` files, read a slice of a record batch at a time, checked on the columns or record by record

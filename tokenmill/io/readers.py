@@ -1693,23 +1693,29 @@ def _text_batch(
 
 
 def _arrow_table(block: Buffer, options: ReadOptions) -> pyarrow.Table | None:
-    """The block's records parsed by pyarrow, their text, id and extra fields as strings; None where pyarrow cannot
-    parse it so (a parse error, invalid UTF-8, a field of another type) or a field is at a dotted path."""
+    """The block's records parsed by pyarrow, their text, id and extra fields as strings (the ids as whole numbers
+    where they are, as many datasets' are); None where pyarrow cannot parse it so (a parse error, invalid UTF-8, a
+    field of another type) or a field is at a dotted path."""
     names = (options.text_field, options.id_field, *options.fields)
     if any(n is not None and "." in n for n in names):
         return None  # nested fields: the careful path
     columns = dict.fromkeys(n for n in names if n is not None)  # extra fields as strings, else the careful path
-    schema = pyarrow.schema([(n, pyarrow.string()) for n in columns])
-    try:
-        table = pj.read_json(
-            pyarrow.BufferReader(block),
-            read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
-            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
-        )
-        table.validate(full=True)  # pyarrow's JSON reader takes invalid UTF-8 into its strings (checked at ~20 GB/s)
-    except (pyarrow.ArrowInvalid, UnicodeDecodeError):
-        return None
-    return table
+    for id_type in (pyarrow.string(), pyarrow.int64()):
+        schema = pyarrow.schema([(n, id_type if n == options.id_field else pyarrow.string()) for n in columns])
+        try:
+            table = pj.read_json(
+                pyarrow.BufferReader(block),
+                read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
+                parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+            )
+            table.validate(full=True)  # pyarrow's JSON reader takes invalid UTF-8 into its strings (~20 GB/s)
+            return table
+        except (pyarrow.ArrowInvalid, UnicodeDecodeError) as e:
+            # An id that is a number stops the parse at its row (the first, where every id is one); any other
+            # problem is the careful path's to name.
+            if f"Column(/{options.id_field})" not in str(e):
+                return None
+    return None
 
 
 def _arrow_record(line: bytes, options: ReadOptions) -> dict | None:
