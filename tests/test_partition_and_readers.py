@@ -7,6 +7,7 @@ import os
 from dataclasses import replace
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
@@ -351,6 +352,65 @@ def test_json_lines_whose_ids_are_whole_numbers_are_read_on_their_columns(tmp_pa
     assert documents[True][2500][0] == "2500.5" and len(documents[True]) == 3000
     on_columns = [b.text_array is not None for b, _ in read[True]]
     assert len(on_columns) > 6 and sum(on_columns) == len(on_columns) - 2
+
+
+def bad_among_good(count: int, seed: int) -> list[dict]:
+    """Records of which a few are not documents, alone or at once: a text empty, missing, null, too short or too long
+    (in characters, where the bytes alone do not tell), an id missing, null, or one an earlier record has."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(count):
+        row = {"id": f"d{i}", "text": f"doc {i} \u00e9 " * int(rng.integers(1, 4))}  # 7 to 33 characters
+        for fault in rng.choice(9, size=int(rng.integers(1, 3))) if rng.random() < 0.08 else []:
+            if fault < 3:  # empty, null, missing
+                row["text"] = ["", None, ...][fault]
+            elif fault < 5:  # null, missing
+                row["id"] = [None, ...][fault - 3]
+            elif fault == 5 and i:
+                row["id"] = f"d{int(rng.integers(i))}"  # in this block or an earlier one
+            elif fault == 6:
+                row["text"] = "\u00e9" * int(rng.choice([2, 3, 40, 41]))  # 4 to 82 bytes, 2 to 41 characters
+            elif fault == 7:
+                row["text"] = "x" * 41
+        rows.append({k: v for k, v in row.items() if v is not ...})
+    return rows
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "parquet", "small files"])
+def test_a_few_bad_records_are_left_out_by_the_columns_with_the_rejects_record_by_record_gives(tmp_path, layout):
+    """A block (or batch of rows) holding a few records that are not documents is still read by its columns: the
+    others are its documents, and each bad one is a reject with the reason, line and record that reading record by
+    record gives it (and the bytes in alike), so a crawl with an empty text every thousand records does not go record
+    by record. Under `on_invalid: fail` the read stops at the first, as record by record."""
+    rows = bad_among_good(3000, seed=57)
+    if layout == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet", row_group_size=700)
+    else:
+        for k in range(0, len(rows), 100 if layout == "small files" else len(rows)):
+            with open(tmp_path / f"rows-{k:04d}.jsonl", "w") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows[k : k + 100 if layout == "small files" else None])
+    pieces = [Piece(str(path)) for path in sorted(tmp_path.iterdir())]
+    options = ReadOptions(id_field="id", min_chars=3, max_chars=40)
+    read = {}
+    for columnar in (False, True):
+        batches = list(read_documents(pieces, options, columnar, batch_bytes=10_000))
+        documents = [
+            (i, str(t), int(n)) for b, _ in batches for i, t, n in zip(b.ids, b.text_values(), b.doc_lines, strict=True)
+        ]
+        rejects = [r.to_dict() for _, rejects in batches for r in rejects]
+        nbytes = sum(b.nbytes for b, _ in batches) if layout != "parquet" else None  # a table's is Arrow's
+        read[columnar] = documents, rejects, nbytes
+        on_columns = sum(b.text_array is not None for b, _ in batches)
+        assert on_columns == (len(batches) if columnar else 0) and len(batches) > 8 * columnar
+    documents, rejects, _ = read[False]
+    assert read[True] == read[False]
+    reasons = {r["reason"] for r in rejects}
+    assert len(reasons) == 4 and len(rejects) > 150 and len(documents) + len(rejects) == 3000
+    with pytest.raises(InputError) as careful:
+        list(read_documents(pieces, replace(options, on_invalid="fail")))
+    with pytest.raises(InputError) as columnar:
+        list(read_documents(pieces, replace(options, on_invalid="fail"), True, batch_bytes=10_000))
+    assert str(columnar.value) == str(careful.value)
 
 
 def test_a_hugging_face_dataset_saved_to_disk_is_read_as_arrow_on_its_columns(tmp_path):

@@ -5,8 +5,8 @@ A shard is a list of pieces; a piece is one file, a newline-aligned byte range o
 file (whose first line number the partition recorded), or some row groups of a Parquet file. Every
 record of a piece ends up either in a batch of documents or as a reject naming its file, line (or row)
 and reason; with `on_invalid="fail"` the first bad record stops the read with that message instead.
-Each batch is checked with a pandera schema: text present and a string within the size limits, id
-present and unique within the shard.
+Each record is checked: text present and a string within the size limits, id present and not one a document before
+it in the shard has (record by record, a batch at a time with a pandera schema; on the fast paths, on the columns).
 """
 
 from __future__ import annotations
@@ -108,6 +108,24 @@ OnInvalid = Literal["fail", "quarantine"]
 
 
 MISSING = "missing or null"  # how a reject says a record lacks a field (`stats.all_rejected` looks for it)
+DUPLICATE = "duplicate id in this shard"
+
+
+def text_missing(options: ReadOptions) -> str:
+    return f"text field {options.text_field!r} {MISSING}"
+
+
+def not_a_string(options: ReadOptions) -> str:
+    return f"text field {options.text_field!r} not a string"
+
+
+def id_missing(options: ReadOptions) -> str:
+    return f"id field {options.id_field!r} {MISSING}"
+
+
+def length_outside(options: ReadOptions) -> str:
+    limit = f"at most {options.max_chars:,}" if options.max_chars is not None else "no upper limit"
+    return f"text length outside [{options.min_chars}, {limit}] characters"
 
 
 def few(names: Sequence[str], most: int = 12) -> str:
@@ -878,8 +896,9 @@ def largest_records(pieces: list[Piece], options: ReadOptions, most: int = 3) ->
     )
 
 
-def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchema:
-    """The checks every batch passes: text a string within the size limits, id present and unique in the shard."""
+def record_schema(options: ReadOptions) -> pa.DataFrameSchema:
+    """The checks of each record of a batch alone: its text present, a string within the size limits, its id present
+    (whether the id is another document's, `_validate` tells after them)."""
     pa = schema_library()
 
     def is_string(values: pd.Series) -> pd.Series:
@@ -890,44 +909,27 @@ def record_schema(options: ReadOptions, seen_ids: set[str]) -> pa.DataFrameSchem
         ok = lengths >= options.min_chars
         return ok & (lengths <= options.max_chars) if options.max_chars is not None else ok
 
-    limit = f"at most {options.max_chars:,}" if options.max_chars is not None else "no upper limit"
     return pa.DataFrameSchema(
         {
             "text": pa.Column(
                 checks=[
-                    pa.Check(
-                        lambda t: t.notna(), error=f"text field {options.text_field!r} {MISSING}", ignore_na=False
-                    ),
-                    pa.Check(is_string, error=f"text field {options.text_field!r} not a string", ignore_na=False),
-                    pa.Check(
-                        within_limits,
-                        error=f"text length outside [{options.min_chars}, {limit}] characters",
-                        ignore_na=False,
-                    ),
+                    pa.Check(lambda t: t.notna(), error=text_missing(options), ignore_na=False),
+                    pa.Check(is_string, error=not_a_string(options), ignore_na=False),
+                    pa.Check(within_limits, error=length_outside(options), ignore_na=False),
                 ],
                 nullable=True,  # absence is reported by a check that names the field
             ),
             "doc_id": pa.Column(
-                checks=[
-                    pa.Check(
-                        lambda ids: ids.notna(), error=f"id field {options.id_field!r} {MISSING}", ignore_na=False
-                    ),
-                    # a lookup per id: `isin` copies the set first, each batch (quadratic over a shard of one file)
-                    pa.Check(
-                        lambda ids: ~ids.astype(str).map(seen_ids.__contains__).astype(bool),
-                        error="duplicate id in this shard",
-                    ),
-                ],
-                nullable=True,
+                checks=[pa.Check(lambda ids: ids.notna(), error=id_missing(options), ignore_na=False)], nullable=True
             ),
         },
-        unique=["doc_id"],
-        report_duplicates="exclude_first",  # the first occurrence is the document, later ones are rejects
     )
 
 
 def _validate(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> dict[int, str]:
-    """Position in `raws` -> the first reason it is not a valid document."""
+    """Position in `raws` -> the reason it is not a valid document: the first of its own (`record_schema`, in the
+    order `reasons` gives), else its id one that a document before it in the shard has. So a record's reason does
+    not depend on where batches end, and the columnar path gives the same (`_row_problems`)."""
     import pandas as pd
 
     pa = schema_library()
@@ -936,13 +938,24 @@ def _validate(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> d
         index=list(problems)
     )
     try:
-        record_schema(options, seen_ids).validate(frame, lazy=True)
+        record_schema(options).validate(frame, lazy=True)
     except pa.errors.SchemaErrors as e:
+        order = reasons(options)
         cases = e.failure_cases.dropna(subset=["index"])
-        for index, check in zip(cases["index"], cases["check"], strict=True):
-            reason = "duplicate id in this shard" if check == "multiple_fields_uniqueness" else check
-            problems.setdefault(int(index), reason)
+        for index, check in sorted(zip(cases["index"], cases["check"], strict=True), key=lambda c: order.index(c[1])):
+            problems.setdefault(int(index), check)
+    taken: set[str] = set()  # the ids of the batch's documents so far
+    for i, raw in enumerate(raws):
+        if i not in problems:
+            if (doc_id := str(raw.doc_id)) in seen_ids or doc_id in taken:
+                problems[i] = DUPLICATE
+            taken.add(doc_id)
     return problems
+
+
+def reasons(options: ReadOptions) -> list[str]:
+    """Why a record is not a document, of its own, the first that applies first."""
+    return [text_missing(options), not_a_string(options), length_outside(options), id_missing(options)]
 
 
 def _shorten(raw: bytes, limit: int = 2000) -> str:
@@ -1059,9 +1072,10 @@ def _lines_batch(
     names = [options.name_of(piece.path) for piece, _ in run]
     doc_lines = np.arange(lines.sum(), dtype=np.int64) - np.repeat(np.cumsum(lines) - lines, lines) + 1
     own_names = all(len(paths_named[name]) == 1 for name in names)
-    batch = _table_batch(table, doc_lines, _each_document(names, lines), options, seen_ids, own_names)
-    if batch is None:
+    read = _table_batch(table, doc_lines, _each_document(names, lines), options, seen_ids, own_names, partial=False)
+    if read is None:
         return None
+    batch, _ = read
     batch.nbytes = len(joined) - int(lines.sum()) - count_crlf(joined)  # as `_fast_batch` counts each file's
     batch.lines = int(lines.sum())
     batch.block = [piece for piece, _ in run]
@@ -1184,9 +1198,9 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
     for raw in raws:
         problem, doc_id = raw.problem, None if raw.doc_id is None else str(raw.doc_id)
         if problem is None and doc_id is None:
-            problem = f"id field {options.id_field!r} {MISSING}"
+            problem = id_missing(options)
         elif problem is None and doc_id in seen_ids:
-            problem = "duplicate id in this shard"
+            problem = DUPLICATE
         elif problem is None:
             try:
                 rendered = reading.rendered(raw.text)
@@ -1207,10 +1221,12 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
 # --- the columnar fast path -------------------------------------------------------------------------------
 # JSONL with top-level text, id and extra fields (plain, compressed, or a JSON array file's lines) is parsed by
 # pyarrow a block of whole lines at a time (Parquet and Arrow are read a batch of rows at a time, text split by a
-# separator a run of documents), and the batch schema's checks run vectorised on the columns. A block
-# with any problem at all (a parse error, invalid UTF-8, a blank line, a missing or non-string text, a length out of
-# bounds, a missing, non-string or repeated id) is read again by the careful path above, record by record, so every
-# bad record still becomes a reject naming its file, line and reason, exactly as without the fast path. pyarrow and
+# separator a run of documents), and the batch schema's checks run vectorised on the columns: a record whose text is
+# missing or out of bounds, or whose id is missing or repeated, is a reject with the reason, line and record the careful
+# path gives it (`_row_problems`), the others the batch's documents. A block pyarrow cannot read as columns of strings
+# (a parse error, invalid UTF-8, a blank line, a text or id of another type), and a text file's run with any problem,
+# is read again by the careful path above, record by record, so every bad record still becomes a reject naming its
+# file, line and reason, exactly as without the fast path. pyarrow and
 # orjson decode escaped surrogates alike (pairs to the same UTF-8, a lone or misordered one is an error to both:
 # tested), so escapes need no scan of their own.
 
@@ -1413,27 +1429,43 @@ def jsonl_block(
     newlines: int | None = None,
     own_name: bool = False,
 ) -> tuple[Batch, list[Reject]]:
-    """The documents and rejects of a block of whole JSONL lines (holding `newlines` line endings, when the
-    caller counted them) whose first is line `first_line` of file `name`: parsed by pyarrow when every record
-    in it is valid, else record by record. With `own_name`, no other file of the shard is called `name`, so its
-    ids `<file>:<line>` need no check against `seen_ids` (nor go into it)."""
+    """The documents and rejects of a block of whole JSONL lines (holding `newlines` line endings, when the caller
+    counted them) whose first is line `first_line` of file `name`: parsed by pyarrow where it can read every record
+    as columns of strings (`_fast_batch`), else record by record. With `own_name`, no other file of the shard is
+    called `name`, so its ids `<file>:<line>` need no check against `seen_ids` (nor go into it)."""
     newlines = count_newlines(block) if newlines is None else newlines
-    batch = _fast_batch(block, newlines, first_line, name, options, seen_ids, own_name)
-    return (batch, []) if batch is not None else _careful_block(block, first_line, name, options, seen_ids)
+    read = _fast_batch(block, newlines, first_line, name, options, seen_ids, own_name)
+    return read if read is not None else _careful_block(block, first_line, name, options, seen_ids)
 
 
 def _fast_batch(
     block: Buffer, newlines: int, first_line: int, name: str, options: ReadOptions, seen_ids: set[str], own_name: bool
-) -> Batch | None:
-    """The block's documents if every record in it is a valid document, else None."""
+) -> tuple[Batch, list[Reject]] | None:
+    """The block's documents and rejects read by its columns (`_table_batch`), or None where they cannot be (a record
+    pyarrow cannot parse as one of strings, a blank line)."""
     table = _arrow_table(block, options)
     if table is None or table.num_rows != newlines + (block[-1:] != b"\n"):
         return None
     doc_lines = np.arange(first_line, first_line + table.num_rows, dtype=np.int64)  # every line is a document
-    batch = _table_batch(table, doc_lines, name, options, seen_ids, own_name)
-    if batch is not None:  # bytes as the careful path counts them: each line without its line ending
-        batch.nbytes = len(block) - newlines - count_crlf(block)
-    return batch
+    if (read := _table_batch(table, doc_lines, name, options, seen_ids, own_name)) is None:
+        return None
+    batch, problems = read
+    rows = sorted(problems)
+    lines = [line.rstrip(b"\r") for line in lines_at(block, rows)]  # as the careful path reads a record
+    rejects = [
+        Reject(name, int(doc_lines[k]), problems[k], _shorten(line)) for k, line in zip(rows, lines, strict=True)
+    ]
+    # bytes as the careful path counts them: each document's line without its line ending
+    batch.nbytes = len(block) - newlines - count_crlf(block) - sum(map(len, lines))
+    return batch, rejects
+
+
+def lines_at(block: Buffer, rows: Sequence[int]) -> list[bytes]:
+    """The block's lines numbered `rows` (from 0), without their line endings' `\\n`."""
+    if not rows:
+        return []
+    ends = np.append(np.flatnonzero(np.frombuffer(block, np.uint8) == 10), len(block))
+    return [bytes(block[(int(ends[k - 1]) + 1 if k else 0) : int(ends[k])]) for k in rows]
 
 
 def holds_strings(t: pyarrow.DataType) -> bool:
@@ -1449,34 +1481,47 @@ def _table_batch(
     options: ReadOptions,
     seen_ids: set[str],
     own_name: bool,
-) -> Batch | None:
-    """The documents of a table of records, each from its line (or a Parquet file's row) of `doc_lines`, if every one
-    is a valid document (the checks `record_schema` makes, on the columns), else None. `name`: their file's, or each
-    document's (`LineIds`)."""
+    partial: bool = True,
+) -> tuple[Batch, dict[int, str]] | None:
+    """The valid documents of a table of records, each from its line (or a Parquet file's row) of `doc_lines`, checked
+    on the columns (`record_schema`'s checks: `_row_problems`), and the reason each other row is not one, by its row in
+    the table; their ids are the shard's now. None, with no id taken, where the text or the id is not a column of
+    strings, or a row is not valid under `on_invalid: fail` (the careful path names it) or without `partial`. `name`:
+    their file's, or each document's (`LineIds`)."""
+    if (texts := _text_array(table, options)) is None:
+        return None
+    ids: list | LineIds = LineIds(name, doc_lines)  # `<file>:<line>` of a name no other file has: unique
+    if options.id_field is not None:
+        id_column = table.column(options.id_field)
+        if pyarrow.types.is_integer(id_column.type):  # a whole number's id is its digits, as str() writes it
+            id_column = id_column.cast(pyarrow.string())
+        if not holds_strings(id_column.type):
+            return None
+        ids = id_column.to_pylist()
+    elif not own_name:
+        ids = ids.as_list()
+    problems = _row_problems(texts, None if isinstance(ids, LineIds) else ids, options, seen_ids)
+    if problems and (options.on_invalid == "fail" or not partial):
+        return None
+    if problems:
+        kept = np.delete(np.arange(len(texts)), list(problems))
+        table, doc_lines = table.take(kept), doc_lines[kept]
+        texts = _text_array(table, options)
+        ids = LineIds(name, doc_lines) if isinstance(ids, LineIds) else [ids[k] for k in kept.tolist()]
+    if not isinstance(ids, LineIds):
+        seen_ids.update(ids)
+    extra = {f: table.column(f).to_pylist() for f in options.fields}
+    return Batch(ids=ids, nbytes=table.nbytes, text_array=texts, extra=extra, doc_lines=doc_lines), problems
+
+
+def _text_array(table: pyarrow.Table, options: ReadOptions) -> pyarrow.Array | None:
+    """The table's texts as one array of strings (a block's: no copy), or None where they are not strings."""
     column = table.column(options.text_field)
     if not holds_strings(column.type):
         return None
     if pyarrow.types.is_string_view(column.type):  # the encoder reads a string array's offsets, which views lack
         column = column.cast(pyarrow.large_string())
-    texts = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # one block: no copy
-    if texts.null_count or not _lengths_within(texts, options):
-        return None
-    if options.id_field is None and own_name:
-        ids = LineIds(name, doc_lines)  # `<file>:<line>` of a name no other file has: unique
-    else:
-        if options.id_field is None:
-            ids = LineIds(name, doc_lines).as_list()
-        else:
-            id_column = table.column(options.id_field)
-            if pyarrow.types.is_integer(id_column.type):  # a whole number's id is its digits, as str() writes it
-                id_column = id_column.cast(pyarrow.string())
-            if id_column.null_count or not holds_strings(id_column.type):
-                return None
-            ids = id_column.to_pylist()
-        if not _claimed(ids, seen_ids):
-            return None
-    extra = {f: table.column(f).to_pylist() for f in options.fields}
-    return Batch(ids=ids, nbytes=table.nbytes, text_array=texts, extra=extra, doc_lines=doc_lines)
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def _claimed(ids: list[str], seen_ids: set[str]) -> bool:
@@ -1485,6 +1530,36 @@ def _claimed(ids: list[str], seen_ids: set[str]) -> bool:
         return False
     seen_ids.update(ids)
     return True
+
+
+def _row_problems(texts: pyarrow.Array, ids: list | None, options: ReadOptions, seen_ids: set[str]) -> dict[int, str]:
+    """Each row that is not a valid document -> the reason the careful path gives it (`_validate`); {} where every
+    row is valid, as a few passes over the columns tell. `ids`: None where they are unique (`<file>:<line>`)."""
+    checks = []  # (rows, reason), in the order of `reasons`
+    if texts.null_count or not _lengths_within(texts, options):
+        # A text of b bytes holds b/4 to b characters: they are counted only where that does not decide.
+        most = np.inf if options.max_chars is None else options.max_chars
+        sizes = pc.fill_null(pc.binary_length(texts), 0).to_numpy()  # a missing text's is 0, as `within_limits` says
+        outside = (sizes < options.min_chars) | (-(-sizes // 4) > most)
+        if len(unsure := np.flatnonzero(~outside & ((-(-sizes // 4) < options.min_chars) | (sizes > most)))):
+            lengths = pc.utf8_length(texts.take(unsure)).to_numpy()
+            outside[unsure] = (lengths < options.min_chars) | (lengths > most)
+        checks += [(np.asarray(texts.is_null()), text_missing(options)), (outside, length_outside(options))]
+    unique = set(ids) if ids is not None else set()
+    if None in unique:
+        checks.append((np.equal(ids, None), id_missing(options)))
+    problems: dict[int, str] = {}
+    for rows, reason in checks:
+        for k in np.flatnonzero(rows).tolist():
+            problems.setdefault(k, reason)
+    if ids is not None and (len(unique) != len(ids) or not seen_ids.isdisjoint(unique)):
+        taken: set[str] = set()  # the ids of the batch's documents so far
+        for k, doc_id in enumerate(ids):  # only where an id is repeated
+            if k not in problems:
+                if doc_id in seen_ids or doc_id in taken:
+                    problems[k] = DUPLICATE
+                taken.add(doc_id)
+    return problems
 
 
 def _fast_tables(
@@ -1496,14 +1571,18 @@ def _fast_tables(
     try:
         block = None
         for group, first, table in TABLES[kind_of(piece, options)](piece, options, name, batch_bytes):
-            batch = _table_batch(table, np.arange(first, first + table.num_rows), name, options, seen_ids, own_name)
-            if batch is None:
+            read = _table_batch(table, np.arange(first, first + table.num_rows), name, options, seen_ids, own_name)
+            if read is None:
                 raws = list(_table_records(table, first, options, name))
                 for raw in raws:
                     raw.file, raw.path = name, piece.path
                 batch, rejects = _checked(raws, options, seen_ids)
             else:
+                batch, problems = read
                 batch.doc_files, rejects = [piece.path] * len(batch), []
+                for k in sorted(problems):  # as the careful path makes its record
+                    (raw,) = _table_records(table.slice(k, 1), first + k, options, name)
+                    rejects.append(Reject(name, raw.line, problems[k], _shorten(raw.raw)))
             if block is None or block.row_groups != [group]:  # its first batch: the block starts at its first row
                 block = Piece(piece.path, piece.start, piece.end, first, row_groups=[group])
             batch.block = block  # validate re-reads a group alone, not the shard
