@@ -376,15 +376,18 @@ def bad_among_good(count: int, seed: int) -> list[dict]:
     return rows
 
 
-@pytest.mark.parametrize("layout", ["jsonl", "parquet", "small files"])
+@pytest.mark.parametrize("layout", ["jsonl", "jsonl, CR LF and blank lines", "parquet", "small files"])
 def test_a_few_bad_records_are_left_out_by_the_columns_with_the_rejects_record_by_record_gives(tmp_path, layout):
-    """A block (or batch of rows) holding a few records that are not documents is still read by its columns: the
-    others are its documents, and each bad one is a reject with the reason, line and record that reading record by
-    record gives it (and the bytes in alike), so a crawl with an empty text every thousand records does not go record
-    by record. Under `on_invalid: fail` the read stops at the first, as record by record."""
+    """A block (or batch of rows) holding a few records that are not documents, or blank lines, is still read by its
+    columns: the others are its documents, and each bad one is a reject with the reason, line and record that reading
+    record by record gives it (and the bytes in alike), so a crawl with an empty text every thousand records does not
+    go record by record. Under `on_invalid: fail` the read stops at the first, as record by record."""
     rows = bad_among_good(3000, seed=57)
     if layout == "parquet":
         pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet", row_group_size=700)
+    elif layout.startswith("jsonl,"):  # a blank line every 50 records, and two at the end
+        lines = [json.dumps(row) + ("\r\n\r\n" if k % 50 == 49 else "\r\n") for k, row in enumerate(rows)]
+        (tmp_path / "rows.jsonl").write_bytes(("".join(lines) + "\n\r\n").encode())
     else:
         for k in range(0, len(rows), 100 if layout == "small files" else len(rows)):
             with open(tmp_path / f"rows-{k:04d}.jsonl", "w") as f:

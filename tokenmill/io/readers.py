@@ -1224,7 +1224,7 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
 # separator a run of documents), and the batch schema's checks run vectorised on the columns: a record whose text is
 # missing or out of bounds, or whose id is missing or repeated, is a reject with the reason, line and record the careful
 # path gives it (`_row_problems`), the others the batch's documents. A block pyarrow cannot read as columns of strings
-# (a parse error, invalid UTF-8, a blank line, a text or id of another type), and a text file's run with any problem,
+# (a parse error, invalid UTF-8, a line of spaces, a text or id of another type), and a text file's run with a problem,
 # is read again by the careful path above, record by record, so every bad record still becomes a reject naming its
 # file, line and reason, exactly as without the fast path. pyarrow and
 # orjson decode escaped surrogates alike (pairs to the same UTF-8, a lone or misordered one is an error to both:
@@ -1442,22 +1442,33 @@ def _fast_batch(
     block: Buffer, newlines: int, first_line: int, name: str, options: ReadOptions, seen_ids: set[str], own_name: bool
 ) -> tuple[Batch, list[Reject]] | None:
     """The block's documents and rejects read by its columns (`_table_batch`), or None where they cannot be (a record
-    pyarrow cannot parse as one of strings, a blank line)."""
-    table = _arrow_table(block, options)
-    if table is None or table.num_rows != newlines + (block[-1:] != b"\n"):
+    pyarrow cannot parse as one of strings, a line of blanks)."""
+    if (table := _arrow_table(block, options)) is None:
         return None
-    doc_lines = np.arange(first_line, first_line + table.num_rows, dtype=np.int64)  # every line is a document
+    lines = newlines + (block[-1:] != b"\n")
+    records = np.arange(lines) if table.num_rows == lines else _record_lines(block, lines)  # pyarrow skips blanks
+    if len(records) != table.num_rows:
+        return None
+    doc_lines = first_line + records
     if (read := _table_batch(table, doc_lines, name, options, seen_ids, own_name)) is None:
         return None
     batch, problems = read
     rows = sorted(problems)
-    lines = [line.rstrip(b"\r") for line in lines_at(block, rows)]  # as the careful path reads a record
-    rejects = [
-        Reject(name, int(doc_lines[k]), problems[k], _shorten(line)) for k, line in zip(rows, lines, strict=True)
-    ]
+    bad = [line.rstrip(b"\r") for line in lines_at(block, records[rows].tolist())]  # as the careful path reads one
+    rejects = [Reject(name, int(doc_lines[k]), problems[k], _shorten(line)) for k, line in zip(rows, bad, strict=True)]
     # bytes as the careful path counts them: each document's line without its line ending
-    batch.nbytes = len(block) - newlines - count_crlf(block) - sum(map(len, lines))
+    batch.nbytes = len(block) - newlines - count_crlf(block) - sum(map(len, bad))
     return batch, rejects
+
+
+def _record_lines(block: Buffer, lines: int) -> np.ndarray:
+    """The block's lines (from 0) that are not empty (nor a lone carriage return, of a CR LF): those that hold its
+    records where its other lines are such blanks (a block with a line of spaces is read record by record)."""
+    data = np.frombuffer(block, np.uint8)
+    ends = np.append(np.flatnonzero(data == 10), len(data))[:lines]
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    sizes = ends - starts
+    return np.flatnonzero((sizes > 1) | ((sizes == 1) & (data[np.minimum(starts, len(data) - 1)] != 13)))
 
 
 def lines_at(block: Buffer, rows: Sequence[int]) -> list[bytes]:
