@@ -190,6 +190,24 @@ def test_unsafe_documents_are_found_in_sliced_arrays_of_every_utf8_width():
     assert GuardedEncoder(fast, fast, np.array([0x16EBB])).documents_with_unsafe_code_points(texts).tolist() == [3]
 
 
+@pytest.mark.parametrize("unsafe", [[0x88F, 0xC5C, 0xA7CE, 0xA7CF, *range(0x10940, 0x1095A), *range(0x323B0, 0x3347A)],
+                                    [0x41, 0xE9, 0x905, 0x4E2D, 0x1F600]])  # fmt: skip
+def test_unsafe_documents_are_found_among_texts_of_their_scripts(unsafe):
+    """A text is sent to the reference where it holds an unsafe code point, whatever else it holds: here texts of
+    code points drawn near the unsafe ones (the same first bytes of UTF-8, a neighbour) and from the scripts around
+    them (Devanagari, CJK, emoji), against a plain Python check of each text."""
+    fast = new_backend("hf", tokenizer_json("gpt2"))
+    guard = GuardedEncoder(fast, fast, np.array(unsafe))
+    rng = np.random.default_rng(57)
+    near = np.array([c + d for c in unsafe[:: len(unsafe) // 5] for d in (-65, -1, 0, 1, 64) if 0 < c + d < 0x110000])
+    pool = np.concatenate([near, np.arange(0x900, 0x980), np.arange(0x4E00, 0x4F00), np.arange(0x1F600, 0x1F650)])
+    pool = pool[(pool < 0xD800) | (pool > 0xDFFF)]
+    texts = ["".join(map(chr, rng.choice(pool, size=int(rng.integers(1, 12))))) for _ in range(3000)]
+    expected = [k for k, text in enumerate(texts) if set(map(ord, text)) & set(unsafe)]
+    assert 100 < len(expected) < 2900
+    assert guard.documents_with_unsafe_code_points(pa.array(texts)).tolist() == expected
+
+
 def test_splice_replaces_only_the_given_documents():
     flat, lengths = np.array([1, 2, 3, 4, 5, 6], np.uint32), np.array([2, 0, 3, 1])
     out, out_lengths = encoders.splice(

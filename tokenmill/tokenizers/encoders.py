@@ -502,6 +502,15 @@ class GuardedEncoder:
         self.unsafe = np.zeros(0x110000, dtype=bool)  # a lookup table indexed by code point
         self.unsafe[unsafe] = True
         self.lowest_unsafe = int(unsafe.min()) if len(unsafe) else 0x110000
+        # The first two bytes of each unsafe code point's UTF-8 (of those past ASCII): a lead byte that starts none is
+        # not decoded. Devanagari's and CJK's letters share lead bytes with unsafe code points of their blocks, but
+        # not second bytes, and decoding each letter cost about as much as encoding the text.
+        self.unsafe_starts = np.zeros(1 << 16, dtype=bool)
+        wide = unsafe[unsafe >= 0x80].astype(np.int64)
+        length = np.select([wide < 0x800, wide < 0x10000], [2, 3], 4)
+        lead = np.select([length == 2, length == 3], [0xC0 | wide >> 6, 0xE0 | wide >> 12], 0xF0 | wide >> 18)
+        self.unsafe_starts[lead << 8 | (0x80 | (wide >> (6 * (length - 2))) & 0x3F)] = True
+        self.unsafe_leads = np.unique(lead).tolist()  # GPT-2's: 0xE0, 0xEA, 0xF0 (CJK's letters start 0xE3-0xE9)
         self.rerouted = 0  # documents encoded by the reference so far (for the stats)
 
     def encode_batch(self, texts: Texts) -> tuple[np.ndarray, np.ndarray]:
@@ -514,6 +523,15 @@ class GuardedEncoder:
         exact_flat, exact_lengths = self.reference.encode_batch(texts.take(pa.array(suspicious)))
         return splice(flat, lengths, suspicious, exact_flat, exact_lengths)
 
+    def _may_lead(self, part: np.ndarray, lowest_lead: int) -> np.ndarray:
+        """Where `part`'s bytes may start an unsafe code point: those past the lowest such lead byte (one comparison:
+        few, in text of Latin letters), or in text of other scripts, whose every letter passes it, each of the few
+        lead bytes that start one (GPT-2's: 0xE0, 0xEA, 0xF0; CJK's letters start 0xE3 to 0xE9)."""
+        past = part >= lowest_lead
+        if len(self.unsafe_leads) > 4 or np.count_nonzero(past) < len(part) // 64:
+            return past
+        return functools.reduce(np.logical_or, (part == lead for lead in self.unsafe_leads))
+
     def documents_with_unsafe_code_points(self, texts: pa.Array) -> np.ndarray:
         """Indexes of the documents holding an unsafe code point, by decoding only the UTF-8 lead bytes
         that can start one (vectorised over the whole batch)."""
@@ -525,14 +543,16 @@ class GuardedEncoder:
         if self.lowest_unsafe >= 0x10000:
             lowest_lead = 0xF0
         if lowest_lead:
-            found = [np.flatnonzero(part >= lowest_lead) + start for start, part in scan_parts(data)]
+            found = [np.flatnonzero(self._may_lead(part, lowest_lead)) + start for start, part in scan_parts(data)]
             leads = np.concatenate(found) if found else np.zeros(0, np.int64)
         else:
             leads = np.arange(len(data))
         leads = leads[leads >= offsets[0]]
+        last = len(data) - 1  # only the bytes at and after the leads are widened, not the whole batch
+        if lowest_lead:
+            leads = leads[self.unsafe_starts[data[leads].astype(np.int64) << 8 | data[np.minimum(leads + 1, last)]]]
         if not len(leads):
             return np.zeros(0, np.int64)
-        last = len(data) - 1  # only the bytes at and after the leads are widened, not the whole batch
         b0, b1, b2, b3 = (data[np.minimum(leads + k, last)].astype(np.uint32) for k in range(4))
         code_points = np.where(
             b0 < 0x80,
