@@ -88,7 +88,7 @@ def test_line_numbers_at_cuts_are_counted_where_ids_are_hashed(tmp_path):
     assert sum(lines) == 3000
     assert [s.pieces[0].first_line for s in counted.shards] == [1 + sum(lines[:k]) for k in range(len(lines))]
     dotted = one_split.model_copy(update={"input": one_split.input.model_copy(update={"text_field": "meta.text"})})
-    assert partition.counts_lines(dotted, dotted.input)  # the careful reader reports no line counts
+    assert not partition.counts_lines(dotted, dotted.input)  # read by columns too, which count the lines they read
 
 
 @pytest.mark.parametrize("codec", ["zst", "gz"])
@@ -414,6 +414,44 @@ def test_a_few_bad_records_are_left_out_by_the_columns_with_the_rejects_record_b
     with pytest.raises(InputError) as columnar:
         list(read_documents(pieces, replace(options, on_invalid="fail"), True, batch_bytes=10_000))
     assert str(columnar.value) == str(careful.value)
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "parquet"])
+def test_fields_inside_objects_are_read_by_their_columns_as_record_by_record(tmp_path, layout):
+    """A text, id or metadata field at a path into a record's objects (`metadata.url`, as datatrove writes a crawl's
+    records; a Parquet file's struct columns) is read by the columns, with the documents, extra values and rejects
+    reading record by record gives: a field or its object missing or null alike; a block where an object is not one
+    goes record by record."""
+    rows = [
+        {"doc": {"text": f"text {i} " * (i % 9 + 1), "id": i}, "metadata": {"url": f"https://x/{i}", "dump": "d"}}
+        for i in range(2000)
+    ]
+    del rows[5]["metadata"]["url"]
+    rows[6]["metadata"] = None
+    del rows[7]["metadata"]
+    rows[8]["doc"]["text"] = None  # a reject
+    if layout == "jsonl":
+        rows[1500]["metadata"] = "not an object"  # its block: record by record
+        (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet", row_group_size=500)
+    (path,) = tmp_path.iterdir()
+    options = ReadOptions(text_field="doc.text", id_field="doc.id", fields=("metadata.url",))
+    read = {}
+    for columnar in (False, True):
+        batches = list(read_documents([Piece(str(path))], options, columnar, batch_bytes=10_000))
+        documents = [
+            (i, str(t), int(n), url)
+            for b, _ in batches
+            for i, t, n, url in zip(b.ids, b.text_values(), b.doc_lines, b.extra["metadata.url"], strict=True)
+        ]
+        read[columnar] = documents, [r.to_dict() for _, rejects in batches for r in rejects]
+        on_columns = sum(b.text_array is not None for b, _ in batches)
+        assert on_columns == (len(batches) - (layout == "jsonl") if columnar else 0) and len(batches) > 8 * columnar
+    documents, rejects = read[False]
+    assert read[True] == read[False] and [r["line"] for r in rejects] == [9]
+    assert documents[3] == ("3", "text 3 " * 4, 4, "https://x/3") and [d[3] for d in documents[5:8]] == [None] * 3
+    assert documents[1499][3] == (None if layout == "jsonl" else "https://x/1500")
 
 
 def test_a_hugging_face_dataset_saved_to_disk_is_read_as_arrow_on_its_columns(tmp_path):

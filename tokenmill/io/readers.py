@@ -1232,8 +1232,7 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
 
 
 def fast_path_applies(piece: Piece, options: ReadOptions) -> bool:
-    dotted = any("." in n for n in (options.text_field, options.id_field or "", *options.fields))
-    tabular = kind_of(piece, options) in ("jsonl", *TABLES) and not dotted and not options.conversations
+    tabular = kind_of(piece, options) in ("jsonl", *TABLES) and not options.conversations
     return tabular or separated_text(piece, options)
 
 
@@ -1499,11 +1498,12 @@ def _table_batch(
     the table; their ids are the shard's now. None, with no id taken, where the text or the id is not a column of
     strings, or a row is not valid under `on_invalid: fail` (the careful path names it) or without `partial`. `name`:
     their file's, or each document's (`LineIds`)."""
-    if (texts := _text_array(table, options)) is None:
+    if (texts := _text_array(table, options)) is None or any(_column(table, f) is None for f in options.fields):
         return None
     ids: list | LineIds = LineIds(name, doc_lines)  # `<file>:<line>` of a name no other file has: unique
     if options.id_field is not None:
-        id_column = table.column(options.id_field)
+        if (id_column := _column(table, options.id_field)) is None:
+            return None
         if pyarrow.types.is_integer(id_column.type):  # a whole number's id is its digits, as str() writes it
             id_column = id_column.cast(pyarrow.string())
         if not holds_strings(id_column.type):
@@ -1521,14 +1521,14 @@ def _table_batch(
         ids = LineIds(name, doc_lines) if isinstance(ids, LineIds) else [ids[k] for k in kept.tolist()]
     if not isinstance(ids, LineIds):
         seen_ids.update(ids)
-    extra = {f: table.column(f).to_pylist() for f in options.fields}
+    extra = {f: _column(table, f).to_pylist() for f in options.fields}
     return Batch(ids=ids, nbytes=table.nbytes, text_array=texts, extra=extra, doc_lines=doc_lines), problems
 
 
 def _text_array(table: pyarrow.Table, options: ReadOptions) -> pyarrow.Array | None:
     """The table's texts as one array of strings (a block's: no copy), or None where they are not strings."""
-    column = table.column(options.text_field)
-    if not holds_strings(column.type):
+    column = _column(table, options.text_field)
+    if column is None or not holds_strings(column.type):
         return None
     if pyarrow.types.is_string_view(column.type):  # the encoder reads a string array's offsets, which views lack
         column = column.cast(pyarrow.large_string())
@@ -1784,14 +1784,12 @@ def _text_batch(
 
 def _arrow_table(block: Buffer, options: ReadOptions) -> pyarrow.Table | None:
     """The block's records parsed by pyarrow, their text, id and extra fields as strings (the ids as whole numbers
-    where they are, as many datasets' are); None where pyarrow cannot parse it so (a parse error, invalid UTF-8, a
-    field of another type) or a field is at a dotted path."""
-    names = (options.text_field, options.id_field, *options.fields)
-    if any(n is not None and "." in n for n in names):
-        return None  # nested fields: the careful path
-    columns = dict.fromkeys(n for n in names if n is not None)  # extra fields as strings, else the careful path
+    where they are, as many datasets' are; a field at a dotted path inside its objects, `metadata.url`); None where
+    pyarrow cannot parse it so (a parse error, invalid UTF-8, a field of another type)."""
+    names = [n for n in (options.text_field, options.id_field, *options.fields) if n is not None]
     for id_type in (pyarrow.string(), pyarrow.int64()):
-        schema = pyarrow.schema([(n, id_type if n == options.id_field else pyarrow.string()) for n in columns])
+        if (schema := _json_schema(names, {options.id_field: id_type})) is None:
+            return None
         try:
             table = pj.read_json(
                 pyarrow.BufferReader(block),
@@ -1803,9 +1801,41 @@ def _arrow_table(block: Buffer, options: ReadOptions) -> pyarrow.Table | None:
         except (pyarrow.ArrowInvalid, UnicodeDecodeError) as e:
             # An id that is a number stops the parse at its row (the first, where every id is one); any other
             # problem is the careful path's to name.
-            if f"Column(/{options.id_field})" not in str(e):
+            if f"Column(/{(options.id_field or '').replace('.', '/')})" not in str(e):
                 return None
     return None
+
+
+def _json_schema(names: Sequence[str], types: dict) -> pyarrow.Schema | None:
+    """The schema pyarrow's JSON reader is to parse the fields `names` (paths into objects: `metadata.url`) with:
+    strings, or the type `types` gives a name; None where one is inside another (`metadata` and `metadata.url`)."""
+    tree: dict = {}
+    for name in dict.fromkeys(names):
+        node, (*parents, leaf) = tree, name.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                return None
+        if leaf in node:
+            return None
+        node[leaf] = types.get(name, pyarrow.string())
+
+    def fields(node: dict) -> list[pyarrow.Field]:
+        return [pyarrow.field(k, pyarrow.struct(fields(v)) if isinstance(v, dict) else v) for k, v in node.items()]
+
+    return pyarrow.schema(fields(tree))
+
+
+def _column(table: pyarrow.Table, dotted: str) -> pyarrow.ChunkedArray | None:
+    """The table's column at a path into its struct columns (`metadata.url`: null where `metadata` is), or None where
+    a part of the path is not a struct's field."""
+    top, *inner = dotted.split(".")
+    column = table.column(top)
+    for part in inner:
+        if not pyarrow.types.is_struct(column.type) or column.type.get_field_index(part) < 0:
+            return None
+        column = pc.struct_field(column, part)
+    return column
 
 
 def _arrow_record(line: bytes, options: ReadOptions) -> dict | None:

@@ -206,7 +206,7 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     # the shard (`tokenmill.stages.validate.sampled_documents`): [its piece, start, stop, first line, rejects, documents
     # before it in each split], where a table file's group of rows g (read in several batches) is [g, g + 1) and a
     # run of n whole small files read as one batch (-n, 0) from the first. None where a batch came another way
-    # (dotted fields, conversations).
+    # (conversations).
     blocks: list[list[int]] | None = []
     block = None  # the last one
     documents: dict[str, list] = {s: [] for s in splits}  # each split's rows of its documents table, batch by batch
