@@ -36,6 +36,28 @@ def test_bos_and_eod_wrap_every_document_even_empty_ones():
     assert with_specials(flat, lengths, None, None)[0] is flat
 
 
+@pytest.mark.parametrize("bos_id", [None, 50255])
+@pytest.mark.parametrize("eod_id", [None, 50256])
+def test_ids_copied_into_the_files_dtype_with_their_marks_as_np_insert_places_them(bos_id, eod_id):
+    """Long documents (a slice each) and short ones (a mask), empty ones among them, cast to the file's dtype on the
+    way: the ids and marks np.insert and a cast put in place."""
+    rng = np.random.default_rng(57)
+    for documents, tokens in ((40, 200_000), (4000, 200_000)):  # 5,000 and 50 tokens a document
+        lengths = rng.multinomial(tokens, np.ones(documents) / documents)
+        lengths[::7] = 0
+        flat = rng.integers(0, 50254, lengths.sum(), dtype=np.uint32)
+        ends = np.cumsum(lengths)
+        marks = [(ends - lengths, bos_id), (ends, eod_id)]
+        marks = [(places, token) for places, token in marks if token is not None]
+        expected = flat.astype(np.uint16)
+        if marks:
+            places = np.stack([p for p, _ in marks], axis=1).ravel()
+            expected = np.insert(expected, places, np.tile([t for _, t in marks], documents).astype(np.uint16))
+        out, out_lengths = with_specials(flat, lengths, bos_id, eod_id, np.dtype(np.uint16))
+        assert out.dtype == np.uint16 and np.array_equal(out, expected)
+        assert np.array_equal(out_lengths, lengths + len(marks)) and out_lengths.sum() == len(out)
+
+
 def test_ids_are_narrowed_to_the_files_dtype_or_refused_never_wrapped():
     out = narrowed(np.array([0, 65535], np.uint32), np.dtype(np.uint16))
     assert out.dtype == np.uint16 and out.tolist() == [0, 65535]

@@ -39,11 +39,16 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
 
 
-def narrowed(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """`ids` as `dtype`; an id the dtype cannot hold is an error, never a wrapped id."""
+def fitting(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`ids`, each of which `dtype` holds; an id it cannot hold is an error, never a wrapped id."""
     if len(ids) and int(ids.max()) > np.iinfo(dtype).max:
         raise ValueError(f"token id {int(ids.max())} does not fit the output's {dtype} (is the vocab size right?)")
-    return ids.astype(dtype, copy=False)
+    return ids
+
+
+def narrowed(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`ids` as `dtype` (`fitting`)."""
+    return fitting(ids, dtype).astype(dtype, copy=False)
 
 
 class BinWriter:

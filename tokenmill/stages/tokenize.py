@@ -6,8 +6,9 @@ written only for splits that received documents; `rejects/shard-NNNNN.jsonl` for
 not documents. The commit marker written last holds the shard's counts.
 
 The data path is batch-wise numpy: the reader hands over a batch of texts (about 8 MB), the encoder chosen
-once for the run returns their ids as one flat array plus lengths, BOS/EOD go in with one `np.insert`, and
-each split's tokens are written as one slice. No Python runs per document or per token.
+once for the run returns their ids as one flat array plus lengths, which are copied once into the file's dtype with
+BOS/EOD in place (`with_specials`), and each split's tokens are written as one slice. No Python runs per token, nor
+per document but a slice's copy where documents are long.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tokenmill.core.commits import TOKENIZE, check, commit, read_marker, shard_k
 from tokenmill.core.hashing import assign_splits
 from tokenmill.core.plan import Shard
 from tokenmill.core.stats import Tokenized
-from tokenmill.formats.megatron import BinWriter, narrowed, token_dtype, write_index
+from tokenmill.formats.megatron import BinWriter, fitting, narrowed, token_dtype, write_index
 from tokenmill.formats.provenance import (
     batch_origins,
     numbered,
@@ -85,18 +86,36 @@ VERIFY_BLOCKS = 4  # blocks (readers.SAMPLE_BLOCK_BYTES) of each of their pieces
 VERIFY_SEED = 20261128
 
 
-def with_specials(flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod_id: int | None):
-    """Each document's ids preceded by BOS and followed by EOD (when given), in one vectorised insert."""
-    ends = np.cumsum(lengths)
-    marks = [(ends - lengths, bos_id), (ends, eod_id)]
-    marks = [(positions, token) for positions, token in marks if token is not None]
+LONG_DOCUMENTS = 1024  # tokens a document on average, past which a batch's ids are copied a document at a time
+
+
+def with_specials(
+    flat: np.ndarray, lengths: np.ndarray, bos_id: int | None, eod_id: int | None, dtype: np.dtype | None = None
+):
+    """Each document's ids preceded by BOS and followed by EOD (when given), as `dtype` (`flat`'s by default; ids it
+    holds, `fitting`): the ids copied once, cast on the way, to their places between the marks, a slice a document
+    where the documents are long (code's files), else through a mask of their places (np.insert's way, the fewer
+    Python steps where documents are many and short)."""
+    marks = [token for token in (bos_id, eod_id) if token is not None]
     if not marks:
-        return flat, lengths
-    # Interleaved per document (BOS_i, EOD_i, BOS_i+1, ...), the positions never decrease, so np.insert keeps
-    # that order where one document's end is the next one's start.
-    positions = np.stack([p for p, _ in marks], axis=1).ravel()
-    values = np.tile(np.array([t for _, t in marks], dtype=flat.dtype), len(lengths))
-    return np.insert(flat, positions, values), lengths + len(marks)
+        return flat.astype(dtype or flat.dtype, copy=False), lengths
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    ids_at = starts + len(marks) * np.arange(len(lengths)) + (bos_id is not None)  # each document's first id
+    out = np.empty(len(flat) + len(marks) * len(lengths), dtype or flat.dtype)
+    marked = [(ids_at - 1, bos_id), (ids_at + lengths, eod_id)]
+    marked = [(positions, token) for positions, token in marked if token is not None]
+    for positions, token in marked:
+        out[positions] = token
+    if len(lengths) * LONG_DOCUMENTS <= len(flat):
+        for to, start, end in zip(ids_at.tolist(), starts.tolist(), ends.tolist(), strict=True):
+            out[to : to + end - start] = flat[start:end]
+    else:
+        holds_ids = np.ones(len(out), bool)
+        for positions, _ in marked:
+            holds_ids[positions] = False
+        out[holds_ids] = flat
+    return out, lengths + len(marks)
 
 
 def encoded_parts(
@@ -116,7 +135,7 @@ def encoded_parts(
     for doc in (*long.tolist(), len(texts)):
         if doc > start:
             ids, lengths = encode.encode_batch(texts[start:doc])
-            yield slice(start, doc), *with_specials(narrowed(ids, dtype), lengths, bos_id, eod_id)
+            yield slice(start, doc), *with_specials(fitting(ids, dtype), lengths, bos_id, eod_id, dtype)
         if doc == len(texts):
             break
         total, pieces = 0, clean_byte_pieces(tok, data[offsets[doc] : offsets[doc + 1]], most_bytes)
