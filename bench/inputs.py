@@ -3,9 +3,10 @@ gzip's default level, as a crawl's `.json.gz` parts come), Parquet (row groups o
 writes them), an Arrow stream (record batches of 1,000 rows, as Hugging Face datasets' `save_to_disk` writes them), one
 JSON array (Alpaca's layout, indented; and on one line, as `json.dump` writes it), plain text split by `<|endoftext|>`
 lines (TinyStories' layout), a tree of text files of one document each (a thousand a directory, as a source checkout
-holds them; the input is the directory) and JSON Lines in files of about 128 KB (a crawl's many small parts, a thousand
-a directory), each read by `tokenmill run` with the default config but `pack.mode: none`, side by side, the order
-rotating each round (`--layouts`: some of them).
+holds them; the input is the directory), JSON Lines in files of about 128 KB (a crawl's many small parts, a thousand
+a directory) and Parquet and Arrow files as polars writes them (large strings; string views), each read by
+`tokenmill run` with the default config but `pack.mode: none`, side by side, the order rotating each round
+(`--layouts`: some of them).
 
 In each round it measures this machine's parse+encode limit on the corpus as `bench/megatron.py` does (pyarrow's JSON
 reader and gigatoken alone, the first 300 MB in memory, times the cores), and gives each layout's rate (the JSON Lines'
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
+import polars as pl
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -44,7 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = SHARED / "tokenizers/gpt2/tokenizer.json"
 LAYOUTS = [
     "JSON Lines", "JSON Lines, zstd", "JSON Lines, gzip", "Parquet", "Arrow (save_to_disk)", "one JSON array",
-    "one JSON array, compact", "text, separated", "a tree of files", "JSON Lines, small files",
+    "one JSON array, compact", "text, separated", "a tree of files", "JSON Lines, small files", "Parquet, polars",
+    "Arrow, polars",
 ]  # fmt: skip
 
 
@@ -52,7 +55,8 @@ def layouts(corpus: Path, work: Path, chosen: Sequence[str]) -> dict[str, Path]:
     """The corpus's texts written in each chosen layout."""
     texts = [orjson.loads(line)["text"] for line in corpus.open("rb")]
     suffixes = [
-        ".jsonl", ".jsonl.zst", ".jsonl.gz", ".parquet", ".arrow", ".json", "-compact.json", ".txt", "-tree", "-small"
+        ".jsonl", ".jsonl.zst", ".jsonl.gz", ".parquet", ".arrow", ".json", "-compact.json", ".txt", "-tree", "-small",
+        "-polars.parquet", "-polars.arrow",
     ]  # fmt: skip
     paths = {name: work / f"corpus{suffix}" for name, suffix in zip(LAYOUTS, suffixes, strict=True) if name in chosen}
     lines = b"".join(orjson.dumps({"text": text}) + b"\n" for text in texts)
@@ -63,6 +67,10 @@ def layouts(corpus: Path, work: Path, chosen: Sequence[str]) -> dict[str, Path]:
         paths["JSON Lines, gzip"].write_bytes(gzip.compress(lines, compresslevel=6, mtime=0))
     if "Parquet" in paths:
         pq.write_table(pa.table({"text": texts}), paths["Parquet"], row_group_size=5000)
+    if "Parquet, polars" in paths:  # as polars writes it: large strings, its own row groups
+        pl.DataFrame({"text": texts}).write_parquet(paths["Parquet, polars"])
+    if "Arrow, polars" in paths:  # DataFrame.write_ipc: an Arrow file of string views
+        pl.DataFrame({"text": texts}).write_ipc(paths["Arrow, polars"])
     if "Arrow (save_to_disk)" in paths:
         with (
             pa.OSFile(str(paths["Arrow (save_to_disk)"]), "wb") as sink,
