@@ -940,9 +940,9 @@ def _validate(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> d
     try:
         record_schema(options).validate(frame, lazy=True)
     except pa.errors.SchemaErrors as e:
-        order = reasons(options)
+        rank = {reason: k for k, reason in enumerate(reasons(options))}  # any other check pandera names: after them
         cases = e.failure_cases.dropna(subset=["index"])
-        for index, check in sorted(zip(cases["index"], cases["check"], strict=True), key=lambda c: order.index(c[1])):
+        for index, check in sorted(zip(cases["index"], cases["check"], strict=True), key=lambda c: rank.get(c[1], 9)):
             problems.setdefault(int(index), check)
     taken: set[str] = set()  # the ids of the batch's documents so far
     for i, raw in enumerate(raws):
