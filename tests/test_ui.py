@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dask
 import pytest
 
 from flows.server import ui_url
@@ -75,7 +76,7 @@ class Browsing:
 
 
 @pytest.fixture
-def ui(browser, tmp_path):
+def ui(browser, tmp_path, prefect_api):  # the server's password, which prefect_api sets in the environment
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     context.set_default_timeout(UI_TIMEOUT_MS)
     # Signed in, as the UI keeps it once asked (the sign-in itself: test_the_ui_asks_for_the_servers_password_once)
@@ -321,23 +322,27 @@ def test_closing_the_dashboard_closes_its_open_tabs_and_waits_for_their_handlers
     from playwright.sync_api import Error as PlaywrightError
 
     from flows.clusters.local import local_cluster_kwargs
-    from flows.clusters.local_process import attach_dashboard, close_dashboard, start_local_cluster
+    from flows.clusters.local_process import attach_dashboard, close_dashboard, remove_scratch, start_local_cluster
     from tokenmill.config import DaskConfig
 
-    cluster = start_local_cluster(local_cluster_kwargs(DaskConfig(n_workers=1)), None)
-    try:
-        attach_dashboard(cluster)
-        pages = [a for a in cluster.scheduler.http_application.applications if isinstance(a, BokehTornado)]
-        tabs = [ui.context.new_page() for _ in range(3)]
-        for tab, path in zip(tabs, ("/status", "/workers", "/individual-progress"), strict=True):
-            tab.goto(cluster.dashboard_link.replace("/status", path))
-        wait_for(lambda: sum(len(a._clients) for a in pages) == 3, 120, "three tabs connected")
-        close_dashboard(cluster)
-        assert [c for a in pages for c in a._clients] == []
-        with pytest.raises(PlaywrightError):  # no new tab is taken
-            ui.context.new_page().goto(cluster.dashboard_link, timeout=10_000)
-    finally:
-        cluster.close()
+    # The cluster's scratch space is made Dask's temporary directory in this process, as in the cluster's own:
+    # restored after, and removed as the cluster's process removes it when it ends.
+    with dask.config.set({"temporary-directory": dask.config.get("temporary-directory", None)}):
+        cluster = start_local_cluster(local_cluster_kwargs(DaskConfig(n_workers=1)), None)
+        try:
+            attach_dashboard(cluster)
+            pages = [a for a in cluster.scheduler.http_application.applications if isinstance(a, BokehTornado)]
+            tabs = [ui.context.new_page() for _ in range(3)]
+            for tab, path in zip(tabs, ("/status", "/workers", "/individual-progress"), strict=True):
+                tab.goto(cluster.dashboard_link.replace("/status", path))
+            wait_for(lambda: sum(len(a._clients) for a in pages) == 3, 120, "three tabs connected")
+            close_dashboard(cluster)
+            assert [c for a in pages for c in a._clients] == []
+            with pytest.raises(PlaywrightError):  # no new tab is taken
+                ui.context.new_page().goto(cluster.dashboard_link, timeout=10_000)
+        finally:
+            cluster.close()
+            remove_scratch()
 
 
 def test_dashboard_filter_drops_only_bokehs_assertion_on_a_detached_session():
