@@ -942,15 +942,22 @@ def _validate(raws: list[Record], options: ReadOptions, seen_ids: set[str]) -> d
     except pa.errors.SchemaErrors as e:
         rank = {reason: k for k, reason in enumerate(reasons(options))}  # any other check pandera names: after them
         cases = e.failure_cases.dropna(subset=["index"])
-        for index, check in sorted(zip(cases["index"], cases["check"], strict=True), key=lambda c: rank.get(c[1], 9)):
+        ranked = sorted(zip(cases["index"], cases["check"], strict=True), key=lambda c: rank.get(c[1], len(rank)))
+        for index, check in ranked:
             problems.setdefault(int(index), check)
-    taken: set[str] = set()  # the ids of the batch's documents so far
-    for i, raw in enumerate(raws):
-        if i not in problems:
-            if (doc_id := str(raw.doc_id)) in seen_ids or doc_id in taken:
-                problems[i] = DUPLICATE
-            taken.add(doc_id)
+    _repeated_ids([str(raw.doc_id) for raw in raws], problems, seen_ids)
     return problems
+
+
+def _repeated_ids(ids: Sequence[str], problems: dict[int, str], seen_ids: set[str]) -> None:
+    """Mark in `problems` each id, of a record with none of its own, that a document before it in the shard has (an
+    earlier batch's, `seen_ids`, or this one's): the first is the document, a rejected record takes no id."""
+    taken: set[str] = set()  # the ids of the batch's documents so far
+    for k, doc_id in enumerate(ids):
+        if k not in problems:
+            if doc_id in seen_ids or doc_id in taken:
+                problems[k] = DUPLICATE
+            taken.add(doc_id)
 
 
 def reasons(options: ReadOptions) -> list[str]:
@@ -1563,13 +1570,8 @@ def _row_problems(texts: pyarrow.Array, ids: list | None, options: ReadOptions, 
     for rows, reason in checks:
         for k in np.flatnonzero(rows).tolist():
             problems.setdefault(k, reason)
-    if ids is not None and (len(unique) != len(ids) or not seen_ids.isdisjoint(unique)):
-        taken: set[str] = set()  # the ids of the batch's documents so far
-        for k, doc_id in enumerate(ids):  # only where an id is repeated
-            if k not in problems:
-                if doc_id in seen_ids or doc_id in taken:
-                    problems[k] = DUPLICATE
-                taken.add(doc_id)
+    if ids is not None and (len(unique) != len(ids) or not seen_ids.isdisjoint(unique)):  # Python per id: rare
+        _repeated_ids(ids, problems, seen_ids)
     return problems
 
 
