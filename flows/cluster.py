@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,19 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from tokenmill.config import DaskConfig, TokenizerConfig
+
+
+class ClosedWhileReconnecting(logging.Filter):
+    """Drops the traceback Dask's client logs when it is closed while reconnecting: a run whose scheduler went first
+    (Ctrl-C reaches the LocalCluster's process before the flow's, a scheduler lost mid-run) closes its client as it
+    ends, which cancels the reconnection, and `distributed.client` logged that cancellation (CancelledError) with a
+    traceback on the run's terminal under the run's own words for what happened."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
+
+
+logging.getLogger("distributed.client").addFilter(ClosedWhileReconnecting())
 
 # The kinds of cluster, the first chosen wins: SLURM jobs, a scheduler at an address, else a LocalCluster.
 KINDS = (slurm, external, local)

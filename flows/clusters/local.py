@@ -124,7 +124,11 @@ def local_cluster_process(
     # -P: the working directory is not on sys.path (`python -c` puts it first), so a project's own `flows/` or `tasks/`
     # (a Prefect project's) is not imported for tokenmill's, here or in the workers' forkserver, which takes this
     # process's sys.path
-    command = [sys.executable, "-P", "-c", body]
+    # -W: Ctrl-C ends this process at once (`local_process.run_local_cluster`), before its nannies' queues are closed;
+    # multiprocessing's resource tracker then removes their semaphores, and would say so on the run's terminal
+    # ("resource_tracker: There appear to be 12 leaked semaphore objects to clean up at shutdown", a UserWarning
+    # with its source line). The tracker takes this process's warning options.
+    command = [sys.executable, "-P", "-W", "ignore:resource_tracker:UserWarning", "-c", body]
     process = subprocess.Popen([*command, spec], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     @functools.cache
