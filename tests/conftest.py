@@ -72,6 +72,9 @@ def tokenmill_cache(tmp_path_factory) -> Path:
     base = tmp_path_factory.getbasetemp()
     cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tokenmill-cache"
     os.environ["TOKENMILL_CACHE_DIR"] = str(cache)
+    # OLMo-core (the trainers' tests) makes a triton cache under /tmp/olmo-triton-cache as it is imported, one a
+    # process, and leaves it: the suite's goes with the suite's temporary directory instead
+    os.environ.setdefault("OLMO_TRITON_CACHE_BASE", str(base / "olmo-triton-cache"))
     return cache
 
 
@@ -123,7 +126,7 @@ def api_post(api: str, path: str, body: dict):
 
 
 @pytest.fixture(scope="session")
-def dask_cluster(s3_server):
+def dask_cluster(s3_server, tmp_path_factory):
     """A real Dask cluster for the session: `dask scheduler` and two `dask worker` processes on 127.0.0.1,
     kept warm across runs as a team's shared cluster is (runs with a LocalCluster ask for one). Its workers
     hold the S3 server's credentials in their environment, as a cluster's nodes would."""
@@ -135,9 +138,11 @@ def dask_cluster(s3_server):
     address = f"tcp://127.0.0.1:{port}"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
     loopback = ["--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"]
+    # Their scratch space (dask-scratch-space, left behind as they are killed) in the suite's temporary directory
+    env = os.environ | {"DASK_TEMPORARY_DIRECTORY": str(tmp_path_factory.mktemp("dask-cluster"))}
     worker = [bin_dir / "dask", "worker", address, "--nthreads", "1", "--memory-limit", "4GiB", *loopback]
-    processes = [subprocess.Popen([bin_dir / "dask", "scheduler", "--port", str(port), *loopback], **quiet)]
-    processes += [subprocess.Popen(worker, cwd=REPO, env=os.environ | WORKER_ENVIRONMENT, **quiet) for _ in range(2)]
+    processes = [subprocess.Popen([bin_dir / "dask", "scheduler", "--port", str(port), *loopback], env=env, **quiet)]
+    processes += [subprocess.Popen(worker, cwd=REPO, env=env | WORKER_ENVIRONMENT, **quiet) for _ in range(2)]
     with Client(address, timeout=120) as client:
         client.wait_for_workers(2, timeout=120)
     os.environ["TOKENMILL_DASK_ALLOW_PLAINTEXT"] = "1"  # tcp:// on loopback, refused unless allowed (docs/security.md)

@@ -13,6 +13,7 @@ import gzip
 import itertools
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -390,10 +391,13 @@ def test_the_olmo_core_pages_snippets_read_a_source_and_the_mix(dataset, tmp_pat
     assert len(mix[0]["input_ids"]) == 2048
 
 
-def import_streaming():
+@pytest.fixture
+def streaming(tmp_path, monkeypatch):
     """`streaming`, whose `import` imports its vision datasets and so torchvision: PyPI's torchvision for torch
     2.13 is a CUDA build that fails on the CPU torch (`operator torchvision::nms does not exist`), and `make
-    trainers` leaves it out; text never uses it, so the two names streaming imports from it are stood in for."""
+    trainers` leaves it out; text never uses it, so the two names streaming imports from it are stood in for.
+    Its datasets make two lock files each in the temporary directory and leave them (`/tmp/000006_barrier_filelock`,
+    ...): the test's own, here."""
     import importlib.machinery
     import sys
     import types
@@ -410,17 +414,17 @@ def import_streaming():
         sys.modules.update(modules)
     import streaming
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     return streaming
 
 
 @pytest.mark.streaming
-def test_llm_foundry_reads_mds_rows_of_seq_len(dataset):
+def test_llm_foundry_reads_mds_rows_of_seq_len(dataset, streaming):
     """streaming's `StreamingDataset` over a stream's MDS shards, each sample decoded as llm-foundry's
     `StreamingTextDataset._read_binary_tokenized_sample` does (its `tokens` column, cut to max_seq_len, as int64):
     rows of pack.seq_len tokens of the documents joined by their EOD, that never cross a shard."""
     import torch
 
-    streaming = import_streaming()
     for stream in STREAMS:
         rows = streaming.StreamingDataset(local=str(dataset / "mds" / stream), shuffle=False, batch_size=1)
         expected = windows(dataset, stream, SEQ_LEN)
@@ -431,10 +435,9 @@ def test_llm_foundry_reads_mds_rows_of_seq_len(dataset):
 
 
 @pytest.mark.streaming
-def test_streaming_draws_each_stream_in_its_proportion(dataset):
+def test_streaming_draws_each_stream_in_its_proportion(dataset, streaming):
     """llm-foundry's `streams` from the mix, each with its `proportion`: an epoch of 5,000 rows holds each source's
     within 1% of its share."""
-    streaming = import_streaming()
     streams = [streaming.Stream(**spec) for spec in trainer_mix(dataset, "mds")["streams"].values()]
     rows = streaming.StreamingDataset(streams=streams, epoch_size=5000, shuffle=True, shuffle_seed=3, batch_size=1)
     owner = owners(dataset, SEQ_LEN)
@@ -444,9 +447,8 @@ def test_streaming_draws_each_stream_in_its_proportion(dataset):
 
 
 @pytest.mark.streaming
-def test_the_llm_foundry_pages_snippet_reads_a_sources_rows(dataset):
+def test_the_llm_foundry_pages_snippet_reads_a_sources_rows(dataset, streaming):
     """docs/train-llm-foundry.md's snippet as it is, on the wiki source's MDS rows (of this run's seq_len)."""
-    import_streaming()
     (snippet,) = page_blocks("docs/train-llm-foundry.md")
     tokens = run_python(snippet, {"/data/web/<version>/mds/train": str(dataset / "mds" / "wiki" / "train")})["tokens"]
     assert len(tokens) == SEQ_LEN
