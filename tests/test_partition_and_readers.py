@@ -1,6 +1,7 @@
 import bz2
 import gzip
 import io
+import itertools
 import json
 import lzma
 import os
@@ -352,6 +353,82 @@ def test_json_lines_whose_ids_are_whole_numbers_are_read_on_their_columns(tmp_pa
     assert documents[True][2500][0] == "2500.5" and len(documents[True]) == 3000
     on_columns = [b.text_array is not None for b, _ in read[True]]
     assert len(on_columns) > 6 and sum(on_columns) == len(on_columns) - 2
+
+
+# A metadata field's values, by kind: a kind of values that parses as one Arrow type exactly as orjson reads each
+# value is read by columns; one where `2` and `2.0` both occur (orjson's int 2 and float 2.0, its text "2" and "2.0"),
+# or strings among numbers, or objects, record by record.
+FIELD_VALUES = {
+    "fractions": (lambda i: [i / 7 + 0.5, -1.5e-300, 5e-324, 123456.789, 0.1][i % 5], True),
+    "whole numbers": (lambda i: [i, -(2**63), 2**63 - 1][i % 3], True),
+    "booleans": (lambda i: i % 3 == 0, True),
+    "numbers or null": (lambda i: None if i % 4 else i / 3 + 0.5, True),
+    "whole and fractional": (lambda i: i if i % 2 else i + 0.5, False),
+    "whole written as floats": (lambda i: float(i), False),
+    "past int64": (lambda i: 2**64 + i, False),
+    "strings and numbers": (lambda i: str(i) if i % 2 else i, False),
+    "objects": (lambda i: {"k": i}, False),
+}
+
+
+@pytest.mark.parametrize("kind", FIELD_VALUES)
+def test_a_metadata_field_of_numbers_or_booleans_is_read_on_its_columns_as_orjson_reads_it(tmp_path, kind):
+    """FineWeb's `language_score` (fractions) and `token_count` (whole numbers), DCLM's `dclm_label`: a block with such
+    a metadata field is read by its columns, each value of the type and value orjson (the careful path) gives it, so
+    its text in the documents table is the same ("17", "0.5", "true"); a field whose numbers a parse cannot tell
+    apart so (`2` beside `2.0`), or of mixed or nested values, is read record by record, as before. The types a block
+    took are the next block's first guess: also a file whose values change kind from block to block reads the same."""
+    values, on_columns = FIELD_VALUES[kind]
+    lines = [json.dumps({"id": f"d{i}", "text": f"doc {i}", "meta": {"x": values(i)}, "n": i}) for i in range(3000)]
+    path = tmp_path / "fields.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    options = ReadOptions(id_field="id", fields=("meta.x", "n"))
+    read = {c: list(read_documents([Piece(str(path))], options, c, 20_000)) for c in (False, True)}
+    extra = {c: [(v, type(v)) for b, _ in batches for v in b.extra["meta.x"]] for c, batches in read.items()}
+    assert extra[True] == extra[False] and len(extra[True]) == 3000
+    assert [v for b, _ in read[True] for v in b.extra["n"]] == list(range(3000))
+    columnar = [b.text_array is not None for b, _ in read[True]]
+    assert len(columnar) > 6 and all(columnar) == on_columns and any(columnar) == on_columns
+
+
+@pytest.mark.parametrize("kind", FIELD_VALUES)
+def test_the_types_a_block_is_first_parsed_with_change_only_how_many_parses_it_takes(monkeypatch, kind):
+    """Each block starts from the types the last block of the same fields parsed with (`readers._LAST_TYPES`, which
+    another source's blocks may have left): whatever they are, a block gives the same columns, or none."""
+    values, _ = FIELD_VALUES[kind]
+    options = ReadOptions(id_field="id", fields=("x",))
+    kinds = [pa.string(), pa.int64(), pa.float64(), pa.bool_(), None]
+    for doc_id in (int, "d{}".format):
+        rows = [{"id": doc_id(i), "text": f"doc {i}", "x": values(i)} for i in range(200)]
+        block = "".join(json.dumps(row) + "\n" for row in rows).encode()
+        outcomes = set()
+        for x, id_type in itertools.product(kinds, kinds[:2] + [None]):
+            guess = {name: t for name, t in (("x", x), ("id", id_type)) if t is not None}
+            monkeypatch.setitem(readers._LAST_TYPES, ("text", "id", "x"), guess)
+            table = readers._arrow_table(block, options)
+            outcomes.add(None if table is None else json.dumps(table.to_pylist(), default=str))
+        assert len(outcomes) == 1
+
+
+def test_a_block_whose_fields_change_kind_reads_as_record_by_record(tmp_path):
+    """One file whose metadata field holds strings, then whole numbers, then fractions, then booleans, a few blocks
+    each, and whose ids are numbers, then strings: every block gives the careful path's ids and values, those of one
+    kind on their columns (the types a block parsed with are only the next one's first guess)."""
+    kinds = [str, int, lambda i: i + 0.25, lambda i: i % 2 == 0, str]
+    lines = [
+        json.dumps({"id": i if i < 2500 else f"s{i}", "text": f"doc {i}", "x": kinds[i // 1000](i)})
+        for i in range(5000)
+    ]
+    path = tmp_path / "changing.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    options = ReadOptions(id_field="id", fields=("x",))
+    read = {c: list(read_documents([Piece(str(path))], options, c, 10_000)) for c in (False, True)}
+    extra = {c: [(v, type(v)) for b, _ in batches for v in b.extra["x"]] for c, batches in read.items()}
+    assert extra[True] == extra[False] and extra[True][4500] == ("4500", str)
+    ids = {c: [i for b, _ in batches for i in b.ids] for c, batches in read.items()}
+    assert ids[True] == ids[False] and ids[True][7] == "7" and ids[True][4500] == "s4500"
+    columnar = [b.text_array is not None for b, _ in read[True]]
+    assert sum(columnar) >= len(columnar) - 5  # only a block where two kinds meet (5 places) goes record by record
 
 
 def bad_among_good(count: int, seed: int) -> list[dict]:

@@ -201,8 +201,9 @@ class InputConfig(_Section):
     metadata_fields: list[str] = Field(
         default_factory=list,
         description="Record fields (url, lang, a quality score; may be nested) carried into the documents table "
-        "beside each shard's tokens (docs/outputs.md) as strings, a number as its JSON text. A JSONL block where one "
-        "is not a string, or is nested, is read record by record: slower.",
+        "beside each shard's tokens (docs/outputs.md) as strings, a number or boolean as its JSON text. A JSONL block "
+        "where one mixes kinds (strings and numbers, whole numbers beside `4.0`) or holds objects is read record by "
+        "record: slower.",
     )
     storage: StorageConfig = Field(StorageConfig(), description="Credentials and endpoint for s3:// input paths.")
     chat: ChatConfig | None = Field(

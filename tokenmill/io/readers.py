@@ -21,6 +21,7 @@ import itertools
 import lzma
 import mmap
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -1230,11 +1231,11 @@ def _checked_conversations(raws: list[Record], options: ReadOptions, seen_ids: s
 # pyarrow a block of whole lines at a time (Parquet and Arrow are read a batch of rows at a time, text split by a
 # separator a run of documents), and the batch schema's checks run vectorised on the columns: a record whose text is
 # missing or out of bounds, or whose id is missing or repeated, is a reject with the reason, line and record the careful
-# path gives it (`_row_problems`), the others the batch's documents. A block pyarrow cannot read as columns of strings
-# (a parse error, invalid UTF-8, a line of spaces, a text or id of another type), and a text file's run with a problem,
-# is read again by the careful path above, record by record, so every bad record still becomes a reject naming its
-# file, line and reason, exactly as without the fast path. pyarrow and
-# orjson decode escaped surrogates alike (pairs to the same UTF-8, a lone or misordered one is an error to both:
+# path gives it (`_row_problems`), the others the batch's documents. A block pyarrow cannot read as such columns (a
+# parse error, invalid UTF-8, a line of spaces, a text, id or extra field of another type: `_arrow_table`), and a text
+# file's run with a problem, is read again by the careful path above, record by record, so every bad record still
+# becomes a reject naming its file, line and reason, exactly as without the fast path. pyarrow and orjson decode
+# escaped surrogates alike (pairs to the same UTF-8, a lone or misordered one is an error to both:
 # tested), so escapes need no scan of their own.
 
 
@@ -1785,12 +1786,16 @@ def _text_batch(
 
 
 def _arrow_table(block: Buffer, options: ReadOptions) -> pyarrow.Table | None:
-    """The block's records parsed by pyarrow, their text, id and extra fields as strings (the ids as whole numbers
-    where they are, as many datasets' are; a field at a dotted path inside its objects, `metadata.url`); None where
-    pyarrow cannot parse it so (a parse error, invalid UTF-8, a field of another type)."""
-    names = [n for n in (options.text_field, options.id_field, *options.fields) if n is not None]
-    for id_type in (pyarrow.string(), pyarrow.int64()):
-        if (schema := _json_schema(names, {options.id_field: id_type})) is None:
+    """The block's records parsed by pyarrow, their text a column of strings, their id of strings or whole numbers (as
+    many datasets number theirs), each extra field of strings, whole numbers, fractional numbers or booleans, each
+    value as orjson reads it (`_retyped`, `_whole_floats`; a field at a dotted path inside its objects,
+    `metadata.url`); None where pyarrow cannot parse it so (a parse error, invalid UTF-8, a field of another type, or
+    of whole numbers some written as floats: `4.0`)."""
+    names = tuple(n for n in (options.text_field, options.id_field, *options.fields) if n is not None)
+    types, tried = dict(_LAST_TYPES.get(names, {})), []
+    while types not in tried:  # a field whose numbers parse neither way (`4.0` and `4`) goes back to one tried
+        tried.append(dict(types))
+        if (schema := _json_schema(names, types)) is None:
             return None
         try:
             table = pj.read_json(
@@ -1799,13 +1804,57 @@ def _arrow_table(block: Buffer, options: ReadOptions) -> pyarrow.Table | None:
                 parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
             )
             table.validate(full=True)  # pyarrow's JSON reader takes invalid UTF-8 into its strings (~20 GB/s)
-            return table
         except (pyarrow.ArrowInvalid, UnicodeDecodeError) as e:
-            # An id that is a number stops the parse at its row (the first, where every id is one); any other
-            # problem is the careful path's to name.
-            if f"Column(/{(options.id_field or '').replace('.', '/')})" not in str(e):
-                return None
+            retyped = _retyped(str(e), types, options)
+        else:
+            if (retyped := _whole_floats(table, types, options)) == {}:
+                _LAST_TYPES[names] = types
+                return table
+        if retyped is None:
+            return None
+        types |= retyped
     return None
+
+
+# The types the last block of these fields parsed with, tried first for the next (a guess: what `_arrow_table`
+# returns does not depend on it, only how many parses it takes; a field of numbers is found out at a whole parse's cost)
+_LAST_TYPES: dict[tuple[str, ...], dict[str, pyarrow.DataType]] = {}
+# A JSON value's type in pyarrow's parse errors ("Column(/lang) changed from string to number in row 0") -> the type
+# an extra field of such values is parsed as; a number first as a fraction (`_whole_floats` tells whole numbers)
+_FIELD_TYPES = {"string": pyarrow.string(), "number": pyarrow.float64(), "boolean": pyarrow.bool_()}
+_ID_TYPES = {"string": pyarrow.string(), "number": pyarrow.int64()}  # an id of fractions is read record by record
+_CHANGED = re.compile(r"Column\(/(.*)\) changed from \w+ to (\w+) in row")
+
+
+def _retyped(error: str, types: dict, options: ReadOptions) -> dict | None:
+    """The field whose values pyarrow's parse `error` found of another type, with the type to parse it as; None where
+    none fits: the text not a string, the id neither a string nor a whole number, an extra field an object or array."""
+    if "Failed to convert JSON to int64" in error:  # a field taken for whole numbers holds a fraction (its name untold)
+        whole = [f for f, t in types.items() if t == pyarrow.int64() and f != options.id_field]
+        return {f: _FIELD_TYPES["number"] for f in whole} or None
+    if (changed := _CHANGED.search(error)) is None:
+        return None
+    name, found = changed[1].replace("/", "."), changed[2]
+    kinds = _ID_TYPES if name == options.id_field else _FIELD_TYPES if name in options.fields else {}
+    if (to := kinds.get(found)) is None or to == types.get(name, pyarrow.string()):
+        return None
+    return {name: to}
+
+
+def _whole_floats(table: pyarrow.Table, types: dict, options: ReadOptions) -> dict | None:
+    """{} where each extra field parsed as fractions holds no whole number: the values are as orjson reads them (a
+    fraction written `2.5`, `1e-3`; a whole number is written so only as a float). Else the fields whose every value is
+    whole, to parse again as whole numbers (`"count": 17` is the int 17 to orjson, and its text "17", not "17.0"), or
+    None where a field holds both (`2` and `2.0` parse alike: record by record tells them apart)."""
+    again = {}
+    for name in (f for f in options.fields if types.get(f) == pyarrow.float64()):
+        values = pc.drop_null(_column(table, name)).to_numpy()
+        whole = np.isfinite(values) & (values == np.floor(values))
+        if whole.all():
+            again[name] = pyarrow.int64()
+        elif whole.any():
+            return None
+    return again
 
 
 def _json_schema(names: Sequence[str], types: dict) -> pyarrow.Schema | None:
