@@ -165,15 +165,16 @@ def test_a_run_started_in_a_project_with_its_own_flows_and_tasks_packages_runs_t
     assert json.loads(published.read_text())["counts"]["documents_out"] > 0
 
 
-def test_the_flows_process_never_imports_pandera(prefect_api, dask_cluster, tmp_path):
+def test_the_flows_process_never_imports_pandera_nor_fastapi(prefect_api, dask_cluster, tmp_path):
     """Importing pandera replaces `typing._GenericAlias.__call__`, which Prefect calls for each task run's engine
     (`SyncTaskRunEngine[P, R](...)`), with a function that names a class its module defines a few lines later: a
     flow that imported it in a thread while starting tasks failed with `NameError: name 'DataFrameBase' is not
     defined` (`tokenmill.io.readers.schema_library`). The stats table is checked on a worker; the flow's process,
-    where Prefect's threads run, imports none of pandera, and the run validates and publishes."""
+    where Prefect's threads run, imports none of pandera, and the run validates and publishes. Nor FastAPI, which
+    Prefect imports to record a flow run's parameters (0.1 s of every run's start: `flows.main.QuickFlow`)."""
     script = textwrap.dedent("""
         import atexit, sys
-        atexit.register(lambda: print("pandera imported:", sorted(m for m in sys.modules if m.startswith("pandera"))))
+        atexit.register(lambda: print("imported:", [m for m in sys.modules if m.startswith(("pandera", "fastapi"))]))
         from flows.cli import app
         app(sys.argv[1:])
     """)
@@ -182,8 +183,34 @@ def test_the_flows_process_never_imports_pandera(prefect_api, dask_cluster, tmp_
     result = subprocess.run([sys.executable, "-c", script, "run", "examples/gpt2.yaml", "--set", f"output.path={out}"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.splitlines()[-1] == "pandera imported: []", result.stdout[-3000:]
+    assert result.stdout.splitlines()[-1] == "imported: []", result.stdout[-3000:]
     assert list(out.glob("demo-gpt2/*/manifest.json"))
+
+
+def test_a_runs_parameters_are_recorded_as_prefect_records_them(tmp_path):
+    """`QuickFlow` writes a run's parameters without FastAPI, and exactly as Prefect's own `serialize_parameters`
+    (FastAPI's `jsonable_encoder`) does: the config by its aliases, the plan being made as a placeholder, anything
+    else Prefect's way."""
+    from pathlib import PurePosixPath
+
+    from prefect import Flow
+
+    from flows.main import corpus_to_tokens
+    from tokenmill.config import load_config
+    from tokenmill.stages.partition import PlanAhead
+
+    config = load_config(EXAMPLES / "gpt2.yaml", [f"output.path={tmp_path / 'out'}"])
+    ahead = PlanAhead.start(config, 1)
+    ahead.made.result()
+    for parameters in (
+        {"config": config, "rebuild": False, "plan_ahead": ahead},
+        {"config": config, "rebuild": True, "plan_ahead": None},
+        {"config": config, "other": [1, 2.5, {"path": PurePosixPath("/a/b")}]},
+    ):
+        written = corpus_to_tokens.serialize_parameters(parameters)
+        assert written == Flow.serialize_parameters(corpus_to_tokens, parameters)
+        assert written["config"]["name"] == "demo-gpt2" and json.dumps(written)
+    assert written["other"] == [1, 2.5, {"path": "/a/b"}]
 
 
 def test_a_run_that_packs_nothing_publishes_the_packing_runs_megatron_files(gpt2_run, run_cli, tmp_path):
