@@ -163,6 +163,7 @@ def test_a_scheduler_with_infras_settings_serves_another_user_no_eventstream_nor
     port = free_port()
     env = os.environ | {ROUTES_ENV: settings[ROUTES_ENV], ORIGINS_ENV: settings[ORIGINS_ENV].replace("8787", str(port))}
     env["PYTHONPATH"] = str(REPO)  # flows.clusters.dashboard_routes, as the image has it
+    env["DASK_TEMPORARY_DIRECTORY"] = str(tmp_path)  # its scratch space, not /tmp/dask-scratch-space
     scheduler = subprocess.Popen(
         [str(Path(sys.executable).with_name("dask")), "scheduler", "--host", "127.0.0.1", "--port", "0",
          "--dashboard-address", f"127.0.0.1:{port}"],

@@ -225,14 +225,22 @@ def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_d
     """Its jobs get only the variables `dask.slurm.environment` names, from a file only this user can read: not the
     flow's credentials (Prefect's password, a planted secret), and nothing of them in the job script. The
     dashboards (the scheduler's in the flow's process, each worker's) listen on loopback only, take websockets of
-    their own pages only, and have no /eventstream."""
+    their own pages only, and have no /eventstream. The scheduler, in the flow's process on the login node, keeps its
+    scratch space in a directory of the run's own: a `dask-scratch-space/global.lock` planted in the login node's
+    temporary directory (Dask's fixed name, which any user can make first), linked to a file of the run's user, is
+    left as it was, the file intact, and nothing of the run stays in that directory."""
+    login_tmp, victim = tmp_path / "login-tmp", tmp_path / "victim"
+    victim.write_bytes(b"a file of the run's user\n")
+    (login_tmp / "dask-scratch-space").mkdir(parents=True)
+    (login_tmp / "dask-scratch-space" / "global.lock").symlink_to(victim)
     job_logs = tmp_path / "slurm-logs"
     job_env = {
         "environment": ["PATH", "HOME", "TOKENMILL_CACHE_DIR", "TOKENMILL_NAMED"],
         "setup": [f"env > {job_logs}/env-$SLURM_JOB_ID.txt"],
     }
     config = slurm_config(tmp_path, "slurm", slurm_extra=job_env, partition={"shard_size": "1MB"})
-    run = run_on_slurm(config, slurm, prefect_api, "INFO", TOKENMILL_NAMED="named", TOKENMILL_SECRET="planted-secret")
+    secret = {"TOKENMILL_NAMED": "named", "TOKENMILL_SECRET": "planted-secret"}
+    run = run_on_slurm(config, slurm, prefect_api, "INFO", TMPDIR=str(login_tmp), **secret)
     seen, stop = {}, threading.Event()
     watcher = threading.Thread(target=watch_listeners, args=(run, str(tmp_path / "slurm-tls"), seen, stop))
     watcher.start()
@@ -260,6 +268,10 @@ def test_a_run_whose_workers_are_slurm_jobs_publishes_what_a_local_cluster_run_d
     assert re.search(r"Start worker at: +tls://", logs) and "tcp://" not in logs  # over TLS, the run's certificates
     assert no_jobs_left(slurm)  # cancelled when the run ended
     assert not any((tmp_path / "slurm-tls").iterdir())  # the run's certificates removed, and its environment file
+    assert victim.read_bytes() == b"a file of the run's user\n"
+    assert [str(p.relative_to(login_tmp)) for p in login_tmp.rglob("*")] == [
+        "dask-scratch-space", "dask-scratch-space/global.lock"
+    ]  # fmt: skip
     dumps = [p.read_text() for p in job_logs.glob("env-*.txt")]
     assert dumps and all("TOKENMILL_NAMED=named\n" in d for d in dumps), dumps
     secrets = ("planted-secret", os.environ["PREFECT_API_AUTH_STRING"], "PREFECT_API_URL", "TOKENMILL_SECRET")

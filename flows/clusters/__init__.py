@@ -12,6 +12,7 @@ there. The kinds import this package, never each other nor `flows.cluster`."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -38,6 +39,18 @@ class Running(NamedTuple):
 
 class ClusterStartError(RuntimeError):
     """The run's cluster did not start."""
+
+
+def private_scratch() -> tempfile.TemporaryDirectory:
+    """A new directory of mode 0700, under a name no one can take first, for the scratch space (`dask-scratch-space`,
+    its lock files) of a scheduler or workers tokenmill starts, in Dask's `temporary-directory` (else the system's);
+    the caller makes it that setting where they start, and removes it (`cleanup`, or as a context manager). Dask's
+    default is a fixed name in the temporary directory that any user of the host can make first: a link another user
+    planted there as `global.lock` had a run truncate the file it pointed at."""
+    import dask
+
+    where = dask.config.get("temporary-directory", None)
+    return tempfile.TemporaryDirectory(prefix="tokenmill-dask-", dir=where, ignore_cleanup_errors=True)
 
 
 # The HTTP routes of the schedulers tokenmill starts (Dask's `distributed.scheduler.http.routes`): its read-only pages,

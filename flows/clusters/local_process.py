@@ -10,7 +10,6 @@ import json
 import logging
 import multiprocessing
 import os
-import shutil
 import sys
 import tempfile
 import traceback
@@ -21,7 +20,7 @@ import distributed.utils
 from distributed import LocalCluster
 from distributed.comm.core import CommClosedError
 
-from flows.clusters import DASHBOARD_ROUTES, ClusterStartError, attach_dashboard
+from flows.clusters import DASHBOARD_ROUTES, ClusterStartError, attach_dashboard, private_scratch
 from flows.dask_settings import WORKER_LOG_LENGTH
 from flows.startup import without_collector
 
@@ -125,20 +124,20 @@ def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
 
 
 def scratch_directory() -> str:
-    """A new directory of mode 0700 for the run's Dask scratch space, in Dask's `temporary-directory` (else the
-    system's), made Dask's `temporary-directory` in this process (the scheduler's); removed as the process ends."""
-    scratch = tempfile.mkdtemp(prefix="tokenmill-dask-", dir=dask.config.get("temporary-directory", None))
-    dask.config.set({"temporary-directory": scratch})
+    """The run's Dask scratch space (`private_scratch`), made Dask's `temporary-directory` in this process (the
+    scheduler's); removed as the process ends."""
+    scratch = private_scratch()
+    dask.config.set({"temporary-directory": scratch.name})
     SCRATCH.append(scratch)
-    return scratch
+    return scratch.name
 
 
-SCRATCH: list[str] = []  # the directories scratch_directory made in this process
+SCRATCH: list[tempfile.TemporaryDirectory] = []  # the directories scratch_directory made in this process
 
 
 def remove_scratch() -> None:
     for scratch in SCRATCH:
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.cleanup()
 
 
 DASHBOARD_CLOSE_S = 5.0  # the most a run's end waits for its dashboard's tabs to let go (they take milliseconds)

@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING
 
 import dask
 
-from flows.clusters import DASHBOARD_ROUTES, OWN_ORIGIN_ONLY, ClusterStartError, Running, attach_dashboard
+from flows.clusters import (
+    DASHBOARD_ROUTES,
+    OWN_ORIGIN_ONLY,
+    ClusterStartError,
+    Running,
+    attach_dashboard,
+    private_scratch,
+)
 from flows.dask_settings import WORKER_ENVIRONMENT
 
 if TYPE_CHECKING:
@@ -134,7 +141,11 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
     shared = Path(slurm.shared_directory or Path.home() / ".tokenmill" / "slurm").expanduser()
     shared.mkdir(mode=0o700, parents=True, exist_ok=True)  # the jobs read their certificate and key there
     read_only = dask.config.set({"distributed.scheduler.http.routes": DASHBOARD_ROUTES})  # its dashboard's pages
-    with tempfile.TemporaryDirectory(prefix="run-", dir=shared) as certs, read_only:
+    # The scheduler runs in this process, on a login node whose temporary directory its users share: its scratch space
+    # is a directory of the run's own, not Dask's fixed name there
+    scratch = private_scratch()
+    scratch_space = dask.config.set({"temporary-directory": scratch.name})
+    with tempfile.TemporaryDirectory(prefix="run-", dir=shared) as certs, read_only, scratch, scratch_space:
         environment = job_environment(Path(certs), slurm.environment)
         try:
             cluster = SLURMCluster(
