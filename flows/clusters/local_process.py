@@ -95,9 +95,7 @@ def start_local_cluster(kwargs: dict, adapt: dict | None) -> LocalCluster:
     processes hold the key.
 
     Its scratch space (the scheduler's and the workers' `dask-scratch-space`, their lock files) is in a directory made
-    for the run, mode 0700 under a name no one can take first (`scratch_directory`): Dask's default, a fixed name under
-    /tmp, is anyone's to make, and a link another user planted there as `global.lock` had a run truncate the file it
-    pointed at."""
+    for the run (`scratch_directory`), not Dask's default, a fixed name anyone on the host can make first."""
     from distributed.security import Security
 
     scratch = scratch_directory()

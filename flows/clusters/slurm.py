@@ -142,10 +142,13 @@ def slurm_cluster(dask_config: DaskConfig) -> Iterator:
     shared.mkdir(mode=0o700, parents=True, exist_ok=True)  # the jobs read their certificate and key there
     read_only = dask.config.set({"distributed.scheduler.http.routes": DASHBOARD_ROUTES})  # its dashboard's pages
     # The scheduler runs in this process, on a login node whose temporary directory its users share: its scratch space
-    # is a directory of the run's own, not Dask's fixed name there
-    scratch = private_scratch()
-    scratch_space = dask.config.set({"temporary-directory": scratch.name})
-    with tempfile.TemporaryDirectory(prefix="run-", dir=shared) as certs, read_only, scratch, scratch_space:
+    # is a directory of the run's own (`private_scratch`), not Dask's fixed name there
+    with (
+        tempfile.TemporaryDirectory(prefix="run-", dir=shared) as certs,
+        read_only,
+        private_scratch() as scratch,
+        dask.config.set({"temporary-directory": scratch}),
+    ):
         environment = job_environment(Path(certs), slurm.environment)
         try:
             cluster = SLURMCluster(
