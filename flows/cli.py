@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
+import functools
 import gc
 import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -448,11 +450,15 @@ def serve(
     from flows.main import corpus_to_tokens
     from flows.rerun import rerun_shards
 
-    async def serving() -> None:
+    async def serving(storage: str) -> None:
         # Flows added to the runner (not deployments) run in a process spawned with this one's sys.path: a deployment
         # would run as `python -m prefect.engine`, which imports `flows` from the working directory first (a Prefect
         # project's own `flows/` package, in place of tokenmill's)
         runner = Runner(pause_on_shutdown=True)
+        # Its runs' storage directory: Prefect's is made under `runner_storage` in the temporary directory, a fixed
+        # name any user of the host can make first (a link there had the runner make its directory where the link
+        # pointed; a directory of another user's, mode 0755, stops it starting). Ours is new, mode 0700.
+        runner._tmp_dir = Path(storage)
         module = EntrypointType.MODULE_PATH  # the flows are importable wherever tokenmill is installed
         parameters = {"config": cfg.model_dump(mode="json")}
         await runner.aadd_flow(corpus_to_tokens, name=name, cron=cron, parameters=parameters, entrypoint_type=module)
@@ -467,7 +473,8 @@ def serve(
         )
         await runner.start()
 
-    run_until_interrupted(serving)
+    with tempfile.TemporaryDirectory(prefix="tokenmill-serve-", ignore_cleanup_errors=True) as storage:
+        run_until_interrupted(functools.partial(serving, storage))
 
 
 STOP_GRACE_S = 30.0

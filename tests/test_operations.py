@@ -117,13 +117,24 @@ def committed(out: Path, stage: str) -> dict[str, dict[str, int]]:
 def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
     gpt2_run, prefect_api, prefect_client, dask_cluster, tmp_path
 ):
+    """Also: the runner's storage is a directory of its own. Prefect's is made under `runner_storage` in the
+    temporary directory, a name another user of the host can take first: a link planted there had `tokenmill serve`
+    make its directory where the link pointed, and leave it there."""
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     out = tmp_path / "out"
     overrides = ["--set", "partition.shard_size=1MB"]
     blocked = out / "megatron/train/shard-00001.bin"
     block(blocked)
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "TOKENMILL_DASK_ADDRESS": dask_cluster}
+    temporary, elsewhere = tmp_path / "tmp", tmp_path / "elsewhere"
+    temporary.mkdir(), elsewhere.mkdir()
+    (temporary / "runner_storage").symlink_to(elsewhere)
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": prefect_api,
+        "TOKENMILL_DASK_ADDRESS": dask_cluster,
+        "TMPDIR": str(temporary),
+    }
     log = tmp_path / "serve.log"
     # a daily time half a day away: no scheduled run falls due during the test (03:00 did, in a CI run at 03:00)
     cron = f"0 {(datetime.now(UTC).hour + 12) % 24} * * *"
@@ -156,8 +167,11 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
         # to `tokenmill serve` (sent to its whole process group, as a terminal does) can end it before it has.
         reuse = "reused 3 of 4 committed tokenize shards"
         wait_for(lambda: logged(prefect_client, run.id, reuse), 180, "the reuse log")
+        assert not list(elsewhere.iterdir())
     finally:
         stop(server, log=log)
+    assert [p.name for p in temporary.iterdir()] == ["runner_storage"]  # its own directory removed as it stopped
+    assert not list(elsewhere.iterdir())
     said = " ".join(log.read_text().split())  # as the terminal showed it, lines joined
     assert f"""Serving corpus-to-tokens/ops (on "{cron}" (UTC)) and rerun-shards/ops until Ctrl-C""" in said, said
     assert "prefect deployment run 'corpus-to-tokens/ops'" in said
