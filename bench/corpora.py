@@ -9,12 +9,15 @@ rebuild them: unique text with the file-size distributions real corpora have.
   (their HTML pages as text), the fortunes, and the manual pages of `manpages` and `manpages-dev` (groff markup
   kept, as a crawler would keep it), then ../shared's prose corpora (Wikipedia, WikiText, web pages) where they
   are there.
+- `books`: prose's texts, each source's joined in their order into documents of 0.3 to 4 MB: the same text as a
+  corpus of books has it, in long documents.
 
 Each record is `{"id", "text", "source"}`; ids are unique, texts are not repeated. Packages are fetched with
 `apt-get download` into `--cache` (once), and nothing is installed.
 
     python bench/corpora.py code  /tmp/corpora/code.jsonl
     python bench/corpora.py prose /tmp/corpora/prose.jsonl
+    python bench/corpora.py books /tmp/corpora/books.jsonl
     python bench/corpora.py code /tmp/corpora/code-12mb.jsonl --most-mb 12   # a small run's: its first 12 MB
 """
 
@@ -24,6 +27,8 @@ import argparse
 import gzip
 import html.parser
 import io
+import itertools
+import random
 import re
 import subprocess
 import sys
@@ -134,6 +139,25 @@ def prose(cache: Path) -> Iterator[dict]:
                     yield {"id": f"{name}:{record['id']}", "text": record["text"], "source": name}
 
 
+def books(cache: Path) -> Iterator[dict]:
+    """prose's texts, each source's joined in their order (each text once) into documents of 0.3 to 4 MB, their sizes
+    drawn with a fixed seed: the same text as long documents, as a corpus of books has them."""
+    sizes, seen = random.Random(0), set()
+    for source, records in itertools.groupby(prose(cache), key=lambda record: record["source"]):
+        parts, held, wanted = [], 0, sizes.randint(300_000, 4_000_000)
+        for record in records:
+            if (digest := hash(record["text"])) in seen:
+                continue
+            seen.add(digest)
+            parts.append(record["text"])
+            held += len(record["text"])
+            if held >= wanted:
+                yield {"id": f"{source}:{record['id']}", "text": "\n\n".join(parts), "source": source}
+                parts, held, wanted = [], 0, sizes.randint(300_000, 4_000_000)
+        if parts:
+            yield {"id": f"{source}:{record['id']}", "text": "\n\n".join(parts), "source": source}
+
+
 def write(records: Iterator[dict], target: Path, most_bytes: float = float("inf")) -> tuple[int, int]:
     """The records as JSONL at `target`, each text once, the first of them up to `most_bytes`; (documents, bytes)."""
     seen, documents, size = set(), 0, 0
@@ -153,12 +177,12 @@ def write(records: Iterator[dict], target: Path, most_bytes: float = float("inf"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", choices=("code", "prose"))
+    parser.add_argument("kind", choices=("code", "prose", "books"))
     parser.add_argument("target", type=Path)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/tokenmill-bench-debs"))
     parser.add_argument("--most-mb", type=float, default=float("inf"), help="only the first records up to this size")
     args = parser.parse_args()
-    made = {"code": code, "prose": prose}[args.kind](args.cache)
+    made = {"code": code, "prose": prose, "books": books}[args.kind](args.cache)
     documents, size = write(made, args.target, args.most_mb * 1e6)
     print(f"{args.target}: {documents:,} documents, {size / 1e9:.2f} GB")
 
