@@ -457,7 +457,8 @@ def serve(
         runner = Runner(pause_on_shutdown=True)
         # Its runs' storage directory: Prefect's is made under `runner_storage` in the temporary directory, a fixed
         # name any user of the host can make first (a link there had the runner make its directory where the link
-        # pointed; a directory of another user's, mode 0755, stops it starting). Ours is new, mode 0700.
+        # pointed; a directory of another user's, mode 0755, stops it starting). Ours is new, mode 0700: set as its
+        # attribute, which Prefect's Runner takes no argument for (Prefect is pinned; the served test plants the link).
         runner._tmp_dir = Path(storage)
         module = EntrypointType.MODULE_PATH  # the flows are importable wherever tokenmill is installed
         parameters = {"config": cfg.model_dump(mode="json")}
