@@ -332,7 +332,7 @@ def _shell_lines(code: str) -> list[list[str]]:
     lines = []
     for line in code.replace("\\\n", " ").splitlines():
         words = shlex.split(line, comments=True)
-        while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        while words and re.match(r"[A-Z_]+=", words[0]):  # a quoted value is one word: VAR="$(mktemp -d)"
             words.pop(0)
         if words:
             lines.append(words)

@@ -272,8 +272,12 @@ def test_work_pool_deployments_run_on_a_process_worker(prefect_api, prefect_clie
     for schedule in prefect_client.read_deployment_schedules(nightly.id):  # no 02:00 run into the checkout's out/
         prefect_client.update_deployment_schedule(nightly.id, schedule.id, active=False)
 
+    # a temporary directory of its own, as deployments/README.md starts it: Prefect's process worker keeps its runs'
+    # storage under `runner_storage` there, a fixed name that in the shared one another user can make first
+    worker_tmp = tmp_path / "worker-tmp"
+    worker_tmp.mkdir()
     worker_env = {**env, "TOKENMILL_ROOT": str(REPO), "TOKENMILL_DASK_ADDRESS": dask_cluster,
-                  "PREFECT_WORKER_QUERY_SECONDS": "2"}  # fmt: skip
+                  "PREFECT_WORKER_QUERY_SECONDS": "2", "TMPDIR": str(worker_tmp)}  # fmt: skip
     with open(tmp_path / "worker.log", "w") as log:
         worker = subprocess.Popen([bin_dir / "prefect", "worker", "start", "--pool", "tokenmill-process"],
                                   cwd=tmp_path, env=worker_env, stdout=log, stderr=subprocess.STDOUT,
@@ -289,6 +293,7 @@ def test_work_pool_deployments_run_on_a_process_worker(prefect_api, prefect_clie
         built, fresh = dataset_files(out), dataset_files(gpt2_run)
         assert json.loads(built.pop("manifest.json")) == json.loads(fresh.pop("manifest.json"))
         assert built == fresh
+        assert (worker_tmp / "runner_storage").is_dir()  # its storage, where it was told: not the shared directory
 
         before = committed(out, "tokenize")
         redo = prefect_client.create_flow_run_from_deployment(  # the run's config, as the deployment's default is
