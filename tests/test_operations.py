@@ -127,7 +127,8 @@ def test_served_deployment_run_fails_then_retry_redoes_only_the_failed_shard(
     blocked = out / "megatron/train/shard-00001.bin"
     block(blocked)
     temporary, elsewhere = tmp_path / "tmp", tmp_path / "elsewhere"
-    temporary.mkdir(), elsewhere.mkdir()
+    temporary.mkdir()
+    elsewhere.mkdir()
     (temporary / "runner_storage").symlink_to(elsewhere)
     env = {
         **os.environ,
