@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -402,7 +403,10 @@ def test_ctrl_c_mid_run_ends_the_run_and_its_cluster_at_once(prefect_api, tmp_pa
     run hung; that race did not recur to be tested here.)"""
     import signal
 
+    # its own temporary directory, to see what the run leaves there: short, since a forkserver's socket goes in it
+    temporary = Path(tempfile.mkdtemp(prefix="tm-"))
     env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_DASK_ADDRESS"} | {"PREFECT_API_URL": prefect_api}
+    env["TMPDIR"] = str(temporary)
     with gated_news(tmp_path) as gate:
         run = subprocess.Popen(
             [*TOKENMILL, "run", "examples/gpt2.yaml", "--set", f"output.path={tmp_path / 'out'}",
@@ -427,3 +431,6 @@ def test_ctrl_c_mid_run_ends_the_run_and_its_cluster_at_once(prefect_api, tmp_pa
     while (left := alive_in_session(run.pid)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, left
+    left_behind = os.listdir(temporary)  # the forkserver's directory was (a pymp-* with its socket, at each Ctrl-C)
+    shutil.rmtree(temporary)
+    assert not left_behind, left_behind

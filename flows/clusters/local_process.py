@@ -9,7 +9,9 @@ import gc
 import json
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -210,6 +212,9 @@ def run_local_cluster(spec: str) -> None:
         cluster.close()
     except KeyboardInterrupt:
         remove_scratch()
+        # os._exit runs no exit handlers: multiprocessing's would remove its directory (the forkserver's socket in it),
+        # which every Ctrl-C'd run left in the temporary directory
+        shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
         os._exit(130)  # the flow's process reports the interruption; the workers got the same signal
     remove_scratch()
     gc.freeze()  # as the workers (QuickExit): no collector passes over the heap at exit
