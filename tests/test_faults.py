@@ -394,13 +394,13 @@ def test_tokenmill_serve_exits_on_one_ctrl_c_even_where_the_runner_loses_it(runn
 @pytest.mark.parametrize("cluster_first", [False, True], ids=["at once", "the cluster's processes first"])
 def test_ctrl_c_mid_run_ends_the_run_and_its_cluster_at_once(prefect_api, tmp_path, cluster_first):
     """Ctrl-C reaches the run's whole process group: the flow's process, its LocalCluster's and the workers. The
-    run ends within seconds, marked Crashed, exit 130, leaving no process behind, and says nothing but that: no
-    traceback or warning of a library's. The run is held with its shards waiting at a gate (`Gate`), not by its
-    length. On a loaded machine the signal can reach the cluster's processes well before the flow's: then the flow's
-    Dask client is reconnecting as it closes (Dask logged the reconnection's cancellation with a traceback), and
-    multiprocessing's resource tracker warned of the nannies' semaphores whenever the cluster's process ended at
-    Ctrl-C. (Once, by hand, a cluster that ignored Ctrl-C left a shard group waiting on a closed Dask client and the
-    run hung; that race did not recur to be tested here.)"""
+    run ends within seconds, marked Crashed, exit 130, leaving no process behind nor anything in its temporary
+    directory, and says nothing but that: no traceback or warning of a library's. The run is held with its shards
+    waiting at a gate (`Gate`), not by its length. On a loaded machine the signal can reach the cluster's processes
+    well before the flow's: then the flow's Dask client is reconnecting as it closes (Dask logged the reconnection's
+    cancellation with a traceback), and multiprocessing's resource tracker warned of the nannies' semaphores whenever
+    the cluster's process ended at Ctrl-C. (Once, by hand, a cluster that ignored Ctrl-C left a shard group waiting
+    on a closed Dask client and the run hung; that race did not recur to be tested here.)"""
     import signal
 
     # its own temporary directory, to see what the run leaves there: short, since a forkserver's socket goes in it
