@@ -4,11 +4,13 @@ rebuild them: unique text with the file-size distributions real corpora have.
 - `code`: the Linux kernel's source tree as Debian packages it (`linux-source-6.1`), one JSONL record per text
   file: about 1.5 GB of C, headers, scripts and docs; median file 4 KB, a hundred files over 1 MB, the largest
   (generated register headers) over 20 MB.
-- `prose`: the kernel's own documentation (`Documentation/`, reStructuredText), the Python documentation's
-  sources (`python3.11-doc`), the Debian Administrator's Handbook in its many languages and the Debian Reference
-  (their HTML pages as text), the fortunes, and the manual pages of `manpages` and `manpages-dev` (groff markup
-  kept, as a crawler would keep it), then ../shared's prose corpora (Wikipedia, WikiText, web pages) where they
-  are there.
+- `prose`: the largest unique prose the Debian archive's main component holds: the kernel's own documentation
+  (`Documentation/`, reStructuredText), the Python documentation's sources (`python3.11-doc`), the HTML manuals of
+  Rust, Racket, SageMath, pandas, Django, PostgreSQL and cppreference, Perl's, the Debian Administrator's Handbook
+  and the Debian Reference (HTML pages as text, scripts and styles left out), the help of LibreOffice and of GIMP in
+  every language Debian packages, the manual pages in every language (groff markup kept, as a crawler would keep it),
+  the fortunes; then ../shared's prose corpora (Wikipedia, WikiText, web pages) where they are there. Only pages:
+  a package's scripts, styles, images and data files are left out.
 - `books`: prose's texts, each source's joined in their order into documents of 0.3 to 4 MB: the same text as a
   corpus of books has it, in long documents.
 
@@ -28,6 +30,7 @@ import gzip
 import html.parser
 import io
 import itertools
+import multiprocessing
 import random
 import re
 import subprocess
@@ -41,7 +44,12 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 KERNEL = "linux-source-6.1"
-PROSE_PACKAGES = ("python3.11-doc", "debian-handbook", "debian-reference-en", "fortunes", "manpages", "manpages-dev")
+PROSE_PACKAGES = (
+    "python3.11-doc", "rust-doc", "racket-doc", "sagemath-doc", "python-pandas-doc", "python-django-doc",
+    "postgresql-doc-15", "cppreference-doc-en-html", "perl-doc", "debian-handbook", "debian-reference-en",
+)  # fmt: skip
+PROSE_FAMILIES = ("libreoffice-help-", "gimp-help-", "manpages", "fortunes")  # every language of each
+NOT_PAGES = (".js", ".css", ".svg", ".json", ".xml", ".map", ".rktd", ".sxref", ".devhelp2", ".ipynb", ".index")
 SHARED_PROSE = ("enwiki_slice", "wikitext", "web_scrapinghub_aeb", "web_dclm_annotated", "web_trafilatura_pages")
 
 
@@ -115,20 +123,38 @@ def code(cache: Path) -> Iterator[dict]:
             yield {"id": path, "text": text, "source": "linux"}
 
 
+def prose_packages() -> list[str]:
+    names = []
+    for prefix in PROSE_FAMILIES:
+        listed = subprocess.run(["apt-cache", "pkgnames", prefix], capture_output=True, text=True, check=True)
+        names += sorted(listed.stdout.split())
+    return [*PROSE_PACKAGES, *names]
+
+
+def pages(package: str, deb: Path) -> list[dict]:
+    """The package's pages as records: HTML as its text, manual pages and plain text as they are."""
+    records = []
+    for path, data in deb_members(deb):
+        if path.endswith(".gz"):
+            data, path = gzip.decompress(data), path[:-3]
+        if path.endswith(NOT_PAGES) or (package == "python3.11-doc" and "/_sources/" not in path):
+            continue  # not prose; python3.11-doc's HTML renders the same sources
+        if (text := text_of(data)) is not None and path.endswith((".html", ".htm")):
+            text = html_text(text)
+        if text is not None and text.strip():
+            records.append({"id": f"{package}:{path}", "text": text, "source": package})
+    return records
+
+
 def prose(cache: Path) -> Iterator[dict]:
     for path, text in kernel_files(cache):
         if "/Documentation/" in path and path.endswith((".rst", ".txt")) and text.strip():
             yield {"id": path, "text": text, "source": "linux-docs"}
-    for package in PROSE_PACKAGES:
-        for path, data in deb_members(downloaded(package, cache)):
-            if path.endswith(".gz"):
-                data, path = gzip.decompress(data), path[:-3]
-            if package == "python3.11-doc" and "/_sources/" not in path:
-                continue  # its HTML renders the same sources
-            if (text := text_of(data)) is not None and path.endswith(".html"):
-                text = html_text(text)
-            if text is not None and text.strip():
-                yield {"id": f"{package}:{path}", "text": text, "source": package}
+    packages = prose_packages()
+    debs = [downloaded(package, cache) for package in packages]
+    with multiprocessing.Pool() as pool:  # parsing HTML is most of the build: one package per core
+        for records in pool.starmap(pages, zip(packages, debs), chunksize=1):
+            yield from records
     if not (SHARED / "corpora").is_dir():
         print(f"bench/corpora.py: no {SHARED / 'corpora'}: the prose corpus is the packages' alone", file=sys.stderr)
     for name in SHARED_PROSE:
