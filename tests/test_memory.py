@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import orjson
 import pytest
 import yaml
@@ -213,9 +214,9 @@ def ascii_code(size: int, seed: int) -> str:
     return "\n".join(line.strip() or "x" for line in lines)
 
 
-def tokenize_stage_growth(tmp_path, name: str, texts: list[str], batch_bytes: str) -> dict:
+def tokenize_stage_growth(tmp_path, name: str, texts: list[str], batch_bytes: str, **tokenizer) -> dict:
     """The tokenize stage's growth in anonymous memory on one shard of `texts` (`TOKENIZE_ONE_SHARD`), after a
-    warm-up shard of 1 MB."""
+    warm-up shard of 1 MB; `tokenizer`: more tokenizer settings."""
     import subprocess
     import sys
 
@@ -231,7 +232,7 @@ def tokenize_stage_growth(tmp_path, name: str, texts: list[str], batch_bytes: st
                 "input": {"paths": [str(corpus)], "id_field": "id"},
                 "split": {"train": 1.0},
                 "partition": {"shard_size": "1GB"},
-                "tokenizer": {"path": str(GPT2), "batch_bytes": batch_bytes},
+                "tokenizer": {"path": str(GPT2), "batch_bytes": batch_bytes, **tokenizer},
                 "pack": {"mode": "none"},
                 "output": {"path": str(tmp_path / f"out-{name}")},
             }
@@ -265,6 +266,33 @@ def test_the_tokenize_stages_memory_grows_neither_with_the_shard_nor_with_its_lo
     tok = Tokenizer.from_file(str(GPT2))
     assert reader[len(short)].tolist() == reference_ids(tok, longest) + [50256]
     assert reader[len(short) - 1].tolist() == tok.encode(short[-1], add_special_tokens=False).ids + [50256]
+
+
+def unique_chinese(size: int, seed: int) -> str:
+    """About `size` bytes of random CJK ideographs in clauses of 4 to 15 split by full-width commas: GPT-2's
+    pre-tokenizer makes each clause one piece, nearly every one new, as in Chinese text."""
+    rng = np.random.default_rng(seed)
+    code_points = rng.integers(0x4E00, 0x9FA6, size // 3, dtype=np.uint32)
+    code_points[np.cumsum(rng.integers(5, 17, len(code_points) // 5))[: len(code_points) // 11]] = ord("，")
+    return code_points.tobytes().decode("utf-32-le")
+
+
+def test_the_encoders_cache_is_emptied_at_its_limit_on_text_of_ever_new_pieces(tmp_path):
+    """gigatoken keeps every distinct piece of text it has split off: on 36 MB of Chinese-like text a shard grew by
+    about 230 MB, 6.5 times the text, and a worker with it until its nanny killed it. With
+    tokenizer.encoder_cache_limit the cache starts empty again once the process passes it, and the ids are hf's."""
+    texts = [unique_chinese(60_000, seed) for seed in range(600)]
+    grown = tokenize_stage_growth(tmp_path, "kept", texts, "1MB")
+    # A limit below what the process holds anyway: the cache starts afresh each time the process grows by an eighth of it
+    bounded = tokenize_stage_growth(tmp_path, "bounded", texts, "1MB", encoder_cache_limit="100MB")
+    assert grown["encoder"] == bounded["encoder"] == "gigatoken"
+    assert grown["grew"] > 150e6, grown  # the cache, before the limit bounds it (the setting's default here: 2 GiB)
+    assert bounded["grew"] < grown["grew"] / 2, (grown, bounded)
+
+    reader = MegatronReader(tmp_path / "out-bounded" / "megatron" / "train" / "shard-00000")
+    tok = Tokenizer.from_file(str(GPT2))
+    for k in (0, 299, 598, 599):  # the last ones encoded by a cache started afresh
+        assert reader[k].tolist() == tok.encode(texts[k], add_special_tokens=False).ids + [50256]
 
 
 def test_a_tokenize_task_out_of_memory_is_tried_again_with_smaller_batches_and_succeeds(tmp_path, run_cli):

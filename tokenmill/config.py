@@ -442,6 +442,15 @@ class TokenizerConfig(_Section):
         "of this size, cut where its tokens split alike (the same ids). A task that runs out of memory is retried "
         "with half of it.",
     )
+    # gigatoken keeps the ids of every distinct piece of text it has split off and drops none: on text with few
+    # spaces (Chinese, Japanese) nearly every clause is a new piece, and a worker grew by 6.5 times the Chinese text
+    # it encoded (60 MB: 370 MB) until its nanny killed it, again on each retry.
+    encoder_cache_limit: ByteSize | Literal["auto"] = Field(
+        "auto",
+        description="When a worker process's memory passes this, the fast encoder's cache starts empty again "
+        "(gigatoken keeps every distinct piece of text it splits off: on Chinese or Japanese, several times the "
+        "text; about 0.15 s, the same ids); auto: half the worker's Dask memory limit (2 GiB without one).",
+    )
     allowed_mismatch_rate: float = Field(
         0.0, ge=0, le=1, description="validate: fraction of re-encoded documents allowed to differ (0: none)."
     )
@@ -843,7 +852,7 @@ class TokenmillConfig(_Section):
         is read from or written to, nor how it is computed."""
         excluded = {
             "output": True, "dask": True, "input": {"storage"}, "sources": {"__all__": {"input": {"storage"}}},
-            "tokenizer": {"batch_bytes"},  # how much is held at once: the same tokens
+            "tokenizer": {"batch_bytes", "encoder_cache_limit"},  # how much is held: the same tokens
         }  # fmt: skip
         config = self.model_dump(mode="json", exclude=excluded)
         if self.sources is None:  # a dataset of one input as it always was (its version hashes unchanged)

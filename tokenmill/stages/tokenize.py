@@ -59,9 +59,11 @@ from tokenmill.io.readers import (
 from tokenmill.io.storage import HASH_THREADS, Store, threaded, threads_for
 from tokenmill.tokenizers import chat, preference
 from tokenmill.tokenizers.encoders import (
+    CACHE_LIMIT_WITHOUT_DASK,
     Encoder,
     EncoderChoice,
     as_arrow,
+    bound_cache,
     cached_choice,
     choose_encoder,
     clean_byte_pieces,
@@ -173,6 +175,7 @@ class Tokenizing:
     bos_id: int | None  # put before each document (tokenizer.prepend_bos), else None
     eod_id: int | None  # put after each document (tokenizer.append_eod), else None
     batch_bytes: int  # text read and encoded at once (tokenizer.batch_bytes): a longer document in pieces
+    encoder_cache_limit: int | None  # tokenizer.encoder_cache_limit; None: auto, as each worker's memory limit says
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo, encoder: EncoderChoice | None = None) -> Tokenizing:
@@ -189,6 +192,7 @@ class Tokenizing:
             tokenizer.bos_id if config.tokenizer.prepend_bos else None,
             tokenizer.eod_id if config.tokenizer.append_eod else None,
             int(config.tokenizer.batch_bytes),
+            None if config.tokenizer.encoder_cache_limit == "auto" else int(config.tokenizer.encoder_cache_limit),
         )
 
 
@@ -203,6 +207,7 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     started = time.perf_counter()
     options, pieces = run.reading[shard.mix_source], shard.pieces
     encode = load_encoder(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, run.encoder)
+    bound_cache(encode, run.encoder_cache_limit or encoder_cache_limit_here())
     eod_id, bos_id = (None, None) if options.conversations else (run.eod_id, run.bos_id)  # a template places them
     if options.conversations:  # the masks need where each token lies: the reference says, or its offsets tell
         reference = loaded_backend(store.url_of(layout.TOKENIZER), run.tokenizer.sha256, "hf")
@@ -340,6 +345,17 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
     )
     commit(store, TOKENIZE, shard_id, key, result.to_json(), files)
     return result
+
+
+def encoder_cache_limit_here() -> int:
+    """tokenizer.encoder_cache_limit auto on this worker: half its Dask memory limit."""
+    try:
+        from distributed import get_worker
+
+        limit = get_worker().memory_manager.memory_limit
+    except (ImportError, ValueError):  # not on a Dask worker
+        limit = None
+    return limit // 2 if limit else CACHE_LIMIT_WITHOUT_DASK
 
 
 def cut_piece(piece: Piece) -> bool:

@@ -34,6 +34,7 @@ from typing import Protocol
 
 import numpy as np
 import orjson
+import psutil
 import pyarrow as pa
 from tokenizers import Tokenizer
 
@@ -349,6 +350,10 @@ class GigatokenEncoder:
         except RuntimeError as e:  # its Rust loader's refusal (a pre-tokenizer it does not know, say)
             raise NotRepresentable(f"gigatoken cannot load it ({str(e).splitlines()[0]})") from None
         self.version = package_version("gigatoken")
+        self.loadable = tokenizer_json  # as it loaded: to start it afresh (`bound_cache`)
+        self.cache_limit = CACHE_LIMIT_WITHOUT_DASK  # see `bound_cache`
+        self.emptied: tuple[int, int] | None = None  # (process, its resident bytes) when its cache was last empty
+        self.restarts = 0
 
     @property
     def parallel(self) -> bool:
@@ -368,7 +373,42 @@ class GigatokenEncoder:
         layout = self.tokenizer.encode_batch(ak.Array(strings), parallel=self.parallel).layout
         ids_offsets = np.asarray(layout.offsets.data, dtype=np.int64)
         flat = np.asarray(layout.content.data, dtype=np.uint32)[ids_offsets[0] : ids_offsets[-1]]
+        self._bound_cache()
         return flat, np.diff(ids_offsets)
+
+    def _bound_cache(self) -> None:
+        """gigatoken keeps the ids of every distinct piece of text it has split off and drops none, so on text with
+        few spaces (Chinese, Japanese: nearly every clause a new piece) a process grows with the corpus. Once this
+        process's memory passes `cache_limit`, a fresh tokenizer replaces it (about 0.15 s; the same ids), if the
+        process has grown by an eighth of the limit since the last (what else it holds is not this cache's to free).
+        Its own memory: not the pages of files it maps (the input's), which the system takes back as it needs."""
+        here, resident = os.getpid(), anonymous_memory()
+        if self.emptied is None or self.emptied[0] != here:  # a forked worker's first batch
+            self.emptied = (here, resident)
+        if resident > self.cache_limit and resident - self.emptied[1] > self.cache_limit // 8:
+            import gigatoken
+
+            self.tokenizer = None  # freed before its successor is built
+            self.tokenizer = gigatoken.Tokenizer.from_json(self.loadable)
+            self.restarts += 1
+            self.emptied = (here, anonymous_memory())
+
+
+def anonymous_memory() -> int:
+    """This process's resident memory that no file backs, in bytes."""
+    memory = psutil.Process().memory_info()
+    return memory.rss - getattr(memory, "shared", 0)  # Linux: the pages of files (and shared memory) it maps
+
+
+CACHE_LIMIT_WITHOUT_DASK = 2 << 30  # tokenizer.encoder_cache_limit auto, off a Dask worker or one without a limit
+
+
+def bound_cache(encoder: Encoder, limit: int) -> None:
+    """Have `encoder`'s fast backend, if it keeps a cache that grows with the text (gigatoken), start it empty again
+    whenever this process's memory passes `limit` (tokenizer.encoder_cache_limit)."""
+    fast = getattr(encoder, "fast", encoder)
+    if isinstance(fast, GigatokenEncoder):
+        fast.cache_limit = limit
 
 
 def every_byte_a_token(tokenizer_json: bytes) -> tuple[bytes, tuple[int, ...]]:
