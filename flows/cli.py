@@ -342,6 +342,11 @@ def print_summary(summary: dict, link: str | None) -> None:
             f"({summary['bytes_in'] / 1e6 / summary['flow_seconds']:.2f} MB/s); largest process: "
             f"{summary['largest_process_mb']:,} MB (peak resident memory, of the flow and the Dask workers)"
         )
+        if restarted := summary.get("workers_restarted_for_memory"):
+            console.print(
+                f"[yellow]{restarted} Dask {'workers were' if restarted > 1 else 'worker was'} restarted for "
+                "passing 95% of dask.memory_limit[/yellow]: the run's log says more (docs/troubleshooting.md)"
+            )
     if link:
         console.print(f"\n[bold]The run in the Prefect UI: {link}[/bold]", highlight=False)
 

@@ -69,7 +69,9 @@ def connect(address: str, security=None) -> Client:
     """The process's default client of the scheduler at `address`, with `security` or else Dask's TLS settings
     from its config (`tokenmill certs` says which); why not, in a sentence, where it cannot be."""
     try:
-        return Client(address, set_as_default=True, security=security)
+        client = Client(address, set_as_default=True, security=security)
+        client.subscribe_topic(MEMORY_RESTART, MEMORY_RESTARTS.append)
+        return client
     except TypeError as e:  # Dask's words for a tls:// address and no certificates in this process's config
         if "ssl_context" not in str(e):
             raise
@@ -147,14 +149,24 @@ def on_worker(client: Client, worker: str, work: Callable, *args) -> None:
     fire_and_forget(client.submit(Sealed(work, *args), workers=[worker], pure=False))
 
 
-def largest_process(client: Client) -> int:
-    """The largest peak resident memory, in bytes, of this process and the cluster's workers now (a worker of a
-    cluster that outlives runs counts its earlier runs too); this process's where the workers do not answer."""
+def largest_process(client: Client, since: float) -> tuple[int, list[dict]]:
+    """The largest peak resident memory, in bytes, of this process and the cluster's workers (a worker of a cluster
+    that outlives runs counts its earlier runs too; this process's where the workers do not answer), and the workers
+    their nanny restarted since `since` (a time.time()) for passing 95% of their memory limit, each `{"worker", "pid",
+    "rss"}` as the nanny told the scheduler (a worker that is gone cannot say its peak: the nanny's count)."""
     try:
         workers = on_client_loop(client, client.run(peak_rss, asynchronous=True), alive=client_runs)
     except Exception:  # no scheduler connection, the client no longer runs, or a worker left under the question
         workers = {}
-    return max([peak_rss(), *workers.values()])
+    restarted = [event for at, event in MEMORY_RESTARTS if at >= since]
+    return max([peak_rss(), *workers.values(), *(event["rss"] for event in restarted)]), restarted
+
+
+# The workers their nanny restarted for passing 95% of their memory limit while this process had a client, each
+# (time, {"worker", "pid", "rss"}): the nanny's event (distributed.worker_memory), which the scheduler hands its
+# subscribers as it comes and keeps no copy of (distributed.admin.low-level-log-length is 0: flows.dask_settings).
+MEMORY_RESTART = "worker-restart-memory"
+MEMORY_RESTARTS: list[tuple[float, dict]] = []
 
 
 def workers_now(client: Client) -> list[str]:

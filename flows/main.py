@@ -47,7 +47,7 @@ from flows.cluster import (
     workers_now,
 )
 from flows.server import retry_refused_connections
-from flows.summary import published_summary, unchanged_summary
+from flows.summary import published_summary, restarts_said, unchanged_summary
 from tasks.mix import resolve_mix
 from tasks.partition import partition
 from tasks.publish import already_published, publish
@@ -175,7 +175,7 @@ def build_dataset(
     """The DAG (docs/architecture.md). `release_workers` once the cluster's work is done, before publish copies (in this
     process): SLURM jobs then go back to the queue."""
     logger = get_run_logger()
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     save_run_config(config)
     training = config.tokenizer.train is not None
     groups = stage_groups(config, cluster_threads)
@@ -231,7 +231,9 @@ def build_dataset(
     if report is not None:
         create_markdown_artifact(report.result(), key="fertility-report", description="Tokenizer fertility")
     plots = drawing.result()  # drawn on a worker: before the workers go
-    largest = largest_process(default_client())
+    largest, restarted = largest_process(default_client(), since=started_at)
+    if restarted:
+        logger.warning(restarts_said(restarted))
     if released := release_workers():
         logger.info("released the cluster's workers before publish: %s", released)
     run = {
@@ -243,6 +245,7 @@ def build_dataset(
         "shuffle_seconds": None if shuffle_seconds is None else round(shuffle_seconds, 2),
         "flow_seconds": round(time.perf_counter() - started, 2),
         "largest_process_mb": round(largest / 1e6),
+        "workers_restarted_for_memory": len(restarted),
     }
     after = [numbering] if numbering is not None else None  # the UI's graph then draws number_lines -> publish
     published = publish(config, quoted_plan, tokenizer, stats, run, quote(plots), mix, wait_for=after)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import numpy as np
 import orjson
@@ -283,7 +284,7 @@ def test_the_encoders_cache_is_emptied_at_its_limit_on_text_of_ever_new_pieces(t
     tokenizer.encoder_cache_limit the cache starts empty again once the process passes it, and the ids are hf's."""
     texts = [unique_chinese(60_000, seed) for seed in range(600)]
     grown = tokenize_stage_growth(tmp_path, "kept", texts, "1MB")
-    # A limit below what the process holds anyway: the cache starts afresh each time the process grows by an eighth of it
+    # A limit below what the process holds anyway: the cache starts afresh each time the process grows by an eighth
     bounded = tokenize_stage_growth(tmp_path, "bounded", texts, "1MB", encoder_cache_limit="100MB")
     assert grown["encoder"] == bounded["encoder"] == "gigatoken"
     assert grown["grew"] > 150e6, grown  # the cache, before the limit bounds it (the setting's default here: 2 GiB)
@@ -321,6 +322,10 @@ def test_a_tokenize_task_out_of_memory_is_tried_again_with_smaller_batches_and_s
     assert "tokenize shard-00000: every worker that ran it died (most likely for memory)" in said, said[-3000:]
     assert "trying it again with tokenize's batches of 1,048,576 bytes" in said
     assert "Dataset published" in run.stdout
+    # The workers the nanny restarted are said, and count in the largest process (a dead worker cannot say its peak)
+    restarted = r"\d+ Dask workers? (was|were) restarted by (its|their) nanny for passing 95% of dask.memory_limit"
+    assert re.search(restarted, said), said[-3000:]
+    assert int(re.search(r"largest process: ([\d,]+) MB", run.stdout)[1].replace(",", "")) > 0.95 * 600 * 2**20 / 1e6
 
     reader = MegatronReader(tmp_path / "out" / "megatron" / "train" / "shard-00000")
     tok = Tokenizer.from_file(str(GPT2))

@@ -64,6 +64,7 @@ def summary_markdown(manifest: dict, run: dict | None = None, images: Iterable[s
             f"whole flow {run['flow_seconds']} s"
             + (f"; global shuffle {run['shuffle_seconds']} s" if run.get("shuffle_seconds") is not None else "")
             + (f"; largest process {run['largest_process_mb']:,} MB" if run.get("largest_process_mb") else "")
+            + (f"; Dask workers restarted for memory: {n}" if (n := run.get("workers_restarted_for_memory")) else "")
             + "."
         )
     lines += [
