@@ -353,7 +353,6 @@ class GigatokenEncoder:
         self.loadable = tokenizer_json  # as it loaded: to start it afresh (`bound_cache`)
         self.cache_limit = CACHE_LIMIT_WITHOUT_DASK  # see `bound_cache`
         self.emptied: tuple[int, int] | None = None  # (process, its resident bytes) when its cache was last empty
-        self.restarts = 0
 
     @property
     def parallel(self) -> bool:
@@ -390,7 +389,6 @@ class GigatokenEncoder:
 
             self.tokenizer = None  # freed before its successor is built
             self.tokenizer = gigatoken.Tokenizer.from_json(self.loadable)
-            self.restarts += 1
             self.emptied = (here, anonymous_memory())
 
 
