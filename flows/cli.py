@@ -344,8 +344,8 @@ def print_summary(summary: dict, link: str | None) -> None:
         )
         if restarted := summary.get("workers_restarted_for_memory"):
             console.print(
-                f"[yellow]{restarted} Dask {'workers were' if restarted > 1 else 'worker was'} restarted for "
-                "passing 95% of dask.memory_limit[/yellow]: the run's log says more (docs/troubleshooting.md)"
+                f"[yellow]Dask workers restarted for passing 95% of dask.memory_limit: {restarted}[/yellow] (the "
+                "run's log says more; docs/troubleshooting.md)"
             )
     if link:
         console.print(f"\n[bold]The run in the Prefect UI: {link}[/bold]", highlight=False)

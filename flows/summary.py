@@ -66,10 +66,9 @@ def unchanged_summary(config: TokenmillConfig, done: dict, seconds: float) -> di
 
 def restarts_said(restarted: list[dict]) -> str:
     """What a run says of its workers that their nanny restarted for memory (`flows.cluster.largest_process`)."""
-    many, largest = len(restarted) > 1, max(event["rss"] for event in restarted) / 1e6
+    largest = max(event["rss"] for event in restarted) / 1e6
     return (
-        f"{len(restarted)} Dask {'workers were' if many else 'worker was'} restarted by {'their' if many else 'its'} "
-        f"nanny for passing 95% of dask.memory_limit (the largest at {largest:,.0f} MB); "
-        f"{'their' if many else 'its'} tasks ran again on the workers that took their place. What bounds a worker's "
+        f"Dask workers restarted by their nanny for passing 95% of dask.memory_limit: {len(restarted)} (the largest at "
+        f"{largest:,.0f} MB); their tasks ran again on the workers that took their place. What bounds a worker's "
         "memory: docs/troubleshooting.md"
     )

@@ -323,7 +323,7 @@ def test_a_tokenize_task_out_of_memory_is_tried_again_with_smaller_batches_and_s
     assert "trying it again with tokenize's batches of 1,048,576 bytes" in said
     assert "Dataset published" in run.stdout
     # The workers the nanny restarted are said, and count in the largest process (a dead worker cannot say its peak)
-    restarted = r"\d+ Dask workers? (was|were) restarted by (its|their) nanny for passing 95% of dask.memory_limit"
+    restarted = r"Dask workers restarted by their nanny for passing 95% of dask.memory_limit: \d+ \(the largest at"
     assert re.search(restarted, said), said[-3000:]
     assert int(re.search(r"largest process: ([\d,]+) MB", run.stdout)[1].replace(",", "")) > 0.95 * 600 * 2**20 / 1e6
 
