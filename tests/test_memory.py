@@ -280,15 +280,16 @@ def unique_chinese(size: int, seed: int) -> str:
 
 def test_the_encoders_cache_is_emptied_at_its_limit_on_text_of_ever_new_pieces(tmp_path):
     """gigatoken keeps every distinct piece of text it has split off: on 36 MB of Chinese-like text a shard grew by
-    about 230 MB, 6.5 times the text, and a worker with it until its nanny killed it. With
-    tokenizer.encoder_cache_limit the cache starts empty again once the process passes it, and the ids are hf's."""
+    about 165 MB, and a worker with it until its nanny killed it. With tokenizer.encoder_cache_limit the cache starts
+    empty again once the process passes it, its memory handed back to the system (without that, the process still
+    grew by 80-95 MB), and the ids are hf's."""
     texts = [unique_chinese(60_000, seed) for seed in range(600)]
     grown = tokenize_stage_growth(tmp_path, "kept", texts, "1MB")
     # A limit below what the process holds anyway: the cache starts afresh each time the process grows by an eighth
     bounded = tokenize_stage_growth(tmp_path, "bounded", texts, "1MB", encoder_cache_limit="100MB")
     assert grown["encoder"] == bounded["encoder"] == "gigatoken"
-    assert grown["grew"] > 150e6, grown  # the cache, before the limit bounds it (the setting's default here: 2 GiB)
-    assert bounded["grew"] < grown["grew"] / 2, (grown, bounded)
+    assert grown["grew"] > 100e6, grown  # unbounded: off a Dask worker the default is 2 GiB (measured 139-166 MB)
+    assert bounded["grew"] < 40e6, (grown, bounded)  # measured: 2 MB
 
     reader = MegatronReader(tmp_path / "out-bounded" / "megatron" / "train" / "shard-00000")
     tok = Tokenizer.from_file(str(GPT2))

@@ -444,7 +444,7 @@ class TokenizerConfig(_Section):
     )
     # gigatoken keeps the ids of every distinct piece of text it has split off and drops none: on text with few
     # spaces (Chinese, Japanese) nearly every clause is a new piece, and a worker grew by 6.5 times the Chinese text
-    # it encoded (60 MB: 370 MB) until its nanny killed it, again on each retry.
+    # it encoded (56 MB: 368 MB) until its nanny killed it, again on each retry.
     encoder_cache_limit: ByteSize | Literal["auto"] = Field(
         "auto",
         description="When a worker process's memory passes this, the fast encoder's cache starts empty again "
