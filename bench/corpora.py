@@ -153,7 +153,7 @@ def prose(cache: Path) -> Iterator[dict]:
     packages = prose_packages()
     debs = [downloaded(package, cache) for package in packages]
     with multiprocessing.Pool() as pool:  # parsing HTML is most of the build: one package per core
-        for records in pool.starmap(pages, zip(packages, debs), chunksize=1):
+        for records in pool.starmap(pages, zip(packages, debs, strict=True), chunksize=1):
             yield from records
     if not (SHARED / "corpora").is_dir():
         print(f"bench/corpora.py: no {SHARED / 'corpora'}: the prose corpus is the packages' alone", file=sys.stderr)
