@@ -346,6 +346,42 @@ def test_the_reference_sample_reads_a_few_blocks_and_finds_each_document_where_t
     assert all(everything[split, index] == text for split, _, index, text in sample)
 
 
+def test_a_shard_of_long_documents_has_its_sample_read_from_a_few_blocks_not_whole(tmp_path, monkeypatch):
+    """Books: fewer documents than the sample asks for, each longer than its excerpt. The blocks are read until they
+    hold twice the text the check encodes of them (their excerpts), not until they hold twice the sample: that read
+    a books corpus's every shard whole for an excerpt or two of each (3 s of a 12 s run, and its largest process).
+    What is read is the documents tokenize put there, and validate passes."""
+    from tokenmill.io.readers import read_documents
+    from tokenmill.stages import validate as library
+
+    from .conftest import TOKENIZERS
+
+    texts = [d["text"] for d in read_jsonl(EXAMPLES / "data" / "web_dclm_annotated.jsonl.gz")]
+    books = ["\n\n".join(texts[k::30]) for k in range(30)]  # 30 documents of about 42 KB
+    lines = [orjson.dumps({"id": f"book-{k}", "text": book}) for k, book in enumerate(books)]
+    tokenizer = {"path": str(TOKENIZERS / "gpt2" / "tokenizer.json"), "batch_bytes": 20_000, "check_bytes": 60_000}
+    config, plan, tokenizer, table = library_dataset(tmp_path, lines, tokenizer=tokenizer)
+    read = []  # the blocks the sample reads
+
+    def reading(pieces, *args, **kwargs):
+        read.append(pieces)
+        return read_documents(pieces, *args, **kwargs)
+
+    monkeypatch.setattr(library, "read_documents", reading)
+    referencing = library.Referencing.of(config, tokenizer)
+    items = library.reference_items(config, plan, table)
+    assert len(items) == 3 and all(item.sample == item.documents >= 8 for item in items)  # all of them
+    for item in items:
+        read.clear()
+        sample = library.sampled_documents(referencing, item)
+        excerpt = library.excerpt_bytes(item.most_bytes, referencing.piece_bytes)  # about 20 KB: of every document
+        assert 1 <= len(sample) and sum(min(len(text), excerpt) for *_, text in sample) <= 2 * item.most_bytes
+        assert len(read) == 2  # of its 8 to 13 blocks (a document each): two hold twice its share of the check
+        everything = {text for *_, text in library._from_shard(referencing, item, np.random.default_rng())}
+        assert {text for *_, text in sample} <= everything
+    validate(config, plan, tokenizer, table)
+
+
 def test_ids_that_differ_from_the_reference_fail_naming_the_file(one_split_dataset):
     config, plan, tokenizer, table = one_split_dataset
     bin_path = Path(config.output.path) / "megatron/train/shard-00001.bin"

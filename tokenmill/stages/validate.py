@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tokenmill import __version__
 from tokenmill.config import PackConfig, TokenmillConfig
@@ -309,9 +310,10 @@ def sampled_documents(run: Referencing, item: ReferenceItem) -> list[tuple[str, 
     marker does not say (input read another way, or made by an earlier tokenmill), drawn from the whole shard,
     read as tokenize read it."""
     rng = np.random.default_rng([item.seed, item.shard_id])
-    found = _from_blocks(run, item, rng)
+    piece_bytes = excerpt_bytes(item.most_bytes, run.piece_bytes)  # a longer document's excerpt
+    found = _from_blocks(run, item, piece_bytes, rng)
     found = _from_shard(run, item, rng) if found is None else found
-    return within_bytes(found, item.most_bytes, excerpt_bytes(item.most_bytes, run.piece_bytes), rng)
+    return within_bytes(found, item.most_bytes, piece_bytes, rng)
 
 
 def within_bytes(found: list[tuple], most_bytes: int, piece_bytes: int, rng: np.random.Generator) -> list[tuple]:
@@ -331,9 +333,12 @@ def _encoded_size(text: str | RenderedChat | PairTexts, piece_bytes: int) -> int
     return min(len(text.text if isinstance(text, RenderedChat) else text), piece_bytes)
 
 
-def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator) -> list | None:
+def _from_blocks(run: Referencing, item: ReferenceItem, piece_bytes: int, rng: np.random.Generator) -> list | None:
     """`sampled_documents` from blocks without rejects, as `tokenize_shard` recorded them (`blocks` in its
-    marker); None where it recorded none, or where they hold too few documents, or a block reads otherwise now."""
+    marker), taken in random order until they hold twice the sample, or twice the text the check encodes of them
+    (`within_bytes`, a long document counted as its excerpt of `piece_bytes`: a books corpus's shard was read whole
+    for an excerpt or two); None where it recorded none, or where they hold too few documents, or a block reads
+    otherwise now."""
     shard_id, names = item.shard_id, run.streams[item.shard.mix_source]
     result = Tokenized.from_json(read_marker(run.store, TOKENIZE, shard_id)["result"])
     if not result.blocks:
@@ -345,10 +350,11 @@ def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator
     sample, enough = item.sample, np.cumsum(held[order].sum(axis=1))
     if not len(order) or enough[-1] < sample:
         return None
-    taken = np.sort(order[: np.searchsorted(enough, 2 * sample) + 1])  # until they hold twice the sample, or all
     pieces, options = item.shard.pieces, run.reading[item.shard.mix_source]
-    read = []  # (split names, their indexes, texts) of each batch of each block's documents
-    for b in taken:
+    read, text_read = [], 0  # (split names, their indexes, texts) of each batch of each block's documents; their text
+    for b in order[: np.searchsorted(enough, 2 * sample) + 1]:
+        if text_read >= 2 * item.most_bytes:
+            break
         piece, start, stop, first_line, _, *counts = blocks[b].tolist()
         block = block_pieces(pieces, piece, start, stop, first_line, options)
         batches = list(read_documents(block, options, columnar=True))  # in as many batches as it takes
@@ -362,9 +368,10 @@ def _from_blocks(run: Referencing, item: ReferenceItem, rng: np.random.Generator
                 indexes[splits == split] = count + np.arange(taken_here)
                 counts[split] += taken_here
             read.append((splits, indexes, batch.text_values()))
+            text_read += int(np.minimum(pc.binary_length(read[-1][2]), piece_bytes).sum())
     bounds = np.cumsum([0] + [len(splits) for splits, _, _ in read])
     found = []
-    for drawn in np.sort(rng.choice(bounds[-1], size=sample, replace=False)):
+    for drawn in np.sort(rng.choice(bounds[-1], size=min(sample, bounds[-1]), replace=False)):
         k = int(np.searchsorted(bounds, drawn, side="right")) - 1
         splits, indexes, texts = read[k]
         i = drawn - bounds[k]
