@@ -67,6 +67,7 @@ from tokenmill.stages.report import plots as report_plots
 from tokenmill.stages.sampling import fractions as sample_fractions
 from tokenmill.stages.shuffle_documents import check_counts, shuffled_shards
 from tokenmill.stages.tokenize import preload_encoder
+from tokenmill.tokenizers.encoders import empty_encoder_caches
 from tokenmill.tokenizers.tokenizer_info import TokenizerInfo
 
 # Before any flow run is created (the CLI's, a deployment's): that first call, too, waits out a server restart.
@@ -208,6 +209,7 @@ def build_dataset(
     # Without a tokenizer to train, the report's held-out sample is drawn on the cluster while the encoder is chosen.
     holdout = start_sample(config, plan, holdout_shards) if config.writes_fertility_report() and not training else None
     table, totals, report = tokenize_stage(config, shards, tokenizer, groups, holdout)
+    on_every_worker(default_client(), empty_encoder_caches)  # before validate's reference check, which needs none
     if totals.reused:
         logger.info("reused %d of %d committed tokenize shards", totals.reused, len(shards))
     for reason in totals.redone:  # files damaged after their commit
