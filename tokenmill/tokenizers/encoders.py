@@ -386,7 +386,7 @@ class GigatokenEncoder:
         process has grown by an eighth of the limit since the last (what else it holds is not this cache's to free).
         Its own memory: not the pages of files it maps (the input's), which the system takes back as it needs."""
         here, resident = os.getpid(), anonymous_memory()
-        if self.emptied is None or self.emptied[0] != here:  # a forked worker's first batch, or the first since
+        if self.emptied is None or self.emptied[0] != here:  # a forked worker's first batch
             self.emptied = (here, resident)
         if resident > self.cache_limit and resident - self.emptied[1] > self.cache_limit // 8:
             self.empty_cache()
@@ -396,7 +396,7 @@ class GigatokenEncoder:
         fresh one (the same ids)."""
         self.tokenizer = None
         return_freed_memory()
-        self.emptied = None
+        self.emptied = (os.getpid(), anonymous_memory())  # what `_bound_cache` counts growth from
 
 
 def return_freed_memory() -> None:
