@@ -485,21 +485,28 @@ def test_pad_is_checked_after_each_rows_real_tokens_in_every_block_of_rows():
     assert not only_pad_after(rows, real, 50256)
 
 
-def test_the_tokens_at_documents_ends_are_read_a_window_at_a_time(tmp_path, monkeypatch):
+@pytest.mark.parametrize("around_the_cache", [False, True])
+def test_the_tokens_at_documents_ends_are_read_a_window_at_a_time(tmp_path, monkeypatch, around_the_cache):
     """The EOD and BOS checks read the `.bin` a window at a time (a map of the whole file touched at every document's
     end had the kernel map most of it: a 600 MB shard's `.bin` counted whole in the worker's peak memory); the tokens
-    are those at the positions, across windows and at the file's last token."""
+    are those at the positions, across windows and at the file's last token. A `.bin` written around the page cache
+    (no pack stage reads it again) is read back around it: none of its pages are left in the cache."""
     import numpy as np
 
     from tokenmill.formats import megatron as library
+    from tokenmill.io.direct import UncachedFile
+
+    from .test_faults import cached_pages
 
     monkeypatch.setattr(library, "CHECK_WINDOW_BYTES", 1000)
     tokens = np.arange(10_001, dtype=np.uint16)
     path = tmp_path / "x.bin"
-    tokens.tofile(path)
+    with UncachedFile(path) if around_the_cache else open(path, "wb") as f:
+        f.write(tokens.tobytes())
     positions = np.array([0, 1, 499, 500, 501, 4_999, 5_000, 10_000])
     assert library.tokens_at(path, positions, np.dtype(np.uint16)).tolist() == positions.tolist()
     assert library.tokens_at(path, np.zeros(0, np.int64), np.dtype(np.uint16)).tolist() == []
+    assert (cached_pages(path) == 0) == around_the_cache
 
 
 def test_the_schema_library_is_loaded_whole_under_its_lock_before_any_thread_gets_it():

@@ -18,6 +18,7 @@ import pyarrow as pa
 from tokenmill.core import layout
 from tokenmill.formats.provenance import read_documents_table, tiling_problem
 from tokenmill.formats.table import SplitFound
+from tokenmill.io.direct import range_reader
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -148,7 +149,7 @@ class MegatronReader:
         return np.asarray(self.tokens[start : start + self.index.lengths[i]])
 
 
-CHECK_WINDOW_BYTES = 64 << 20
+CHECK_WINDOW_BYTES = 8 << 20
 
 
 def split_files(row, run) -> list[str]:
@@ -214,17 +215,18 @@ def _loss_mask_problems(rel: str, path, row) -> list[str]:
 
 
 def tokens_at(path, positions: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """The tokens of the `.bin` at `path` at the ascending `positions`, a window of CHECK_WINDOW_BYTES mapped at a
-    time: a map of the whole file touched at every document's end had the kernel map most of its pages around those
-    (fault-around), a shard's `.bin` counted whole in the worker's resident memory (0.5 GB for a 600 MB shard)."""
+    """The tokens of the `.bin` at `path` at the ascending `positions`, a window of CHECK_WINDOW_BYTES at a time
+    (`direct.range_reader`: from the page cache, or around it for a `.bin` written so): a map of the whole file
+    touched at every document's end had the kernel map most of its pages around those (fault-around), a shard's
+    `.bin` counted whole in the worker's resident memory (0.5 GB for a 600 MB shard)."""
     per_window = CHECK_WINDOW_BYTES // dtype.itemsize
     size = os.path.getsize(path) // dtype.itemsize
     found = np.empty(len(positions), dtype)
     bounds = np.searchsorted(positions, np.arange(0, size + per_window, per_window))
-    for window, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-        if hi > lo:
-            start = window * per_window
-            mapped = np.memmap(path, dtype, "r", start * dtype.itemsize, (min(size, start + per_window) - start,))
-            found[lo:hi] = mapped[positions[lo:hi] - start]
-            del mapped
+    with open(path, "rb") as f, range_reader(f, CHECK_WINDOW_BYTES) as read:
+        for window, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            if hi > lo:
+                start, stop = window * per_window, min(size, (window + 1) * per_window)
+                tokens = np.frombuffer(read(start * dtype.itemsize, stop * dtype.itemsize), dtype)
+                found[lo:hi] = tokens[positions[lo:hi] - start]
     return found

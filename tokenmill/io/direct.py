@@ -9,7 +9,9 @@ import errno
 import fcntl
 import mmap
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -128,3 +130,30 @@ def mapped(f: BinaryIO, start: int, stop: int) -> memoryview:
     """Bytes [start, stop) of the file, a view of a memory map of their own (which starts at a page boundary)."""
     base = start - start % mmap.ALLOCATIONGRANULARITY
     return memoryview(mmap.mmap(f.fileno(), stop - base, offset=base, access=mmap.ACCESS_READ))[start - base :]
+
+
+@contextmanager
+def range_reader(f: BinaryIO, most: int) -> Iterator[Callable[[int, int], memoryview]]:
+    """A reader of bytes [start, stop) of the local file `f`, at most `most` at a time: a view of a memory map
+    where the page cache holds them, else read with O_DIRECT into one reused buffer (valid until the next read), so
+    that a file written around the page cache (`UncachedFile`) is read back without the cache taking it in."""
+    direct, buffer = open_direct(f.name), None
+
+    def read(start: int, stop: int) -> memoryview:
+        nonlocal buffer
+        if direct is None or in_page_cache(f, start, stop):
+            return mapped(f, start, stop)
+        base = start - start % DIRECT_ALIGN
+        length = -(-(stop - base) // DIRECT_ALIGN) * DIRECT_ALIGN
+        if buffer is None:
+            buffer = private_buffer(-(-most // DIRECT_ALIGN) * DIRECT_ALIGN + DIRECT_ALIGN)
+        held = 0
+        while held < stop - base and (got := os.preadv(direct, [buffer[held:length]], base + held)):
+            held += got
+        return buffer[start - base : stop - base]
+
+    try:
+        yield read
+    finally:
+        if direct is not None:
+            os.close(direct)

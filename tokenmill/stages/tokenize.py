@@ -30,6 +30,7 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.core import layout
 from tokenmill.core.commits import TOKENIZE, check, commit, read_marker, shard_key, tokenize_key
 from tokenmill.core.hashing import assign_splits
+from tokenmill.core.packers import writes_files
 from tokenmill.core.plan import Shard
 from tokenmill.core.stats import Tokenized
 from tokenmill.formats.megatron import BinWriter, fitting, narrowed, token_dtype, write_index
@@ -177,6 +178,7 @@ class Tokenizing:
     eod_id: int | None  # put after each document (tokenizer.append_eod), else None
     batch_bytes: int  # text read and encoded at once (tokenizer.batch_bytes): a longer document in pieces
     encoder_cache_limit: int | None  # tokenizer.encoder_cache_limit; None: auto, as each worker's memory limit says
+    packs: bool  # a pack stage reads each `.bin` whole again (`packers.writes_files`); else it goes around the cache
 
     @classmethod
     def of(cls, config: TokenmillConfig, tokenizer: TokenizerInfo, encoder: EncoderChoice | None = None) -> Tokenizing:
@@ -194,6 +196,7 @@ class Tokenizing:
             tokenizer.eod_id if config.tokenizer.append_eod else None,
             int(config.tokenizer.batch_bytes),
             None if config.tokenizer.encoder_cache_limit == "auto" else int(config.tokenizer.encoder_cache_limit),
+            writes_files(config),
         )
 
 
@@ -243,7 +246,8 @@ def tokenize_shard(run: Tokenizing, shard: Shard) -> Tokenized:
 
         def writer_for(split: str) -> BinWriter:
             if split not in writers:
-                bin_file = store.writing_file(layout.megatron_prefix(split, shard_id) + ".bin", files)
+                bin_rel = layout.megatron_prefix(split, shard_id) + ".bin"
+                bin_file = store.writing_file(bin_rel, files, read_again=run.packs)
                 writers[split] = BinWriter(stack.enter_context(bin_file), dtype)
             return writers[split]
 
