@@ -148,8 +148,13 @@ def range_reader(f: BinaryIO, most: int) -> Iterator[Callable[[int, int], memory
         if buffer is None:
             buffer = private_buffer(-(-most // DIRECT_ALIGN) * DIRECT_ALIGN + DIRECT_ALIGN)
         held = 0
-        while held < stop - base and (got := os.preadv(direct, [buffer[held:length]], base + held)):
-            held += got
+        try:
+            while held < stop - base and (got := os.preadv(direct, [buffer[held:length]], base + held)):
+                held += got
+        except OSError as e:  # alignment the file system refuses: read it mapped
+            if e.errno != errno.EINVAL:
+                raise
+            return mapped(f, start, stop)
         return buffer[start - base : stop - base]
 
     try:
