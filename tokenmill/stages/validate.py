@@ -634,11 +634,12 @@ def _trainers_of(row, trainers: tuple[str, ...]) -> tuple[list[Format], list[str
 
 def check_written(run: Checking, results: tuple) -> list[str]:
     """`check_shard` as the last step of a shard's chain on the cluster (`results`: its tokenize result, and its
-    pack result where the pack wrote files): its files are read back while they are still in the page cache.
-    Read after the stage, outputs the page cache no longer holds (a corpus larger than the memory, or pushed out
-    by the input) come back from disk: 0.5 s of CPU per 1 GB shard, against 0.03 s fresh. Files that passed it as
-    they are now (a reused shard's, found intact by their sha256) are not read again: a shard that passes gets a
-    check marker (`checked_key`), which a nightly run over a grown input finds for every shard it kept."""
+    pack result where the pack wrote files): its files are read back while they are still in the page cache (those
+    written around it, a run's `.bin` where no pack stage reads it, with O_DIRECT). Read after the stage, outputs
+    the page cache no longer holds (a corpus larger than the memory, or pushed out by the input) come back from
+    disk: 0.5 s of CPU per 1 GB shard, against 0.03 s fresh. Files that passed it as they are now (a reused shard's,
+    found intact by their sha256) are not read again: a shard that passes gets a check marker (`checked_key`), which
+    a nightly run over a grown input finds for every shard it kept."""
     tokenized, packed = results if len(results) == 2 else (results[0], skipped(results[0]))
     key = checked_key(run, tokenized.shard_id, (TOKENIZE, PACK)[: len(results)])
     if committed(run.store, CHECK, tokenized.shard_id, key) is not None:
