@@ -13,9 +13,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -132,32 +135,36 @@ def mapped(f: BinaryIO, start: int, stop: int) -> memoryview:
     return memoryview(mmap.mmap(f.fileno(), stop - base, offset=base, access=mmap.ACCESS_READ))[start - base :]
 
 
+def read_direct(direct: int, buffer: Buffer, start: int, stop: int) -> tuple[int, int] | None:
+    """Bytes of the file open with O_DIRECT as `direct` from `start`, rounded down to DIRECT_ALIGN, to `stop`,
+    rounded up, or as many as the page-aligned `buffer` holds, read into it: (where it starts in the file, how many
+    bytes it holds, fewer at the file's end); None where the file system refuses the alignment (map them instead)."""
+    base = start - start % DIRECT_ALIGN
+    length = min(len(buffer), -(-(stop - base) // DIRECT_ALIGN) * DIRECT_ALIGN)
+    try:
+        return base, os.preadv(direct, [memoryview(buffer)[:length]], base)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        return None
+
+
 @contextmanager
 def range_reader(f: BinaryIO, most: int) -> Iterator[Callable[[int, int], memoryview]]:
     """A reader of bytes [start, stop) of the local file `f`, at most `most` at a time: a view of a memory map
     where the page cache holds them, else read with O_DIRECT into one reused buffer (valid until the next read), so
     that a file written around the page cache (`UncachedFile`) is read back without the cache taking it in."""
     direct, buffer = open_direct(f.name), None
-
-    def read(start: int, stop: int) -> memoryview:
-        nonlocal buffer
-        if direct is None or in_page_cache(f, start, stop):
-            return mapped(f, start, stop)
-        base = start - start % DIRECT_ALIGN
-        length = -(-(stop - base) // DIRECT_ALIGN) * DIRECT_ALIGN
-        if buffer is None:
-            buffer = private_buffer(-(-most // DIRECT_ALIGN) * DIRECT_ALIGN + DIRECT_ALIGN)
-        held = 0
-        try:
-            while held < stop - base and (got := os.preadv(direct, [buffer[held:length]], base + held)):
-                held += got
-        except OSError as e:  # alignment the file system refuses: read it mapped
-            if e.errno != errno.EINVAL:
-                raise
-            return mapped(f, start, stop)
-        return buffer[start - base : stop - base]
-
     try:
+
+        def read(start: int, stop: int) -> memoryview:
+            nonlocal buffer
+            if direct is not None and not in_page_cache(f, start, stop):
+                buffer = buffer or private_buffer(-(-most // DIRECT_ALIGN) * DIRECT_ALIGN + DIRECT_ALIGN)
+                if (held := read_direct(direct, buffer, start, stop)) is not None:
+                    return buffer[start - held[0] : stop - held[0]]
+            return mapped(f, start, stop)
+
         yield read
     finally:
         if direct is not None:

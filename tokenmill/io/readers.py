@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bz2
 import collections
-import errno
 import gzip
 import heapq
 import io
@@ -44,7 +43,7 @@ from isal import igzip, isal_zlib
 
 from tokenmill.io.arrays import ARRAY_PROBE, ArrayStream, JSONArrayError, may_hold_array, opens_array, starts_array
 from tokenmill.io.buffers import scan_parts
-from tokenmill.io.direct import DIRECT_ALIGN, in_page_cache, mapped, open_direct
+from tokenmill.io.direct import DIRECT_ALIGN, in_page_cache, mapped, open_direct, read_direct
 from tokenmill.io.names import compression_of, format_of, local_path, name_under
 from tokenmill.io.storage import options_for, read_object
 
@@ -1406,14 +1405,8 @@ def _next_block(f: BinaryIO, direct: int, buffer: mmap.mmap, start: int, end: in
     if start >= end:
         return memoryview(b"")
     if not in_page_cache(f, start, min(start + batch_bytes, end)):
-        base = start - start % DIRECT_ALIGN
-        length = min(len(buffer), -(-(end - base) // DIRECT_ALIGN) * DIRECT_ALIGN)
-        try:
-            held = min(os.preadv(direct, [memoryview(buffer)[:length]], base), end - base)
-        except OSError as e:  # alignment the file system refuses: read it mapped
-            if e.errno != errno.EINVAL:
-                raise
-            held = 0
+        base, held = read_direct(direct, buffer, start, end) or (0, 0)  # refused: read it mapped
+        held = min(held, end - base)
         stop = 0 if start + batch_bytes >= end else buffer.find(b"\n", start + batch_bytes - 1 - base, held) + 1
         if not stop and held == end - base:  # the piece's last block
             stop = held
