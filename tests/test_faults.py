@@ -21,6 +21,7 @@ import pytest
 from tokenmill.config import TokenmillConfig
 from tokenmill.core.commits import check, land, lift
 from tokenmill.core.layout import marker, renumbered
+from tokenmill.io import direct
 from tokenmill.io.direct import UncachedFile, in_page_cache
 from tokenmill.io.storage import StorageError, Store
 from tokenmill.stages.pack import Packing, pack_shard
@@ -272,6 +273,33 @@ def test_where_the_file_system_refuses_o_direct_the_file_goes_through_the_cache(
         f.write(data)
     assert (ramfs / "rows.npy").read_bytes() == data
     assert record["rows.npy"]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_an_o_direct_read_the_file_system_refuses_is_read_mapped(tmp_path, monkeypatch):
+    """A file system may take O_DIRECT at open and refuse a read's alignment (EINVAL): here memory one byte off the
+    page, which this disk's file system refuses as one with larger blocks refuses a page. The read says so (None),
+    and `range_reader` reads the same bytes mapped."""
+    data = os.urandom(3 * PAGE * 1000 + 123)
+    path = tmp_path / "tokens.bin"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # not cached: the reads go to the disk
+        assert not in_page_cache(f, 0, len(data))
+        descriptor = direct.open_direct(str(path))
+        assert descriptor is not None
+        try:
+            aligned = direct.private_buffer(4 * PAGE)
+            assert direct.read_direct(descriptor, aligned, PAGE + 5, 2 * PAGE) == (PAGE, PAGE)
+            assert bytes(aligned[:PAGE]) == data[PAGE : 2 * PAGE]
+            assert direct.read_direct(descriptor, memoryview(aligned)[1:], 0, PAGE) is None
+        finally:
+            os.close(descriptor)
+        off_the_page = direct.private_buffer
+        monkeypatch.setattr(direct, "private_buffer", lambda size: off_the_page(size + PAGE)[1:])
+        with direct.range_reader(f, 2 * PAGE) as read:
+            for start, stop in [(0, 2 * PAGE), (5, PAGE + 7), (len(data) - 200, len(data))]:
+                assert bytes(read(start, stop)) == data[start:stop]
 
 
 def test_a_full_disk_fails_a_write_past_the_cache_naming_the_file_and_leaves_nothing(small_disk):
