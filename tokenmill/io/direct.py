@@ -161,8 +161,9 @@ def range_reader(f: BinaryIO, most: int) -> Iterator[Callable[[int, int], memory
             nonlocal buffer
             if direct is not None and not in_page_cache(f, start, stop):
                 buffer = buffer or private_buffer(-(-most // DIRECT_ALIGN) * DIRECT_ALIGN + DIRECT_ALIGN)
-                if (held := read_direct(direct, buffer, start, stop)) is not None:
-                    return buffer[start - held[0] : stop - held[0]]
+                base, held = read_direct(direct, buffer, start, stop) or (0, 0)  # refused: map them
+                if base + held >= stop:  # a short read (a signal, a file system's) would leave stale bytes
+                    return buffer[start - base : stop - base]
             return mapped(f, start, stop)
 
         yield read
