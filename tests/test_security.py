@@ -11,6 +11,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -418,3 +419,22 @@ def test_serve_refuses_a_config_holding_secrets_which_its_deployments_would_hold
         result.stdout
     )
     assert "planted" not in result.stdout and "AWS_SECRET_ACCESS_KEY" in result.stdout
+
+
+def test_prefects_sdk_sends_no_usage_events_from_tokenmills_processes():
+    """Prefect's SDK sends usage events to its analytics service from an interactive terminal unless DO_NOT_TRACK is
+    set (or a CI's variables are): tokenmill's processes set it (`flows/__init__.py`), as the server tokenmill
+    starts has its analytics off. Prefect imported alone would send them; a user's own DO_NOT_TRACK stays."""
+    from prefect._internal.analytics.ci_detection import CI_ENV_VARS
+
+    probe = "import {}; from prefect._internal.analytics import is_telemetry_enabled as on; print(on())"
+    env = {k: v for k, v in os.environ.items() if k not in CI_ENV_VARS and k != "DO_NOT_TRACK"}
+
+    def telemetry(module: str, **more: str) -> str:
+        run = subprocess.run([sys.executable, "-c", probe.format(module)], env=env | more, capture_output=True,
+                             text=True, check=True)  # fmt: skip
+        return run.stdout.strip()
+
+    assert telemetry("flows.cli") == "False"
+    assert telemetry("prefect") == "True"
+    assert telemetry("flows.cli", DO_NOT_TRACK="0") == "True"
