@@ -88,6 +88,9 @@ def prefect_api(tmp_path_factory) -> str:
     os.environ["PREFECT_HOME"] = str(home)
     os.environ.pop("PREFECT_API_URL", None)
     os.environ["PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS"] = "2"  # cron runs appear within seconds
+    # and the served deployments and work-pool workers the tests start look for them every second, not every 10 s
+    os.environ["PREFECT_RUNNER_POLL_FREQUENCY"] = "1"
+    os.environ["PREFECT_WORKER_QUERY_SECONDS"] = "1"
     state = server.start_server()
     os.environ["PREFECT_API_AUTH_STRING"] = server.server_auth()  # what its user's processes send
     yield state["api_url"]
