@@ -166,16 +166,22 @@ def test_a_run_started_in_a_project_with_its_own_flows_and_tasks_packages_runs_t
     assert json.loads(published.read_text())["counts"]["documents_out"] > 0
 
 
-def test_the_flows_process_never_imports_pandera_nor_fastapi(prefect_api, dask_cluster, tmp_path):
+def test_the_flows_process_never_imports_pandera_nor_fastapi_nor_makes_the_parameters_schema(
+    prefect_api, dask_cluster, tmp_path
+):
     """Importing pandera replaces `typing._GenericAlias.__call__`, which Prefect calls for each task run's engine
     (`SyncTaskRunEngine[P, R](...)`), with a function that names a class its module defines a few lines later: a
     flow that imported it in a thread while starting tasks failed with `NameError: name 'DataFrameBase' is not
     defined` (`tokenmill.io.readers.schema_library`). The stats table is checked on a worker; the flow's process,
     where Prefect's threads run, imports none of pandera, and the run validates and publishes. Nor FastAPI, which
-    Prefect imports to record a flow run's parameters (0.1 s of every run's start: `flows.main.QuickFlow`)."""
+    Prefect imports to record a flow run's parameters (0.1 s of every run's start: `flows.main.QuickFlow`). Nor does
+    it make the parameters' JSON schema, which Prefect makes as a flow is declared (0.3 s: `QuickFlow`)."""
     script = textwrap.dedent("""
         import atexit, sys
-        atexit.register(lambda: print("imported:", [m for m in sys.modules if m.startswith(("pandera", "fastapi"))]))
+        atexit.register(lambda: print(
+            "imported:", [m for m in sys.modules if m.startswith(("pandera", "fastapi"))],
+            "schema made:", sys.modules["flows.main"].corpus_to_tokens._parameters is not None,
+        ))
         from flows.cli import app
         app(sys.argv[1:])
     """)
@@ -184,7 +190,7 @@ def test_the_flows_process_never_imports_pandera_nor_fastapi(prefect_api, dask_c
     result = subprocess.run([sys.executable, "-c", script, "run", "examples/gpt2.yaml", "--set", f"output.path={out}"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.splitlines()[-1] == "imported: []", result.stdout[-3000:]
+    assert result.stdout.splitlines()[-1] == "imported: [] schema made: False", result.stdout[-3000:]
     assert list(out.glob("demo-gpt2/*/manifest.json"))
 
 
@@ -212,6 +218,23 @@ def test_a_runs_parameters_are_recorded_as_prefect_records_them(tmp_path):
         assert written == Flow.serialize_parameters(corpus_to_tokens, parameters)
         assert written["config"]["name"] == "demo-gpt2" and json.dumps(written)
     assert written["other"] == [1, 2.5, {"path": "/a/b"}]
+
+
+def test_the_flows_parameters_schema_is_prefects_made_when_read():
+    """`QuickFlow` makes its parameters' JSON schema only when `parameters` is read: then it is Prefect's own, what a
+    deployment of the flow shows in the UI's run form; and Flow.__init__ makes it for any other flow, as before."""
+    from prefect import Flow
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.main import QuickFlow, corpus_to_tokens
+
+    def other(config: int = 1) -> None:
+        pass
+
+    assert corpus_to_tokens.parameters == parameter_schema(corpus_to_tokens.fn)
+    assert set(corpus_to_tokens.parameters.properties) == {"config", "rebuild"}  # plan_ahead is not a parameter's
+    assert Flow(other).parameters == parameter_schema(other) == QuickFlow(other).parameters
+    assert QuickFlow(other)._parameters is None
 
 
 def test_a_run_that_packs_nothing_publishes_the_packing_runs_megatron_files(gpt2_run, run_cli, tmp_path):
