@@ -123,7 +123,7 @@ class QuickFlow(Flow):
     made as the placeholder Prefect writes for what it cannot encode; anything else goes Prefect's way.
 
     Its parameters' JSON schema is made when something reads `parameters`, not as the flow is declared: for
-    TokenmillConfig that is 0.3 s of pydantic's time as the command's process imports this module, and a run never
+    TokenmillConfig that is 0.2 s of pydantic's time as the command's process imports this module, and a run never
     reads it (a deployment, `tokenmill serve`'s or `prefect deploy`'s, makes its own from the function)."""
 
     def __init__(self, *args, **kwargs) -> None:

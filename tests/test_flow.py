@@ -175,7 +175,7 @@ def test_the_flows_process_never_imports_pandera_nor_fastapi_nor_makes_the_param
     defined` (`tokenmill.io.readers.schema_library`). The stats table is checked on a worker; the flow's process,
     where Prefect's threads run, imports none of pandera, and the run validates and publishes. Nor FastAPI, which
     Prefect imports to record a flow run's parameters (0.1 s of every run's start: `flows.main.QuickFlow`). Nor does
-    it make the parameters' JSON schema, which Prefect makes as a flow is declared (0.3 s: `QuickFlow`)."""
+    it make the parameters' JSON schema, which Prefect makes as a flow is declared (0.2 s: `QuickFlow`)."""
     script = textwrap.dedent("""
         import atexit, sys
         atexit.register(lambda: print(
