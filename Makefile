@@ -25,7 +25,8 @@ setup: $(TEST_STAMP)
 
 # The project's modules compiled to bytecode, as pip does when it installs a wheel: where PYTHONDONTWRITEBYTECODE
 # is set (many container images; this machine) an editable install's modules were compiled again by each process
-# of every run: 0.45 s of a 12 MB run's CPU, 0.2 s of its wall. Quick when nothing changed since.
+# of every run: 0.45 s of a 12 MB run's CPU, 0.2 s of its wall. Quick when nothing changed since. The packages are
+# pyproject.toml's (bench/megatron.py reads them from there for each checkout it compiles).
 compiled: $(DEMO_STAMP)
 	@$(BIN)/python -m compileall -q tokenmill tasks flows
 

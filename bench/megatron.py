@@ -61,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,6 +222,12 @@ def compiled(python: str, *trees: Path) -> None:
     installed package; a checkout's first run writes them): where PYTHONDONTWRITEBYTECODE is set, as on this
     machine, every run compiled them again, Megatron-LM's (about 1.7 s of a 12 MB run) far more than tokenmill's."""
     subprocess.run([python, "-m", "compileall", "-q", *map(str, trees)], check=True, stdout=subprocess.DEVNULL)
+
+
+def packages(checkout: Path) -> list[Path]:
+    """The checkout's own packages, as its pyproject.toml ships them (`tokenmill*`, `tasks*`, `flows*`)."""
+    found = tomllib.loads((checkout / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    return sorted({checkout / pattern.split(".")[0].rstrip("*") for pattern in found["include"]})
 
 
 @dataclass
@@ -423,7 +430,7 @@ def main() -> None:
               f"Python {platform.python_version()}")  # fmt: skip
         codes = {"tokenmill": REPO} | {f"tokenmill at {code.resolve()}": code for code in args.code}
         for code in codes.values():
-            compiled(sys.executable, *(code / package for package in ("tokenmill", "tasks", "flows")))
+            compiled(sys.executable, *packages(code))
         if not args.without_megatron:
             compiled(args.megatron_python, Path(args.megatron_dir))
         checkouts = [servers.enter_context(checkout(tool, code, work / f"prefect-{i}"))
