@@ -1,5 +1,6 @@
 """Shared fixtures. Integration tests run the real thing: a `prefect server` started here on 127.0.0.1
-(stopped at the end), the `tokenmill` CLI in a subprocess, and a real Dask LocalCluster."""
+(stopped at the end), the `tokenmill` CLI in a process of its own (`tests/prewarmed.py`), and a real Dask
+cluster."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
 from flows.server import free_port
+
+from .prewarmed import Forked, Interpreters, fresh
 
 REPO = Path(__file__).resolve().parents[1]
 # The real tokenizers, corpora and conversations the tests read: small slices in the repository, each folder with
@@ -161,7 +165,15 @@ def dask_cluster(s3_server, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def run_cli(prefect_api, dask_cluster):
+def interpreters(tmp_path_factory):
+    """This test process's interpreters that fork `run_cli`'s commands (`tests/prewarmed.py`)."""
+    started = Interpreters(tmp_path_factory.mktemp("interpreters"))
+    yield started
+    started.close()
+
+
+@pytest.fixture(scope="session")
+def run_cli(prefect_api, dask_cluster, interpreters):
     """Run `tokenmill ...` as a user would, against the session's Prefect server and Dask cluster
     (`local_cluster=True`: the config's own `dask:` section, a LocalCluster by default), logging warnings only
     unless `log_level` says otherwise (a user's runs log at INFO, which the UI's Logs tab shows)."""
@@ -173,7 +185,7 @@ def run_cli(prefect_api, dask_cluster):
         if not local_cluster:
             env["TOKENMILL_DASK_ADDRESS"] = dask_cluster
         started = time.monotonic()
-        result = run_or_show_stacks([*TOKENMILL, *args], env, cwd)
+        result = run_or_show_stacks([*TOKENMILL, *args], env, cwd, start=interpreters.start)
         if check and result.returncode != 0:
             raise AssertionError(
                 f"tokenmill {' '.join(args)} exited {result.returncode} after {time.monotonic() - started:.0f} s:\n"
@@ -189,10 +201,13 @@ def run_cli(prefect_api, dask_cluster):
 RUN_TIMEOUT_S = 300
 
 
-def run_or_show_stacks(command: list, env: dict, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """`command` run to its end (in `cwd`); one still running after RUN_TIMEOUT_S fails the test with what it printed
-    and every thread's stack (`tokenmill` prints them on SIGUSR1), then is killed."""
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_or_show_stacks(
+    command: list, env: dict, cwd: Path = REPO, start: Callable[[list, dict, Path], subprocess.Popen | Forked] = fresh
+) -> subprocess.CompletedProcess:
+    """`command` run to its end (in `cwd`; `start` a fresh process or `Interpreters.start`); one still running after
+    RUN_TIMEOUT_S fails the test with what it printed and every thread's stack (`tokenmill` prints them on SIGUSR1),
+    then is killed."""
+    process = start(command, env, cwd)
     try:
         stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
