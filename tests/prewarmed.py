@@ -5,7 +5,8 @@ own process, arguments, environment, working directory and standard streams, and
 handlers run, threads joined). An interpreter serves the one environment and working directory it was started
 with, since Prefect's settings and Dask's config are read as they are imported; it starts at a pair's second
 command, so a pair used once costs no more than before. `TOKENMILL_TESTS_FRESH=1` runs every command in a fresh
-interpreter instead.
+interpreter instead. An interpreter listens on a Unix socket in a folder of the test process's, for its user alone
+(mode 0700): no other user can ask it for a command.
 
 Imports nothing of tokenmill's: the interpreter loads this file by its path, before anything else."""
 
@@ -171,6 +172,7 @@ class Interpreters:
 
     def __init__(self, folder: Path):
         self.folder = folder
+        folder.chmod(0o700)  # its sockets run commands as this user
         self.running: dict[tuple, tuple[subprocess.Popen, Path]] = {}
         self.asked: Counter = Counter()
 
