@@ -98,7 +98,7 @@ def keep(stream: BinaryIO, log: Path) -> None:
 
 class Forked:
     """A command one of the interpreters forked, with what `subprocess.Popen` offers that the tests use: its pid,
-    `communicate` (text, with a timeout), `wait`, `send_signal`, `kill` and `returncode`."""
+    `communicate` (text, with a timeout), `wait`, `send_signal`, `kill` and `returncode` (`run_or_show_stacks`)."""
 
     def __init__(self, path: Path, argv: list[str], env: dict, cwd: Path):
         self.args = argv
@@ -151,12 +151,6 @@ class Forked:
             self.returncode = int(self._line(timeout))
             self.connection.close()
         return self.returncode
-
-    def poll(self) -> int | None:
-        try:
-            return self.wait(0.001)
-        except subprocess.TimeoutExpired:
-            return None
 
     def send_signal(self, signum: int) -> None:
         if self.returncode is None:
